@@ -1,0 +1,56 @@
+"""``gpu-fence-auditor``: one entry point with the subcommands ``once``, ``run`` and ``chargeback``.
+
+Each subcommand module contributes ``add_arguments(subparsers)`` (which sets ``run`` as the default
+function) and keeps heavy imports (NVML, gRPC, the ``kubernetes`` client) inside functions.
+
+Exit codes: 0 clean, 1 findings (``once``), 2 could not audit / could not run, with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from auditor import chargeback, daemon
+
+EPILOG = """\
+examples:
+  gpu-fence-auditor once --format json
+  gpu-fence-auditor run --interval 30 --metrics-port 9400
+  gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start -30d --end now --by label:team
+
+exit codes: 0 clean, 1 findings (once), 2 could not audit / could not run
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpu-fence-auditor",
+        description="Audit GPU visibility and usage of every container on this node against its kubelet allocation.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    daemon.add_arguments(subparsers)
+    chargeback.add_arguments(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:
+        if args.debug:
+            raise
+        print(f"gpu-fence-auditor {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

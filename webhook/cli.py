@@ -1,0 +1,59 @@
+"""``gpu-fence-webhook``: one entry point, three subcommands.
+
+Each subcommand lives in its own module, which contributes ``add_arguments(parser)`` and ``run(args) -> int``.
+Those modules keep heavy imports (the ``kubernetes`` client, gunicorn) inside functions, so that building
+the parser, and the ``serve`` path above all, stays fast.
+
+Exit codes, for every subcommand: 0 ok, 1 rejections found (``check``), 2 could not run (usage, unreadable
+input, bad configuration). Errors are one line on stderr; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from webhook import certs, check, serving
+
+EPILOG = """\
+examples:
+  gpu-fence-webhook check manifests/examples/
+  helm template my-chart | gpu-fence-webhook check - --format sarif > gpu-fence.sarif
+  gpu-fence-webhook certs --service gpu-fence-webhook --namespace gpu-fence --out-dir ./tls
+  gpu-fence-webhook serve --cert-file ./tls/tls.crt --key-file ./tls/tls.key
+
+exit codes: 0 ok, 1 rejections found (check), 2 could not run
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpu-fence-webhook",
+        description="Admission webhook that keeps Kubernetes pods off GPUs they were not allocated.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (serving, certs, check):
+        module.add_arguments(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:
+        if args.debug:
+            raise
+        print(f"gpu-fence-webhook {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
