@@ -1,0 +1,117 @@
+"""GPU prices: one YAML file (or one flat ``--price-per-gpu-hour``) → a frozen :class:`Prices`.
+
+The price is per physical card and hour. A MIG slice costs its share of its card's price, so only cards are
+priced. Lookup order, most specific first: the node (an exact name, then ``fnmatch`` patterns in file order),
+then the GPU model as NVML names it (``gpu_fence_gpu_info{model}``), then ``default``::
+
+    currency: USD
+    default: 2.50
+    models:
+      "NVIDIA H100 80GB HBM3": 4.00
+    nodes:
+      "spot-gpu-*": 1.10
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_KEYS = ("currency", "default", "models", "nodes")
+# NVML names a MIG device "<card model> MIG 3g.40gb"; the card's own name is what a price list holds.
+_MIG_SUFFIX = re.compile(r"\s+MIG\s+\S+$")
+
+
+class PriceError(ValueError):
+    """The price file cannot be used; the message names the file and the key to fix."""
+
+
+@dataclass(frozen=True)
+class Prices:
+    default: float | None = None
+    models: tuple[tuple[str, float], ...] = ()
+    nodes: tuple[tuple[str, float], ...] = ()
+    currency: str = "USD"
+
+    @classmethod
+    def flat(cls, per_gpu_hour: float) -> Prices:
+        if not math.isfinite(per_gpu_hour) or per_gpu_hour < 0:
+            raise PriceError(f"--price-per-gpu-hour must be a number >= 0, got {per_gpu_hour}")
+        return cls(default=float(per_gpu_hour))
+
+    def per_hour(self, node: str, model: str) -> float | None:
+        """Hourly price of a whole card of ``model`` on ``node``; None when nothing in the list matches."""
+        for pattern, price in self.nodes:
+            if pattern == node:
+                return price
+        for pattern, price in self.nodes:
+            if fnmatch.fnmatchcase(node, pattern):
+                return price
+        card_model = _MIG_SUFFIX.sub("", model)
+        for name, price in self.models:
+            if name in (model, card_model):
+                return price
+        return self.default
+
+
+def _price(value: Any, where: str, source: str) -> float:
+    # bool is an int in Python; "yes" as a price is a typo, not 1.0.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise PriceError(f"{source}: {where} must be a number >= 0 (price per GPU-hour), got {value!r}")
+    return float(value)
+
+
+def _table(value: Any, key: str, source: str) -> tuple[tuple[str, float], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise PriceError(f"{source}: {key} must be a mapping of name to price per GPU-hour, got {type(value).__name__}")
+    entries = []
+    for name, price in value.items():
+        if not isinstance(name, str) or not name:
+            raise PriceError(f"{source}: {key} has a key {name!r} that is not a non-empty string (quote it)")
+        entries.append((name, _price(price, f"{key}.{name!r}", source)))
+    return tuple(entries)
+
+
+def prices_from_mapping(document: Any, source: str = "prices") -> Prices:
+    """Validate a parsed price document; every error names the key to fix."""
+    if not isinstance(document, Mapping):
+        raise PriceError(f"{source}: expected a mapping with keys {', '.join(_KEYS)}, got {type(document).__name__}")
+    unknown = sorted(str(key) for key in document if key not in _KEYS)
+    if unknown:
+        raise PriceError(f"{source}: unknown key {unknown[0]!r} (allowed: {', '.join(_KEYS)})")
+    default = document.get("default")
+    currency = document.get("currency", "USD")
+    if not isinstance(currency, str) or not currency.strip():
+        raise PriceError(f"{source}: currency must be a non-empty string such as USD, got {currency!r}")
+    prices = Prices(
+        default=None if default is None else _price(default, "default", source),
+        models=_table(document.get("models"), "models", source),
+        nodes=_table(document.get("nodes"), "nodes", source),
+        currency=currency.strip(),
+    )
+    if prices.default is None and not prices.models and not prices.nodes:
+        raise PriceError(f"{source}: no prices: set default, models or nodes")
+    return prices
+
+
+def load_prices(path: Path) -> Prices:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise PriceError(f"cannot read price file {path}: {error.strerror or error}") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise PriceError(f"price file {path} is not valid YAML{where}: {getattr(error, 'problem', error)}") from None
+    return prices_from_mapping(document, source=f"price file {path}")

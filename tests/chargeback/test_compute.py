@@ -1,0 +1,211 @@
+"""Pure cost computation: hand-checked cases and properties over generated clusters."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from auditor.chargeback.compute import (
+    IDLE,
+    OVERREACH,
+    UNATTRIBUTED,
+    Allocation,
+    ContainerRef,
+    Device,
+    IdlePolicy,
+    Interval,
+    Memory,
+    Unattributed,
+    compute_bill,
+)
+
+GIB = 1 << 30
+HOUR = 3600.0
+
+
+def flat(price: float):
+    return lambda node, model: price
+
+
+def owner(namespace: str, pod: str = "p", container: str = "c", group: str | None = None) -> ContainerRef:
+    return ContainerRef(namespace, pod, container, group or namespace)
+
+
+def by_group(bill):
+    return {group.group: group for group in bill.groups}
+
+
+def test_time_sliced_gpu_split_by_memory_and_request_cost_beside_it():
+    gpu = Device("n1", "GPU-a", "", "H100")
+    a, b = owner("team-a"), owner("team-b")
+    interval = Interval(
+        end=HOUR,
+        seconds=HOUR,
+        devices=(gpu,),
+        memory=(Memory("n1", "GPU-a", a, True, 3 * GIB), Memory("n1", "GPU-a", b, True, 1 * GIB)),
+        allocations=(Allocation("n1", "GPU-a", a, 1), Allocation("n1", "GPU-a", b, 1)),
+    )
+    bill = compute_bill([interval], flat(4.0), IdlePolicy.PLATFORM)
+    groups = by_group(bill)
+    # One card-hour at 4.00 split 3:1 by memory.
+    assert math.isclose(groups["team-a"].usage, 3.0)
+    assert math.isclose(groups["team-b"].usage, 1.0)
+    # Request-based tools charge each replica as a whole GPU: 1 × 1 h × 4.00 each, 8.00 for a 4.00 card.
+    assert math.isclose(groups["team-a"].request, 4.0)
+    assert math.isclose(groups["team-b"].difference, 1.0 - 4.0)
+    assert math.isclose(groups["team-a"].memory_gib_hours, 3.0)
+    assert math.isclose(bill.total_gpu_cost, 4.0)
+    assert bill.platform == 0.0
+
+
+def test_mig_slices_priced_by_share_and_uncovered_share_is_idle():
+    card = Device("n1", "GPU-m", "", "A100")
+    s3 = Device("n1", "MIG-3", "GPU-m", "A100 MIG 3g.40gb", 3 / 7)
+    s2 = Device("n1", "MIG-2", "GPU-m", "A100 MIG 2g.20gb", 2 / 7)
+    x, y = owner("x"), owner("y")
+    interval = Interval(
+        end=HOUR,
+        seconds=HOUR,
+        devices=(card, s3, s2),
+        memory=(Memory("n1", "MIG-3", x, True, 1 * GIB), Memory("n1", "MIG-2", y, True, 5 * GIB)),
+        allocations=(Allocation("n1", "MIG-3", x, 1),),
+    )
+    prices = {"A100": 7.0}
+    bill = compute_bill([interval], lambda node, model: prices.get(model), IdlePolicy.PLATFORM)
+    groups = by_group(bill)
+    assert math.isclose(groups["x"].usage, 3.0)  # 3/7 of 7.00
+    assert math.isclose(groups["y"].usage, 2.0)  # 2/7 of 7.00
+    assert math.isclose(bill.platform, 2.0)  # 2/7 of the card is in no slice
+    assert math.isclose(groups["x"].request, 3.0)
+    assert math.isclose(groups["x"].requested_gpu_hours, 3 / 7)
+    assert bill.notes == ()
+    # proportional: the card's 2.00 idle goes 3:2 to x and y
+    groups = by_group(compute_bill([interval], lambda node, model: prices.get(model), IdlePolicy.PROPORTIONAL))
+    assert math.isclose(groups["x"].idle, 1.2)
+    assert math.isclose(groups["y"].idle, 0.8)
+
+
+def test_overreach_is_carved_out_not_billed_to_the_allocated_user():
+    gpu = Device("n1", "GPU-a", "", "H100")
+    legit, rogue = owner("legit"), owner("rogue", pod="miner")
+    interval = Interval(
+        end=HOUR,
+        seconds=HOUR,
+        devices=(gpu,),
+        memory=(Memory("n1", "GPU-a", legit, True, 1 * GIB), Memory("n1", "GPU-a", rogue, False, 1 * GIB)),
+    )
+    bill = compute_bill([interval], flat(2.0), IdlePolicy.PLATFORM)
+    groups = by_group(bill)
+    assert math.isclose(groups["legit"].total, 1.0)
+    assert math.isclose(groups["rogue"].overreach, 1.0)
+    assert groups["rogue"].total == 0.0
+    assert [row.owner.pod for row in bill.overreach] == ["miner"]
+    assert math.isclose(bill.overreach[0].gib_hours, 1.0)
+
+
+def test_unused_card_goes_to_platform_under_both_policies_and_unattributed_has_its_row():
+    used = Device("n1", "GPU-a", "", "H100")
+    unused = Device("n1", "GPU-b", "", "H100")
+    a = owner("a")
+    intervals = [
+        Interval(end=HOUR, seconds=HOUR, devices=(used, unused), memory=(Memory("n1", "GPU-a", a, True, GIB),),
+                 unattributed=(Unattributed("n1", "GPU-a", GIB),)),
+        Interval(end=2 * HOUR, seconds=HOUR, devices=(used, unused)),
+    ]
+    for policy in IdlePolicy:
+        bill = compute_bill(intervals, flat(1.0), policy)
+        assert math.isclose(bill.total_gpu_cost, 4.0)
+        if policy is IdlePolicy.PLATFORM:
+            assert math.isclose(bill.platform, 3.0)
+            assert math.isclose(bill.unattributed, 0.5)
+        else:
+            # GPU-b: nobody to spread to → platform (2.00). GPU-a's idle hour (1.00) splits 1:1 with unattributed.
+            assert math.isclose(bill.platform, 2.0)
+            assert math.isclose(by_group(bill)["a"].idle, 0.5)
+            assert math.isclose(bill.unattributed, 1.0)
+        assert [point.costs.get(IDLE, 0.0) for point in bill.timeline] == [1.0, 2.0]
+        assert bill.timeline[0].costs[UNATTRIBUTED] == 0.5
+
+
+def test_missing_price_and_unknown_device_are_noted_not_crashed():
+    a = owner("a")
+    interval = Interval(
+        end=60, seconds=60, devices=(Device("n1", "GPU-a", "", "T4"),),
+        memory=(Memory("n1", "GPU-zz", a, True, GIB),), allocations=(Allocation("n1", "GPU-zz", a, 1),),
+    )
+    bill = compute_bill([interval], lambda node, model: None, IdlePolicy.PLATFORM)
+    assert any("'T4'" in note for note in bill.notes)
+    assert any("GPU-zz" in note for note in bill.notes)
+    assert bill.total_gpu_cost == 0.0
+
+
+def test_empty_input_is_an_empty_bill():
+    bill = compute_bill([], flat(1.0), IdlePolicy.PROPORTIONAL)
+    assert bill.groups == () and bill.total_gpu_cost == 0.0 and bill.accounted == 0.0
+
+
+# --- properties -------------------------------------------------------------------------------------------------
+
+NAMESPACES = ["a", "b", "c"]
+
+
+@st.composite
+def clusters(draw):
+    cards = []
+    for index in range(draw(st.integers(1, 3))):
+        uuid = f"GPU-{index}"
+        cards.append(Device("n1", uuid, "", draw(st.sampled_from(["H100", "A100"]))))
+        if draw(st.booleans()):  # MIG: slices with shares summing to at most 1
+            remaining = 7
+            for slot in range(draw(st.integers(1, 3))):
+                size = draw(st.integers(1, max(1, remaining)))
+                if size > remaining:
+                    break
+                remaining -= size
+                cards.append(Device("n1", f"MIG-{index}-{slot}", uuid, "A100 MIG", size / 7))
+    leaves = [d for d in cards if d.parent_uuid or not any(c.parent_uuid == d.uuid for c in cards)]
+    intervals = []
+    for step in range(draw(st.integers(1, 4))):
+        memory, unattributed, allocations = [], [], []
+        for device in leaves:
+            for namespace in draw(st.lists(st.sampled_from(NAMESPACES), max_size=3)):
+                ref = owner(namespace, pod=f"p{step % 2}")
+                memory.append(Memory("n1", device.uuid, ref, draw(st.booleans()), draw(st.integers(0, 8)) * GIB))
+                if draw(st.booleans()):
+                    allocations.append(Allocation("n1", device.uuid, ref, 1))
+            if draw(st.booleans()):
+                unattributed.append(Unattributed("n1", device.uuid, draw(st.integers(0, 4)) * GIB))
+        intervals.append(Interval(end=(step + 1) * 60.0, seconds=60.0, devices=tuple(cards), memory=tuple(memory),
+                                  allocations=tuple(allocations), unattributed=tuple(unattributed)))
+    return intervals
+
+
+def price(node: str, model: str) -> float:
+    return {"H100": 4.0, "A100": 3.0}[model.removesuffix(" MIG")]
+
+
+@settings(max_examples=150, deadline=None)
+@given(clusters())
+def test_every_cost_lands_somewhere_exactly_once(intervals):
+    for policy in IdlePolicy:
+        bill = compute_bill(intervals, price, policy)
+        assert math.isclose(bill.accounted, bill.total_gpu_cost, rel_tol=1e-9, abs_tol=1e-9)
+        for point in bill.timeline:
+            assert all(cost >= 0 for cost in point.costs.values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(clusters())
+def test_idle_policies_differ_only_in_who_pays_for_idle(intervals):
+    spread = compute_bill(intervals, price, IdlePolicy.PROPORTIONAL)
+    platform = compute_bill(intervals, price, IdlePolicy.PLATFORM)
+    assert math.isclose(spread.accounted, platform.accounted, rel_tol=1e-9, abs_tol=1e-9)
+    assert spread.platform <= platform.platform + 1e-9
+    usage = {group.group: group.usage for group in platform.groups}
+    for group in spread.groups:
+        assert math.isclose(group.usage, usage.get(group.group, 0.0), abs_tol=1e-9)
+        assert math.isclose(group.request, by_group(platform)[group.group].request, abs_tol=1e-9)
+    assert all(group.idle == 0.0 for group in platform.groups)
+    assert sum(p.costs.get(OVERREACH, 0.0) for p in platform.timeline) <= sum(g.overreach for g in spread.groups) + 1e-9
