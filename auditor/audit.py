@@ -1,0 +1,318 @@
+"""The audit: one node snapshot in, per-container rows and findings out. Pure: no I/O, no clock, no globals.
+
+Read top to bottom: what each container is *entitled* to (kubelet allocation, resolved DRA devices, the GPU
+of its KAI reservation pod), then per container what it uses and sees against that entitlement, then the
+processes that belong to no container. Each finding kind is one small function named after it.
+
+Rules that are easy to get wrong, decided once here:
+- a time-slicing / MPS replica (``GPU-x::3``) is an allocation of ``GPU-x`` (the snapshot already strips it);
+- a MIG device is neither its parent card nor a sibling slice: a process on a MIG device is
+  ``used-unallocated`` unless that very MIG device is allocated;
+- holding a MIG slice makes the parent card's ``/dev/nvidia<minor>`` legitimately visible (CUDA needs it; the
+  slice itself is gated by ``nvidia-caps`` nodes), and NVML's aggregate view of the parent is not extra use;
+- exempt namespaces get rows (metering) but never findings.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+
+from auditor.model import (
+    AuditPolicy,
+    AuditResult,
+    Container,
+    Finding,
+    FindingKind,
+    Gpu,
+    GpuProcess,
+    NodeSnapshot,
+    Row,
+)
+from gpu_fence.vocabulary import DeviceIdForm, Visibility, classify_device_id, parse_visible_devices
+
+_KIND_ORDER = {kind: position for position, kind in enumerate(FindingKind)}
+
+
+def audit(snapshot: NodeSnapshot, policy: AuditPolicy | None = None) -> AuditResult:
+    policy = policy or AuditPolicy()
+    gpus = {gpu.uuid: gpu for gpu in snapshot.gpus}
+    reservations = kai_reservation_gpus(snapshot.containers, policy)
+    processes_by_container: dict[str, list[GpuProcess]] = defaultdict(list)
+    known_ids = {c.container_id for c in snapshot.containers if c.container_id}
+    unattributed: list[GpuProcess] = []
+    for process in snapshot.processes:
+        if process.container_id and process.container_id in known_ids:
+            processes_by_container[process.container_id].append(process)
+        else:
+            unattributed.append(process)
+
+    rows: list[Row] = []
+    findings: list[Finding] = []
+    for container in snapshot.containers:
+        entitled = entitlement(container, reservations)
+        processes = processes_by_container.get(container.container_id or "", []) if container.container_id else []
+        exempt = container.namespace in policy.exempt_namespaces
+        rows.append(_row(container, entitled, processes, exempt))
+        if exempt:
+            continue
+        allowed = entitled | _parents(entitled, gpus)
+        findings.extend(used_unallocated(container, processes, allowed, gpus))
+        findings.extend(visible_unallocated(container, allowed, gpus))
+        findings.extend(env_mismatch(container, entitled, gpus))
+    findings.extend(unattributed_process(process, gpus) for process in unattributed)
+
+    unattributed_memory: Counter[str] = Counter()
+    for process in unattributed:
+        unattributed_memory[process.gpu_uuid] += process.used_memory_bytes or 0
+    rows.sort(key=lambda r: (r.namespace or "", r.pod or "", r.container or "", r.container_id or ""))
+    findings.sort(key=_finding_order)
+    return AuditResult(tuple(rows), tuple(findings), tuple(sorted(unattributed_memory.items())))
+
+
+# --- entitlement -------------------------------------------------------------------------------------------
+
+
+def kai_reservation_gpus(containers: Iterable[Container], policy: AuditPolicy) -> dict[str, frozenset[str]]:
+    """GPU group → GPUs held by KAI reservation pods of that group on this node.
+
+    KAI gives a fractional pod no allocation of its own: a reservation pod in ``kai-resource-reservation``
+    holds the ``nvidia.com/gpu`` and carries the group label (``runai-gpu-group``) that the binder also puts
+    on every fraction pod sharing that GPU. The snapshot puts the groups on the reservation pod's container
+    and on the fraction pod's fraction container; this joins them.
+    """
+    groups: dict[str, set[str]] = defaultdict(set)
+    for container in containers:
+        if container.namespace == policy.kai_reservation_namespace:
+            for group in container.kai_gpu_groups:
+                groups[group].update(container.allocated)
+    return {group: frozenset(uuids) for group, uuids in groups.items()}
+
+
+def entitlement(container: Container, reservations: Mapping[str, frozenset[str]]) -> frozenset[str]:
+    """The GPU/MIG UUIDs a container may see and use."""
+    entitled = set(container.allocated)
+    for group in container.kai_gpu_groups:
+        entitled.update(reservations.get(group, ()))
+    return frozenset(entitled)
+
+
+def _parents(uuids: Iterable[str], gpus: Mapping[str, Gpu]) -> frozenset[str]:
+    return frozenset(gpus[u].parent_uuid for u in uuids if u in gpus and gpus[u].parent_uuid)  # type: ignore[misc]
+
+
+# --- one function per finding kind ------------------------------------------------------------------------
+
+
+def used_unallocated(
+    container: Container, processes: Iterable[GpuProcess], allowed: frozenset[str], gpus: Mapping[str, Gpu]
+) -> list[Finding]:
+    """A process of the container uses a GPU the container was not allocated: metering is skewed by its bytes."""
+    found = []
+    for process in processes:
+        if process.gpu_uuid in allowed:
+            continue
+        size = _bytes_text(process.used_memory_bytes)
+        found.append(
+            _finding(
+                FindingKind.USED_UNALLOCATED,
+                container,
+                process.gpu_uuid,
+                pid=process.pid,
+                memory_bytes=process.used_memory_bytes,
+                message=(
+                    f"process {process.pid} uses {size} on {_describe(process.gpu_uuid, gpus)}, which the container "
+                    "was not allocated; request the GPU (nvidia.com/gpu) or set NVIDIA_VISIBLE_DEVICES=void"
+                ),
+            )
+        )
+    return found
+
+
+def visible_unallocated(container: Container, allowed: frozenset[str], gpus: Mapping[str, Gpu]) -> list[Finding]:
+    """The container can open a GPU device node it was not allocated (privileged, hostPath /dev, env in image)."""
+    if container.visible is None:
+        return []
+    return [
+        _finding(
+            FindingKind.VISIBLE_UNALLOCATED,
+            container,
+            uuid,
+            message=(
+                f"{_device_node(uuid, gpus)} ({_describe(uuid, gpus)}) is present in the container, which was not "
+                "allocated it; look for privileged: true, a hostPath /dev mount or NVIDIA_VISIBLE_DEVICES in the image"
+            ),
+        )
+        for uuid in sorted(container.visible - allowed)
+    ]
+
+
+def env_mismatch(container: Container, entitled: frozenset[str], gpus: Mapping[str, Gpu]) -> list[Finding]:
+    """The container's ``NVIDIA_VISIBLE_DEVICES`` names more than its allocation (indexes mapped to UUIDs)."""
+    value = container.visible_devices_env
+    if value is None:
+        return []
+    named = named_devices(value, gpus)
+    extra = sorted(named - entitled)
+    if not extra:
+        return []
+    shown = ", ".join(extra[:4]) + (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
+    return [
+        _finding(
+            FindingKind.ENV_MISMATCH,
+            container,
+            extra[0] if len(extra) == 1 else None,
+            message=(
+                f"NVIDIA_VISIBLE_DEVICES={value!r} names {shown} beyond the container's allocation; "
+                "let the device plugin set it (request nvidia.com/gpu) or set it to void"
+            ),
+        )
+    ]
+
+
+def unattributed_process(process: GpuProcess, gpus: Mapping[str, Gpu]) -> Finding:
+    """A GPU process outside every known container: a host process, an unknown cgroup, or one that just exited."""
+    if process.identity_error:
+        why = f"its identity could not be read ({process.identity_error})"
+    elif process.container_id or process.pod_uid:
+        why = f"its cgroup names pod uid {process.pod_uid} container {process.container_id}, which is not on this node"
+    else:
+        why = "it runs outside any Kubernetes pod (a host process)"
+    return Finding(
+        FindingKind.UNATTRIBUTED_PROCESS,
+        None,
+        None,
+        None,
+        process.gpu_uuid,
+        pid=process.pid,
+        memory_bytes=process.used_memory_bytes,
+        message=(
+            f"process {process.pid} uses {_bytes_text(process.used_memory_bytes)} on "
+            f"{_describe(process.gpu_uuid, gpus)} and {why}"
+        ),
+        pod_uid=process.pod_uid,
+        container_id=process.container_id,
+    )
+
+
+# --- NVIDIA_VISIBLE_DEVICES → UUIDs ------------------------------------------------------------------------
+
+
+def leaf_devices(gpus: Mapping[str, Gpu]) -> frozenset[str]:
+    """Devices a workload can compute on: full cards not in MIG mode, and MIG devices."""
+    return frozenset(uuid for uuid, gpu in gpus.items() if gpu.is_mig or not gpu.mig_enabled)
+
+
+def named_devices(value: str, gpus: Mapping[str, Gpu]) -> frozenset[str]:
+    """The node's GPU/MIG UUIDs a ``NVIDIA_VISIBLE_DEVICES`` value names, parsed exactly as the toolkit does.
+
+    ``all`` names every leaf device; ``void``/``none``/empty name nothing. Entries that name no device of this
+    node (a UUID of another node, an unknown form, the volume-mount marker whose list lives in mounts we do
+    not read) name nothing: the toolkit would refuse them or the mounts decide.
+    """
+    parsed = parse_visible_devices(value)
+    if parsed.visibility is Visibility.ALL:
+        return leaf_devices(gpus)
+    if parsed.visibility is not Visibility.LIST:
+        return frozenset()
+    named: set[str] = set()
+    for entry in parsed.devices:
+        named.update(_resolve_entry(entry, gpus))
+    return frozenset(named)
+
+
+def _resolve_entry(entry: str, gpus: Mapping[str, Gpu]) -> frozenset[str]:
+    form = classify_device_id(entry)
+    if form is DeviceIdForm.CDI_NAME:
+        device = entry.split("=", 1)[1]
+        return leaf_devices(gpus) if device == "all" else _resolve_entry(device, gpus)
+    if form in (DeviceIdForm.GPU_UUID, DeviceIdForm.MIG_UUID):
+        return frozenset({entry}) if entry in gpus else frozenset()
+    if form is DeviceIdForm.INDEX:
+        index = int(entry)
+        return frozenset(u for u, g in gpus.items() if not g.is_mig and g.index == index)
+    if form is DeviceIdForm.MIG_INDEX:
+        card, slot = (int(part) for part in entry.split(":"))
+        return frozenset(u for u, g in gpus.items() if g.is_mig and g.index == card and g.mig_index == slot)
+    if form is DeviceIdForm.MIG_LEGACY:
+        parent = entry[len("MIG-") :].split("/", 1)[0]
+        return frozenset({parent}) if parent in gpus else frozenset()
+    return frozenset()
+
+
+# --- rows and helpers --------------------------------------------------------------------------------------
+
+
+def _row(container: Container, entitled: frozenset[str], processes: list[GpuProcess], exempt: bool) -> Row:
+    memory: Counter[str] = Counter()
+    for process in processes:
+        memory[process.gpu_uuid] += process.used_memory_bytes or 0
+    return Row(
+        namespace=container.namespace,
+        pod=container.pod,
+        pod_uid=container.pod_uid,
+        container=container.container,
+        container_id=container.container_id,
+        allocated=tuple(sorted(entitled)),
+        allocation_counts=tuple(sorted(Counter(container.allocated).items())),
+        visible=None if container.visible is None else tuple(sorted(container.visible)),
+        used=tuple(sorted({p.gpu_uuid for p in processes})),
+        memory_bytes=tuple(sorted(memory.items())),
+        exempt=exempt,
+        identity=container.identity,
+        labels=container.labels,
+    )
+
+
+def _finding(
+    kind: FindingKind,
+    container: Container,
+    gpu: str | None,
+    *,
+    pid: int | None = None,
+    memory_bytes: int | None = None,
+    message: str,
+) -> Finding:
+    return Finding(
+        kind,
+        container.namespace,
+        container.pod,
+        container.container,
+        gpu,
+        pid=pid,
+        memory_bytes=memory_bytes,
+        message=message,
+        pod_uid=container.pod_uid,
+        container_id=container.container_id,
+    )
+
+
+def _finding_order(finding: Finding) -> tuple:
+    return (
+        _KIND_ORDER[finding.kind],
+        finding.namespace or "",
+        finding.pod or "",
+        finding.container or "",
+        finding.gpu or "",
+        finding.pid or 0,
+    )
+
+
+def _describe(uuid: str, gpus: Mapping[str, Gpu]) -> str:
+    gpu = gpus.get(uuid)
+    if gpu is None:
+        return uuid
+    if gpu.is_mig:
+        return f"MIG device {gpu.index}:{gpu.mig_index} {uuid}"
+    return f"GPU {gpu.index} {uuid}"
+
+
+def _device_node(uuid: str, gpus: Mapping[str, Gpu]) -> str:
+    gpu = gpus.get(uuid)
+    return f"/dev/nvidia{gpu.minor}" if gpu is not None and gpu.minor is not None else "a GPU device node"
+
+
+def _bytes_text(size: int | None) -> str:
+    if size is None:
+        return "an unknown amount of memory"
+    return f"{size} bytes ({size / 2**20:.0f} MiB)"

@@ -1,0 +1,161 @@
+"""The auditor's values: what one node looks like in one cycle, and what the audit says about it.
+
+Everything here is a frozen dataclass built by ``auditor.snapshot`` from the adapters (PodResources, NVML,
+host /proc, the Kubernetes API) and read by the pure ``auditor.audit``. No I/O, no library imports: a test
+can write a whole node by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Identity(Enum):
+    """How a container's names were learnt; the report says so, because the fallbacks can be wrong."""
+
+    KUBERNETES = "kubernetes"  # pod uid + container id matched through the Kubernetes API (or its cache)
+    FALLBACK = "fallback"  # API unavailable: names from PodResources + the container's HOSTNAME / namespace file
+    UID = "uid"  # only the cgroup's pod uid and container id are known
+    KUBELET = "kubelet"  # only the kubelet's PodResources entry is known (no running process was found)
+
+
+class FindingKind(Enum):
+    USED_UNALLOCATED = "used-unallocated"
+    VISIBLE_UNALLOCATED = "visible-unallocated"
+    UNATTRIBUTED_PROCESS = "unattributed-process"
+    ENV_MISMATCH = "env-mismatch"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A physical GPU or a MIG device, as NVML reports it.
+
+    ``index`` and ``minor`` are those of the physical card (for a MIG device: of its parent), because
+    ``NVIDIA_VISIBLE_DEVICES`` indexes and ``/dev/nvidia<minor>`` nodes name cards, never slices.
+    """
+
+    uuid: str
+    index: int
+    minor: int | None
+    model: str = ""
+    memory_total_bytes: int = 0
+    parent_uuid: str | None = None  # set for a MIG device
+    mig_index: int | None = None  # position of a MIG device on its card ("<index>:<mig_index>")
+    mig_enabled: bool = False  # a physical card in MIG mode: its compute lives in its MIG devices
+    profile: str = ""  # MIG profile, e.g. "3g.40gb"
+    share: float = 1.0  # share of the physical card this device stands for (see docs/metrics.md)
+
+    @property
+    def is_mig(self) -> bool:
+        return self.parent_uuid is not None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process NVML lists on a GPU or MIG device, with the cgroup identity read from host /proc.
+
+    ``pod_uid``/``container_id`` are None for host processes, and ``identity_error`` says why when the
+    identity could not be read at all (the process exited between the NVML query and the /proc read).
+    """
+
+    pid: int
+    gpu_uuid: str
+    used_memory_bytes: int | None
+    pod_uid: str | None = None
+    container_id: str | None = None
+    identity_error: str | None = None
+
+
+@dataclass(frozen=True)
+class Container:
+    """One container of the node, joined from every source that knows it.
+
+    ``allocated`` holds one GPU/MIG UUID per kubelet allocation id (a time-slicing replica ``GPU-x::3``
+    becomes ``GPU-x``; two replicas of one card appear twice). ``visible`` is None when no live process of
+    the container could be inspected; ``visible_devices_env`` is None when the variable is unset or unread
+    (``env_read`` tells which).
+    """
+
+    namespace: str | None
+    pod: str | None
+    container: str | None
+    pod_uid: str | None = None
+    container_id: str | None = None
+    allocated: tuple[str, ...] = ()
+    unresolved_allocations: tuple[str, ...] = ()  # DRA devices (or odd plugin ids) that name no known GPU
+    visible: frozenset[str] | None = None
+    visible_devices_env: str | None = None
+    env_read: bool = False
+    kai_gpu_groups: frozenset[str] = frozenset()  # set only on the fraction container of a KAI fractional pod
+    labels: tuple[tuple[str, str], ...] = ()
+    identity: Identity = Identity.KUBERNETES
+    pid: int | None = None  # the live process inspected for visibility
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """A key unique on the node: the container id when known, else the kubelet's names."""
+        if self.container_id:
+            return ("id", self.container_id)
+        return ("name", f"{self.namespace}/{self.pod}/{self.container}")
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """Everything the audit needs about one node at one moment."""
+
+    node: str
+    time: float  # unix seconds, when the cycle started
+    gpus: tuple[Gpu, ...]
+    containers: tuple[Container, ...]
+    processes: tuple[GpuProcess, ...]
+    identity_source: str = "kubernetes"  # "kubernetes", "kubernetes-stale", "fallback", "disabled"
+    notes: tuple[str, ...] = ()  # degraded conditions worth saying in the report (GPU lost, API down, ...)
+
+
+@dataclass(frozen=True)
+class AuditPolicy:
+    """Settings of the audit itself (the flags that change verdicts, not where data comes from)."""
+
+    exempt_namespaces: frozenset[str] = frozenset()
+    kai_reservation_namespace: str = "kai-resource-reservation"
+
+
+@dataclass(frozen=True)
+class Row:
+    """The audited state of one container: the metering record."""
+
+    namespace: str | None
+    pod: str | None
+    pod_uid: str | None
+    container: str | None
+    container_id: str | None
+    allocated: tuple[str, ...]  # distinct UUIDs the container may use (kubelet, DRA, KAI reservation)
+    allocation_counts: tuple[tuple[str, int], ...]  # UUID → allocation ids held (replicas count 1 each)
+    visible: tuple[str, ...] | None
+    used: tuple[str, ...]
+    memory_bytes: tuple[tuple[str, int], ...]  # UUID → bytes used by the container's processes
+    exempt: bool = False
+    identity: Identity = Identity.KUBERNETES
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: FindingKind
+    namespace: str | None
+    pod: str | None
+    container: str | None
+    gpu: str | None
+    pid: int | None = None
+    memory_bytes: int | None = None
+    message: str = ""
+    pod_uid: str | None = None
+    container_id: str | None = None
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    rows: tuple[Row, ...]
+    findings: tuple[Finding, ...]
+    unattributed_memory_bytes: tuple[tuple[str, int], ...] = field(default=())  # GPU UUID → bytes
