@@ -1,0 +1,416 @@
+"""The AdmissionReview envelope (webhook.review), tested over real and derived AdmissionReview fixtures.
+
+The policy is replaced by a small stand-in here, on purpose: these tests pin the *envelope* contract (uid echo,
+patch/patchType pairing, status codes, warnings, audit annotations, ephemeral-container scoping, fail closed),
+independent of what the policy decides. The real policy is exercised end to end in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonpatch
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from webhook.review import (
+    MAX_WARNING_CHARS,
+    BadReview,
+    Endpoint,
+    Verdict,
+    new_container_names,
+    parse,
+    review,
+    truncate_warning,
+)
+
+FIXTURES = Path(__file__).parent / "admissionreviews"
+
+
+def load(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    container: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Validation:
+    violations: tuple[Violation, ...]
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Mutation:
+    patch: tuple[dict, ...]
+    pinned: tuple[str, ...]
+
+
+def _containers(pod: dict, only):
+    spec = pod.get("spec") or {}
+    for field in ("initContainers", "containers", "ephemeralContainers"):
+        for index, container in enumerate(spec.get(field) or []):
+            if only is None or container.get("name") in only:
+                yield field, index, container
+
+
+def _is_gpu(container: dict) -> bool:
+    return int((container.get("resources") or {}).get("limits", {}).get("nvidia.com/gpu", 0)) > 0
+
+
+class StandInPolicy:
+    """Pins non-GPU containers; denies NVIDIA_VISIBLE_DEVICES=all on them and privileged containers."""
+
+    def __init__(self, fail: Exception | None = None, warnings: tuple[str, ...] = ()) -> None:
+        self.fail = fail
+        self.warnings = warnings
+        self.calls: list[tuple[str, object]] = []
+
+    def exemption(self, pod, config, *, namespace):
+        self.calls.append(("exemption", namespace))
+        if namespace == "kube-system":
+            return "namespace kube-system is exempt"
+        if "kubernetes.io/config.mirror" in (pod.get("metadata") or {}).get("annotations", {}):
+            return "mirror pod"
+        return None
+
+    def mutate(self, pod, config, *, only=None):
+        self.calls.append(("mutate", only))
+        if self.fail:
+            raise self.fail
+        patch, pinned = [], []
+        for field, index, container in _containers(pod, only):
+            if _is_gpu(container):
+                continue
+            env = container.get("env")
+            if env is None:
+                patch.append({"op": "add", "path": f"/spec/{field}/{index}/env",
+                              "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]})
+            elif not any(e.get("name") == "NVIDIA_VISIBLE_DEVICES" for e in env):
+                patch.append({"op": "add", "path": f"/spec/{field}/{index}/env/-",
+                              "value": {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}})
+            else:
+                continue
+            pinned.append(container["name"])
+        return Mutation(tuple(patch), tuple(pinned))
+
+    def validate(self, pod, config, *, only=None):
+        self.calls.append(("validate", only))
+        if self.fail:
+            raise self.fail
+        found = []
+        for _field, _index, container in _containers(pod, only):
+            if (container.get("securityContext") or {}).get("privileged"):
+                found.append(Violation("privileged", container["name"], "privileged containers see every GPU; "
+                                       "remove securityContext.privileged"))
+            if not _is_gpu(container):
+                env = container.get("env") or []
+                values = [e.get("value") for e in env if e.get("name") == "NVIDIA_VISIBLE_DEVICES"]
+                if not values or values[0] not in ("void", "none"):
+                    found.append(Violation("unpinned-container", container["name"],
+                                           "request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"))
+        return Validation(tuple(found), self.warnings)
+
+
+def mutated(body: dict, policy: StandInPolicy | None = None) -> dict:
+    """The pod after applying what /mutate returned."""
+    outcome = review(body, Endpoint.MUTATE, None, policy or StandInPolicy())
+    pod = body["request"]["object"]
+    patch = outcome.response["response"].get("patch")
+    if patch is None:
+        return pod
+    return jsonpatch.apply_patch(pod, json.loads(base64.b64decode(patch)))
+
+
+# -- the response envelope ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", list(Endpoint))
+@pytest.mark.parametrize("name", ["pod-create-kubectl", "pod-create-minimal", "pod-create-replicaset-gpu-mix",
+                                  "pod-create-dryrun", "pod-create-mirror", "pod-update-ephemeralcontainers",
+                                  "pod-delete", "deployment-create"])
+def test_every_response_echoes_version_kind_and_uid(name, endpoint):
+    body = load(name)
+    document = review(body, endpoint, None, StandInPolicy()).response
+    assert document["apiVersion"] == "admission.k8s.io/v1"
+    assert document["kind"] == "AdmissionReview"
+    assert document["response"]["uid"] == body["request"]["uid"]
+    response = document["response"]
+    # patch and patchType come together, only from /mutate
+    assert ("patch" in response) == ("patchType" in response)
+    if endpoint is not Endpoint.MUTATE:
+        assert "patch" not in response
+    if not response["allowed"]:
+        assert response["status"]["code"] >= 400
+    for warning in response.get("warnings", []):
+        assert len(warning) <= MAX_WARNING_CHARS
+    for key in response.get("auditAnnotations", {}):
+        # the API server prefixes "<webhook name>/": the key must be a valid qualified-name part
+        assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", key), key
+
+
+def test_mutate_pins_non_gpu_containers_with_a_patch_that_applies():
+    body = load("pod-create-replicaset-gpu-mix")
+    outcome = review(body, Endpoint.MUTATE, None, StandInPolicy())
+    response = outcome.response["response"]
+    assert outcome.verdict is Verdict.PATCHED
+    assert response["allowed"] is True
+    assert response["patchType"] == "JSONPatch"
+    assert response["auditAnnotations"] == {"pinned": "fetch-weights,log-shipper"}
+    pod = mutated(body)
+    env = {c["name"]: c.get("env") for c in pod["spec"]["containers"] + pod["spec"]["initContainers"]}
+    assert env["trainer"] is None
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in env["log-shipper"]
+    assert env["fetch-weights"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+
+
+def test_mutate_returns_no_patch_when_nothing_changes():
+    body = load("pod-create-replicaset-gpu-mix")
+    body["request"]["object"] = mutated(body)
+    outcome = review(body, Endpoint.MUTATE, None, StandInPolicy())
+    assert outcome.verdict is Verdict.ALLOWED
+    assert outcome.response["response"] == {"uid": body["request"]["uid"], "allowed": True}
+
+
+def test_validate_denies_with_403_naming_rule_container_and_fix():
+    body = load("pod-create-replicaset-gpu-mix")
+    outcome = review(body, Endpoint.VALIDATE, None, StandInPolicy())
+    response = outcome.response["response"]
+    assert outcome.verdict is Verdict.DENIED
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 403
+    assert response["status"]["reason"] == "Forbidden"
+    message = response["status"]["message"]
+    assert "[unpinned-container]" in message and "'log-shipper'" in message and "'fetch-weights'" in message
+    assert "set NVIDIA_VISIBLE_DEVICES=void" in message
+    assert outcome.rules == ("unpinned-container",)
+    assert response["auditAnnotations"] == {"rules": "unpinned-container"}
+
+
+def test_validate_allows_the_mutated_pod():
+    body = load("pod-create-replicaset-gpu-mix")
+    body["request"]["object"] = mutated(body)
+    outcome = review(body, Endpoint.VALIDATE, None, StandInPolicy())
+    assert outcome.verdict is Verdict.ALLOWED
+    assert outcome.response["response"]["allowed"] is True
+
+
+def test_warn_mode_allows_and_returns_each_violation_as_a_short_warning():
+    body = load("pod-create-replicaset-gpu-mix")
+    containers = body["request"]["object"]["spec"]["containers"]
+    containers[1]["securityContext"] = {"privileged": True}
+    containers[1]["name"] = "log-shipper-with-a-very-long-name-" + "x" * 120
+    outcome = review(body, Endpoint.VALIDATE_WARN, None, StandInPolicy(warnings=("envFrom cannot be seen into",)))
+    response = outcome.response["response"]
+    assert outcome.verdict is Verdict.WARNED
+    assert response["allowed"] is True and "status" not in response
+    assert outcome.rules == ("unpinned-container", "privileged")
+    assert len(response["warnings"]) == 4
+    assert all(len(w) <= MAX_WARNING_CHARS for w in response["warnings"])
+    assert response["warnings"][-1] == "envFrom cannot be seen into"
+    assert any(w.startswith("[privileged]") and w.endswith("…") for w in response["warnings"])
+
+
+def test_policy_warnings_come_back_on_allowed_validations():
+    body = load("pod-create-kubectl")
+    body["request"]["object"] = mutated(body)
+    outcome = review(body, Endpoint.VALIDATE, None, StandInPolicy(warnings=("runtimeClassName nvidia on a CPU pod",)))
+    assert outcome.response["response"]["allowed"] is True
+    assert outcome.response["response"]["warnings"] == ["runtimeClassName nvidia on a CPU pod"]
+
+
+# -- scoping: which requests are judged, and on what -------------------------------------------------------------
+
+
+def test_ephemeral_container_update_judges_only_the_new_container():
+    body = load("pod-update-ephemeralcontainers")
+    assert new_container_names(parse(body)) == frozenset({"debugger-abc12"})
+    policy = StandInPolicy()
+    outcome = review(body, Endpoint.MUTATE, None, policy)
+    assert ("mutate", frozenset({"debugger-abc12"})) in policy.calls
+    pod = mutated(body)
+    new = pod["spec"]["ephemeralContainers"][1]
+    assert new["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    # the pod's regular containers were not touched by an ephemeral-containers update
+    assert pod["spec"]["containers"] == body["request"]["object"]["spec"]["containers"]
+    assert outcome.response["response"]["auditAnnotations"] == {"pinned": "debugger-abc12"}
+    denied = review(body, Endpoint.VALIDATE, None, StandInPolicy())
+    assert denied.response["response"]["allowed"] is False
+    assert "debugger-abc12" in denied.response["response"]["status"]["message"]
+    assert "log-shipper" not in denied.response["response"]["status"]["message"]
+
+
+def test_ephemeral_update_without_a_new_container_is_allowed_unjudged():
+    body = load("pod-update-ephemeralcontainers")
+    body["request"]["object"] = copy.deepcopy(body["request"]["oldObject"])
+    policy = StandInPolicy()
+    outcome = review(body, Endpoint.VALIDATE, None, policy)
+    assert outcome.verdict is Verdict.ALLOWED
+    assert not [call for call in policy.calls if call[0] == "validate"]
+
+
+@pytest.mark.parametrize("name", ["pod-delete", "deployment-create"])
+def test_other_operations_and_kinds_are_allowed_without_evaluation(name):
+    policy = StandInPolicy()
+    for endpoint in Endpoint:
+        outcome = review(load(name), endpoint, None, policy)
+        assert outcome.verdict is Verdict.ALLOWED
+        assert outcome.response["response"] == {"uid": load(name)["request"]["uid"], "allowed": True}
+    assert policy.calls == []
+
+
+def test_plain_pod_update_and_status_subresource_are_not_judged():
+    body = load("pod-update-ephemeralcontainers")
+    policy = StandInPolicy()
+    for sub_resource in ("", "status"):
+        body["request"]["subResource"] = sub_resource
+        assert review(body, Endpoint.VALIDATE, None, policy).verdict is Verdict.ALLOWED
+    assert policy.calls == []
+
+
+def test_exempt_pods_are_allowed_untouched_with_an_audit_annotation():
+    mirror = review(load("pod-create-mirror"), Endpoint.MUTATE, None, StandInPolicy())
+    assert mirror.verdict is Verdict.EXEMPT
+    assert mirror.response["response"] == {
+        "uid": load("pod-create-mirror")["request"]["uid"],
+        "allowed": True,
+        "auditAnnotations": {"exempt": "mirror pod"},
+    }
+    body = load("pod-create-replicaset-gpu-mix")
+    body["request"]["namespace"] = "kube-system"
+    outcome = review(body, Endpoint.VALIDATE, None, StandInPolicy())
+    assert outcome.verdict is Verdict.EXEMPT and outcome.response["response"]["allowed"] is True
+
+
+def test_namespace_comes_from_the_request_not_the_object():
+    body = load("pod-create-replicaset-gpu-mix")
+    body["request"]["namespace"] = "kube-system"
+    body["request"]["object"]["metadata"]["namespace"] = ""
+    policy = StandInPolicy()
+    review(body, Endpoint.VALIDATE, None, policy)
+    assert policy.calls[0] == ("exemption", "kube-system")
+    # an older API server may send an empty request.namespace: the object's is the fallback
+    body["request"]["namespace"] = ""
+    body["request"]["object"]["metadata"]["namespace"] = "team-a"
+    assert parse(body).namespace == "team-a"
+
+
+def test_name_for_logs_falls_back_to_generate_name():
+    assert parse(load("pod-create-replicaset-gpu-mix")).name == "trainer-7d9f8c6b5d-*"
+    assert parse(load("pod-create-kubectl")).name == "nginx"
+
+
+def test_dry_run_gets_the_same_answer():
+    dry = review(load("pod-create-dryrun"), Endpoint.MUTATE, None, StandInPolicy())
+    wet = review(load("pod-create-replicaset-gpu-mix"), Endpoint.MUTATE, None, StandInPolicy())
+    assert dry.request.dry_run is True
+    assert dry.response["response"]["patch"] == wet.response["response"]["patch"]
+
+
+# -- internal errors: fail closed on /validate only -------------------------------------------------------------
+
+
+def test_internal_error_in_validate_denies_fail_closed():
+    outcome = review(load("pod-create-kubectl"), Endpoint.VALIDATE, None, StandInPolicy(fail=KeyError("spec")))
+    response = outcome.response["response"]
+    assert outcome.verdict is Verdict.ERROR
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 500
+    assert "fail closed" in response["status"]["message"] and "KeyError" in response["status"]["message"]
+    assert outcome.error == "KeyError: 'spec'"
+
+
+@pytest.mark.parametrize("endpoint", [Endpoint.MUTATE, Endpoint.VALIDATE_WARN])
+def test_internal_error_elsewhere_allows_without_patch(endpoint):
+    outcome = review(load("pod-create-kubectl"), endpoint, None, StandInPolicy(fail=RuntimeError("boom")))
+    response = outcome.response["response"]
+    assert outcome.verdict is Verdict.ERROR
+    assert response["allowed"] is True
+    assert "patch" not in response and "patchType" not in response
+    assert response["auditAnnotations"]["error"] == "RuntimeError: boom"
+
+
+# -- bad envelopes ----------------------------------------------------------------------------------------------
+
+
+def _broken(change) -> dict:
+    body = load("pod-create-kubectl")
+    change(body)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("body", "reason", "needle"),
+    [
+        ([1, 2], "not-an-object", "JSON object"),
+        ("AdmissionReview", "not-an-object", "JSON object"),
+        (_broken(lambda b: b.update(kind="Pod")), "wrong-kind", "kind must be 'AdmissionReview'"),
+        (_broken(lambda b: b.pop("apiVersion")), "wrong-api-version", "admissionReviewVersions"),
+        (load("pod-create-v1beta1"), "wrong-api-version", "admission.k8s.io/v1beta1"),
+        (_broken(lambda b: b.pop("request")), "missing-request", "request"),
+        (_broken(lambda b: b.update(request=[])), "missing-request", "request"),
+        (_broken(lambda b: b["request"].pop("uid")), "missing-uid", "request.uid"),
+        (_broken(lambda b: b["request"].update(uid="")), "missing-uid", "request.uid"),
+        (_broken(lambda b: b["request"].update(uid=7)), "missing-uid", "request.uid"),
+        (_broken(lambda b: b["request"].pop("operation")), "missing-operation", "request.operation"),
+        (_broken(lambda b: b["request"].update(object=None)), "malformed-request", "request.object is required"),
+        (_broken(lambda b: b["request"].update(object="pod")), "malformed-request", "request.object must be"),
+        (_broken(lambda b: b["request"].update(oldObject=[])), "malformed-request", "request.oldObject"),
+        (_broken(lambda b: b["request"]["object"].update(spec=[])), "malformed-request", "spec must be an object"),
+        (_broken(lambda b: b["request"].update(namespace=3)), "malformed-request", "request.namespace"),
+    ],
+)
+def test_bad_envelopes_raise_a_clear_bad_review(body, reason, needle):
+    with pytest.raises(BadReview) as caught:
+        review(body, Endpoint.VALIDATE, None, StandInPolicy())
+    assert caught.value.reason == reason
+    assert needle in caught.value.message
+    assert caught.value.status == 400
+
+
+# -- properties -------------------------------------------------------------------------------------------------
+
+
+@given(st.text(max_size=400))
+def test_truncated_warnings_fit_and_keep_short_ones(text):
+    out = truncate_warning(text)
+    assert len(out) <= MAX_WARNING_CHARS
+    assert all(char.isprintable() for char in out)
+    if len(text) <= MAX_WARNING_CHARS and text.isprintable():
+        assert out == text
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    request=st.fixed_dictionaries(
+        {"uid": st.text(min_size=1, max_size=8), "operation": st.sampled_from(["CREATE", "UPDATE", "DELETE", "X"])},
+        optional={"kind": json_values, "object": json_values, "oldObject": json_values, "subResource": json_values,
+                  "namespace": json_values, "name": json_values, "dryRun": json_values},
+    ),
+    endpoint=st.sampled_from(list(Endpoint)),
+)
+def test_no_request_shape_escapes_as_anything_but_an_answer_or_bad_review(request, endpoint):
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    try:
+        outcome = review(body, endpoint, None, StandInPolicy())
+    except BadReview as bad:
+        assert bad.message
+        return
+    assert outcome.response["response"]["uid"] == request["uid"]

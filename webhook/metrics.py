@@ -1,0 +1,89 @@
+"""The webhook's Prometheus metrics, declared once (names and meanings: ``docs/metrics.md``).
+
+Each app gets its own :class:`WebhookMetrics` with its own registry, so tests and several apps in one
+process never share counters. Under gunicorn with several workers, ``serve`` sets
+``PROMETHEUS_MULTIPROC_DIR`` before this module is imported: prometheus_client then keeps every value in
+per-process files there, and :meth:`WebhookMetrics.exposition` merges all workers' files, so a scrape that
+lands on any worker sees the whole server.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+#: Seconds. Starts at 0.25 ms so a 1 ms review is distinguishable from a 0.3 ms one; ends past the API
+#: server's 10 s default webhook timeout.
+DURATION_BUCKETS = (
+    0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class WebhookMetrics:
+    """The metric objects of one webhook app."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.reviews = Counter(
+            "gpu_fence_webhook_reviews_total",
+            "AdmissionReviews answered, by endpoint, verdict and broken rule (one count per distinct rule).",
+            ["endpoint", "verdict", "rule"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "gpu_fence_webhook_review_duration_seconds",
+            "Time from a parsed request to a serialised response, per endpoint.",
+            ["endpoint"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.internal_errors = Counter(
+            "gpu_fence_webhook_internal_errors_total",
+            "Reviews that hit an internal error (denied on /validate: fail closed).",
+            ["endpoint"],
+            registry=self.registry,
+        )
+        self.bad_requests = Counter(
+            "gpu_fence_webhook_bad_requests_total",
+            "Requests answered with a 4xx before any policy evaluation, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.certificate_expiry = Gauge(
+            "gpu_fence_webhook_certificate_expiry_timestamp_seconds",
+            "notAfter (Unix time) of the serving certificate currently loaded.",
+            registry=self.registry,
+            multiprocess_mode="livemostrecent",
+        )
+
+    def count_review(self, endpoint: str, verdict: str, rules: Iterable[str], seconds: float) -> None:
+        rules = tuple(rules) or ("none",)
+        for rule in rules:
+            self.reviews.labels(endpoint, verdict, rule).inc()
+        self.duration.labels(endpoint).observe(seconds)
+        if verdict == "error":
+            self.internal_errors.labels(endpoint).inc()
+
+    def exposition(self) -> bytes:
+        """The text format of every metric; merged over all worker processes in multiprocess mode."""
+        if multiprocess_dir():
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
+        return generate_latest(self.registry)

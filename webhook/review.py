@@ -1,0 +1,319 @@
+"""The AdmissionReview envelope: a parsed ``admission.k8s.io/v1`` request in, a response dict out.
+
+Pure: no Flask, no sockets, no clock, no logging. The web layer (``webhook.app``) parses the body, calls
+:func:`review`, serialises the result and records metrics and logs from the returned :class:`Outcome`.
+
+The contract followed here (see ``docs/webhook.md``): the response echoes ``apiVersion``/``kind``/``uid``;
+``patchType`` appears only together with a patch; a denial carries ``status.code`` 403 (500 for an internal
+error) and a message naming the rule, the container and the fix; each warning is at most 120 characters;
+``auditAnnotations`` keys are short, valid qualified-name parts (the API server prefixes them with the
+webhook name).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+import orjson
+
+API_VERSION = "admission.k8s.io/v1"
+KIND = "AdmissionReview"
+MAX_WARNING_CHARS = 120
+#: The API server accepts annotation values of any length, but audit events are read by people.
+MAX_AUDIT_VALUE_CHARS = 1024
+
+
+class Endpoint(Enum):
+    """What a URL path asks of the webhook; the value is the metric label."""
+
+    MUTATE = "mutate"
+    VALIDATE = "validate"  # enforce: violations deny
+    VALIDATE_WARN = "validate-warn"  # warn: allowed, violations returned as warnings
+
+
+class Verdict(Enum):
+    ALLOWED = "allowed"  # nothing to do (also: not a pod, not an operation we judge)
+    PATCHED = "patched"
+    DENIED = "denied"
+    WARNED = "warned"
+    EXEMPT = "exempt"
+    ERROR = "error"  # internal error: denied on /validate, allowed elsewhere
+
+
+class BadReview(ValueError):
+    """The body is not a usable AdmissionReview; answered with a 4xx, never evaluated.
+
+    ``reason`` is a short, bounded token for the ``gpu_fence_webhook_bad_requests_total`` metric.
+    """
+
+    def __init__(self, reason: str, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.status = status
+
+
+class Policy(Protocol):
+    """The three policy calls the envelope needs (``webhook.policy`` provides them as module functions)."""
+
+    def exemption(self, pod: dict, config: Any, *, namespace: str) -> str | None: ...
+
+    def mutate(self, pod: dict, config: Any, *, only: Collection[str] | None = None) -> Any: ...
+
+    def validate(self, pod: dict, config: Any, *, only: Collection[str] | None = None) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Request:
+    """The parts of ``request`` the webhook uses, checked once."""
+
+    uid: str
+    operation: str
+    kind: str  # "Pod" only when group "" / version "v1"
+    sub_resource: str
+    namespace: str
+    name: str  # for logs only: empty on CREATE with generateName
+    dry_run: bool
+    obj: dict | None
+    old_obj: dict | None
+
+    @property
+    def is_pod(self) -> bool:
+        return self.kind == "Pod"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one review decided: the response document plus what logs and metrics need."""
+
+    response: dict
+    verdict: Verdict
+    rules: tuple[str, ...] = ()
+    error: str | None = None
+    request: Request | None = field(default=None, compare=False)
+
+
+def parse(body: Any) -> Request:
+    """Check the envelope and pull out the request. Raises :class:`BadReview` naming what to fix."""
+    if not isinstance(body, dict):
+        raise BadReview("not-an-object", "body must be a JSON object (an AdmissionReview)")
+    if body.get("kind") != KIND:
+        raise BadReview("wrong-kind", f"kind must be {KIND!r}, got {_short(body.get('kind'))}")
+    if body.get("apiVersion") != API_VERSION:
+        raise BadReview(
+            "wrong-api-version",
+            f"apiVersion must be {API_VERSION!r} (register the webhook with admissionReviewVersions: [v1]), "
+            f"got {_short(body.get('apiVersion'))}",
+        )
+    request = body.get("request")
+    if not isinstance(request, dict):
+        raise BadReview("missing-request", "request is missing or not an object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("missing-uid", "request.uid is missing or not a non-empty string")
+    operation = request.get("operation")
+    if not isinstance(operation, str) or not operation:
+        raise BadReview("missing-operation", "request.operation is missing or not a string")
+    kind = request.get("kind")
+    is_core_pod = (
+        isinstance(kind, dict) and kind.get("kind") == "Pod" and kind.get("group", "") == ""
+        and kind.get("version") == "v1"
+    )
+    sub_resource = request.get("subResource") or ""
+    namespace = request.get("namespace") or ""
+    obj = request.get("object")
+    old_obj = request.get("oldObject")
+    for label, value in (("subResource", sub_resource), ("namespace", namespace)):
+        if not isinstance(value, str):
+            raise BadReview("malformed-request", f"request.{label} must be a string")
+    if obj is not None and not isinstance(obj, dict):
+        raise BadReview("malformed-request", "request.object must be an object or null")
+    if old_obj is not None and not isinstance(old_obj, dict):
+        raise BadReview("malformed-request", "request.oldObject must be an object or null")
+    if is_core_pod and operation in ("CREATE", "UPDATE") and obj is None:
+        raise BadReview("malformed-request", f"request.object is required for a Pod {operation}")
+    if is_core_pod and obj is not None and not isinstance(obj.get("spec", {}), dict):
+        raise BadReview("malformed-request", "request.object.spec must be an object")
+    metadata = obj.get("metadata") if obj else None
+    metadata = metadata if isinstance(metadata, dict) else {}
+    if not namespace:
+        # Current API servers default the object's namespace from the URL before admission; older ones sent
+        # an empty one. request.namespace is authoritative; the object is a fallback only.
+        namespace = metadata.get("namespace") if isinstance(metadata.get("namespace"), str) else ""
+    name = request.get("name") or metadata.get("name") or ""
+    if not name and isinstance(metadata.get("generateName"), str):
+        name = metadata["generateName"] + "*"
+    return Request(
+        uid=uid,
+        operation=operation,
+        kind="Pod" if is_core_pod else (kind.get("kind", "") if isinstance(kind, dict) else ""),
+        sub_resource=sub_resource,
+        namespace=namespace,
+        name=name if isinstance(name, str) else "",
+        dry_run=request.get("dryRun") is True,
+        obj=obj,
+        old_obj=old_obj,
+    )
+
+
+def review(body: Any, endpoint: Endpoint, config: Any, policy: Policy) -> Outcome:
+    """Answer one AdmissionReview. Raises :class:`BadReview` for an unusable envelope, nothing else.
+
+    An exception from the policy is caught here: on ``/validate`` it denies (fail closed: validation is the
+    control that enforces the final state), on ``/mutate`` and ``/validate/warn`` it allows without a patch
+    (mutation is best effort because validation runs after it; warn mode must never block).
+    """
+    request = parse(body)
+    try:
+        outcome = _judge(request, endpoint, config, policy)
+    except Exception as error:  # the fail-closed/fail-open boundary: every policy bug lands here
+        reason = f"{type(error).__name__}: {error}"
+        outcome = _internal_error(request, endpoint, reason)
+    return Outcome(outcome.response, outcome.verdict, outcome.rules, outcome.error, request)
+
+
+def new_container_names(request: Request) -> frozenset[str] | None:
+    """For ``UPDATE pods/ephemeralcontainers``: the ephemeral containers that this update adds.
+
+    ``None`` means "judge the whole pod" (a CREATE). Ephemeral containers cannot be changed or removed once
+    added, so the ones already in ``oldObject`` were judged when they were added.
+    """
+    if request.operation == "CREATE":
+        return None
+    old = _ephemeral_names(request.old_obj)
+    return frozenset(_ephemeral_names(request.obj) - old)
+
+
+def _judge(request: Request, endpoint: Endpoint, config: Any, policy: Policy) -> Outcome:
+    if not request.is_pod or not _is_judged(request):
+        return _answer(request, allowed=True, verdict=Verdict.ALLOWED)
+    pod = request.obj
+    assert pod is not None  # parse() guarantees an object for Pod CREATE/UPDATE
+    reason = policy.exemption(pod, config, namespace=request.namespace)
+    if reason:
+        return _answer(request, allowed=True, verdict=Verdict.EXEMPT, audit={"exempt": reason})
+    only = new_container_names(request)
+    if only is not None and not only:
+        return _answer(request, allowed=True, verdict=Verdict.ALLOWED)  # no new ephemeral container
+    if endpoint is Endpoint.MUTATE:
+        mutation = policy.mutate(pod, config, only=only)
+        if not mutation.patch:
+            return _answer(request, allowed=True, verdict=Verdict.ALLOWED)
+        return _answer(
+            request,
+            allowed=True,
+            verdict=Verdict.PATCHED,
+            patch=list(mutation.patch),
+            audit={"pinned": ",".join(mutation.pinned)},
+        )
+    validation = policy.validate(pod, config, only=only)
+    warnings = [truncate_warning(text) for text in validation.warnings]
+    violations = tuple(validation.violations)
+    if not violations:
+        return _answer(request, allowed=True, verdict=Verdict.ALLOWED, warnings=warnings)
+    rules = tuple(dict.fromkeys(violation.rule for violation in violations))
+    audit = {"rules": ",".join(rules)}
+    lines = [describe(violation) for violation in violations]
+    if endpoint is Endpoint.VALIDATE_WARN:
+        return _answer(
+            request,
+            allowed=True,
+            verdict=Verdict.WARNED,
+            rules=rules,
+            warnings=[truncate_warning(line) for line in lines] + warnings,
+            audit=audit,
+        )
+    message = f"gpu-fence: {len(lines)} violation(s): " + "; ".join(lines)
+    return _answer(
+        request,
+        allowed=False,
+        verdict=Verdict.DENIED,
+        rules=rules,
+        warnings=warnings,
+        audit=audit,
+        status={"code": 403, "reason": "Forbidden", "status": "Failure", "message": message},
+    )
+
+
+def describe(violation: Any) -> str:
+    """One line per violation; the rule id leads so that people and log searches find it."""
+    message = str(violation.message)
+    container = str(violation.container or "")
+    if container and container not in message:
+        return f"[{violation.rule}] container {container!r}: {message}"
+    return f"[{violation.rule}] {message}"
+
+
+def truncate_warning(text: str, limit: int = MAX_WARNING_CHARS) -> str:
+    """Cut a warning to ``limit`` characters on a character boundary, marking the cut with an ellipsis.
+
+    Characters, not bytes: Python strings cannot split a UTF-8 sequence. Control characters are replaced,
+    because a warning becomes an HTTP ``Warning`` header on the client side.
+    """
+    clean = "".join(char if char.isprintable() else " " for char in text)
+    if len(clean) <= limit:
+        return clean
+    return clean[: limit - 1] + "…"
+
+
+def _is_judged(request: Request) -> bool:
+    if request.operation == "CREATE" and request.sub_resource == "":
+        return True
+    return request.operation == "UPDATE" and request.sub_resource == "ephemeralcontainers"
+
+
+def _ephemeral_names(pod: dict | None) -> set[str]:
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    containers = spec.get("ephemeralContainers") if isinstance(spec, dict) else None
+    if not isinstance(containers, list):
+        return set()
+    return {c["name"] for c in containers if isinstance(c, dict) and isinstance(c.get("name"), str)}
+
+
+def _internal_error(request: Request, endpoint: Endpoint, reason: str) -> Outcome:
+    reason = reason[:500]
+    audit = {"error": reason}
+    if endpoint is Endpoint.VALIDATE:
+        message = (
+            f"gpu-fence: internal error while checking the pod, denied (fail closed): {reason}. "
+            "Retry; if it persists, report it to the cluster administrators."
+        )
+        status = {"code": 500, "reason": "InternalError", "status": "Failure", "message": message}
+        return _answer(request, allowed=False, verdict=Verdict.ERROR, audit=audit, status=status, error=reason)
+    warnings = [truncate_warning(f"gpu-fence: internal error, pod not checked: {reason}")]
+    return _answer(request, allowed=True, verdict=Verdict.ERROR, audit=audit, warnings=warnings, error=reason)
+
+
+def _answer(
+    request: Request,
+    *,
+    allowed: bool,
+    verdict: Verdict,
+    rules: tuple[str, ...] = (),
+    patch: list[dict] | None = None,
+    warnings: list[str] | None = None,
+    audit: Mapping[str, str] | None = None,
+    status: dict | None = None,
+    error: str | None = None,
+) -> Outcome:
+    response: dict[str, Any] = {"uid": request.uid, "allowed": allowed}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(orjson.dumps(patch)).decode("ascii")
+    if status is not None:
+        response["status"] = status
+    if warnings:
+        response["warnings"] = warnings
+    if audit:
+        response["auditAnnotations"] = {key: value[:MAX_AUDIT_VALUE_CHARS] for key, value in audit.items()}
+    document = {"apiVersion": API_VERSION, "kind": KIND, "response": response}
+    return Outcome(document, verdict, rules, error, request)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
