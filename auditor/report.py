@@ -1,0 +1,177 @@
+"""The ``once`` report in three formats: ``text`` (people), ``json`` (a contract, see docs/auditor.md), ``junit`` (CI).
+
+Pure rendering of a snapshot and its audit result; the caller writes the string where it belongs.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from datetime import UTC, datetime
+from typing import Any
+
+from auditor.model import AuditResult, Finding, NodeSnapshot, Row
+
+FORMATS = ("text", "json", "junit")
+
+
+def rfc3339(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def render(fmt: str, snapshot: NodeSnapshot, result: AuditResult) -> str:
+    if fmt == "json":
+        return json.dumps(to_json(snapshot, result), indent=2) + "\n"
+    if fmt == "junit":
+        return to_junit(snapshot, result)
+    if fmt == "text":
+        return to_text(snapshot, result)
+    raise ValueError(f"unknown report format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+def physical_gpu_count(snapshot: NodeSnapshot) -> int:
+    return sum(1 for gpu in snapshot.gpus if not gpu.is_mig)
+
+
+def to_json(snapshot: NodeSnapshot, result: AuditResult) -> dict[str, Any]:
+    """The JSON report. The keys of the contract are fixed; the extra keys here may grow."""
+    return {
+        "node": snapshot.node,
+        "time": rfc3339(snapshot.time),
+        "summary": {
+            "containers": len(result.rows),
+            "gpus": physical_gpu_count(snapshot),
+            "findings": len(result.findings),
+            "devices": len(snapshot.gpus),
+            "identity": snapshot.identity_source,
+        },
+        "containers": [_row_json(row) for row in result.rows],
+        "findings": [_finding_json(finding) for finding in result.findings],
+        "unattributed_memory_bytes": dict(result.unattributed_memory_bytes),
+        "gpus": [
+            {
+                "uuid": gpu.uuid,
+                "index": gpu.index,
+                "minor": gpu.minor,
+                "model": gpu.model,
+                "memory_total_bytes": gpu.memory_total_bytes,
+                "parent_uuid": gpu.parent_uuid,
+                "mig_profile": gpu.profile or None,
+            }
+            for gpu in snapshot.gpus
+        ],
+        "notes": list(snapshot.notes),
+    }
+
+
+def _row_json(row: Row) -> dict[str, Any]:
+    return {
+        "namespace": row.namespace,
+        "pod": row.pod,
+        "pod_uid": row.pod_uid,
+        "container": row.container,
+        "container_id": row.container_id,
+        "allocated": list(row.allocated),
+        "visible": None if row.visible is None else list(row.visible),
+        "used": list(row.used),
+        "memory_bytes": dict(row.memory_bytes),
+        "allocation_counts": dict(row.allocation_counts),
+        "exempt": row.exempt,
+        "identity": row.identity.value,
+        "labels": dict(row.labels),
+    }
+
+
+def _finding_json(finding: Finding) -> dict[str, Any]:
+    return {
+        "kind": finding.kind.value,
+        "namespace": finding.namespace,
+        "pod": finding.pod,
+        "container": finding.container,
+        "gpu": finding.gpu,
+        "pid": finding.pid,
+        "memory_bytes": finding.memory_bytes,
+        "message": finding.message,
+        "pod_uid": finding.pod_uid,
+        "container_id": finding.container_id,
+    }
+
+
+def _who(namespace: str | None, pod: str | None, container: str | None, container_id: str | None) -> str:
+    if namespace is None and pod is None:
+        return f"container {container_id[:12]}" if container_id else "(no container)"
+    return f"{namespace}/{pod}/{container if container is not None else (container_id or '?')[:12]}"
+
+
+def _short(uuids: tuple[str, ...] | None) -> str:
+    if uuids is None:
+        return "?"
+    return ",".join(uuid[:12] for uuid in uuids) or "-"
+
+
+def to_text(snapshot: NodeSnapshot, result: AuditResult) -> str:
+    lines = [
+        f"node {snapshot.node} at {rfc3339(snapshot.time)}: {len(result.rows)} containers, "
+        f"{physical_gpu_count(snapshot)} GPUs ({len(snapshot.gpus)} devices), {len(result.findings)} findings "
+        f"[identity: {snapshot.identity_source}]",
+    ]
+    lines.extend(f"note: {note}" for note in snapshot.notes)
+    gpu_rows = [row for row in result.rows if row.allocated or row.used or row.visible]
+    if gpu_rows:
+        lines.append("")
+        lines.append(f"{'CONTAINER':<48} {'ALLOCATED':<26} {'VISIBLE':<26} {'USED':<26} MEMORY")
+        for row in gpu_rows:
+            memory = sum(size for _, size in row.memory_bytes)
+            flag = " (exempt)" if row.exempt else ""
+            lines.append(
+                f"{_who(row.namespace, row.pod, row.container, row.container_id)[:48]:<48} "
+                f"{_short(row.allocated)[:26]:<26} {_short(row.visible)[:26]:<26} {_short(row.used)[:26]:<26} "
+                f"{memory / 2**20:.0f} MiB{flag}"
+            )
+    lines.append("")
+    if not result.findings:
+        lines.append("no findings: every container sees and uses only the GPUs it was allocated")
+    for finding in result.findings:
+        who = _who(finding.namespace, finding.pod, finding.container, finding.container_id)
+        lines.append(f"{finding.kind.value}: {who}: {finding.message}")
+    return "\n".join(lines) + "\n"
+
+
+def to_junit(snapshot: NodeSnapshot, result: AuditResult) -> str:
+    """One test case per container (failures = its findings) plus one for processes outside any container."""
+    suite = ET.Element(
+        "testsuite",
+        name=f"gpu-fence-auditor {snapshot.node}",
+        timestamp=rfc3339(snapshot.time),
+        tests=str(len(result.rows) + 1),
+    )
+    by_container: dict[tuple, list[Finding]] = {}
+    unattributed: list[Finding] = []
+    for finding in result.findings:
+        if finding.namespace is None and finding.container_id is None and finding.pod_uid is None:
+            unattributed.append(finding)
+        else:
+            key = (finding.namespace, finding.pod, finding.container, finding.container_id)
+            by_container.setdefault(key, []).append(finding)
+    failures = 0
+    for row in result.rows:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"{snapshot.node}.{row.namespace}.{row.pod}",
+            name=str(row.container if row.container is not None else row.container_id),
+        )
+        for finding in by_container.pop((row.namespace, row.pod, row.container, row.container_id), []):
+            failures += 1
+            failure = ET.SubElement(case, "failure", type=finding.kind.value, message=finding.message)
+            failure.text = finding.message
+    leftovers = unattributed + [f for findings in by_container.values() for f in findings]
+    case = ET.SubElement(suite, "testcase", classname=f"{snapshot.node}.host", name="unattributed-processes")
+    for finding in leftovers:
+        failures += 1
+        failure = ET.SubElement(case, "failure", type=finding.kind.value, message=finding.message)
+        failure.text = finding.message
+    suite.set("failures", str(failures))
+    suite.set("errors", "0")
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"

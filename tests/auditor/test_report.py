@@ -1,0 +1,77 @@
+"""The report formats: the JSON contract's keys, readable text, JUnit that a CI parser accepts."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from auditor.audit import audit
+from auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
+from auditor.report import render
+
+G0 = "GPU-00000000-aaaa-bbbb-cccc-000000000000"
+G1 = "GPU-11111111-aaaa-bbbb-cccc-111111111111"
+SNAPSHOT = NodeSnapshot(
+    "node-a",
+    1_780_000_000.0,
+    (Gpu(G0, 0, 0, "H100", 80 << 30), Gpu(G1, 1, 1, "H100", 80 << 30)),
+    (
+        Container("ml", "train", "main", "uid-1", "c1", allocated=(G0,), visible=frozenset({G0})),
+        Container("web", "cuda", "app", "uid-2", "c2", visible=frozenset({G0, G1})),
+    ),
+    (
+        GpuProcess(10, G0, 1 << 30, "uid-1", "c1"),
+        GpuProcess(11, G1, 2 << 30, "uid-2", "c2"),
+        GpuProcess(12, G1, 5 << 20, None, None),
+    ),
+    notes=("kubernetes API unreachable: names from the last list",),
+)
+RESULT = audit(SNAPSHOT)
+
+
+def test_json_report_keeps_the_contract_keys():
+    report = json.loads(render("json", SNAPSHOT, RESULT))
+    assert report["node"] == "node-a" and report["time"] == "2026-05-28T20:26:40Z"
+    assert report["summary"] == report["summary"] | {"containers": 2, "gpus": 2, "findings": len(RESULT.findings)}
+    contract = {"namespace", "pod", "pod_uid", "container", "container_id", "allocated", "visible", "used",
+                "memory_bytes"}
+    for row in report["containers"]:
+        assert contract <= row.keys()
+    train = next(r for r in report["containers"] if r["pod"] == "train")
+    assert train["allocated"] == [G0] and train["used"] == [G0] and train["memory_bytes"] == {G0: 1 << 30}
+    for finding in report["findings"]:
+        assert {"kind", "namespace", "pod", "container", "gpu", "pid", "memory_bytes", "message"} <= finding.keys()
+    kinds = sorted(f["kind"] for f in report["findings"])
+    assert kinds == ["unattributed-process", "used-unallocated", "visible-unallocated", "visible-unallocated"]
+    host = next(f for f in report["findings"] if f["kind"] == "unattributed-process")
+    assert host["namespace"] is None and host["pid"] == 12 and host["memory_bytes"] == 5 << 20
+
+
+def test_text_report_names_findings_notes_and_identity():
+    text = render("text", SNAPSHOT, RESULT)
+    assert "node node-a" in text and "identity: kubernetes" in text
+    assert "note: kubernetes API unreachable" in text
+    assert "used-unallocated: web/cuda/app: process 11" in text
+    assert "unattributed-process: (no container): process 12" in text
+
+
+def test_text_report_says_clean_when_clean():
+    clean = NodeSnapshot("n", 0.0, SNAPSHOT.gpus, SNAPSHOT.containers[:1], SNAPSHOT.processes[:1])
+    assert "no findings" in render("text", clean, audit(clean))
+
+
+def test_junit_has_one_case_per_container_and_a_failure_per_finding():
+    root = ET.fromstring(render("junit", SNAPSHOT, RESULT))
+    assert root.tag == "testsuite" and root.get("tests") == "3"
+    assert root.get("failures") == str(len(RESULT.findings))
+    cases = {case.get("name"): case for case in root.iter("testcase")}
+    assert cases["main"].find("failure") is None
+    assert {f.get("type") for f in cases["app"].iter("failure")} == {"used-unallocated", "visible-unallocated"}
+    assert [f.get("type") for f in cases["unattributed-processes"].iter("failure")] == ["unattributed-process"]
+
+
+def test_unknown_format_is_a_clear_error():
+    with pytest.raises(ValueError, match="use one of text, json, junit"):
+        render("yaml", SNAPSHOT, RESULT)
