@@ -1,0 +1,380 @@
+"""``gpu-fence-webhook check``: the admission policy, offline, over manifests or over live pods.
+
+It answers "what would the webhook do to these pods?" before the webhook is enforcing: in CI over rendered
+manifests (``helm template ... | gpu-fence-webhook check -``) and once over a running cluster (``--cluster``)
+to see what enforcement would break. Every pod spec found (see ``webhook.discovery``) is evaluated
+mutate-then-validate by the same ``webhook.policy.evaluate`` that serves admission.
+
+Namespaces: an object's own ``metadata.namespace``, else ``--namespace``, else ``default`` (the same place
+``kubectl apply -n`` would put it). Exemptions by namespace therefore apply as they would at admission.
+
+Exit codes: 0 nothing rejected, 1 something rejected, 2 could not run (usage, unreadable input, bad
+configuration, unreachable API), with one line per problem on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from importlib.metadata import PackageNotFoundError, version
+from typing import IO, Any
+
+from webhook import policy
+from webhook.config import ConfigError, PolicyConfig, load_config
+from webhook.discovery import (
+    DiscoveryError,
+    PodSpecSite,
+    container_index,
+    find_pod_specs,
+    format_path,
+    iter_objects,
+    object_name,
+    object_namespace,
+    pod_for_site,
+)
+from webhook.reports import (
+    FORMATS,
+    Finding,
+    PodSpecResult,
+    Report,
+    render_json,
+    render_junit,
+    render_sarif,
+    render_text,
+)
+from webhook.sources import Document, SourceError, expand_paths, read_source
+
+DEFAULT_NAMESPACE = "default"
+CLUSTER_SOURCE = "cluster"
+#: Pods per list call in ``--cluster`` mode: large clusters are read in pages, never in one response.
+CLUSTER_PAGE_SIZE = 500
+
+EPILOG = """\
+examples:
+  gpu-fence-webhook check manifests/examples/
+  helm template my-chart | gpu-fence-webhook check - --format sarif --output gpu-fence.sarif
+  kubectl kustomize overlays/prod | gpu-fence-webhook check - --namespace prod
+  gpu-fence-webhook check --cluster --namespace ml-team --format json
+
+exit codes: 0 nothing rejected, 1 some pod spec rejected, 2 could not run (the reason is on stderr)
+"""
+
+
+class CheckError(Exception):
+    """The check could not run; the message is one line saying what to fix."""
+
+
+class ClusterError(CheckError):
+    """Live pods could not be listed (no configuration, API unreachable, access denied)."""
+
+
+def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "check",
+        help="run the policy offline over manifests (files, directories, stdin) or live pods",
+        description=(
+            "Evaluate every pod spec in Kubernetes manifests, or in the live cluster, with the admission policy "
+            "(mutate, then validate) and report allowed / mutated / rejected / exempt for each."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="YAML or JSON file, directory (read recursively for *.yaml, *.yml, *.json), or - for stdin",
+    )
+    parser.add_argument("--format", choices=FORMATS, default="text", help="report format (default: text)")
+    parser.add_argument("--config", metavar="FILE", help="policy configuration file (default: built-in defaults)")
+    parser.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    parser.add_argument("--cluster", action="store_true", help="check the live pods of the cluster instead of files")
+    parser.add_argument(
+        "--namespace",
+        "-n",
+        metavar="NS",
+        help="with --cluster: only this namespace (default: all); with files: the namespace of objects "
+        f"that name none (default: {DEFAULT_NAMESPACE})",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="with --cluster: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, "
+        "then the in-cluster service account)",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None) -> int:
+    out = stdout if stdout is not None else sys.stdout
+    try:
+        _check_usage(args)
+        config = load_config(args.config)
+        if args.cluster:
+            report = check_pods(list_cluster_pods(args.namespace, args.kubeconfig), config)
+        else:
+            report = check_documents(read_all(args.paths, stdin), config, args.namespace or DEFAULT_NAMESPACE)
+    except (CheckError, ConfigError) as error:
+        _error(str(error))
+        return 2
+    except SourceErrors as errors:
+        for message in errors.messages:
+            _error(message)
+        return 2
+    colour = args.output is None and _wants_colour(out)
+    text = render(report, args.format, colour=colour)
+    if args.output is None:
+        out.write(text)
+        out.flush()
+    else:
+        try:
+            with open(args.output, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        except OSError as error:
+            _error(f"{args.output}: cannot write the report: {error.strerror or error}")
+            return 2
+    return 1 if report.rejected else 0
+
+
+def _check_usage(args: argparse.Namespace) -> None:
+    if args.cluster and args.paths:
+        raise CheckError("give either PATH arguments or --cluster, not both")
+    if not args.cluster and not args.paths:
+        raise CheckError("nothing to check: give a file, a directory, - for stdin, or --cluster")
+    if args.kubeconfig and not args.cluster:
+        raise CheckError("--kubeconfig applies only with --cluster")
+    if args.paths.count("-") > 1:
+        raise CheckError("stdin (-) can be read only once")
+
+
+def _error(message: str) -> None:
+    print(f"gpu-fence-webhook check: error: {message}", file=sys.stderr)
+
+
+def _wants_colour(stream: IO[str]) -> bool:
+    if "NO_COLOR" in os.environ:
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def render(report: Report, output_format: str, *, colour: bool = False) -> str:
+    if output_format == "json":
+        return render_json(report)
+    if output_format == "junit":
+        return render_junit(report)
+    if output_format == "sarif":
+        return render_sarif(report, policy.RULES, tool_version=_version())
+    return render_text(report, colour=colour)
+
+
+def _version() -> str:
+    try:
+        return version("gpu-fence")
+    except PackageNotFoundError:
+        return "0"
+
+
+# --- files ------------------------------------------------------------------------------------------------
+
+
+class SourceErrors(Exception):
+    """Every source that could not be read, so that one run reports them all."""
+
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__("; ".join(messages))
+        self.messages = messages
+
+
+def read_all(paths: Iterable[str], stdin: IO[bytes] | None = None) -> list[Document]:
+    """Read every source named on the command line; raise :class:`SourceErrors` listing all failures."""
+    documents: list[Document] = []
+    errors: list[str] = []
+    try:
+        sources = expand_paths(paths)
+    except SourceError as error:
+        raise SourceErrors([str(error)]) from None
+    for source in sources:
+        try:
+            documents.extend(read_source(source, stdin))
+        except SourceError as error:
+            errors.append(str(error))
+    if errors:
+        raise SourceErrors(errors)
+    return documents
+
+
+def check_documents(documents: Iterable[Document], config: PolicyConfig, default_namespace: str) -> Report:
+    """Evaluate every pod spec in the documents. Documents that are not Kubernetes objects are counted."""
+    results: list[PodSpecResult] = []
+    skipped = 0
+    for document in documents:
+        for relative, obj in iter_objects(document.data):
+            if obj is None:
+                skipped += 1
+                continue
+            line = document.line_of(relative)
+            try:
+                sites = find_pod_specs(obj)
+            except DiscoveryError as error:
+                raise SourceErrors([f"{document.source}:{line}: {error}"]) from None
+            namespace = object_namespace(obj, default_namespace)
+            for site in sites:
+                results.append(
+                    _evaluate_site(
+                        document, relative=relative, line=line, obj=obj, site=site, namespace=namespace, config=config
+                    )
+                )
+    return Report(tuple(results), skipped)
+
+
+def _evaluate_site(
+    document: Document,
+    *,
+    relative: tuple[str | int, ...],
+    line: int,
+    obj: Mapping[str, Any],
+    site: PodSpecSite,
+    namespace: str,
+    config: PolicyConfig,
+) -> PodSpecResult:
+    decision = policy.evaluate(pod_for_site(site, obj, namespace), config, namespace=namespace)
+    spec_line = document.line_of((*relative, *site.path))
+
+    def finding_line(container: str | None) -> int:
+        located = container_index(site.spec, container)
+        if located is None:
+            return spec_line
+        return document.line_of((*relative, *site.spec_path, *located))
+
+    return _result(
+        decision,
+        source=document.source,
+        line=line,
+        kind=str(obj.get("kind")),
+        namespace=namespace,
+        name=object_name(obj),
+        path=format_path(site.path),
+        spec_line=spec_line,
+        finding_line=finding_line,
+    )
+
+
+def _result(decision: Any, *, finding_line: Any, **fields: Any) -> PodSpecResult:
+    violations = tuple(
+        Finding(violation.rule, violation.container, violation.message, finding_line(violation.container))
+        for violation in decision.validation.violations
+    )
+    return PodSpecResult(
+        verdict=decision.verdict,
+        pinned=tuple(decision.mutation.pinned),
+        violations=violations,
+        warnings=tuple(decision.validation.warnings),
+        exempt_reason=decision.exempt,
+        **fields,
+    )
+
+
+# --- live cluster -----------------------------------------------------------------------------------------
+
+
+def check_pods(pods: Iterable[Mapping[str, Any]], config: PolicyConfig) -> Report:
+    """Evaluate live pods, each in its own namespace, as the webhook would on their creation."""
+    results: list[PodSpecResult] = []
+    skipped = 0
+    for pod in pods:
+        spec = pod.get("spec")
+        if not isinstance(spec, Mapping):
+            skipped += 1
+            continue
+        namespace = object_namespace(pod, DEFAULT_NAMESPACE)
+        decision = policy.evaluate(dict(pod), config, namespace=namespace)
+        results.append(
+            _result(
+                decision,
+                source=CLUSTER_SOURCE,
+                line=0,
+                kind="Pod",
+                namespace=namespace,
+                name=object_name(pod),
+                path="",
+                finding_line=lambda _container: 0,
+            )
+        )
+    return Report(tuple(results), skipped)
+
+
+def list_cluster_pods(namespace: str | None, kubeconfig: str | None) -> list[dict[str, Any]]:
+    """Every pod of the cluster (or of one namespace) as plain dicts, read in pages.
+
+    The ``kubernetes`` client is imported here, not at module level: ``serve`` must never load it.
+    Responses are decoded as JSON rather than into the client's model classes, so pods keep their API
+    field names (``initContainers``, not ``init_containers``), as the policy expects.
+    """
+    from kubernetes import client  # noqa: PLC0415 - slow to import; only this path needs it
+    from kubernetes import config as kube_config  # noqa: PLC0415
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+    from urllib3.exceptions import HTTPError  # noqa: PLC0415
+
+    configuration = client.Configuration()
+    try:
+        if (
+            kubeconfig is not None
+            or os.environ.get("KUBECONFIG")
+            or os.path.exists(os.path.expanduser(kube_config.KUBE_CONFIG_DEFAULT_LOCATION))
+        ):
+            kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            kube_config.load_incluster_config(client_configuration=configuration)
+    except (kube_config.ConfigException, OSError, ValueError, TypeError) as error:
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "the default kubeconfig or in-cluster configuration"
+        raise ClusterError(f"cannot load Kubernetes configuration from {where}: {error}") from None
+    configuration.retries = 1  # fail fast and clearly on an unreachable API instead of retrying silently
+    api = client.CoreV1Api(client.ApiClient(configuration))
+    pods: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        kwargs: dict[str, Any] = {"limit": CLUSTER_PAGE_SIZE, "_preload_content": False, "_request_timeout": (10, 60)}
+        if token:
+            kwargs["_continue"] = token
+        try:
+            if namespace:
+                response = api.list_namespaced_pod(namespace, **kwargs)
+            else:
+                response = api.list_pod_for_all_namespaces(**kwargs)
+            body = json.loads(response.data)
+        except ApiException as error:
+            raise ClusterError(
+                f"the Kubernetes API at {configuration.host} refused to list pods: "
+                f"{error.status} {error.reason}{_api_message(error.body)}"
+            ) from None
+        except HTTPError as error:
+            reason = getattr(error, "reason", None) or error
+            raise ClusterError(f"cannot reach the Kubernetes API at {configuration.host}: {reason}") from None
+        except ValueError as error:
+            raise ClusterError(
+                f"the Kubernetes API at {configuration.host} sent a pod list that is not JSON: {error}"
+            ) from None
+        items = body.get("items") if isinstance(body, Mapping) else None
+        if not isinstance(items, list):
+            raise ClusterError(f"the Kubernetes API at {configuration.host} sent a pod list without items")
+        for item in items:
+            if isinstance(item, Mapping):
+                pods.append({"apiVersion": "v1", "kind": "Pod", **item})
+        metadata = body.get("metadata")
+        token = metadata.get("continue") if isinstance(metadata, Mapping) else None
+        if not token:
+            return pods
+
+
+def _api_message(body: Any) -> str:
+    """The ``message`` of a Kubernetes Status body, which says why (e.g. which RBAC verb is missing)."""
+    try:
+        status = json.loads(body) if body else None
+    except (TypeError, ValueError):
+        return ""
+    message = status.get("message") if isinstance(status, Mapping) else None
+    return f": {message}" if isinstance(message, str) and message else ""
