@@ -1,0 +1,148 @@
+"""The Flask layer (webhook.app) through Flask's test client: routing, bad input → JSON 4xx, metrics, logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from test_review import StandInPolicy
+
+from webhook.app import MAX_BODY_BYTES, create_app
+from webhook.metrics import WebhookMetrics
+
+FIXTURES = Path(__file__).parent / "admissionreviews"
+
+
+def body(name: str = "pod-create-replicaset-gpu-mix") -> bytes:
+    return (FIXTURES / f"{name}.json").read_bytes()
+
+
+@pytest.fixture
+def metrics() -> WebhookMetrics:
+    return WebhookMetrics()
+
+
+@pytest.fixture
+def client(metrics):
+    return create_app(None, policy=StandInPolicy(), metrics=metrics).test_client()
+
+
+def samples(metrics: WebhookMetrics) -> dict[tuple, float]:
+    out = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def post(client, path: str, data: bytes, content_type: str = "application/json"):
+    return client.post(path, data=data, headers={"Content-Type": content_type})
+
+
+def test_mutate_validate_and_warn_answer_json(client, metrics):
+    for path, allowed, verdict, rule in (
+        ("/mutate", True, "patched", "none"),
+        ("/validate", False, "denied", "unpinned-container"),
+        ("/validate/warn", True, "warned", "unpinned-container"),
+    ):
+        response = post(client, path, body())
+        assert response.status_code == 200
+        assert response.mimetype == "application/json"
+        assert response.json["response"]["allowed"] is allowed
+        endpoint = path.strip("/").replace("/", "-")
+        key = ("gpu_fence_webhook_reviews_total", (("endpoint", endpoint), ("rule", rule), ("verdict", verdict)))
+        assert samples(metrics)[key] == 1
+    count = samples(metrics)[("gpu_fence_webhook_review_duration_seconds_count", (("endpoint", "mutate"),))]
+    assert count == 1
+
+
+def test_content_type_with_charset_is_accepted(client):
+    response = post(client, "/validate", body(), "application/json; charset=utf-8")
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("/validate", b"{not json", "application/json", 400, "invalid-json"),
+        ("/validate", b"", "application/json", 400, "empty-body"),
+        ("/validate", b"\xff\xfe", "application/json", 400, "invalid-json"),
+        ("/validate", body(), "text/plain", 415, "wrong-content-type"),
+        ("/mutate", body(), "", 415, "wrong-content-type"),
+        ("/validate", body("pod-create-v1beta1"), "application/json", 400, "wrong-api-version"),
+        ("/validate", b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}', "application/json", 400,
+         "missing-request"),
+        ("/validate", b"[]", "application/json", 400, "not-an-object"),
+    ],
+)
+def test_bad_input_is_a_json_4xx_naming_the_problem(client, metrics, case):
+    path, data, content_type, status, reason = case
+    response = post(client, path, data, content_type)
+    assert response.status_code == status
+    assert response.mimetype == "application/json"
+    assert response.json["error"] == reason
+    assert response.json["message"]
+    assert samples(metrics)[("gpu_fence_webhook_bad_requests_total", (("reason", reason),))] == 1
+
+
+def test_body_over_the_limit_is_413(client, metrics):
+    big = b'{"apiVersion":"admission.k8s.io/v1","pad":"' + b"x" * MAX_BODY_BYTES + b'"}'
+    response = post(client, "/validate", big)
+    assert response.status_code == 413
+    assert response.json["error"] == "body-too-large"
+    assert str(MAX_BODY_BYTES) in response.json["message"]
+
+
+def test_flask_level_errors_are_json(client, metrics):
+    missing = client.get("/nope")
+    assert missing.status_code == 404 and missing.json["error"] == "not-found"
+    assert "/validate" in missing.json["message"]
+    wrong = client.get("/validate")
+    assert wrong.status_code == 405 and wrong.json["error"] == "method-not-allowed"
+    counts = samples(metrics)
+    assert counts[("gpu_fence_webhook_bad_requests_total", (("reason", "not-found"),))] == 1
+    assert counts[("gpu_fence_webhook_bad_requests_total", (("reason", "method-not-allowed"),))] == 1
+
+
+def test_internal_error_is_counted_logged_and_fails_closed(metrics, caplog):
+    app = create_app(None, policy=StandInPolicy(fail=ValueError("bad rule table")), metrics=metrics)
+    with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
+        response = post(app.test_client(), "/validate", body())
+    assert response.status_code == 200
+    assert response.json["response"]["allowed"] is False
+    assert response.json["response"]["status"]["code"] == 500
+    counts = samples(metrics)
+    assert counts[("gpu_fence_webhook_internal_errors_total", (("endpoint", "validate"),))] == 1
+    assert counts[("gpu_fence_webhook_reviews_total", (("endpoint", "validate"), ("rule", "none"),
+                                                         ("verdict", "error")))] == 1
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.fields["error"] == "ValueError: bad rule table"
+    assert record.fields["uid"] == json.loads(body())["request"]["uid"]
+
+
+def test_review_log_fields(client, caplog):
+    with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
+        post(client, "/validate", body("pod-create-dryrun"))
+    [record] = [r for r in caplog.records if getattr(r, "fields", {}).get("event") == "review"]
+    fields = record.fields
+    assert fields["verdict"] == "denied" and fields["rules"] == ["unpinned-container"]
+    assert fields["namespace"] == "default" and fields["name"] == "trainer-7d9f8c6b5d-*"
+    assert fields["dry_run"] is True and fields["duration_ms"] >= 0
+    orjson.dumps(fields)  # everything logged is JSON-serialisable
+
+
+def test_health_readiness_and_metrics_endpoints(metrics):
+    state = {"ready": False}
+    client = create_app(None, policy=StandInPolicy(), metrics=metrics, ready=lambda: state["ready"]).test_client()
+    assert client.get("/healthz").json == {"status": "ok"}
+    assert client.get("/readyz").status_code == 503
+    state["ready"] = True
+    assert client.get("/readyz").status_code == 200
+    scrape = client.get("/metrics")
+    assert scrape.status_code == 200
+    assert scrape.content_type.startswith("text/plain")
+    assert b"gpu_fence_webhook_certificate_expiry_timestamp_seconds" in scrape.data
