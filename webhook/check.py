@@ -35,6 +35,7 @@ from webhook.discovery import (
     object_namespace,
     pod_for_site,
 )
+from webhook.policy import CDI_ANNOTATION, HOST_DEVICE_PATH
 from webhook.reports import (
     FORMATS,
     Finding,
@@ -51,6 +52,9 @@ DEFAULT_NAMESPACE = "default"
 CLUSTER_SOURCE = "cluster"
 #: Pods per list call in ``--cluster`` mode: large clusters are read in pages, never in one response.
 CLUSTER_PAGE_SIZE = 500
+#: Where pod-level violations point (relative to the pod template, or to the pod spec for volumes), so that
+#: a report lands on the annotation or volume list rather than on the start of the object.
+_POD_LEVEL_FIELDS = {CDI_ANNOTATION: ("metadata", "annotations"), HOST_DEVICE_PATH: ("volumes",)}
 
 EPILOG = """\
 examples:
@@ -244,11 +248,14 @@ def _evaluate_site(
     decision = policy.evaluate(pod_for_site(site, obj, namespace), config, namespace=namespace)
     spec_line = document.line_of((*relative, *site.path))
 
-    def finding_line(container: str | None) -> int:
+    def finding_line(rule: str, container: str | None) -> int:
         located = container_index(site.spec, container)
-        if located is None:
-            return spec_line
-        return document.line_of((*relative, *site.spec_path, *located))
+        if located is not None:
+            return document.line_of((*relative, *site.spec_path, *located))
+        if rule in _POD_LEVEL_FIELDS:
+            base = site.spec_path if rule == HOST_DEVICE_PATH else site.path
+            return document.line_of((*relative, *base, *_POD_LEVEL_FIELDS[rule]), spec_line)
+        return spec_line
 
     return _result(
         decision,
@@ -265,7 +272,9 @@ def _evaluate_site(
 
 def _result(decision: Any, *, finding_line: Any, **fields: Any) -> PodSpecResult:
     violations = tuple(
-        Finding(violation.rule, violation.container, violation.message, finding_line(violation.container))
+        Finding(
+            violation.rule, violation.container, violation.message, finding_line(violation.rule, violation.container)
+        )
         for violation in decision.validation.violations
     )
     return PodSpecResult(
@@ -301,7 +310,7 @@ def check_pods(pods: Iterable[Mapping[str, Any]], config: PolicyConfig) -> Repor
                 namespace=namespace,
                 name=object_name(pod),
                 path="",
-                finding_line=lambda _container: 0,
+                finding_line=lambda _rule, _container: 0,
             )
         )
     return Report(tuple(results), skipped)

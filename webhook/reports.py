@@ -141,7 +141,7 @@ def summary_line(report: Report) -> str:
     noun = "pod spec" if counts["pod_specs"] == 1 else "pod specs"
     parts = ", ".join(f"{counts[verdict]} {verdict}" for verdict in VERDICTS)
     skipped = counts["skipped"]
-    tail = f"; {skipped} document{'s' if skipped != 1 else ''} skipped (not Kubernetes objects)" if skipped else ""
+    tail = f"; {skipped} skipped (not Kubernetes objects)" if skipped else ""
     return f"{counts['pod_specs']} {noun}: {parts}{tail}"
 
 
@@ -157,9 +157,10 @@ def render_text(report: Report, *, colour: bool = False) -> str:
             if result.pinned:
                 lines.append(f"            pinned NVIDIA_VISIBLE_DEVICES=void on: {', '.join(result.pinned)}")
             for finding in result.violations:
-                container = f"container {finding.container}, " if finding.container else ""
-                rule = _paint(finding.rule, "rejected", colour)
-                lines.append(f"            {rule} ({container}line {finding.line}): {finding.message}")
+                # Policy messages start with their rule id ("privileged: container ..."); colour it, not repeat it.
+                message = finding.message.removeprefix(f"{finding.rule}: ")
+                where = f"line {finding.line}: " if finding.line else ""
+                lines.append(f"            {where}{_paint(finding.rule, 'rejected', colour)}: {message}")
             for warning in result.warnings:
                 lines.append(f"            {_paint('warning', 'warning', colour)}: {warning}")
         lines.append("")

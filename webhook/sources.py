@@ -50,12 +50,13 @@ class Document:
     data: Any
     node: yaml.Node | None = None
 
-    def line_of(self, path: Sequence[PathSegment]) -> int:
-        """1-based line where ``path`` starts inside this document; the document's own line if unknown."""
-        if self.node is None:
-            return self.line
-        found = line_of(self.node, path)
-        return self.line if found is None else found
+    def line_of(self, path: Sequence[PathSegment], default: int | None = None) -> int:
+        """1-based line where ``path`` starts inside this document; ``default`` (else the document's own
+        line) when the path is not there or the document has no node tree."""
+        found = None if self.node is None else line_of(self.node, path)
+        if found is not None:
+            return found
+        return self.line if default is None else default
 
 
 def expand_paths(paths: Iterable[str]) -> list[str]:
