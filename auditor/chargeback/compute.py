@@ -177,7 +177,7 @@ PriceLookup = Callable[[str, str], "float | None"]
 Party = tuple
 
 
-def _card_models(devices: Iterable[Device]) -> dict[tuple[str, str], str]:
+def card_models(devices: Iterable[Device]) -> dict[tuple[str, str], str]:
     """The model to price each card by: the card's own series if the auditor exported it, else a slice's."""
     models: dict[tuple[str, str], str] = {}
     for device in devices:
@@ -216,7 +216,7 @@ def compute_bill(
         hours = interval.seconds / 3600.0
         layer: dict[str, float] = defaultdict(float)
         devices = {(device.node, device.uuid): device for device in interval.devices}
-        models = _card_models(devices.values())
+        models = card_models(devices.values())
         card_price: dict[tuple[str, str], float] = {}
         for card, model in models.items():
             price = price_per_hour(card[0], model)

@@ -24,12 +24,14 @@ from typing import Any
 
 import yaml
 
+from auditor.chargeback.errors import ChargebackError
+
 _KEYS = ("currency", "default", "models", "nodes")
 # NVML names a MIG device "<card model> MIG 3g.40gb"; the card's own name is what a price list holds.
 _MIG_SUFFIX = re.compile(r"\s+MIG\s+\S+$")
 
 
-class PriceError(ValueError):
+class PriceError(ChargebackError):
     """The price file cannot be used; the message names the file and the key to fix."""
 
 

@@ -1,0 +1,151 @@
+"""``gpu-fence-auditor chargeback``: a GPU bill per namespace or team label from the auditor's metrics.
+
+Reads the auditor's series from Prometheus (``prometheus``), prices cards (``prices``), splits their cost by GPU
+memory (``compute``, pure) and writes a table, CSV, JSON, markdown (``render``) or a self-contained HTML report
+(``html``). The method is in ``docs/chargeback.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+from auditor.chargeback import render as text
+from auditor.chargeback.compute import Bill, IdlePolicy, card_models, compute_bill
+from auditor.chargeback.errors import ChargebackError
+from auditor.chargeback.html import render_html
+from auditor.chargeback.prices import Prices, load_prices
+from auditor.chargeback.prometheus import PrometheusClient, fetch_intervals
+from auditor.chargeback.times import iso, parse_duration, parse_time
+
+FORMATS = ("table", "csv", "json", "markdown", "html")
+# Default resolution: at most this many instants over the range, and never finer than a minute.
+TARGET_POINTS = 2000
+
+EPILOG = """\
+examples:
+  gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start -30d --end now \\
+      --by label:team --prices prices.yaml --format html --output gpu-bill.html
+  gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start 2026-01-01T00:00:00Z \\
+      --end 2026-02-01T00:00:00Z --price-per-gpu-hour 2.50 --idle platform --format csv
+
+times: RFC 3339 (2026-01-31T00:00:00Z), unix seconds, now, or relative (-7d, -12h, -30m)
+prices file (YAML): currency: USD / default: 2.50 / models: {"NVIDIA H100 80GB HBM3": 4.00} / nodes: {"spot-*": 1.10}
+exit codes: 0 bill written, 2 could not make it (the reason is one line on stderr)
+"""
+
+
+def add_arguments(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "chargeback",
+        help="bill GPU cost per namespace or pod label from the auditor's metrics in Prometheus",
+        description="Split each GPU's (or MIG slice's) cost by the GPU memory each container held, "
+        "with idle capacity, overreach and unattributed memory shown apart, next to the request-based cost.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # Let "--start -7d" through: argparse only lets plain negative numbers stand as values, not durations.
+    parser._negative_number_matcher = re.compile(r"^-(\d+(\.\d+)?[smhdw]?)+$")
+    parser.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL (http or https)")
+    parser.add_argument("--start", required=True, metavar="T", help="start of the range")
+    parser.add_argument("--end", default="now", metavar="T", help="end of the range (default: now)")
+    parser.add_argument(
+        "--step", metavar="S", help=f"resolution, e.g. 60s or 5m (default: range / {TARGET_POINTS}, at least 60 s)"
+    )
+    parser.add_argument(
+        "--by", default="namespace", metavar="namespace|label:KEY", help="group by namespace or a pod label"
+    )
+    prices = parser.add_mutually_exclusive_group(required=True)
+    prices.add_argument("--price-per-gpu-hour", type=float, metavar="N", help="one price for every card")
+    prices.add_argument("--prices", type=Path, metavar="FILE", help="YAML price list per model / node")
+    parser.add_argument(
+        "--idle",
+        choices=("proportional", "platform"),
+        default="proportional",
+        help="who pays for idle capacity: the card's users, in proportion (default), or a platform row",
+    )
+    parser.add_argument("--format", choices=FORMATS, default="table")
+    parser.add_argument("--output", type=Path, metavar="FILE", help="write here instead of stdout")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="per Prometheus request")
+    parser.set_defaults(run=run)
+
+
+def _validate_by(by: str) -> str:
+    if by == "namespace":
+        return by
+    if by.startswith("label:") and by.removeprefix("label:").strip():
+        key = by.removeprefix("label:").strip()
+        if not re.fullmatch(r"[A-Za-z0-9_./-]+", key):
+            raise ChargebackError(f"--by {by!r}: {key!r} is not a Kubernetes label key")
+        return f"label:{key}"
+    raise ChargebackError(f"--by {by!r}: expected namespace or label:KEY (e.g. label:team)")
+
+
+def default_step(seconds: float) -> float:
+    return max(60.0, math.ceil(seconds / TARGET_POINTS / 60.0) * 60.0)
+
+
+def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, str, float]:
+    """Everything but the writing; returns (bill, by, step). Raises ChargebackError with a fix-it message."""
+    start = parse_time(args.start, now, "--start")
+    end = parse_time(args.end, now, "--end")
+    if start >= end:
+        raise ChargebackError(f"--start ({iso(start)}) must be before --end ({iso(end)})")
+    step = parse_duration(args.step) if args.step else default_step(end - start)
+    count = int((end - start) // step)
+    if count < 1:
+        raise ChargebackError(f"the range {iso(start)} .. {iso(end)} is shorter than one --step ({step:g} s)")
+    by = _validate_by(args.by)
+    prices = load_prices(args.prices) if args.prices else Prices.flat(args.price_per_gpu_hour)
+    client = PrometheusClient(args.prometheus, timeout=args.timeout)
+    intervals, notes = fetch_intervals(client, start, step, count, by)
+    missing = sorted(
+        {(card[0], model) for interval in intervals for card, model in card_models(interval.devices).items()
+         if prices.per_hour(card[0], model) is None}
+    )
+    if missing:
+        node, model = missing[0]
+        source = f"price file {args.prices}" if args.prices else "the price list"
+        raise ChargebackError(
+            f"{source} has no price for GPU model {model!r} on node {node!r} ({len(missing)} model/node pair(s) "
+            "unpriced): add it under models: or nodes:, or set default:"
+        )
+    bill = compute_bill(intervals, prices.per_hour, IdlePolicy(args.idle), currency=prices.currency)
+    if count * step < end - start:
+        notes.append(f"the range was cut to {iso(start + count * step)}, a whole number of {step:g} s steps")
+    if notes:
+        bill = dataclasses.replace(bill, notes=(*notes, *bill.notes))
+    return bill, by, step
+
+
+def render(bill: Bill, by: str, step: float, output_format: str) -> str:
+    if output_format == "html":
+        return render_html(bill, by, step)
+    return {
+        "table": text.render_table,
+        "csv": text.render_csv,
+        "json": text.render_json,
+        "markdown": text.render_markdown,
+    }[output_format](bill, by, step)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        bill, by, step = make_bill(args, time.time())
+        document = render(bill, by, step, args.format)
+        if args.output:
+            try:
+                args.output.write_text(document, encoding="utf-8")
+            except OSError as error:
+                raise ChargebackError(f"cannot write --output {args.output}: {error.strerror or error}") from None
+        else:
+            sys.stdout.write(document)
+    except ChargebackError as error:
+        print(f"gpu-fence-auditor chargeback: error: {error}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,260 @@
+"""A self-contained HTML bill: one file with inline CSS and inline SVG charts, nothing loaded from anywhere.
+
+Written for someone who has never used Prometheus: totals first, then what the money went to over time, how it
+compares with what request-based tools would charge, who used GPUs they were not given, and how it was computed.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+
+from auditor.chargeback.compute import IDLE, OVERREACH, UNATTRIBUTED, Bill, TimePoint
+from auditor.chargeback.render import COLUMNS, MONEY, rows
+from auditor.chargeback.times import iso
+
+MAX_BARS = 96
+MAX_LAYER_GROUPS = 8
+OTHER = "other groups"
+PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+FIXED_COLOURS = {OTHER: "#c7c7c7", OVERREACH: "#d62728", UNATTRIBUTED: "#ff7f0e", IDLE: "#e8e8e8"}
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1100px;
+       color: #222; line-height: 1.45; padding: 0 1rem; }
+h1 { font-size: 1.6rem; margin-bottom: .2rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
+.meta { color: #555; }
+.cards { display: flex; gap: 1rem; flex-wrap: wrap; margin: 1rem 0; }
+.card { border: 1px solid #ddd; border-radius: 6px; padding: .6rem 1rem; min-width: 10rem; }
+.card b { display: block; font-size: 1.3rem; }
+table { border-collapse: collapse; margin: .5rem 0; font-variant-numeric: tabular-nums; }
+th, td { border-bottom: 1px solid #e4e4e4; padding: .3rem .6rem; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+tr.total td { font-weight: bold; border-top: 2px solid #999; }
+tr.special td:first-child { font-style: italic; }
+.legend span { display: inline-block; margin-right: 1rem; }
+.legend i { display: inline-block; width: .8rem; height: .8rem; margin-right: .3rem; vertical-align: -1px; }
+.neg { color: #1a7f37; } .pos { color: #b42318; }
+svg text { font-size: 11px; fill: #444; }
+.note { color: #8a5a00; }
+"""
+
+
+def _money(value: float) -> str:
+    return f"{value:,.2f}"
+
+
+def _layers(bill: Bill) -> list[str]:
+    top = [group.group for group in bill.groups if group.usage > 0][:MAX_LAYER_GROUPS]
+    layers = list(top)
+    if any(group.usage > 0 for group in bill.groups[MAX_LAYER_GROUPS:]) or len(
+        [group for group in bill.groups if group.usage > 0]
+    ) > len(top):
+        layers.append(OTHER)
+    return [*layers, OVERREACH, UNATTRIBUTED, IDLE]
+
+
+def _buckets(timeline: tuple[TimePoint, ...], layers: list[str]) -> list[tuple[float, float, dict[str, float]]]:
+    """Consecutive intervals merged into at most MAX_BARS bars: (first end, last end, cost per layer)."""
+    if not timeline:
+        return []
+    size = -(-len(timeline) // MAX_BARS)
+    known = set(layers)
+    result = []
+    for index in range(0, len(timeline), size):
+        chunk = timeline[index : index + size]
+        costs: dict[str, float] = defaultdict(float)
+        for point in chunk:
+            for name, cost in point.costs.items():
+                costs[name if name in known else OTHER] += cost
+        result.append((chunk[0].end, chunk[-1].end, dict(costs)))
+    return result
+
+
+def _colour(layer: str, layers: list[str]) -> str:
+    return FIXED_COLOURS.get(layer) or PALETTE[layers.index(layer) % len(PALETTE)]
+
+
+def _timeline_svg(bill: Bill) -> str:
+    layers = _layers(bill)
+    bars = _buckets(bill.timeline, layers)
+    width, height, left, bottom, top = 960, 300, 70, 40, 10
+    plot_w, plot_h = width - left - 10, height - bottom - top
+    peak = max((sum(costs.values()) for _, _, costs in bars), default=0.0) or 1.0
+    bar_w = plot_w / max(1, len(bars))
+    parts = [
+        f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="GPU cost over time, stacked by group">'
+    ]
+    for fraction in (0.0, 0.5, 1.0):
+        y = top + plot_h * (1 - fraction)
+        parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_money(peak * fraction)}</text>')
+    for index, (first, last, costs) in enumerate(bars):
+        x = left + index * bar_w
+        y = top + plot_h
+        for layer in layers:
+            cost = costs.get(layer, 0.0)
+            if cost <= 0:
+                continue
+            h = plot_h * cost / peak
+            y -= h
+            label = html.escape(f"{layer}: {_money(cost)} {bill.currency}, {iso(first)} .. {iso(last)}")
+            parts.append(
+                f'<rect x="{x:.2f}" y="{y:.2f}" width="{max(bar_w - 1, 0.5):.2f}" height="{h:.2f}" '
+                f'fill="{_colour(layer, layers)}" data-layer="{html.escape(layer)}"><title>{label}</title></rect>'
+            )
+    if bars:
+        for anchor, (first, _, _), x in (
+            ("start", bars[0], left),
+            ("end", bars[-1], width - 10),
+        ):
+            parts.append(f'<text x="{x}" y="{height - 12}" text-anchor="{anchor}">{iso(first)}</text>')
+    parts.append(f'<path d="M{left},{top} V{top + plot_h} H{width - 10}" stroke="#888" fill="none"/>')
+    parts.append("</svg>")
+    legend = "".join(
+        f'<span><i style="background:{_colour(layer, layers)}"></i>{html.escape(layer)}</span>' for layer in layers
+    )
+    return "\n".join(parts) + f'\n<div class="legend">{legend}</div>'
+
+
+def _comparison_svg(bill: Bill) -> str:
+    groups = [group for group in bill.groups if group.total > 0 or group.request > 0][:15]
+    if not groups:
+        return "<p>No group used or requested a GPU in this range.</p>"
+    row_h, left, width = 34, 200, 960
+    height = row_h * len(groups) + 30
+    peak = max(max(group.total, group.request) for group in groups) or 1.0
+    scale = (width - left - 120) / peak
+    parts = [
+        f'<svg id="comparison" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="request-based versus usage-based cost per group">'
+    ]
+    for index, group in enumerate(groups):
+        y = 10 + index * row_h
+        name = html.escape(group.group)
+        parts.append(f'<text x="{left - 8}" y="{y + 15}" text-anchor="end">{name}</text>')
+        bars = ((0, group.request, "#9e9e9e", "request"), (13, group.total, "#1f77b4", "usage"))
+        for offset, value, colour, kind in bars:
+            parts.append(
+                f'<rect x="{left}" y="{y + offset}" width="{max(value * scale, 0.5):.2f}" height="11" fill="{colour}" '
+                f'data-kind="{kind}" data-group="{name}"><title>{name} {kind}-based: {_money(value)}</title></rect>'
+            )
+            parts.append(f'<text x="{left + value * scale + 6:.2f}" y="{y + offset + 10}">{_money(value)}</text>')
+    parts.append("</svg>")
+    legend = (
+        '<div class="legend"><span><i style="background:#9e9e9e"></i>request-based (allocated GPUs × hours)</span>'
+        '<span><i style="background:#1f77b4"></i>usage-based (memory share, with idle share)</span></div>'
+    )
+    return "\n".join(parts) + "\n" + legend
+
+
+def _groups_table(bill: Bill) -> str:
+    head = "".join(f"<th>{html.escape(title)}</th>" for _, title in COLUMNS)
+    body = []
+    for row in rows(bill):
+        cells = []
+        for key, _ in COLUMNS:
+            value = row.values.get(key)
+            if value is None:
+                text, css = "–", ""
+            elif isinstance(value, str):
+                text, css = html.escape(value), ""
+            else:
+                text = _money(value) if key in MONEY else f"{value:,.1f}"
+                css = ' class="neg"' if key == "difference" and value < -0.005 else ""
+                css = ' class="pos"' if key == "difference" and value > 0.005 else css
+            cells.append(f'<td data-key="{key}"{css}>{text}</td>')
+        kind = {"group": "group", "total": "total"}.get(row.kind, "special")
+        body.append(f'<tr class="{kind}" data-kind="{row.kind}">{"".join(cells)}</tr>')
+    return f'<table id="groups"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _overreach_table(bill: Bill) -> str:
+    if not bill.overreach:
+        return '<p id="no-overreach">No container used GPU memory on a GPU it was not allocated.</p>'
+    lines = [
+        '<table id="overreach"><thead><tr><th>namespace</th><th>pod</th><th>container</th><th>node</th>'
+        "<th>GPU</th><th>memory GiB-h</th><th>cost</th></tr></thead><tbody>"
+    ]
+    for item in bill.overreach:
+        cells = (item.owner.namespace, item.owner.pod, item.owner.container, item.node, item.gpu_uuid)
+        lines.append(
+            "<tr>"
+            + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells)
+            + f'<td>{item.gib_hours:,.1f}</td><td data-key="cost">{_money(item.cost)}</td></tr>'
+        )
+    lines.append("</tbody></table>")
+    return "".join(lines)
+
+
+def method_paragraph(bill: Bill) -> str:
+    idle = (
+        "Time when a GPU held no memory (and MIG capacity outside any slice) is charged to the platform row."
+        if bill.idle_policy.value == "platform"
+        else "Time when a GPU held no memory (and MIG capacity outside any slice) is spread over the parties that "
+        "used that card in this range, in proportion to what they were charged on it; a card nobody used goes "
+        "to the platform row."
+    )
+    return (
+        "Every GPU costs its hourly price for every hour it exists; a MIG slice costs its share of its card. In "
+        "each interval, the cost of a GPU or slice is split among the containers that held memory on it, in "
+        f"proportion to the memory they held (memory is measured per process by the driver). {idle} Memory of "
+        "processes outside any container is the unattributed row. Memory a container held on a GPU it was not "
+        "allocated is overreach: priced the same way, listed apart, and never added to anyone's total. The "
+        "request-based column is what tools that bill allocations charge: allocated GPUs × hours × price. "
+        "Compute utilisation is an operational signal and is not billed."
+    )
+
+
+def render_html(bill: Bill, by: str, step: float) -> str:
+    billed = sum(group.total for group in bill.groups)
+    overreach = sum(group.overreach for group in bill.groups)
+    cards = [
+        ("GPU cost of the range", bill.total_gpu_cost),
+        ("billed to groups", billed),
+        ("overreach (apart)", overreach),
+        ("unattributed", bill.unattributed),
+        ("platform idle", bill.platform),
+    ]
+    card_html = "".join(
+        f'<div class="card" data-key="{html.escape(label)}">{html.escape(label)}<b>{_money(value)} '
+        f"{html.escape(bill.currency)}</b></div>"
+        for label, value in cards
+    )
+    notes = "".join(f'<p class="note">Note: {html.escape(note)}</p>' for note in bill.notes)
+    title = f"GPU chargeback {iso(bill.start)} – {iso(bill.end)}"
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)}</title>
+<style>{STYLE}</style>
+</head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p class="meta">Grouped by {html.escape(by)} · idle capacity: {html.escape(bill.idle_policy.value)} ·
+resolution {step:g} s · {bill.gpu_hours:,.1f} card-hours · amounts in {html.escape(bill.currency)}</p>
+<div class="cards">{card_html}</div>
+{notes}
+<h2>Cost per group</h2>
+{_groups_table(bill)}
+<p>The unattributed row is GPU memory of processes outside any known container (for example host processes).
+The platform row is idle capacity nobody was charged for.</p>
+<h2>Cost over time</h2>
+<p>What each interval's GPU cost went to, stacked: groups (by memory share), overreach, unattributed memory and
+idle capacity.</p>
+{_timeline_svg(bill)}
+<h2>Request-based versus usage-based</h2>
+<p>Request-based tools bill the GPUs a pod was allocated for as long as it held them. Usage-based billing
+splits what the GPUs cost by the memory each group actually held. A shared (time-sliced) GPU is billed once
+per replica by requests, once in total by usage.</p>
+{_comparison_svg(bill)}
+<h2>Overreach: GPU use without an allocation</h2>
+{_overreach_table(bill)}
+<h2>How this was computed</h2>
+<p id="method">{html.escape(method_paragraph(bill))}</p>
+</body>
+</html>
+"""

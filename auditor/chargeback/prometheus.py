@@ -1,0 +1,264 @@
+"""The Prometheus side: a small HTTP API client on urllib, and the series → :class:`Interval` conversion.
+
+Every query is a ``/api/v1/query_range`` over the same evaluation instants (``start + step``, ...,
+``start + n × step``), so samples of different metrics line up by timestamp. Each instant sees the latest sample
+within Prometheus' lookback (5 minutes by default), the same value a dashboard would show at that instant.
+Queries aggregate with ``max by (...)`` over the contract's labels so that ``job``/``instance`` (and duplicate
+scrapes after an auditor restart) never count twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from auditor.chargeback.compute import Allocation, ContainerRef, Device, Interval, Memory, Unattributed
+from auditor.chargeback.errors import ChargebackError
+from auditor.chargeback.times import iso
+
+NO_LABEL = "(none)"
+# Prometheus refuses more than 11,000 points per series in one range query; stay well below.
+MAX_POINTS_PER_QUERY = 10_000
+
+INFO = "max by (node, gpu_uuid, parent_uuid, model, mig_profile) (gpu_fence_gpu_info)"
+SHARE = "max by (node, gpu_uuid) (gpu_fence_gpu_share_ratio)"
+MEMORY = "max by (node, namespace, pod, container, gpu_uuid, allocated) (gpu_fence_container_gpu_memory_bytes)"
+ALLOCATED = "max by (node, namespace, pod, container, gpu_uuid) (gpu_fence_container_allocated_gpus)"
+UNATTRIBUTED = "max by (node, gpu_uuid) (gpu_fence_unattributed_gpu_memory_bytes)"
+
+
+class PrometheusError(ChargebackError):
+    pass
+
+
+@dataclass(frozen=True)
+class Series:
+    labels: Mapping[str, str]
+    values: tuple[tuple[float, float], ...]
+
+
+def label_name(key: str) -> str:
+    """The label the auditor exports a pod label KEY under, sanitised the way Prometheus sanitises names."""
+    return "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+class PrometheusClient:
+    """Just ``query_range``, with every failure mapped to one line naming the server and what went wrong."""
+
+    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+        parsed = urllib.parse.urlsplit(base_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise PrometheusError(f"--prometheus {base_url!r}: expected an http:// or https:// URL")
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def query_range(self, query: str, start: float, end: float, step: float) -> list[Series]:
+        """Samples at ``start, start + step, ... <= end``; long ranges are fetched in chunks and joined."""
+        merged: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = defaultdict(list)
+        chunk = step * MAX_POINTS_PER_QUERY
+        chunk_start = start
+        while chunk_start <= end:
+            chunk_end = min(end, chunk_start + chunk - step)
+            for item in self._query_range_once(query, chunk_start, chunk_end, step):
+                merged[tuple(sorted(item.labels.items()))].extend(item.values)
+            chunk_start = chunk_end + step
+        return [Series(dict(labels), tuple(values)) for labels, values in merged.items()]
+
+    def _query_range_once(self, query: str, start: float, end: float, step: float) -> list[Series]:
+        parameters = urllib.parse.urlencode(
+            {"query": query, "start": _num(start), "end": _num(end), "step": _num(step)}
+        )
+        url = f"{self.base_url}/api/v1/query_range?{parameters}"
+        body = self._get(url)
+        try:
+            document = json.loads(body)
+        except ValueError:
+            raise PrometheusError(
+                f"{self.base_url} did not answer like a Prometheus server (no JSON from /api/v1/query_range): "
+                "check the --prometheus URL"
+            ) from None
+        if not isinstance(document, dict) or document.get("status") != "success":
+            reason = document.get("error", "unknown error") if isinstance(document, dict) else "unexpected answer"
+            raise PrometheusError(f"Prometheus at {self.base_url} refused the query {query!r}: {reason}")
+        data = document.get("data") or {}
+        if data.get("resultType") != "matrix":
+            raise PrometheusError(f"Prometheus at {self.base_url} answered {data.get('resultType')!r}, not a matrix")
+        series = []
+        for item in data.get("result", []):
+            values = tuple((float(ts), float(value)) for ts, value in item.get("values", []))
+            series.append(Series(dict(item.get("metric", {})), values))
+        return series
+
+    def _get(self, url: str) -> bytes:
+        request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310 (scheme checked)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+                return response.read()
+        except urllib.error.HTTPError as error:
+            detail = _error_detail(error)
+            raise PrometheusError(f"Prometheus at {self.base_url} answered HTTP {error.code}: {detail}") from None
+        except urllib.error.URLError as error:
+            reason = getattr(error.reason, "strerror", None) or str(error.reason)
+            raise PrometheusError(f"cannot reach Prometheus at {self.base_url}: {reason}") from None
+        except TimeoutError:
+            raise PrometheusError(f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s") from None
+        except OSError as error:
+            raise PrometheusError(f"cannot reach Prometheus at {self.base_url}: {error.strerror or error}") from None
+
+
+def _num(value: float) -> str:
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def _error_detail(error: urllib.error.HTTPError) -> str:
+    try:
+        document = json.loads(error.read())
+        return str(document.get("error") or error.reason)
+    except (ValueError, AttributeError, OSError):
+        return str(error.reason)
+
+
+def _key(timestamp: float) -> int:
+    return round(timestamp * 1000)
+
+
+def intervals_from_series(
+    instants: Sequence[float],
+    step: float,
+    *,
+    info: list[Series],
+    share: list[Series],
+    memory: list[Series],
+    allocated: list[Series],
+    unattributed: list[Series],
+    group_of: Callable[[str, str], str],
+) -> tuple[list[Interval], list[str]]:
+    """Regroup per-series samples into one :class:`Interval` per instant. Pure; returns notes beside them."""
+    notes: list[str] = []
+    slots = {_key(instant): instant for instant in instants}
+    devices: dict[int, list[Device]] = defaultdict(list)
+    shares: dict[tuple[int, str, str], float] = {}
+    for item in share:
+        for ts, value in item.values:
+            if math.isfinite(value) and value >= 0:
+                shares[(_key(ts), item.labels.get("node", ""), item.labels.get("gpu_uuid", ""))] = value
+    missing_share: set[str] = set()
+    for item in info:
+        labels = item.labels
+        node, uuid, parent = labels.get("node", ""), labels.get("gpu_uuid", ""), labels.get("parent_uuid", "")
+        for ts, _ in item.values:
+            ratio = 1.0
+            if parent:
+                found = shares.get((_key(ts), node, uuid))
+                if found is None:
+                    missing_share.add(uuid)
+                    continue
+                ratio = found
+            devices[_key(ts)].append(Device(node, uuid, parent, labels.get("model", ""), ratio))
+    if missing_share:
+        notes.append(
+            f"{len(missing_share)} MIG device(s) had no gpu_fence_gpu_share_ratio, so their card's share is "
+            f"counted as idle (e.g. {sorted(missing_share)[0]})"
+        )
+
+    def owner(labels: Mapping[str, str]) -> ContainerRef:
+        namespace, pod = labels.get("namespace", ""), labels.get("pod", "")
+        return ContainerRef(namespace, pod, labels.get("container", ""), group_of(namespace, pod))
+
+    memory_at: dict[int, list[Memory]] = defaultdict(list)
+    for item in memory:
+        ref = owner(item.labels)
+        node, uuid = item.labels.get("node", ""), item.labels.get("gpu_uuid", "")
+        allocated_flag = item.labels.get("allocated", "true") != "false"
+        for ts, value in item.values:
+            if math.isfinite(value) and value > 0:
+                memory_at[_key(ts)].append(Memory(node, uuid, ref, allocated_flag, value))
+    allocations_at: dict[int, list[Allocation]] = defaultdict(list)
+    for item in allocated:
+        ref = owner(item.labels)
+        node, uuid = item.labels.get("node", ""), item.labels.get("gpu_uuid", "")
+        for ts, value in item.values:
+            if math.isfinite(value) and value > 0:
+                allocations_at[_key(ts)].append(Allocation(node, uuid, ref, value))
+    unattributed_at: dict[int, list[Unattributed]] = defaultdict(list)
+    for item in unattributed:
+        node, uuid = item.labels.get("node", ""), item.labels.get("gpu_uuid", "")
+        for ts, value in item.values:
+            if math.isfinite(value) and value > 0:
+                unattributed_at[_key(ts)].append(Unattributed(node, uuid, value))
+
+    intervals = [
+        Interval(
+            end=instant,
+            seconds=step,
+            devices=tuple(devices.get(key, ())),
+            memory=tuple(memory_at.get(key, ())),
+            allocations=tuple(allocations_at.get(key, ())),
+            unattributed=tuple(unattributed_at.get(key, ())),
+        )
+        for key, instant in sorted(slots.items())
+    ]
+    return intervals, notes
+
+
+def pod_groups(series: list[Series], label: str) -> dict[tuple[str, str], str]:
+    """(namespace, pod) → the value of ``label`` on ``gpu_fence_pod_labels``; the latest value wins."""
+    latest: dict[tuple[str, str], tuple[float, str]] = {}
+    for item in series:
+        value = item.labels.get(label, "")
+        if not value or not item.values:
+            continue
+        key = (item.labels.get("namespace", ""), item.labels.get("pod", ""))
+        seen = item.values[-1][0]
+        if key not in latest or seen >= latest[key][0]:
+            latest[key] = (seen, value)
+    return {key: value for key, (_, value) in latest.items()}
+
+
+def fetch_intervals(
+    client: PrometheusClient, start: float, step: float, count: int, by: str
+) -> tuple[list[Interval], list[str]]:
+    """Query everything chargeback needs for ``count`` intervals of ``step`` seconds after ``start``."""
+    first, last = start + step, start + count * step
+    instants = [start + step * index for index in range(1, count + 1)]
+    info = client.query_range(INFO, first, last, step)
+    if not any(item.values for item in info):
+        raise PrometheusError(
+            f"no gpu_fence_gpu_info samples at {client.base_url} between {iso(start)} and {iso(last)}: "
+            "check the time range and that Prometheus scrapes the auditor"
+        )
+    if by == "namespace":
+        def group_of(namespace: str, pod: str) -> str:
+            return namespace or NO_LABEL
+    else:
+        key = by.removeprefix("label:")
+        name = label_name(key)
+        query = f'max by (namespace, pod, {name}) (gpu_fence_pod_labels{{{name}!=""}})'
+        groups = pod_groups(client.query_range(query, first, last, step), name)
+        if not groups:
+            raise PrometheusError(
+                f"no gpu_fence_pod_labels series carries {name} (pod label {key!r}) between {iso(start)} and "
+                f"{iso(last)}: run the auditor with --pod-label {key}, or check the label key"
+            )
+
+        def group_of(namespace: str, pod: str) -> str:
+            return groups.get((namespace, pod), NO_LABEL)
+
+    return intervals_from_series(
+        instants,
+        step,
+        info=info,
+        share=client.query_range(SHARE, first, last, step),
+        memory=client.query_range(MEMORY, first, last, step),
+        allocated=client.query_range(ALLOCATED, first, last, step),
+        unattributed=client.query_range(UNATTRIBUTED, first, last, step),
+        group_of=group_of,
+    )
+

@@ -1,0 +1,63 @@
+"""Command-line times and durations: RFC 3339, unix seconds, ``now`` and relative offsets like ``-7d``."""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import UTC, datetime
+
+from auditor.chargeback.errors import ChargebackError
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)([smhdw]))+$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_duration(text: str, option: str = "--step") -> float:
+    """``90``, ``90s``, ``5m``, ``1h30m`` → seconds (> 0)."""
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        if not _DURATION.match(value):
+            raise ChargebackError(f"{option} {text!r}: expected seconds or a duration like 30s, 5m, 1h, 7d") from None
+        seconds = sum(float(number) * _UNITS[unit] for number, unit in _PART.findall(value))
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ChargebackError(f"{option} {text!r}: must be greater than zero")
+    return seconds
+
+
+def parse_time(text: str, now: float, option: str) -> float:
+    """One point in time as unix seconds. ``now`` is passed in so the parser stays pure."""
+    value = text.strip()
+    if value == "now":
+        return now
+    if value.startswith("-") and not _is_number(value):
+        return now - parse_duration(value[1:], option)
+    if _is_number(value):
+        seconds = float(value)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ChargebackError(f"{option} {text!r}: unix seconds must be >= 0")
+        return seconds
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ChargebackError(
+            f"{option} {text!r}: expected RFC 3339 (2026-01-31T00:00:00Z), unix seconds, now, or -7d / -12h"
+        ) from None
+    if moment.tzinfo is None:
+        raise ChargebackError(f"{option} {text!r}: add a time zone offset, e.g. {value}Z for UTC")
+    return moment.timestamp()
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def iso(timestamp: float) -> str:
+    """Unix seconds → RFC 3339 in UTC, to the second (how bills print their range)."""
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
