@@ -1,0 +1,320 @@
+"""Pod identity from the Kubernetes API, and ``Warning GPUOverreach`` Events on offending pods.
+
+Identity: one node-scoped pod list (``fieldSelector=spec.nodeName=NODE``), cached, relisted every
+``relist_interval`` seconds and early (at most every ``min_relist_interval``) when a cycle meets a pod uid the
+cache does not know, so a new pod is named within one cycle without a watch connection per node. Pods stay plain
+dicts, as the API returned them. When the API is unreachable the last list is kept (state ``kubernetes-stale``);
+when it has never answered the state is ``unavailable`` and the snapshot falls back to other sources.
+
+Events: one Event per distinct finding (namespace, pod uid, container, kind, GPU), re-emitted (count + 1,
+``lastTimestamp``) at most every ``reemit_after`` seconds, remembered in a bounded LRU so memory stays flat
+however many pods come and go.
+
+The ``kubernetes`` client is imported inside functions: ``--help`` and ``--no-kubernetes`` never load it.
+"""
+
+# ruff: noqa: PLC0415  (the kubernetes client is imported lazily on purpose, see the module docstring)
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from auditor.model import Finding
+
+KAI_GPU_GROUP_LABEL = "runai-gpu-group"
+KAI_MULTI_GROUP_PREFIX = KAI_GPU_GROUP_LABEL + "/"
+STATUS_FIELDS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
+EVENT_REASON = "GPUOverreach"
+COMPONENT = "gpu-fence-auditor"
+
+
+class KubernetesUnavailable(Exception):
+    """The API could not be configured or reached; ``reason`` is one line naming what to fix."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def load_api_client(kubeconfig: str | None, *, timeout: float = 10.0) -> Any:
+    """An ``ApiClient`` from ``--kubeconfig`` or the in-cluster service account, failing fast (no retries)."""
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    configuration = client.Configuration()
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+    except (ConfigException, OSError, ValueError, TypeError) as error:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+        raise KubernetesUnavailable(
+            f"cannot configure the Kubernetes client from {where}: {error} "
+            "(pass --kubeconfig FILE, run in a pod, or use --no-kubernetes)"
+        ) from error
+    configuration.retries = 0  # a cycle must not stall on an API that is down: the next cycle retries
+    api_client = client.ApiClient(configuration)
+    api_client.gpu_fence_timeout = timeout
+    return api_client
+
+
+def _describe_error(error: Exception) -> str:
+    status = getattr(error, "status", None)
+    if status:
+        return f"HTTP {status} {getattr(error, 'reason', '')}".strip()
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+
+
+class PodCache:
+    """The pods of one node, by uid, from a cached node-scoped list."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        node: str,
+        *,
+        relist_interval: float = 60.0,
+        min_relist_interval: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api_client = api_client
+        self.node = node
+        self.relist_interval = relist_interval
+        self.min_relist_interval = min_relist_interval
+        self._clock = clock
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.last_error: str | None = None
+        self.lists = 0
+        self._listed_at: float | None = None  # last successful list
+        self._tried_at: float | None = None  # last attempt
+
+    @property
+    def state(self) -> str:
+        if self._listed_at is None:
+            return "unavailable"
+        return "kubernetes-stale" if self.last_error else "kubernetes"
+
+    def refresh(self, *, force: bool = False) -> bool:
+        """Relist when due (or forced); True when the cache is fresh after the call. Never raises.
+
+        Attempts are spaced by ``min_relist_interval`` whatever asks for them, so a down API server or a burst
+        of unknown pods costs at most one request per interval.
+        """
+        now = self._clock()
+        if self._tried_at is not None and now - self._tried_at < self.min_relist_interval:
+            return self._listed_at is not None and self.last_error is None
+        due = self._listed_at is None or self.last_error is not None or now - self._listed_at >= self.relist_interval
+        if not (force or due):
+            return True
+        self._tried_at = now
+        try:
+            self.pods = self._list()
+        except Exception as error:  # any client, HTTP or socket failure means "API unavailable"
+            self.last_error = _describe_error(error)
+            return False
+        self.last_error = None
+        self._listed_at = now
+        return True
+
+    def ensure(self, pod_uids: Iterable[str]) -> None:
+        """Refresh when due, or early when a cycle meets a pod uid the cache has never seen (a new pod)."""
+        self.refresh(force=any(uid not in self.pods for uid in pod_uids))
+
+    def _list(self) -> dict[str, dict[str, Any]]:
+        from kubernetes import client
+
+        core = client.CoreV1Api(self._api_client)
+        timeout = getattr(self._api_client, "gpu_fence_timeout", 10.0)
+        response = core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node}", _preload_content=False, _request_timeout=(timeout, timeout)
+        )
+        document = json.loads(response.data)
+        self.lists += 1
+        pods: dict[str, dict[str, Any]] = {}
+        for pod in document.get("items") or []:
+            uid = (pod.get("metadata") or {}).get("uid")
+            if isinstance(uid, str):
+                pods[uid] = pod
+        return pods
+
+
+# --- reading identity out of a pod dict (pure) -------------------------------------------------------------
+
+
+def strip_runtime(container_id: str) -> str:
+    """``containerd://<id>`` / ``cri-o://<id>`` / ``docker://<id>`` → ``<id>`` (the cgroup's form)."""
+    return container_id.split("://", 1)[-1]
+
+
+def container_names_by_id(pod: Mapping[str, Any]) -> dict[str, str]:
+    """container id → container name, over init, regular and ephemeral container statuses."""
+    names: dict[str, str] = {}
+    status = pod.get("status") or {}
+    for field in STATUS_FIELDS:
+        for entry in status.get(field) or []:
+            if isinstance(entry, Mapping) and entry.get("containerID") and entry.get("name"):
+                names[strip_runtime(str(entry["containerID"]))] = str(entry["name"])
+    return names
+
+
+def pod_labels(pod: Mapping[str, Any]) -> dict[str, str]:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+
+
+def kai_gpu_groups(pod: Mapping[str, Any]) -> frozenset[str]:
+    """The KAI GPU groups a pod belongs to: label ``runai-gpu-group=<g>``, or ``runai-gpu-group/<g>`` (multi-GPU
+    fractions), both set by the KAI binder on fraction pods and on their reservation pods."""
+    groups: set[str] = set()
+    for key, value in pod_labels(pod).items():
+        if key == KAI_GPU_GROUP_LABEL and value:
+            groups.add(value)
+        elif key.startswith(KAI_MULTI_GROUP_PREFIX) and key != KAI_MULTI_GROUP_PREFIX:
+            groups.add(key[len(KAI_MULTI_GROUP_PREFIX) :])
+    return frozenset(groups)
+
+
+# --- Events ------------------------------------------------------------------------------------------------
+
+
+def _now_rfc3339(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class EventRecorder:
+    """Posts deduplicated ``Warning GPUOverreach`` Events on the pods that findings name."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        node: str,
+        *,
+        reemit_after: float = 3600.0,
+        max_entries: int = 4096,
+        max_per_cycle: int = 50,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._api_client = api_client
+        self.node = node
+        self.reemit_after = reemit_after
+        self.max_entries = max_entries
+        self.max_per_cycle = max_per_cycle
+        self._clock = clock
+        self._seen: OrderedDict[tuple, tuple[str, float, int]] = OrderedDict()  # key → (event name, time, count)
+        self.failures = 0
+        self.last_error: str | None = None
+
+    @staticmethod
+    def finding_key(finding: Finding) -> tuple:
+        """What makes two findings 'the same' for Events: the pid is left out (processes restart)."""
+        return (finding.namespace, finding.pod_uid or finding.pod, finding.container, finding.kind.value, finding.gpu)
+
+    def record(self, findings: Iterable[Finding]) -> int:
+        """Emit what is new or due; returns the number of API writes made. Never raises."""
+        writes = 0
+        now = self._clock()
+        for finding in findings:
+            if finding.namespace is None or finding.pod is None:
+                continue  # unattributed processes have no pod to put an Event on
+            if writes >= self.max_per_cycle:
+                break
+            key = self.finding_key(finding)
+            previous = self._seen.get(key)
+            if previous is not None:
+                self._seen.move_to_end(key)
+                if now - previous[1] < self.reemit_after:
+                    continue
+            try:
+                if previous is None:
+                    name = self._create(finding, key, now)
+                    self._remember(key, (name, now, 1))
+                else:
+                    name, _, count = previous
+                    self._bump(finding, name, count + 1, now, key)
+                    self._remember(key, (name, now, count + 1))
+            except Exception as error:  # the API may be down; the next cycle retries
+                self.failures += 1
+                self.last_error = _describe_error(error)
+                break
+            writes += 1
+        return writes
+
+    def _remember(self, key: tuple, value: tuple[str, float, int]) -> None:
+        self._seen[key] = value
+        self._seen.move_to_end(key)
+        while len(self._seen) > self.max_entries:
+            self._seen.popitem(last=False)
+
+    def _event_name(self, finding: Finding, key: tuple) -> str:
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+        return f"{(finding.pod or 'pod')[:200]}.gpu-fence-{digest}"
+
+    def _body(self, finding: Finding, name: str, now: float, count: int) -> dict[str, Any]:
+        stamp = _now_rfc3339(now)
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": finding.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": finding.namespace,
+                "name": finding.pod,
+                "uid": finding.pod_uid,
+                "fieldPath": f"spec.containers{{{finding.container}}}" if finding.container else None,
+            },
+            "reason": EVENT_REASON,
+            "type": "Warning",
+            "message": f"{finding.kind.value}: {finding.message}"[:1024],
+            "source": {"component": COMPONENT, "host": self.node},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.node,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": count,
+        }
+
+    def _create(self, finding: Finding, key: tuple, now: float) -> str:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        name = self._event_name(finding, key)
+        core = client.CoreV1Api(self._api_client)
+        try:
+            core.create_namespaced_event(
+                finding.namespace, self._body(finding, name, now, 1), _preload_content=False, _request_timeout=10
+            )
+        except ApiException as error:
+            if error.status != 409:  # 409: posted by an earlier run of the auditor; keep it, do not duplicate
+                raise
+        return name
+
+    def _bump(self, finding: Finding, name: str, count: int, now: float, key: tuple) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        core = client.CoreV1Api(self._api_client)
+        message = f"{finding.kind.value}: {finding.message}"[:1024]
+        patch = {"count": count, "lastTimestamp": _now_rfc3339(now), "message": message}
+        try:
+            core.patch_namespaced_event(
+                name,
+                finding.namespace,
+                patch,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+                _request_timeout=10,
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            # The Event expired (the API server keeps them an hour by default): post it again.
+            core.create_namespaced_event(
+                finding.namespace, self._body(finding, name, now, count), _preload_content=False, _request_timeout=10
+            )

@@ -1,0 +1,139 @@
+"""Pod identity and Events through the real ``kubernetes`` client against the local API fake."""
+
+from __future__ import annotations
+
+import pytest
+
+from auditor.kube import (
+    EventRecorder,
+    KubernetesUnavailable,
+    PodCache,
+    container_names_by_id,
+    kai_gpu_groups,
+    load_api_client,
+)
+from auditor.model import Finding, FindingKind
+from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
+
+CID = "a" * 64
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def api(tmp_path):
+    fake = FakeKubeApi().start()
+    fake.add_pod(make_pod("ml", "train", "uid-1", "node-a", [("main", CID)], labels={"team": "vision"}))
+    fake.add_pod(make_pod("ml", "elsewhere", "uid-2", "node-b", [("main", "b" * 64)]))
+    yield fake, load_api_client(str(fake.write_kubeconfig(tmp_path / "kubeconfig")))
+    fake.stop()
+
+
+def test_pod_cache_lists_only_this_node_with_a_field_selector(api):
+    fake, client = api
+    cache = PodCache(client, "node-a")
+    assert cache.refresh() and cache.state == "kubernetes"
+    assert set(cache.pods) == {"uid-1"}
+    assert fake.pod_lists()[0][2]["fieldSelector"] == ["spec.nodeName=node-a"]
+    assert container_names_by_id(cache.pods["uid-1"]) == {CID: "main"}
+
+
+def test_pod_cache_relists_when_due_or_for_an_unknown_uid_but_rate_limited(api):
+    fake, client = api
+    clock = Clock()
+    cache = PodCache(client, "node-a", relist_interval=60, min_relist_interval=5, clock=clock)
+    cache.ensure(["uid-1"])
+    cache.ensure(["uid-1"])
+    assert len(fake.pod_lists()) == 1  # cached
+    fake.add_pod(make_pod("ml", "new", "uid-3", "node-a", [("main", "c" * 64)]))
+    cache.ensure(["uid-3"])
+    assert len(fake.pod_lists()) == 1  # unknown uid, but within the minimum interval
+    clock.now += 5
+    cache.ensure(["uid-3"])
+    assert len(fake.pod_lists()) == 2 and "uid-3" in cache.pods
+    clock.now += 60
+    cache.ensure([])
+    assert len(fake.pod_lists()) == 3  # periodic relist
+
+
+def test_pod_cache_keeps_the_last_list_while_the_api_is_down(api):
+    fake, client = api
+    clock = Clock()
+    cache = PodCache(client, "node-a", min_relist_interval=1, clock=clock)
+    cache.refresh()
+    fake.down = True
+    clock.now += 100
+    assert not cache.refresh()
+    assert cache.state == "kubernetes-stale" and "503" in cache.last_error and "uid-1" in cache.pods
+    fake.down = False
+    clock.now += 1
+    assert cache.refresh() and cache.state == "kubernetes"
+
+
+def test_pod_cache_that_never_reached_the_api_is_unavailable(tmp_path):
+    fake = FakeKubeApi().start()
+    kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+    fake.stop()  # nothing listens on that port any more
+    cache = PodCache(load_api_client(str(kubeconfig), timeout=2), "node-a")
+    assert not cache.refresh()
+    assert cache.state == "unavailable" and cache.pods == {} and cache.last_error
+
+
+def test_load_api_client_names_what_to_fix(tmp_path):
+    with pytest.raises(KubernetesUnavailable, match="--kubeconfig FILE"):
+        load_api_client(str(tmp_path / "missing"))
+
+
+def test_kai_groups_from_single_and_multi_fraction_labels():
+    single = make_pod("a", "p", "u", "n", [], labels={"runai-gpu-group": "g1"})
+    multi = make_pod("a", "p", "u", "n", [], labels={"runai-gpu-group/g2": "g2", "runai-gpu-group/g3": "g3"})
+    assert kai_gpu_groups(single) == {"g1"} and kai_gpu_groups(multi) == {"g2", "g3"}
+    assert kai_gpu_groups(make_pod("a", "p", "u", "n", [])) == frozenset()
+
+
+def finding(kind=FindingKind.USED_UNALLOCATED, gpu="GPU-1", pid=1, pod="train"):
+    return Finding(kind, "ml", pod, "main", gpu, pid=pid, memory_bytes=1, message="m", pod_uid=f"uid-{pod}")
+
+
+def test_events_are_deduplicated_and_re_emitted_by_patch_after_the_interval(api):
+    fake, client = api
+    clock = Clock()
+    recorder = EventRecorder(client, "node-a", reemit_after=600, clock=clock)
+    assert recorder.record([finding(pid=1), finding(pid=2), finding(gpu="GPU-2")]) == 2
+    assert recorder.record([finding(pid=3)]) == 0
+    assert len(fake.event_posts()) == 2 and not fake.event_patches()
+    event = next(iter(fake.events.values()))
+    assert event["reason"] == "GPUOverreach" and event["type"] == "Warning"
+    assert event["involvedObject"]["uid"] == "uid-train" and event["source"]["host"] == "node-a"
+    clock.now += 600
+    assert recorder.record([finding(pid=4)]) == 1
+    assert len(fake.event_patches()) == 1
+    assert max(e["count"] for e in fake.events.values()) == 2
+
+
+def test_unattributed_findings_get_no_event_and_a_down_api_is_retried_next_cycle(api):
+    fake, client = api
+    recorder = EventRecorder(client, "node-a")
+    host = Finding(FindingKind.UNATTRIBUTED_PROCESS, None, None, None, "GPU-1", pid=5, message="host")
+    fake.down = True
+    assert recorder.record([host, finding()]) == 0
+    assert recorder.failures == 1 and "503" in recorder.last_error
+    fake.down = False
+    assert recorder.record([host, finding()]) == 1
+    assert len(fake.events) == 1
+
+
+def test_event_cache_is_bounded_and_an_existing_event_is_not_duplicated(api):
+    fake, client = api
+    recorder = EventRecorder(client, "node-a", max_entries=3, max_per_cycle=100)
+    recorder.record([finding(pod=f"p{i}") for i in range(10)])
+    assert len(recorder._seen) == 3 and len(fake.events) == 10
+    again = EventRecorder(client, "node-a")  # a restarted auditor: the API answers 409, no second Event
+    assert again.record([finding(pod="p0")]) == 1
+    assert len(fake.events) == 10
