@@ -1,0 +1,326 @@
+"""Finding pod specs in objects (``webhook.discovery``) and locating them in YAML (``webhook.sources``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from webhook.discovery import (
+    DiscoveryError,
+    PodSpecSite,
+    container_index,
+    find_pod_specs,
+    format_path,
+    is_kubernetes_object,
+    iter_objects,
+    object_name,
+    object_namespace,
+    pod_for_site,
+)
+from webhook.sources import SourceError, line_of, parse_documents
+
+CONTAINERS = [{"name": "main", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"}]
+
+
+def template(**spec: Any) -> dict[str, Any]:
+    return {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": CONTAINERS, **spec}}
+
+
+def paths(obj: Any) -> list[str]:
+    return [format_path(site.path) for site in find_pod_specs(obj)]
+
+
+# --- the shapes Kubernetes and its operators use ------------------------------------------------------------
+
+
+def test_pod_is_found_at_the_object_itself() -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": CONTAINERS}}
+    [site] = find_pod_specs(pod)
+    assert site.path == ()
+    assert site.spec_path == ("spec",)
+    assert site.spec is pod["spec"]
+
+
+def test_builtin_workloads_podtemplate_and_cronjob() -> None:
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": 2, "template": template()}}
+    podtemplate = {"apiVersion": "v1", "kind": "PodTemplate", "template": template()}
+    cronjob = {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": template()}}},
+    }
+    assert paths(deployment) == ["spec.template"]
+    assert paths(podtemplate) == ["template"]
+    assert paths(cronjob) == ["spec.jobTemplate.spec.template"]
+
+
+def test_custom_resources_with_several_templates_in_document_order() -> None:
+    raycluster = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "spec": {
+            "headGroupSpec": {"template": template()},
+            "workerGroupSpecs": [
+                {"groupName": "a", "template": template()},
+                {"groupName": "b", "template": template()},
+            ],
+        },
+    }
+    pytorchjob = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "spec": {"pytorchReplicaSpecs": {"Master": {"template": template()}, "Worker": {"template": template()}}},
+    }
+    assert paths(raycluster) == [
+        "spec.headGroupSpec.template",
+        "spec.workerGroupSpecs[0].template",
+        "spec.workerGroupSpecs[1].template",
+    ]
+    assert paths(pytorchjob) == ["spec.pytorchReplicaSpecs.Master.template", "spec.pytorchReplicaSpecs.Worker.template"]
+
+
+def test_inline_pod_spec_without_template_wrapper() -> None:
+    # KServe-style: the predictor *is* a pod spec (containers directly under it).
+    isvc = {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "spec": {"predictor": {"containers": CONTAINERS, "nodeSelector": {"gpu": "yes"}}},
+    }
+    [site] = find_pod_specs(isvc)
+    assert site.path == site.spec_path == ("spec", "predictor")
+    assert site.metadata == {}
+
+
+@pytest.mark.parametrize(
+    "containers",
+    [
+        [],  # an empty list is no pod spec
+        ["main"],  # strings, not container objects
+        [{"resources": {}}],  # objects with neither name nor image
+        "main",
+        None,
+    ],
+)
+def test_things_that_only_look_like_pod_specs_are_ignored(containers: Any) -> None:
+    assert find_pod_specs({"kind": "X", "apiVersion": "v1", "spec": {"containers": containers}}) == []
+    assert find_pod_specs({"spec": {"template": {"spec": {"containers": containers}}}}) == []
+
+
+def test_walk_does_not_descend_into_a_found_pod_spec() -> None:
+    # A pod spec whose container happens to hold something template-shaped is still one pod spec.
+    odd = template()
+    odd["spec"]["containers"] = [{"name": "main", "image": "x", "extra": {"template": template()}}]
+    assert paths({"spec": {"template": odd}}) == ["spec.template"]
+
+
+def test_recursive_aliases_do_not_loop() -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    looped: dict[str, Any] = {"spec": {"template": template()}}
+    looped["self"] = looped
+    assert find_pod_specs({"a": loop}) == []
+    assert paths(looped) == ["spec.template"]
+
+
+def test_alias_explosion_stops_at_the_budget() -> None:
+    # "Billion laughs": 30 levels of shared lists, 2**30 paths to walk if nothing stopped it.
+    level: Any = ["lol"]
+    for _ in range(30):
+        level = [level, level]
+    with pytest.raises(DiscoveryError, match="more than 1000"):
+        find_pod_specs({"spec": level}, node_budget=1000)
+
+
+def test_deep_nesting_needs_no_recursion() -> None:
+    deep: Any = template()
+    expected: list[str | int] = []
+    for depth in range(5000):
+        key = f"k{depth % 7}"
+        deep = {key: deep}
+        expected.insert(0, key)
+    [site] = find_pod_specs(deep)
+    assert list(site.path) == expected
+
+
+# --- the property: a pod spec anywhere is found, with its path ----------------------------------------------
+
+# Keys of filler objects never spell the markers the walk looks for, so fillers hold no pod spec of their own.
+_keys = st.text(alphabet="abcdefgxyz-_.0123456789", min_size=1, max_size=8)
+_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=10)
+_fillers = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_keys, inner, max_size=3),
+    max_leaves=12,
+)
+_segments = st.lists(
+    st.one_of(_keys.map(lambda k: ("key", k)), st.integers(0, 3).map(lambda i: ("index", i))), max_size=6
+)
+
+
+def _embed(segments: list[tuple[str, Any]], payload: Any, data: st.DataObject) -> Any:
+    value = payload
+    for kind, segment in reversed(segments):
+        if kind == "key":
+            value = {**data.draw(st.dictionaries(_keys, _fillers, max_size=3)), segment: value}
+        else:
+            before = data.draw(st.lists(_fillers, min_size=segment, max_size=segment))
+            after = data.draw(st.lists(_fillers, max_size=2))
+            value = [*before, value, *after]
+    return value
+
+
+@settings(max_examples=150, deadline=None)
+@given(segments=_segments, inline=st.booleans(), data=st.data())
+def test_a_pod_spec_nested_at_a_random_path_is_found_with_that_path(
+    segments: list[tuple[str, Any]], inline: bool, data: st.DataObject
+) -> None:
+    payload = {"containers": CONTAINERS} if inline else template()
+    obj = _embed(segments, payload, data)
+    expected = tuple(segment for _, segment in segments)
+    sites = find_pod_specs(obj)
+    assert [site.path for site in sites] == [expected]
+    assert sites[0].spec_path == (expected if inline else (*expected, "spec"))
+    assert sites[0].spec["containers"] == CONTAINERS
+
+
+@settings(max_examples=100, deadline=None)
+@given(_fillers)
+def test_objects_without_pod_specs_yield_nothing(filler: Any) -> None:
+    assert find_pod_specs(filler) == []
+
+
+# --- helpers around the walk --------------------------------------------------------------------------------
+
+
+def test_format_path() -> None:
+    assert format_path(()) == ""
+    assert format_path(("spec", "workerGroupSpecs", 0, "template")) == "spec.workerGroupSpecs[0].template"
+    assert format_path(("items", 3)) == "items[3]"
+    assert format_path(("spec", "odd.key", "x")) == 'spec["odd.key"].x'
+    assert format_path(('q"uote',)) == '["q\\"uote"]'
+
+
+def test_is_kubernetes_object_and_lists() -> None:
+    assert is_kubernetes_object({"apiVersion": "v1", "kind": "Pod"})
+    assert not is_kubernetes_object({"kind": "Pod"})
+    assert not is_kubernetes_object({"apiVersion": "v1", "kind": ""})
+    assert not is_kubernetes_object(["apiVersion", "kind"])
+    podlist = {
+        "apiVersion": "v1",
+        "kind": "PodList",
+        "items": [
+            {"apiVersion": "v1", "kind": "Pod"},
+            {"name": "not an object"},
+            {"apiVersion": "v1", "kind": "List", "items": [{"apiVersion": "apps/v1", "kind": "Deployment"}]},
+        ],
+    }
+    found = list(iter_objects(podlist))
+    assert [path for path, _ in found] == [("items", 0), ("items", 1), ("items", 2, "items", 0)]
+    assert [obj["kind"] if obj else None for _, obj in found] == ["Pod", None, "Deployment"]
+    # A kind ending in "List" without items is an ordinary object (e.g. a custom "AllowList" resource).
+    allowlist = {"apiVersion": "example.com/v1", "kind": "AllowList", "spec": {}}
+    assert list(iter_objects(allowlist)) == [((), allowlist)]
+
+
+def test_namespace_and_name() -> None:
+    assert object_namespace({"metadata": {"namespace": "ml"}}, "default") == "ml"
+    assert object_namespace({"metadata": {"namespace": ""}}, "fallback") == "fallback"
+    assert object_namespace({"metadata": None}, "fallback") == "fallback"
+    assert object_name({"metadata": {"name": "a"}}) == "a"
+    assert object_name({"metadata": {"generateName": "job-"}}) == "job-*"
+    assert object_name({}) == ""
+
+
+def test_pod_for_site_uses_template_metadata_and_owner_namespace() -> None:
+    owner = {"kind": "Deployment", "metadata": {"name": "web", "namespace": "ignored-here"}}
+    tpl = template()
+    tpl["metadata"]["annotations"] = {"cdi.k8s.io/x": "nvidia.com/gpu=all"}
+    site = PodSpecSite(("spec", "template"), ("spec", "template", "spec"), tpl["spec"], tpl["metadata"])
+    pod = pod_for_site(site, owner, "team-a")
+    assert pod["kind"] == "Pod"
+    assert pod["metadata"] == {
+        "labels": {"app": "x"},
+        "annotations": tpl["metadata"]["annotations"],
+        "namespace": "team-a",
+        "name": "web",
+    }
+    assert pod["spec"] is tpl["spec"]
+    assert "namespace" not in tpl["metadata"]  # the input is not modified
+
+
+def test_container_index_covers_every_container_kind() -> None:
+    spec = {
+        "initContainers": [{"name": "init"}],
+        "containers": [{"name": "a"}, {"name": "b"}],
+        "ephemeralContainers": [{"name": "debug"}],
+    }
+    assert container_index(spec, "init") == ("initContainers", 0)
+    assert container_index(spec, "b") == ("containers", 1)
+    assert container_index(spec, "debug") == ("ephemeralContainers", 0)
+    assert container_index(spec, "missing") is None
+    assert container_index(spec, None) is None
+
+
+# --- sources: documents and lines ---------------------------------------------------------------------------
+
+STREAM = """\
+# leading comment
+---
+apiVersion: v1
+kind: List
+items:
+  - apiVersion: v1
+    kind: Pod
+    metadata: {name: first}
+  - apiVersion: v1
+    kind: Pod
+    metadata:
+      name: second
+---
+---
+replicaCount: 3
+"""
+
+
+def test_documents_start_lines_and_empty_documents_dropped() -> None:
+    documents = parse_documents(STREAM, "stream.yaml")
+    assert [document.line for document in documents] == [3, 15]
+    assert documents[1].data == {"replicaCount": 3}
+    first = documents[0]
+    assert first.line_of(("items", 0)) == 6
+    assert first.line_of(("items", 1)) == 9
+    assert first.line_of(("items", 1, "metadata", "name")) == 12  # a mapping entry: the line of its key
+    assert first.line_of(("items", 7)) == 3  # absent: the document's own line
+    assert first.line_of(("nope",), 99) == 99
+
+
+def test_line_of_on_nodes() -> None:
+    node = yaml.compose("a:\n  b:\n    - x\n    - y\n")
+    assert node is not None
+    assert line_of(node, ("a", "b", 1)) == 4
+    assert line_of(node, ("a", "b", "x")) is None
+    assert line_of(node, ("a", 0)) is None
+
+
+def test_json_with_tabs_falls_back_to_the_json_parser() -> None:
+    text = '{\n\t"apiVersion": "v1",\n\t"kind": "Pod"\n}\n'
+    [document] = parse_documents(text, "pod.json")
+    assert document.data == {"apiVersion": "v1", "kind": "Pod"}
+    assert document.line == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("apiVersion: v1\nkind: Pod\nmetadata: {name: [unclosed\n", 4),
+        ("a: 1\n b: 2\n", 2),
+        ("apiVersion: v1\nkind: !!python/object:os.system x\n", 2),
+    ],
+)
+def test_unparseable_yaml_names_file_and_line(text: str, line: int) -> None:
+    with pytest.raises(SourceError, match=rf"^bad\.yaml:{line}: YAML does not parse: "):
+        parse_documents(text, "bad.yaml")
