@@ -1,0 +1,137 @@
+"""Builds a fake host ``/proc`` tree on disk for the auditor's /proc adapter.
+
+Real files and real device nodes: ``<pid>/cgroup`` (text), ``<pid>/environ`` (NUL-separated) and
+``<pid>/root/dev`` with character devices made by ``os.mknod`` (GPUs on major 195, ``nvidiactl`` 195:255,
+``nvidia-modeset`` 195:254, ``nvidia-uvm`` and ``nvidia-caps`` on other majors, as on a real node). Processes of one
+container can share a root file system, as on a real node, through a ``root`` symlink.
+
+Making device nodes needs CAP_MKNOD (root); the tests run as root in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+NVIDIA_MAJOR = 195
+UVM_MAJOR = 509  # dynamic on a real node (read from /proc/devices); any major but 195 will do
+CAPS_MAJOR = 508
+
+#: How each runtime/driver pair names a container's cgroup (``research/auditor-anchors.md`` §5).
+_POD_SLICE = "/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid_}.slice"
+LAYOUTS: Mapping[str, str] = {
+    "systemd-containerd": _POD_SLICE + "/cri-containerd-{cid}.scope",
+    "systemd-crio": _POD_SLICE + "/crio-{cid}.scope",
+    "systemd-docker": _POD_SLICE + "/docker-{cid}.scope",
+    "cgroupfs": "/kubepods/{qos}/pod{uid}/{cid}",
+    "cgroupfs-crio": "/kubepods/{qos}/pod{uid}/crio-{cid}",
+}
+
+
+def cgroup_text(pod_uid: str, container_id: str, *, layout: str = "systemd-containerd", qos: str = "burstable",
+                v1: bool = False) -> str:
+    """The ``/proc/<pid>/cgroup`` content of a process in that container (cgroup v2, or v1 with several lines)."""
+    path = LAYOUTS[layout].format(uid=pod_uid, uid_=pod_uid.replace("-", "_"), cid=container_id, qos=qos)
+    if v1:
+        return f"12:name=systemd:{path}\n11:memory:{path}\n10:pids:{path}\n4:cpu,cpuacct:{path}\n1:net_cls:/\n"
+    return f"0::{path}\n"
+
+
+def make_char_device(path: Path, major: int, minor: int) -> None:
+    os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+
+
+class HostProcTree:
+    """A directory laid out like the host's /proc, grown process by process."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        # entries every real /proc has that are not processes
+        (root / "meminfo").write_text("MemTotal: 1 kB\n")
+        (root / "sys").mkdir(exist_ok=True)
+        (root / "driver").mkdir(exist_ok=True)
+        if not (root / "self").is_symlink():
+            (root / "self").symlink_to("1")
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def rootfs(self, name: str, *, gpu_minors: Iterable[int] = (), control_nodes: bool = True,
+               extra: Mapping[str, tuple[int, int]] | None = None) -> Path:
+        """A container root file system with ``/dev`` holding the given GPUs (and, by default, the control nodes
+        a GPU container gets: nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools, nvidia-caps/)."""
+        fs = self.root / "_rootfs" / name
+        dev = fs / "dev"
+        dev.mkdir(parents=True)
+        (dev / "null").touch()  # a regular file stands in for the other nodes
+        for minor in gpu_minors:
+            make_char_device(dev / f"nvidia{minor}", NVIDIA_MAJOR, minor)
+        if control_nodes:
+            make_char_device(dev / "nvidiactl", NVIDIA_MAJOR, 255)
+            make_char_device(dev / "nvidia-modeset", NVIDIA_MAJOR, 254)
+            make_char_device(dev / "nvidia-uvm", UVM_MAJOR, 0)
+            make_char_device(dev / "nvidia-uvm-tools", UVM_MAJOR, 1)
+            (dev / "nvidia-caps").mkdir()
+            make_char_device(dev / "nvidia-caps" / "nvidia-cap1", CAPS_MAJOR, 1)
+            make_char_device(dev / "nvidia-caps" / "nvidia-cap2", CAPS_MAJOR, 2)
+        for node, (major, minor) in (extra or {}).items():
+            make_char_device(dev / node, major, minor)
+        return fs
+
+    def add_process(self, pid: int, *, cgroup: str = "0::/\n",
+                    environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes = (),
+                    rootfs: Path | None = None) -> Path:
+        """Add ``/proc/<pid>``; ``environ`` pairs are written in order (duplicates allowed), bytes as given."""
+        directory = self.root / str(pid)
+        directory.mkdir()
+        self._fill(directory, cgroup, environ, rootfs)
+        return directory
+
+    def add_container_process(self, pid: int, pod_uid: str, container_id: str, *, rootfs: Path | None = None,
+                              environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes = (),
+                              layout: str = "systemd-containerd", qos: str = "burstable", v1: bool = False) -> Path:
+        """Add a process running in that pod's container (its cgroup file in the given layout)."""
+        text = cgroup_text(pod_uid, container_id, layout=layout, qos=qos, v1=v1)
+        return self.add_process(pid, cgroup=text, environ=environ, rootfs=rootfs)
+
+    def reuse_pid(self, pid: int, *, cgroup: str = "0::/\n",
+                  environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes = (),
+                  rootfs: Path | None = None) -> Path:
+        """A new process takes over an exited one's pid. The new directory exists before the old one goes, so
+        it cannot get the old inode number back, as a real new process gets a new inode in procfs."""
+        staging = self.root / f"_new_{pid}"
+        staging.mkdir()
+        self._fill(staging, cgroup, environ, rootfs)
+        self.remove(pid)
+        staging.rename(self.root / str(pid))
+        return self.root / str(pid)
+
+    def remove(self, pid: int) -> None:
+        """The process exits."""
+        directory = self.root / str(pid)
+        if directory.is_symlink():
+            directory.unlink()
+        else:
+            shutil.rmtree(directory)
+
+    def write_cgroup(self, pid: int, text: str) -> None:
+        (self.root / str(pid) / "cgroup").write_text(text)
+
+    @staticmethod
+    def _fill(directory: Path, cgroup: str, environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes,
+              rootfs: Path | None) -> None:
+        (directory / "cgroup").write_text(cgroup)
+        if isinstance(environ, bytes):
+            data = environ
+        else:
+            pairs = environ.items() if isinstance(environ, Mapping) else environ
+            data = b"".join(f"{key}={value}".encode() + b"\0" for key, value in pairs)
+        (directory / "environ").write_bytes(data)
+        if rootfs is not None:
+            (directory / "root").symlink_to(rootfs, target_is_directory=True)
+        else:
+            (directory / "root" / "dev").mkdir(parents=True)
