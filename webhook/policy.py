@@ -351,13 +351,20 @@ def _volume_mounts(container: _Container) -> Iterator[Mapping[str, Any]]:
         yield from (mount for mount in mounts if isinstance(mount, Mapping))
 
 
+def _is_device_list_path(cleaned: str) -> bool:
+    """The toolkit's test is lexical: the cleaned destination starts with the marker, with no "/" boundary, so
+    ".../nvidia-container-devicesall" means "all". The marker deeper in a path is flagged too, as defence in
+    depth: ``/var/run/../var/run/nvidia-container-devices/0`` cleans to ``/var/var/run/...``, which today's
+    toolkit ignores, yet no legitimate workload mounts anything under that name."""
+    return cleaned.startswith(DEVICE_LIST_MOUNT_PREFIXES) or "/nvidia-container-devices" in cleaned
+
+
 def device_list_mount(pod: _Pod) -> list[Violation]:
     found: list[Violation] = []
     for container in pod.containers:
         for mount in _volume_mounts(container):
             path = mount.get("mountPath")
-            # No "/" boundary: the toolkit's prefix test makes ".../nvidia-container-devicesall" mean "all".
-            if isinstance(path, str) and clean_path(path).startswith(DEVICE_LIST_MOUNT_PREFIXES):
+            if isinstance(path, str) and _is_device_list_path(clean_path(path)):
                 found.append(Violation(DEVICE_LIST_MOUNT, container.name, f"{DEVICE_LIST_MOUNT}: container "
                                        f"{_quote(container.name)} mounts a volume at {_quote(path)}, which the "
                                        "NVIDIA toolkit reads as a GPU request; remove the volumeMount and request "
