@@ -1,0 +1,578 @@
+"""NVML adapter: one snapshot of the node's GPUs, MIG devices and GPU processes, as our own frozen values.
+
+Everything NVML-specific stays in this module: pynvml's process-global library handle, ``NVMLError`` codes,
+the MIG handle walk and the ``0xFFFFFFFF`` instance ids. The rest of the auditor sees ``NvmlSnapshot`` and,
+when nothing can be read at all, ``NvmlError`` with a short ``reason``. A GPU that fails mid-read (lost,
+permission, an unsupported call) becomes an ``NvmlProblem`` in the snapshot, so one bad card never hides the
+others.
+
+Importing this module loads nothing: pynvml is imported and the library opened only by ``Nvml.open()``.
+How NVML outcomes map to reasons and problems is documented in ``docs/nvml.md``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import ModuleType, TracebackType
+from typing import Any
+
+#: ``gpuInstanceId`` / ``computeInstanceId`` of a process when its GPU is not in MIG mode (nvml.h).
+NO_INSTANCE = 0xFFFFFFFF
+
+#: Every ``NvmlError.reason`` / ``NvmlProblem.reason``.
+REASONS = ("library-missing", "driver-not-loaded", "no-permission", "gpu-lost", "not-supported", "unknown")
+
+# nvml.h return codes (a stable ABI), so mapping them needs no pynvml import.
+_NOT_SUPPORTED = 3
+_NO_PERMISSION = 4
+_NOT_FOUND = 6
+_INSUFFICIENT_SIZE = 7
+_INVALID_ARGUMENT = 2
+_DRIVER_NOT_LOADED = 9
+_LIBRARY_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_GPU_IS_LOST = 15
+
+_REASON_BY_CODE = {
+    _LIBRARY_NOT_FOUND: "library-missing",
+    _DRIVER_NOT_LOADED: "driver-not-loaded",
+    _NO_PERMISSION: "no-permission",
+    _GPU_IS_LOST: "gpu-lost",
+    _NOT_SUPPORTED: "not-supported",
+    _FUNCTION_NOT_FOUND: "not-supported",  # the driver's NVML predates the call
+}
+
+_ADVICE = {
+    "library-missing": (
+        "point --nvml-lib at the host's libnvidia-ml.so.1 (with the GPU Operator's driver container it is under "
+        "/run/nvidia/driver, e.g. /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1)"
+    ),
+    "driver-not-loaded": (
+        "the NVIDIA kernel driver is not loaded on this node, or this container cannot see /dev/nvidiactl; "
+        "check the driver and give the auditor every GPU (NVIDIA_VISIBLE_DEVICES=all, or privileged)"
+    ),
+    "no-permission": "run the auditor privileged (or with access to /dev/nvidia*) so NVML can query every GPU",
+    "gpu-lost": "the GPU has fallen off the bus; drain the node and reset or replace the GPU",
+}
+
+# The three process lists NVML keeps per device, with the pynvml functions to try, newest struct version first.
+_PROCESS_CALLS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("compute", ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")),
+    ("graphics", ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2")),
+    ("mps", ("nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2")),
+)
+_SIZE_RETRIES = 3  # the list can outgrow pynvml's 2n+5 buffer between its two calls; NVML says: ask again
+
+
+@dataclass(frozen=True)
+class NvmlDevice:
+    """A physical GPU or a MIG device.
+
+    For a MIG device ``index`` and ``minor`` are its parent card's (``/dev/nvidia<minor>`` names cards, not
+    slices) and ``name`` is the card's model; the slice itself is ``profile``.
+    """
+
+    uuid: str
+    index: int
+    minor: int | None
+    name: str
+    memory_total_bytes: int
+    mig_enabled: bool = False
+    parent_uuid: str | None = None
+    mig_index: int | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    share: float = 1.0
+    profile: str | None = None
+
+    @property
+    def is_mig(self) -> bool:
+        return self.parent_uuid is not None
+
+
+@dataclass(frozen=True)
+class NvmlProcess:
+    """A process with a context on a device: a GPU, or the MIG device it runs in when the GPU is in MIG mode."""
+
+    pid: int
+    device_uuid: str
+    used_memory_bytes: int | None  # None: NVML_VALUE_NOT_AVAILABLE
+    kind: str  # "compute" | "graphics" | "mps"
+
+
+@dataclass(frozen=True)
+class NvmlProblem:
+    """Something this snapshot could not read; the rest of the snapshot is still true."""
+
+    device: str | None  # the GPU or MIG device UUID, when known
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class NvmlSnapshot:
+    devices: tuple[NvmlDevice, ...]
+    processes: tuple[NvmlProcess, ...]
+    problems: tuple[NvmlProblem, ...]
+    driver_version: str | None = None
+
+
+class NvmlError(Exception):
+    """NVML could not be used at all. ``reason`` is one of ``REASONS``; the message says what to fix."""
+
+    def __init__(self, reason: str, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.code = code
+
+
+def _pynvml() -> ModuleType:
+    import pynvml  # noqa: PLC0415 - imported on open, so importing this module stays free
+
+    return pynvml
+
+
+def _code(error: BaseException) -> int | None:
+    value = getattr(error, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def _reason(code: int | None) -> str:
+    return _REASON_BY_CODE.get(code, "unknown") if code is not None else "unknown"
+
+
+def _with_advice(message: str, reason: str) -> str:
+    advice = _ADVICE.get(reason)
+    return f"{message}; {advice}" if advice else message
+
+
+# ---- which library pynvml talks to -------------------------------------------------------------------------
+#
+# pynvml keeps one library per process (the global ``pynvml.nvmlLib``, loaded by soname on first init) and caches
+# every function pointer it resolves. To honour --nvml-lib we load that file ourselves and hand it to pynvml with
+# the cache cleared, under pynvml's own lock. Two libraries cannot be open at the same time in one process, so
+# switching is refused while another Nvml holds a different one; once all are closed, any path can be opened.
+
+
+class _Binding:
+    """The --nvml-lib pynvml is bound to (None: pynvml's own soname lookup) and how many Nvml have it open."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.path: str | None = None
+        self.users = 0
+
+
+_binding = _Binding()
+
+
+def _load_library(lib_path: str) -> ctypes.CDLL:
+    if os.path.isdir(lib_path):
+        raise NvmlError(
+            "library-missing",
+            f"--nvml-lib {lib_path} is a directory; give the library file in it, e.g. "
+            f"{os.path.join(lib_path, 'libnvidia-ml.so.1')}",
+        )
+    try:
+        return ctypes.CDLL(lib_path)
+    except OSError as error:
+        raise NvmlError(
+            "library-missing",
+            _with_advice(f"cannot load the NVML library {lib_path}: {error}", "library-missing"),
+            code=_LIBRARY_NOT_FOUND,
+        ) from None
+
+
+def _bind(pynvml: ModuleType, lib_path: str | None) -> None:
+    with _binding.lock:
+        if _binding.users and lib_path != _binding.path:
+            raise NvmlError(
+                "unknown",
+                f"cannot open NVML library {lib_path or 'libnvidia-ml.so.1'} while "
+                f"{_binding.path or 'libnvidia-ml.so.1'} is open in this process (pynvml holds one library per "
+                "process); close the other Nvml first",
+            )
+        if not _binding.users and (lib_path != _binding.path or (lib_path is not None and pynvml.nvmlLib is None)):
+            library = _load_library(lib_path) if lib_path is not None else None
+            with pynvml.libLoadLock:
+                pynvml.nvmlLib = library
+                pynvml._nvmlGetFunctionPointer_cache.clear()
+            _binding.path = lib_path
+        _binding.users += 1
+
+
+def _unbind() -> None:
+    with _binding.lock:
+        _binding.users = max(0, _binding.users - 1)
+
+
+def _init_error(error: BaseException, lib_path: str | None) -> NvmlError:
+    code = _code(error)
+    library = lib_path or "libnvidia-ml.so.1"
+    if code == _LIBRARY_NOT_FOUND:
+        message = f"the NVML library {library} was not found on the library path"
+        return NvmlError("library-missing", _with_advice(message, "library-missing"), code=code)
+    if code == _FUNCTION_NOT_FOUND:
+        message = f"{library} does not export nvmlInitWithFlags: it is not an NVML library, or one too old to use"
+        return NvmlError("library-missing", _with_advice(message, "library-missing"), code=code)
+    reason = _reason(code)
+    return NvmlError(reason, _with_advice(f"NVML initialisation failed ({library}): {error}", reason), code=code)
+
+
+# ---- reading one snapshot ----------------------------------------------------------------------------------
+
+
+class _Failed(Exception):
+    """An NVML call failed in a way that loses the device being read (or the GPU, for ``gpu-lost``)."""
+
+    def __init__(self, action: str, error: BaseException) -> None:
+        super().__init__(f"{action}: {error}")
+        self.code = _code(error)
+        self.reason = _reason(self.code)
+
+
+@dataclass(frozen=True)
+class _Mig:
+    device: NvmlDevice
+    handle: Any
+
+
+class _Reader:
+    """One snapshot's worth of NVML calls. Knows the order of the walk; the values go into the dataclasses."""
+
+    def __init__(self, pynvml: ModuleType, max_slices_cache: dict[str, int]) -> None:
+        self.nv = pynvml
+        self.max_slices_cache = max_slices_cache
+        self.devices: list[NvmlDevice] = []
+        self.problems: list[NvmlProblem] = []
+        self.processes: dict[tuple[int, str, str], int | None] = {}
+
+    def read(self) -> NvmlSnapshot:
+        try:
+            count = self.nv.nvmlDeviceGetCount()
+        except self.nv.NVMLError as error:
+            reason = _reason(_code(error))
+            message = _with_advice(f"NVML cannot count the GPUs: {error}", reason)
+            raise NvmlError(reason, message, code=_code(error)) from None
+        for index in range(count):
+            self._read_gpu(index)
+        if count and not self.devices:
+            first = self.problems[0].reason if self.problems else "unknown"
+            details = "; ".join(problem.message for problem in self.problems)
+            raise NvmlError(first, f"none of the {count} GPUs could be read: {details}")
+        order = {device.uuid: position for position, device in enumerate(self.devices)}
+        processes = sorted(
+            (NvmlProcess(pid, uuid, used, kind) for (pid, uuid, kind), used in self.processes.items()),
+            key=lambda process: (order.get(process.device_uuid, len(order)), process.pid, process.kind),
+        )
+        return NvmlSnapshot(tuple(self.devices), tuple(processes), tuple(self.problems), self._driver_version())
+
+    # -- calls ----------------------------------------------------------------------------------------------
+
+    def _must(self, action: str, function: Callable[..., Any], *args: Any) -> Any:
+        """A call the device cannot do without."""
+        try:
+            return function(*args)
+        except self.nv.NVMLError as error:
+            raise _Failed(action, error) from None
+
+    def _may(
+        self, device: str, action: str, function: Callable[..., Any], *args: Any, quiet: Iterable[int] = ()
+    ) -> Any:
+        """A call the device can do without: None on failure, a problem unless the code is an expected one.
+
+        A lost GPU still loses the whole GPU, whatever call noticed it.
+        """
+        try:
+            return function(*args)
+        except self.nv.NVMLError as error:
+            code = _code(error)
+            if code == _GPU_IS_LOST:
+                raise _Failed(action, error) from None
+            if code not in quiet:
+                self._problem(device, _reason(code), f"{device}: {action} failed: {error}")
+            return None
+
+    def _problem(self, device: str | None, reason: str, message: str) -> None:
+        self.problems.append(NvmlProblem(device, reason, _with_advice(message, reason)))
+
+    def _driver_version(self) -> str | None:
+        try:
+            return str(self.nv.nvmlSystemGetDriverVersion())
+        except self.nv.NVMLError:
+            return None
+
+    # -- devices --------------------------------------------------------------------------------------------
+
+    def _read_gpu(self, index: int) -> None:
+        """Read GPU ``index`` with its MIG devices and processes, or record why not; all or nothing per GPU."""
+        reader = _Reader(self.nv, self.max_slices_cache)
+        uuid: str | None = None
+        try:
+            handle = reader._must("get its handle", self.nv.nvmlDeviceGetHandleByIndex, index)
+            uuid = str(reader._must("read its UUID", self.nv.nvmlDeviceGetUUID, handle))
+            reader._read_gpu_device(index, handle, uuid)
+        except _Failed as failure:
+            label = f"GPU {index}" + (f" ({uuid})" if uuid else "")
+            self._problem(uuid, failure.reason, f"{label} left out of this snapshot: {failure}")
+            return
+        self.devices += reader.devices
+        self.problems += reader.problems
+        for key, used in reader.processes.items():
+            self._add_process(*key, used)
+
+    def _read_gpu_device(self, index: int, handle: Any, uuid: str) -> None:
+        nv = self.nv
+        name = str(self._may(uuid, "read its name", nv.nvmlDeviceGetName, handle) or "")
+        minor = self._may(uuid, "read its minor number", nv.nvmlDeviceGetMinorNumber, handle, quiet=[_NOT_SUPPORTED])
+        memory = self._may(uuid, "read its memory", nv.nvmlDeviceGetMemoryInfo, handle)
+        total = int(memory.total) if memory is not None else 0
+        mode = self._may(
+            uuid, "read its MIG mode", nv.nvmlDeviceGetMigMode, handle, quiet=[_NOT_SUPPORTED, _FUNCTION_NOT_FOUND]
+        )
+        mig_enabled = bool(mode and mode[0])
+        gpu = NvmlDevice(uuid, index, minor, name, total, mig_enabled=mig_enabled)
+        self.devices.append(gpu)
+        if not mig_enabled:
+            for kind, functions in _PROCESS_CALLS:
+                for process in self._list(uuid, handle, kind, functions):
+                    self._add_process(int(process.pid), uuid, kind, process.usedGpuMemory)
+            return
+        migs = self._read_migs(gpu, handle)
+        self.devices += [mig.device for mig in migs]
+        self._read_mig_processes(gpu, handle, migs)
+
+    def _read_migs(self, gpu: NvmlDevice, handle: Any) -> list[_Mig]:
+        nv = self.nv
+        slots = self._may(gpu.uuid, "count its MIG devices", nv.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
+        max_slices = self._max_slices(gpu.uuid, handle)
+        migs = []
+        for slot in range(int(slots)):
+            mig_handle = self._may(
+                gpu.uuid,
+                f"get MIG device {slot}",
+                nv.nvmlDeviceGetMigDeviceHandleByIndex,
+                handle,
+                slot,
+                quiet=[_NOT_FOUND, _INVALID_ARGUMENT],  # an empty slot
+            )
+            if mig_handle is None:
+                continue
+            mig_uuid: str | None = None
+            try:
+                mig_uuid = str(self._must("read its UUID", nv.nvmlDeviceGetUUID, mig_handle))
+                device = self._read_mig(gpu, slot, mig_uuid, mig_handle, max_slices)
+            except _Failed as failure:
+                if failure.code == _GPU_IS_LOST:
+                    raise
+                label = f"MIG device {slot} of {gpu.uuid}" + (f" ({mig_uuid})" if mig_uuid else "")
+                self._problem(mig_uuid or gpu.uuid, failure.reason, f"{label} left out of this snapshot: {failure}")
+                continue
+            migs.append(_Mig(device, mig_handle))
+        return migs
+
+    def _read_mig(self, gpu: NvmlDevice, slot: int, uuid: str, handle: Any, max_slices: int | None) -> NvmlDevice:
+        nv = self.nv
+        gi = int(self._must("read its GPU instance id", nv.nvmlDeviceGetGpuInstanceId, handle))
+        ci = int(self._must("read its compute instance id", nv.nvmlDeviceGetComputeInstanceId, handle))
+        memory = self._may(uuid, "read its memory", nv.nvmlDeviceGetMemoryInfo, handle)
+        total = int(memory.total) if memory is not None else 0
+        full_name = str(self._may(uuid, "read its name", nv.nvmlDeviceGetName, handle) or "")
+        model, separator, profile = full_name.rpartition(" MIG ")
+        attributes = self._may(
+            uuid, "read its attributes", nv.nvmlDeviceGetAttributes, handle, quiet=[_NOT_SUPPORTED, _FUNCTION_NOT_FOUND]
+        )
+        slices = int(attributes.gpuInstanceSliceCount) if attributes is not None else 0
+        if slices and max_slices:
+            share = min(1.0, slices / max_slices)
+        elif total and gpu.memory_total_bytes:
+            # No slice counts from this driver: the memory fraction is the nearest honest stand-in.
+            share = min(1.0, total / gpu.memory_total_bytes)
+        else:
+            share = 0.0
+            self._problem(uuid, "not-supported", f"{uuid}: neither slice counts nor memory sizes readable; share 0")
+        return NvmlDevice(
+            uuid=uuid,
+            index=gpu.index,
+            minor=gpu.minor,
+            name=model if separator else gpu.name,
+            memory_total_bytes=total,
+            parent_uuid=gpu.uuid,
+            mig_index=slot,
+            gpu_instance_id=gi,
+            compute_instance_id=ci,
+            share=share,
+            profile=(profile.strip() or None) if separator else None,
+        )
+
+    def _max_slices(self, uuid: str, handle: Any) -> int | None:
+        """Slices of the whole card: the largest GPU-instance profile it offers (7 on A100/H100, 4 on A30).
+
+        A property of the hardware, so it is asked once per card and kept for the life of the Nvml.
+        """
+        if uuid in self.max_slices_cache:
+            return self.max_slices_cache[uuid]
+        best = 0
+        for profile in range(int(getattr(self.nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 8))):
+            info = self._may(
+                uuid,
+                f"read GPU instance profile {profile}",
+                self.nv.nvmlDeviceGetGpuInstanceProfileInfo,
+                handle,
+                profile,
+                quiet=[_NOT_SUPPORTED, _INVALID_ARGUMENT, _NOT_FOUND, _FUNCTION_NOT_FOUND, _NO_PERMISSION],
+            )
+            if info is not None:
+                best = max(best, int(info.sliceCount))
+        if best:
+            self.max_slices_cache[uuid] = best
+        return best or None
+
+    # -- processes ------------------------------------------------------------------------------------------
+
+    def _list(self, device: str, handle: Any, kind: str, functions: Iterable[str], quiet: Iterable[int] = ()) -> list:
+        """One process list through pynvml (its size protocol), newest struct version the driver has.
+
+        NOT_SUPPORTED means this device keeps no such list (graphics on a compute card, MPS before Volta):
+        no processes, not a problem.
+        """
+        quiet = {_NOT_SUPPORTED, *quiet}
+        last: BaseException | None = None
+        for name in functions:
+            function = getattr(self.nv, name, None)
+            if function is None:
+                continue
+            for _ in range(_SIZE_RETRIES):
+                try:
+                    return list(function(handle))
+                except self.nv.NVMLError as error:
+                    last = error
+                    if _code(error) != _INSUFFICIENT_SIZE:
+                        break
+            if _code(last) != _FUNCTION_NOT_FOUND:
+                break
+        if last is None:
+            return []
+        code = _code(last)
+        if code == _GPU_IS_LOST:
+            raise _Failed(f"list {kind} processes", last)
+        if code not in quiet:
+            self._problem(device, _reason(code), f"{device}: listing {kind} processes failed: {last}")
+        return []
+
+    def _read_mig_processes(self, gpu: NvmlDevice, handle: Any, migs: list[_Mig]) -> None:
+        """Processes of a MIG-mode GPU, each attributed to the MIG device it runs in.
+
+        Per-instance lists come from the MIG device handles (what nvml.h documents for unprivileged callers).
+        The parent's list is the aggregate, with each process's GPU/compute instance ids, and only for a
+        privileged caller: NO_PERMISSION there is expected. Both views are merged.
+        """
+        for mig in migs:
+            for kind, functions in _PROCESS_CALLS:
+                for process in self._list(mig.device.uuid, mig.handle, kind, functions):
+                    self._add_process(int(process.pid), mig.device.uuid, kind, process.usedGpuMemory)
+        by_ids = {(m.device.gpu_instance_id, m.device.compute_instance_id): m.device.uuid for m in migs}
+        by_gi: dict[int | None, str | None] = {}
+        for m in migs:
+            gi = m.device.gpu_instance_id
+            by_gi[gi] = None if gi in by_gi else m.device.uuid  # only a GPU instance with one MIG device is unambiguous
+        for kind, functions in _PROCESS_CALLS:
+            for process in self._list(gpu.uuid, handle, kind, functions, quiet=[_NO_PERMISSION]):
+                gi, ci = int(process.gpuInstanceId), int(process.computeInstanceId)
+                target = by_ids.get((gi, ci)) or by_gi.get(gi)
+                if target is None:
+                    target = gpu.uuid
+                    self._problem(
+                        gpu.uuid,
+                        "unknown",
+                        f"{gpu.uuid}: {kind} process {process.pid} is in MIG mode but in no known MIG device "
+                        f"(GPU instance {_instance(gi)}, compute instance {_instance(ci)}); counted on the whole GPU",
+                    )
+                self._add_process(int(process.pid), target, kind, process.usedGpuMemory)
+
+    def _add_process(self, pid: int, uuid: str, kind: str, used: int | None) -> None:
+        """One entry per (pid, device, kind). Seen twice (parent and MIG view), it is the same memory: keep the
+        larger reading rather than adding them."""
+        used = None if used is None else int(used)
+        key = (pid, uuid, kind)
+        if key in self.processes:
+            previous = self.processes[key]
+            used = previous if used is None else used if previous is None else max(previous, used)
+        self.processes[key] = used
+
+
+def _instance(value: int) -> str:
+    return "none" if value == NO_INSTANCE else str(value)
+
+
+class Nvml:
+    """The node's NVML. ``open()`` once, ``snapshot()`` every cycle, ``close()`` at the end (or use ``with``).
+
+    ``lib_path`` is ``--nvml-lib``; None lets pynvml find ``libnvidia-ml.so.1`` on the library path. One
+    instance is not meant to be shared between threads.
+    """
+
+    def __init__(self, lib_path: str | None = None) -> None:
+        self.lib_path = lib_path
+        self._open = False
+        self._max_slices: dict[str, int] = {}
+
+    def open(self) -> None:
+        """Initialise NVML. Raises NvmlError (library-missing, driver-not-loaded, no-permission, ...)."""
+        if self._open:
+            return
+        pynvml = _pynvml()
+        _bind(pynvml, self.lib_path)
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as error:
+            _unbind()
+            raise _init_error(error, self.lib_path) from None
+        except BaseException:
+            _unbind()
+            raise
+        self._max_slices = {}
+        self._open = True
+
+    def close(self) -> None:
+        """Shut NVML down (NVML counts inits, so other users in the process keep theirs). Safe to call twice."""
+        if not self._open:
+            return
+        self._open = False
+        pynvml = _pynvml()
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass  # nothing to do about a failed shutdown; the next open re-initialises
+        finally:
+            _unbind()
+
+    def snapshot(self) -> NvmlSnapshot:
+        """Devices and processes now. Per-device failures are problems in the snapshot; NvmlError only when no
+        GPU at all could be read. No pynvml exception escapes."""
+        if not self._open:
+            raise NvmlError("unknown", "NVML is not open: call Nvml.open() (or use `with Nvml(...)`) first")
+        pynvml = _pynvml()
+        try:
+            return _Reader(pynvml, self._max_slices).read()
+        except NvmlError:
+            raise
+        except pynvml.NVMLError as error:  # a safety net: every call above is meant to be caught where it is made
+            reason = _reason(_code(error))
+            raise NvmlError(reason, _with_advice(f"NVML failed: {error}", reason), code=_code(error)) from None
+        except pynvml.NVMLLibraryMismatchError as error:
+            raise NvmlError("not-supported", f"this driver's NVML lacks a call pynvml needs: {error}") from None
+
+    def __enter__(self) -> Nvml:
+        self.open()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
