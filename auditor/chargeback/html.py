@@ -10,7 +10,7 @@ import html
 from collections import defaultdict
 
 from auditor.chargeback.compute import IDLE, OVERREACH, UNATTRIBUTED, Bill, TimePoint
-from auditor.chargeback.render import COLUMNS, MONEY, rows
+from auditor.chargeback.render import COLUMNS, rows
 from auditor.chargeback.times import iso
 
 MAX_BARS = 96
@@ -41,7 +41,7 @@ svg text { font-size: 11px; fill: #444; }
 
 
 def _money(value: float) -> str:
-    return f"{value:,.2f}"
+    return f"{value + 0.0:,.2f}"
 
 
 def _layers(bill: Bill) -> list[str]:
@@ -161,7 +161,7 @@ def _groups_table(bill: Bill) -> str:
             elif isinstance(value, str):
                 text, css = html.escape(value), ""
             else:
-                text = _money(value) if key in MONEY else f"{value:,.1f}"
+                text = _money(value)
                 css = ' class="neg"' if key == "difference" and value < -0.005 else ""
                 css = ' class="pos"' if key == "difference" and value > 0.005 else css
             cells.append(f'<td data-key="{key}"{css}>{text}</td>')

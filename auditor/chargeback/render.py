@@ -72,7 +72,7 @@ def _cell(key: str, value: float | str | None) -> str:
         return "-"
     if isinstance(value, str):
         return value
-    return f"{value:,.2f}" if key in MONEY else f"{value:,.1f}"
+    return f"{value + 0.0:,.2f}"  # + 0.0 turns -0.0 into 0.0, so a zero difference never prints as "-0.00"
 
 
 def _header(bill: Bill, by: str, step: float) -> list[str]:

@@ -1,0 +1,176 @@
+"""Shared fixtures: one real Prometheus holding every hand-checked scenario, and a way to run the command.
+
+Each scenario lives in its own one-hour window, on its own nodes, two days in the past (backfilled blocks must
+be older than the head block), with a sample every 60 s. The tests query each window with ``--step 10m``: six
+intervals of 600 s, so a one-hour window is exactly one billed hour. A series whose last sample is at
+``+29 min`` is still seen at ``+30 min`` (Prometheus' 5-minute lookback) and not at ``+40 min``: it counts for
+exactly the first half hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from auditor import chargeback
+from tests.fakes.prometheus import PrometheusServer
+
+GIB = 1 << 30
+HOUR = 3600
+STEP = 60
+H100 = "NVIDIA H100 80GB HBM3"
+A100_80 = "NVIDIA A100-SXM4-80GB"
+A100_40 = "NVIDIA A100-SXM4-40GB"
+T4 = "Tesla T4"
+
+PRICES_YAML = f"""\
+currency: EUR
+default: 2.50
+models:
+  "{H100}": 4.00
+  "{A100_80}": 3.00
+  "{A100_40}": 7.00
+nodes:
+  "cheap-*": 1.00
+"""
+
+# Two days ago, aligned to the 2-hour TSDB block boundary.
+BASE = int(time.time()) // 7200 * 7200 - 48 * HOUR
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int
+    end: int
+
+
+WINDOWS = {name: Window(BASE + index * 3 * HOUR, BASE + index * 3 * HOUR + HOUR) for index, name in enumerate(
+    ["exclusive", "timeslice", "mig", "overreach"]
+)}
+
+
+@dataclass
+class OpenMetrics:
+    families: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def series(self, name: str, labels: dict[str, str], value: float, start: int, end: int) -> None:
+        """``value`` every STEP seconds from ``start`` to ``end`` inclusive."""
+        rendered = ",".join(f'{key}="{val}"' for key, val in labels.items())
+        self.families[name] += [f"{name}{{{rendered}}} {value} {ts}" for ts in range(start, end + 1, STEP)]
+
+    def text(self) -> str:
+        out = []
+        for name, lines in self.families.items():
+            out.append(f"# TYPE {name} gauge")
+            out += lines
+        return "\n".join([*out, "# EOF", ""])
+
+
+def card(om: OpenMetrics, window: Window, node: str, uuid: str, model: str) -> None:
+    labels = {"node": node, "gpu_uuid": uuid, "parent_uuid": "", "model": model, "mig_profile": ""}
+    om.series("gpu_fence_gpu_info", labels, 1, window.start, window.end)
+    om.series("gpu_fence_gpu_share_ratio", {"node": node, "gpu_uuid": uuid}, 1, window.start, window.end)
+
+
+def mig(om: OpenMetrics, window: Window, node: str, parent: str, uuid: str, *, model: str, slices: int) -> None:
+    labels = {"node": node, "gpu_uuid": uuid, "parent_uuid": parent, "model": f"{model} MIG {slices}g.{slices * 5}gb",
+              "mig_profile": f"{slices}g.{slices * 5}gb"}
+    om.series("gpu_fence_gpu_info", labels, 1, window.start, window.end)
+    om.series("gpu_fence_gpu_share_ratio", {"node": node, "gpu_uuid": uuid}, slices / 7, window.start, window.end)
+
+
+def container(
+    om: OpenMetrics, window: Window, node: str, uuid: str, *, namespace: str, pod: str,
+    gib: float, allocated: bool = True, until: int | None = None,
+) -> None:
+    who = {"node": node, "namespace": namespace, "pod": pod, "container": "main", "gpu_uuid": uuid}
+    end = window.end if until is None else until
+    om.series("gpu_fence_container_gpu_memory_bytes", {**who, "allocated": str(allocated).lower()}, gib * GIB,
+              window.start, end)
+    if allocated:
+        om.series("gpu_fence_container_allocated_gpus", who, 1, window.start, window.end)
+
+
+def scenarios() -> str:
+    om = OpenMetrics()
+    # Exclusive: two H100 (4.00/h). team-a uses GPU-e1 all hour; team-b uses GPU-e2 only for the first half hour.
+    w = WINDOWS["exclusive"]
+    card(om, w, "excl", "GPU-e1", H100)
+    card(om, w, "excl", "GPU-e2", H100)
+    container(om, w, "excl", "GPU-e1", namespace="team-a", pod="train", gib=40)
+    container(om, w, "excl", "GPU-e2", namespace="team-b", pod="infer", gib=10, until=w.start + 29 * 60)
+
+    # Time-slicing: one A100 80GB (3.00/h), three replicas, 6 / 2 / 4 GiB; pod c carries no team label.
+    w = WINDOWS["timeslice"]
+    card(om, w, "ts", "GPU-t", A100_80)
+    container(om, w, "ts", "GPU-t", namespace="ml", pod="a", gib=6)
+    container(om, w, "ts", "GPU-t", namespace="ml", pod="b", gib=2)
+    container(om, w, "ts", "GPU-t", namespace="research", pod="c", gib=4)
+    om.series("gpu_fence_pod_labels", {"namespace": "ml", "pod": "a", "label_example_com_team": "alpha"}, 1,
+              w.start, w.end)
+    om.series("gpu_fence_pod_labels", {"namespace": "ml", "pod": "b", "label_example_com_team": "beta"}, 1,
+              w.start, w.end)
+
+    # MIG: one A100 40GB (7.00/h) split 3g / 2g / 2g; the second 2g slice is used for the first half hour only.
+    w = WINDOWS["mig"]
+    card(om, w, "mig", "GPU-m", A100_40)
+    mig(om, w, "mig", "GPU-m", "MIG-m3", model=A100_40, slices=3)
+    mig(om, w, "mig", "GPU-m", "MIG-m2a", model=A100_40, slices=2)
+    mig(om, w, "mig", "GPU-m", "MIG-m2b", model=A100_40, slices=2)
+    container(om, w, "mig", "MIG-m3", namespace="vision", pod="p3", gib=10)
+    container(om, w, "mig", "MIG-m2a", namespace="nlp", pod="p2a", gib=5)
+    container(om, w, "mig", "MIG-m2b", namespace="nlp", pod="p2b", gib=1, until=w.start + 29 * 60)
+
+    # Overreach: a T4 (no model price → default 2.50/h) shared by its allocated pod (3 GiB), a pod with no
+    # allocation (1 GiB) and a host process (4 GiB); a second T4 on a "cheap-*" node (1.00/h) nobody uses.
+    w = WINDOWS["overreach"]
+    card(om, w, "over", "GPU-o", T4)
+    card(om, w, "cheap-7", "GPU-idle", T4)
+    container(om, w, "over", "GPU-o", namespace="batch", pod="legit", gib=3)
+    container(om, w, "over", "GPU-o", namespace="sneaky", pod="miner", gib=1, allocated=False)
+    om.series("gpu_fence_unattributed_gpu_memory_bytes", {"node": "over", "gpu_uuid": "GPU-o"}, 4 * GIB,
+              w.start, w.end)
+    return om.text()
+
+
+@pytest.fixture(scope="session")
+def prometheus(tmp_path_factory: pytest.TempPathFactory):
+    with PrometheusServer(tmp_path_factory.mktemp("prometheus"), openmetrics=scenarios()) as server:
+        yield server
+
+
+@pytest.fixture
+def prices_file(tmp_path: Path) -> Path:
+    path = tmp_path / "prices.yaml"
+    path.write_text(PRICES_YAML, encoding="utf-8")
+    return path
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+
+def run_chargeback(*argv: str) -> Result:
+    """Run ``gpu-fence-auditor chargeback ARGV`` in process through the subcommand's own argparse wiring."""
+    parser = argparse.ArgumentParser(prog="gpu-fence-auditor")
+    chargeback.add_arguments(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["chargeback", *argv])
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = args.run(args)
+    return Result(code, stdout.getvalue(), stderr.getvalue())
+
+
+def window_args(name: str) -> list[str]:
+    window = WINDOWS[name]
+    return ["--start", str(window.start), "--end", str(window.end), "--step", "10m"]

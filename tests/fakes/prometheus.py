@@ -1,0 +1,182 @@
+"""A real Prometheus for tests: Debian's ``prometheus`` binary on a free loopback port with a temporary data dir.
+
+Two ways to give it data:
+- ``backfill``: OpenMetrics text turned into TSDB blocks by ``promtool tsdb create-blocks-from openmetrics``
+  before the server starts. Backfilled samples must be older than the head block's window (use timestamps
+  hours in the past) and are queried with explicit timestamps.
+- ``scrape_targets``: ``host:port`` strings scraped at ``scrape_interval`` (job ``gpu-fence-auditor``).
+
+Readiness and scrapes are waited for by polling with a deadline, never by sleeping a fixed time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+JOB = "gpu-fence-auditor"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise RuntimeError(f"{name} is not installed: apt-get install prometheus (CI's .ci/run does)")
+    return path
+
+
+def backfill(openmetrics: str, data_dir: Path) -> None:
+    """Write ``openmetrics`` (must end with ``# EOF``) as TSDB blocks into ``data_dir``."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    source = data_dir.parent / "backfill.om"
+    source.write_text(openmetrics if openmetrics.endswith("# EOF\n") else openmetrics + "# EOF\n", encoding="utf-8")
+    result = subprocess.run(
+        [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"promtool backfill failed: {result.stderr.strip() or result.stdout.strip()}")
+
+
+class ProcessExited(RuntimeError):
+    """The server process ended while we waited for it: stop polling at once."""
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll ``check`` until it returns something truthy or ``timeout`` passes; returns that value.
+
+    Connection errors and not-yet-valid answers (OSError, ValueError, KeyError) mean "not yet"; anything else
+    (such as :class:`ProcessExited`) ends the wait at once.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except (OSError, ValueError, KeyError) as error:
+            last_error = error
+        time.sleep(interval)  # a poll interval, not a wait for the thing itself
+    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}" + (f" ({last_error})" if last_error else ""))
+
+
+class PrometheusServer:
+    def __init__(
+        self,
+        workdir: Path,
+        openmetrics: str | None = None,
+        scrape_targets: Sequence[str] = (),
+        scrape_interval: str = "1s",
+    ) -> None:
+        self.workdir = workdir
+        self.data_dir = workdir / "data"
+        self.openmetrics = openmetrics
+        self.scrape_targets = list(scrape_targets)
+        self.scrape_interval = scrape_interval
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _config(self) -> Path:
+        config: dict[str, Any] = {"global": {"scrape_interval": self.scrape_interval, "evaluation_interval": "1s"}}
+        if self.scrape_targets:
+            config["scrape_configs"] = [
+                {
+                    "job_name": JOB,
+                    "scrape_interval": self.scrape_interval,
+                    "scrape_timeout": self.scrape_interval,
+                    "static_configs": [{"targets": self.scrape_targets}],
+                }
+            ]
+        path = self.workdir / "prometheus.yml"
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        return path
+
+    def start(self, timeout: float = 60.0) -> PrometheusServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.openmetrics is not None:
+            backfill(self.openmetrics, self.data_dir)
+        config = self._config()
+        log_path = self.workdir / "prometheus.log"
+        for _attempt in range(3):  # another process may take the free port between probing and binding
+            self.port = free_port()
+            with log_path.open("wb") as log:
+                self.process = subprocess.Popen(
+                    [
+                        binary("prometheus"),
+                        f"--config.file={config}",
+                        f"--storage.tsdb.path={self.data_dir}",
+                        f"--web.listen-address=127.0.0.1:{self.port}",
+                        "--storage.tsdb.retention.time=30d",
+                        "--log.level=warn",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            try:
+                wait_for(self._ready, timeout, f"Prometheus on {self.url} to be ready")
+                return self
+            except ProcessExited:
+                self.stop()
+            except TimeoutError:
+                self.stop()
+                raise RuntimeError(f"Prometheus never became ready:\n{log_path.read_text()[-2000:]}") from None
+        raise RuntimeError(f"Prometheus did not start:\n{log_path.read_text()[-2000:]}")
+
+    def _ready(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise ProcessExited(f"prometheus exited with {self.process.returncode}")
+        with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+            return response.status == 200
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self.process = None
+
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query; returns ``data.result``."""
+        parameters = {"query": promql}
+        if at is not None:
+            parameters["time"] = str(at)
+        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode(parameters)}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            document = json.load(response)
+        if document.get("status") != "success":
+            raise RuntimeError(f"query {promql!r} failed: {document}")
+        return document["data"]["result"]
+
+    def __enter__(self) -> PrometheusServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
