@@ -105,20 +105,25 @@ def _site_at(path: Path, value: Mapping[str, Any]) -> PodSpecSite | None:
 def find_pod_specs(obj: Any, *, node_budget: int = DEFAULT_NODE_BUDGET) -> list[PodSpecSite]:
     """Every pod spec in ``obj``, in document order, each with the path where it was found.
 
-    The walk does not descend into a pod spec it found (pod specs do not nest), skips values that
-    contain themselves (recursive YAML aliases), and raises :class:`DiscoveryError` past ``node_budget``.
+    The walk does not descend into a pod spec it found (pod specs do not nest) and skips values that
+    contain themselves (recursive YAML aliases). A value reached again through a YAML alias is walked again
+    only if it held a pod spec the first time (each path to a pod spec is a pod spec to report); past
+    ``node_budget`` objects and lists visited it raises :class:`DiscoveryError`.
     """
     sites: list[PodSpecSite] = []
     visited = 0
+    barren: set[int] = set()  # ids of values already walked that held no pod spec
     # Explicit stacks instead of recursion: document order is kept and deeply nested YAML cannot overflow.
-    # Frame i holds the iterator over a container's children, its path, and its id (to spot cycles).
+    # Frame i: the iterator over a value's children, the value's path and id, and len(sites) on entry.
     iterators: list[Iterator[tuple[PathSegment, Any]]] = []
     frame_paths: list[Path] = []
     frame_ids: list[int] = []
+    frame_sites: list[int] = []
 
-    def enter(path: Path, value: Any) -> None:
+    def enter(path: Path, value: Mapping[str, Any] | list[Any]) -> None:
         nonlocal visited
-        if not isinstance(value, Mapping | list) or id(value) in frame_ids:
+        identity = id(value)
+        if identity in barren or identity in frame_ids:
             return
         visited += 1
         if visited > node_budget:
@@ -128,22 +133,27 @@ def find_pod_specs(obj: Any, *, node_budget: int = DEFAULT_NODE_BUDGET) -> list[
             if site is not None:
                 sites.append(site)
                 return
-            iterators.append((key, child) for key, child in value.items() if isinstance(key, str))
+            iterators.append(iter(value.items()))
         else:
-            iterators.append(iter(enumerate(value)))
+            iterators.append(enumerate(value))
         frame_paths.append(path)
-        frame_ids.append(id(value))
+        frame_ids.append(identity)
+        frame_sites.append(len(sites))
 
-    enter((), obj)
+    if isinstance(obj, Mapping | list):
+        enter((), obj)
     while iterators:
         step = next(iterators[-1], None)
         if step is None:
             iterators.pop()
             frame_paths.pop()
-            frame_ids.pop()
+            identity = frame_ids.pop()
+            if frame_sites.pop() == len(sites):
+                barren.add(identity)
             continue
         segment, value = step
-        enter((*frame_paths[-1], segment), value)
+        if isinstance(value, Mapping | list) and isinstance(segment, str | int):
+            enter((*frame_paths[-1], segment), value)
     return sites
 
 

@@ -126,13 +126,27 @@ def test_recursive_aliases_do_not_loop() -> None:
     assert paths(looped) == ["spec.template"]
 
 
-def test_alias_explosion_stops_at_the_budget() -> None:
-    # "Billion laughs": 30 levels of shared lists, 2**30 paths to walk if nothing stopped it.
+def test_alias_explosion_without_pod_specs_is_walked_once_per_value() -> None:
+    # "Billion laughs": 40 levels of shared lists, 2**40 paths; each shared value is walked only once.
     level: Any = ["lol"]
+    for _ in range(40):
+        level = [level, level]
+    assert find_pod_specs({"spec": level}, node_budget=1000) == []
+
+
+def test_alias_explosion_of_pod_templates_stops_at_the_budget() -> None:
+    level: Any = [template()]
     for _ in range(30):
         level = [level, level]
     with pytest.raises(DiscoveryError, match="more than 1000"):
         find_pod_specs({"spec": level}, node_budget=1000)
+
+
+def test_a_template_reused_through_a_yaml_anchor_is_reported_at_each_path() -> None:
+    [document] = parse_documents(
+        "spec:\n  head: &tpl\n    spec:\n      containers: [{name: a, image: x}]\n  workers: [*tpl, *tpl]\n", "x"
+    )
+    assert paths(document.data) == ["spec.head", "spec.workers[0]", "spec.workers[1]"]
 
 
 def test_deep_nesting_needs_no_recursion() -> None:
