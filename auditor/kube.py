@@ -29,6 +29,7 @@ from auditor.model import Finding
 KAI_GPU_GROUP_LABEL = "runai-gpu-group"
 KAI_MULTI_GROUP_PREFIX = KAI_GPU_GROUP_LABEL + "/"
 STATUS_FIELDS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 EVENT_REASON = "GPUOverreach"
 COMPONENT = "gpu-fence-auditor"
 
@@ -93,6 +94,8 @@ class PodCache:
         self.lists = 0
         self._listed_at: float | None = None  # last successful list
         self._tried_at: float | None = None  # last attempt
+        self._known_uids: set[str] = set()
+        self._known_containers: set[str] = set()
 
     @property
     def state(self) -> str:
@@ -120,11 +123,22 @@ class PodCache:
             return False
         self.last_error = None
         self._listed_at = now
+        self._known_uids = set(self.pods)
+        self._known_containers = set()
+        for pod in self.pods.values():
+            mirror = ((pod.get("metadata") or {}).get("annotations") or {}).get(MIRROR_ANNOTATION)
+            if isinstance(mirror, str):
+                self._known_uids.add(mirror)  # a static pod's cgroup carries its config hash, not the mirror's uid
+            self._known_containers.update(container_names_by_id(pod))
         return True
 
-    def ensure(self, pod_uids: Iterable[str]) -> None:
-        """Refresh when due, or early when a cycle meets a pod uid the cache has never seen (a new pod)."""
-        self.refresh(force=any(uid not in self.pods for uid in pod_uids))
+    def ensure(self, pod_uids: Iterable[str], container_ids: Iterable[str] = ()) -> None:
+        """Refresh when due, or early when a cycle meets a pod uid or a GPU process's container id that the cache
+        has never seen (a new pod, a restarted container)."""
+        unknown = any(uid not in self._known_uids for uid in pod_uids) or any(
+            cid not in self._known_containers for cid in container_ids
+        )
+        self.refresh(force=unknown)
 
     def _list(self) -> dict[str, dict[str, Any]]:
         from kubernetes import client

@@ -1,0 +1,435 @@
+"""Assemble one ``NodeSnapshot`` from the adapters: PodResources, NVML, host /proc and the pod cache.
+
+``collect`` does the reading (one kubelet ``List``, one NVML snapshot, one incremental /proc scan, the pod cache)
+and hands plain values to ``assemble``, which is pure: it joins the sources into containers and processes.
+
+How a container is named (``Identity`` in the report):
+1. **kubernetes**: the runtime container id from the process's cgroup matches a ``containerID`` in the node's pod
+   list; the pod's namespace/name/container name then match the kubelet's PodResources entry.
+2. **fallback** (API down or never answered): the container's ``HOSTNAME`` (the pod name, unless the pod sets
+   ``hostname``) and its service-account namespace file under ``/proc/<pid>/root`` name the pod; the container is
+   the pod's only unclaimed PodResources container, or the one whose ``NVIDIA_VISIBLE_DEVICES`` lists exactly
+   its allocated UUIDs (what the device plugin injects).
+3. **uid**: only the cgroup's pod uid and container id are known; such a container is reported only when it
+   matters (it has a GPU process or a GPU device node), so sandbox (pause) containers do not flood the report.
+4. **kubelet**: a PodResources container with no running process found (not started yet, or exited).
+
+Visibility: ``/dev/nvidia<minor>`` nodes in one live process's root → the physical GPU with that NVML minor.
+A MIG device has no node of its own (it is reached through its card's node plus ``nvidia-caps`` nodes, which are
+not read), so visibility is reported per card; the audit lets a container that holds a slice see its card.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from auditor.deviceids import is_gpu_resource, normalize_device_id
+from auditor.kube import container_names_by_id, kai_gpu_groups, pod_labels
+from auditor.model import Container, Gpu, GpuProcess, Identity, NodeSnapshot
+from gpu_fence.vocabulary import VISIBLE_DEVICES_ENV, kai_fraction_container, parse_visible_devices
+
+SERVICEACCOUNT_NAMESPACE = "root/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+_UUID_IN_TEXT = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}")
+_DRA_INDEX = re.compile(r"^gpu-([0-9]+)$")
+
+
+class CollectError(Exception):
+    """A cycle could not be audited. ``source`` is a failure reason of the metrics (kubelet, nvml, proc)."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(reason)
+        self.source = source
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class SnapshotOptions:
+    node: str
+    pod_label_keys: tuple[str, ...] = ()
+    kai_reservation_namespace: str = "kai-resource-reservation"
+    kai_scheduler_names: tuple[str, ...] = ("kai-scheduler",)
+
+
+@dataclass(frozen=True)
+class RuntimeContainer:
+    """A container found on the host: its id, one live pid, and what that process shows."""
+
+    container_id: str
+    pod_uid: str
+    pid: int
+    visible_minors: frozenset[int] | None
+    visible_devices_env: str | None
+    env_read: bool
+    hostname: str | None = None
+    namespace_file: str | None = None
+
+
+@dataclass
+class _Draft:
+    namespace: str | None
+    pod: str | None
+    container: str | None
+    pod_uid: str | None = None
+    container_id: str | None = None
+    allocated: tuple[str, ...] = ()
+    unresolved: tuple[str, ...] = ()
+    runtime: RuntimeContainer | None = None
+    kai_groups: frozenset[str] = frozenset()
+    labels: tuple[tuple[str, str], ...] = ()
+    identity: Identity = Identity.KUBELET
+    in_kubelet: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --- NVML → Gpu -------------------------------------------------------------------------------------------
+
+
+def gpus_from_nvml(devices: Iterable[Any]) -> tuple[Gpu, ...]:
+    """Our ``Gpu`` values from the NVML adapter's devices; a MIG device takes its card's index and minor."""
+    devices = list(devices)
+    cards = {d.uuid: d for d in devices if not d.parent_uuid}
+    gpus = []
+    for device in devices:
+        parent = cards.get(device.parent_uuid) if device.parent_uuid else None
+        gpus.append(
+            Gpu(
+                uuid=device.uuid,
+                index=parent.index if parent is not None else device.index,
+                minor=parent.minor if parent is not None else device.minor,
+                model=device.name or "",
+                memory_total_bytes=int(device.memory_total_bytes or 0),
+                parent_uuid=device.parent_uuid or None,
+                mig_index=device.mig_index if device.parent_uuid else None,
+                mig_enabled=bool(device.mig_enabled) and not device.parent_uuid,
+                profile=device.profile or "",
+                share=float(device.share) if device.share is not None else 1.0,
+            )
+        )
+    return tuple(gpus)
+
+
+@dataclass(frozen=True)
+class DeviceIndex:
+    """The lookups device-id normalisation needs, built once per cycle from NVML."""
+
+    gpus_by_index: Mapping[int, str]
+    migs_by_instance: Mapping[tuple[int, int], str]
+    migs_by_position: Mapping[tuple[int, int], str]
+    uuids: frozenset[str]
+
+    @classmethod
+    def build(cls, devices: Iterable[Any]) -> DeviceIndex:
+        devices = list(devices)
+        cards = {d.uuid: d for d in devices if not d.parent_uuid}
+        by_instance: dict[tuple[int, int], str] = {}
+        by_position: dict[tuple[int, int], str] = {}
+        for device in devices:
+            parent = cards.get(device.parent_uuid) if device.parent_uuid else None
+            if parent is None:
+                continue
+            if device.gpu_instance_id is not None:
+                by_instance[(parent.index, device.gpu_instance_id)] = device.uuid
+            if device.mig_index is not None:
+                by_position[(parent.index, device.mig_index)] = device.uuid
+        return cls(
+            {d.index: d.uuid for d in cards.values()},
+            by_instance,
+            by_position,
+            frozenset(d.uuid for d in devices),
+        )
+
+    def normalize(self, raw: str) -> str | None:
+        return normalize_device_id(
+            raw, self.gpus_by_index, self.migs_by_instance, migs_by_position=self.migs_by_position
+        )
+
+    def resolve_dra(self, device: str) -> str | None:
+        """A DRA device → GPU/MIG UUID: a UUID anywhere in its name, or the NVIDIA DRA driver's ``gpu-<index>``.
+
+        Other names (MIG devices of the DRA driver, other drivers' devices) need the ResourceSlice that
+        published them, which the auditor does not read: they stay unresolved and are reported as such.
+        """
+        name = device.split("=", 1)[-1]
+        match = _UUID_IN_TEXT.search(name)
+        if match:
+            return match.group(0)
+        by_index = _DRA_INDEX.match(name)
+        if by_index:
+            return self.gpus_by_index.get(int(by_index.group(1)))
+        return None
+
+
+def normalize_allocation(allocation: Any, devices: DeviceIndex) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(allocated UUIDs, one per id; unresolved ids) of one PodResources container."""
+    allocated: list[str] = []
+    unresolved: list[str] = []
+    for group in allocation.devices:
+        if not is_gpu_resource(group.resource_name):
+            continue
+        for raw in group.device_ids:
+            uuid = devices.normalize(raw)
+            if uuid:
+                allocated.append(uuid)
+            else:
+                unresolved.append(f"{group.resource_name}:{raw}")
+    for claim in getattr(allocation, "dynamic_resources", ()) or ():
+        for device in claim.devices:
+            uuid = devices.resolve_dra(device)
+            if uuid:
+                allocated.append(uuid)
+            elif "gpu" in f"{getattr(claim, 'class_name', '')} {device}".lower():
+                unresolved.append(f"claim {claim.claim_namespace}/{claim.claim_name}:{device}")
+    return tuple(allocated), tuple(unresolved)
+
+
+# --- the join (pure) ---------------------------------------------------------------------------------------
+
+
+def assemble(
+    options: SnapshotOptions,
+    *,
+    now: float,
+    gpus: Sequence[Gpu],
+    devices: DeviceIndex,
+    allocations: Sequence[Any],
+    runtime: Mapping[str, RuntimeContainer],
+    processes: Sequence[tuple[int, str, int | None, str | None, str | None, str | None]],
+    pods: Mapping[str, Mapping[str, Any]] | None,
+    identity_source: str,
+    notes: Sequence[str] = (),
+) -> NodeSnapshot:
+    """Join the sources into a ``NodeSnapshot``.
+
+    ``processes`` are ``(pid, gpu_uuid, used_bytes, pod_uid, container_id, identity_error)``; ``pods`` the cached
+    pod list by uid (None when the API never answered).
+    """
+    drafts: dict[tuple[str, str, str], _Draft] = {}
+    by_id: dict[str, _Draft] = {}
+    for allocation in allocations:
+        allocated, unresolved = normalize_allocation(allocation, devices)
+        draft = _Draft(allocation.namespace, allocation.pod, allocation.container, allocated=allocated,
+                       unresolved=unresolved, in_kubelet=True)
+        drafts[(allocation.namespace, allocation.pod, allocation.container)] = draft
+
+    # 1. the API names containers by id
+    for uid, pod in (pods or {}).items():
+        metadata = pod.get("metadata") or {}
+        namespace, name = metadata.get("namespace"), metadata.get("name")
+        labels = pod_labels(pod)
+        chosen = tuple((key, labels[key]) for key in options.pod_label_keys if key in labels)
+        groups = kai_gpu_groups(pod)
+        fraction = kai_fraction_container(pod, options.kai_scheduler_names) if groups else None
+        for container_id, container_name in container_names_by_id(pod).items():
+            draft = drafts.get((namespace, name, container_name))
+            if draft is None:
+                if container_id not in runtime:
+                    continue  # not running and not in PodResources (a finished init container)
+                draft = _Draft(namespace, name, container_name)
+                drafts[(namespace, name, container_name)] = draft
+            draft.pod_uid, draft.container_id, draft.labels = uid, container_id, chosen
+            draft.identity = Identity.KUBERNETES
+            if namespace == options.kai_reservation_namespace or container_name == fraction:
+                draft.kai_groups = groups
+            draft.runtime = runtime.get(container_id)
+            by_id[container_id] = draft
+
+    # 2. runtime containers the API did not name: fall back to the container's own files
+    process_containers = {process[4] for process in processes if process[4]}
+    for container_id, found in runtime.items():
+        if container_id in by_id:
+            continue
+        pod = (pods or {}).get(found.pod_uid)
+        draft = None
+        if pod is None and identity_source != "kubernetes":
+            draft = _fallback_match(found, drafts, devices)
+        if draft is not None:
+            draft.identity = Identity.FALLBACK
+        else:
+            # Unnamed: a sandbox (pause) container, a pod newer than the list, or one the API never showed.
+            # Reported only when it holds a GPU process or a GPU device node.
+            if not found.visible_minors and container_id not in process_containers:
+                continue
+            metadata = (pod or {}).get("metadata") or {}
+            namespace = metadata.get("namespace", found.namespace_file)
+            name = metadata.get("name", found.hostname)
+            draft = _Draft(namespace, name, None, identity=Identity.UID)
+            drafts[(namespace or "", name or "", container_id)] = draft
+        draft.pod_uid, draft.container_id, draft.runtime = found.pod_uid, container_id, found
+        by_id[container_id] = draft
+
+    containers = tuple(_freeze(draft, gpus) for draft in drafts.values())
+    gpu_processes = tuple(
+        GpuProcess(pid, uuid, used, pod_uid=pod_uid, container_id=cid, identity_error=error)
+        for pid, uuid, used, pod_uid, cid, error in processes
+    )
+    return NodeSnapshot(options.node, now, tuple(gpus), containers, gpu_processes, identity_source, tuple(notes))
+
+
+def _fallback_match(found: RuntimeContainer, drafts: Mapping[tuple, _Draft], devices: DeviceIndex) -> _Draft | None:
+    """Without the API: the PodResources container this runtime container most likely is, or None."""
+    if not found.namespace_file or not found.hostname:
+        return None
+    candidates = [
+        d for (ns, pod, _), d in drafts.items()
+        if d.in_kubelet and d.container_id is None and ns == found.namespace_file and pod == found.hostname
+    ]
+    if len(candidates) == 1:
+        return candidates[0]
+    named = parse_visible_devices(found.visible_devices_env).devices
+    uuids = {devices.normalize(entry) for entry in named}
+    matching = [d for d in candidates if d.allocated and set(d.allocated) == uuids]
+    return matching[0] if len(matching) == 1 else None
+
+
+def _freeze(draft: _Draft, gpus: Sequence[Gpu]) -> Container:
+    found = draft.runtime
+    visible = None
+    env, env_read = None, False
+    if found is not None:
+        if found.visible_minors is not None:
+            cards = {gpu.minor: gpu.uuid for gpu in gpus if not gpu.is_mig and gpu.minor is not None}
+            visible = frozenset(cards[minor] for minor in found.visible_minors if minor in cards)
+        env, env_read = found.visible_devices_env, found.env_read
+    return Container(
+        namespace=draft.namespace,
+        pod=draft.pod,
+        container=draft.container,
+        pod_uid=draft.pod_uid,
+        container_id=draft.container_id,
+        allocated=draft.allocated,
+        unresolved_allocations=draft.unresolved,
+        visible=visible,
+        visible_devices_env=env,
+        env_read=env_read,
+        kai_gpu_groups=draft.kai_groups,
+        labels=draft.labels,
+        identity=draft.identity,
+        pid=found.pid if found is not None else None,
+    )
+
+
+# --- collect: the I/O ------------------------------------------------------------------------------------
+
+
+def _read_small(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            return file.read(4096).strip() or None
+    except OSError:
+        return None
+
+
+def inspect_runtime_containers(hostproc: Any, *, with_fallback_names: bool) -> dict[str, RuntimeContainer]:
+    """One live pid per container (incremental scan) and what it shows: GPU nodes, env, and fallback names."""
+    found: dict[str, RuntimeContainer] = {}
+    pids = hostproc.container_pids()
+    identities = hostproc.identities(pids.values())
+    for container_id, pid in pids.items():
+        identity = identities.get(pid)
+        if identity is None:
+            continue  # exited since the scan
+        env = hostproc.environ(pid, VISIBLE_DEVICES_ENV)
+        hostname = namespace = None
+        if with_fallback_names:
+            hostname = hostproc.environ(pid, "HOSTNAME")
+            namespace = _read_small(f"{hostproc.root}/{pid}/{SERVICEACCOUNT_NAMESPACE}")
+        found[container_id] = RuntimeContainer(
+            container_id=container_id,
+            pod_uid=identity.pod_uid,
+            pid=pid,
+            visible_minors=hostproc.visible_minors(pid),
+            visible_devices_env=env,
+            env_read=os.path.exists(f"{hostproc.root}/{pid}/environ"),
+            hostname=hostname,
+            namespace_file=namespace,
+        )
+    return found
+
+
+def identify_processes(hostproc: Any, nvml_processes: Iterable[Any]) -> list[tuple]:
+    """NVML processes with the cgroup identity of their host pid (or why it could not be read)."""
+    nvml_processes = list(nvml_processes)
+    identities = hostproc.identities({p.pid for p in nvml_processes})
+    rows = []
+    for process in nvml_processes:
+        identity = identities.get(process.pid)
+        error = None
+        if identity is None and not os.path.exists(f"{hostproc.root}/{process.pid}"):
+            error = "the process exited before its cgroup could be read"
+        rows.append(
+            (
+                process.pid,
+                process.device_uuid,
+                process.used_memory_bytes,
+                identity.pod_uid if identity else None,
+                identity.container_id if identity else None,
+                error,
+            )
+        )
+    return rows
+
+
+@dataclass
+class Sources:
+    """The adapters one auditor holds across cycles (``pods`` is None with ``--no-kubernetes``)."""
+
+    podresources: Any
+    nvml: Any
+    hostproc: Any
+    pods: Any | None = None
+
+
+def collect(sources: Sources, options: SnapshotOptions, *, clock: Any = time.time) -> NodeSnapshot:
+    """Read every source once and assemble the snapshot; raises ``CollectError`` when the cycle cannot be audited."""
+    from auditor.nvml import NvmlError  # noqa: PLC0415 - keeps NVML out of --help
+    from auditor.podresources.client import KubeletUnavailable  # noqa: PLC0415 - keeps gRPC out of --help
+
+    now = clock()
+    notes: list[str] = []
+    try:
+        allocations = sources.podresources.list()
+    except KubeletUnavailable as error:
+        raise CollectError("kubelet", f"kubelet PodResources API unavailable: {error.reason}") from error
+    try:
+        nvml = sources.nvml.snapshot()
+    except NvmlError as error:
+        raise CollectError("nvml", f"NVML failed: {error.reason}") from error
+    notes.extend(f"NVML: {problem}" for problem in nvml.problems)
+    try:
+        processes = identify_processes(sources.hostproc, nvml.processes)
+        pod_uids = {row[3] for row in processes if row[3]}
+        container_ids = {row[4] for row in processes if row[4]}
+        pods = None
+        identity_source = "disabled"
+        if sources.pods is not None:
+            sources.pods.ensure(pod_uids, container_ids)
+            identity_source = sources.pods.state
+            if sources.pods.state != "unavailable":
+                pods = sources.pods.pods
+            if sources.pods.last_error:
+                when = "stale pod list in use" if pods is not None else "names from PodResources and /proc"
+                notes.append(f"Kubernetes API unavailable ({sources.pods.last_error}): {when}")
+        if identity_source in ("disabled", "unavailable"):
+            identity_source = "fallback"
+        runtime = inspect_runtime_containers(sources.hostproc, with_fallback_names=identity_source != "kubernetes")
+    except OSError as error:
+        raise CollectError("proc", f"cannot read host /proc at {sources.hostproc.root}: {error}") from error
+    gpus = gpus_from_nvml(nvml.devices)
+    devices = DeviceIndex.build(nvml.devices)
+    return assemble(
+        options,
+        now=now,
+        gpus=gpus,
+        devices=devices,
+        allocations=allocations,
+        runtime=runtime,
+        processes=processes,
+        pods=pods,
+        identity_source=identity_source,
+        notes=notes,
+    )
