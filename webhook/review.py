@@ -240,12 +240,18 @@ def _judge(request: Request, endpoint: Endpoint, config: Any, policy: Policy) ->
 
 
 def describe(violation: Any) -> str:
-    """One line per violation; the rule id leads so that people and log searches find it."""
+    """One line per violation, led by the rule id so that people and log searches find it.
+
+    The policy's messages already name the rule, the container and the fix; a message that does not is
+    completed here rather than trusted.
+    """
     message = str(violation.message)
+    if message.startswith(f"{violation.rule}:"):
+        return message
     container = str(violation.container or "")
     if container and container not in message:
-        return f"[{violation.rule}] container {container!r}: {message}"
-    return f"[{violation.rule}] {message}"
+        return f"{violation.rule}: container {container!r}: {message}"
+    return f"{violation.rule}: {message}"
 
 
 def truncate_warning(text: str, limit: int = MAX_WARNING_CHARS) -> str:

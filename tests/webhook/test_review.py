@@ -191,7 +191,7 @@ def test_validate_denies_with_403_naming_rule_container_and_fix():
     assert response["status"]["code"] == 403
     assert response["status"]["reason"] == "Forbidden"
     message = response["status"]["message"]
-    assert "[unpinned-container]" in message and "'log-shipper'" in message and "'fetch-weights'" in message
+    assert "unpinned-container: container 'log-shipper'" in message and "'fetch-weights'" in message
     assert "set NVIDIA_VISIBLE_DEVICES=void" in message
     assert outcome.rules == ("unpinned-container",)
     assert response["auditAnnotations"] == {"rules": "unpinned-container"}
@@ -218,7 +218,7 @@ def test_warn_mode_allows_and_returns_each_violation_as_a_short_warning():
     assert len(response["warnings"]) == 4
     assert all(len(w) <= MAX_WARNING_CHARS for w in response["warnings"])
     assert response["warnings"][-1] == "envFrom cannot be seen into"
-    assert any(w.startswith("[privileged]") and w.endswith("…") for w in response["warnings"])
+    assert any(w.startswith("privileged: container") and w.endswith("…") for w in response["warnings"])
 
 
 def test_policy_warnings_come_back_on_allowed_validations():

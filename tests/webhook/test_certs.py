@@ -1,0 +1,230 @@
+"""``certs``: generation (files) and the in-cluster reconcile through the real kubernetes client against a fake API."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ssl
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from tests.fakes.kubeapi_webhooks import FakeKubeApi, FakeKubeApiServer
+from webhook import cli
+from webhook.certs import (
+    CertsError,
+    KeyPair,
+    WebhookRef,
+    connect,
+    load_bundle,
+    new_ca,
+    new_serving_cert,
+    parse_webhook_ref,
+    reconcile,
+    service_dns_names,
+    serving_is_good,
+)
+
+NAMES = service_dns_names("gpu-fence-webhook", "gpu-fence")
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+DAY = dt.timedelta(days=1)
+
+
+def test_certs_out_dir_writes_a_verifiable_chain_with_private_keys(tmp_path):
+    out = tmp_path / "tls"
+    code = cli.main(["certs", "--service", "gpu-fence-webhook", "--namespace", "gpu-fence", "--out-dir", str(out),
+                     "--days", "10"])
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["ca.crt", "tls.crt", "tls.key"]
+    assert stat.S_IMODE((out / "tls.key").stat().st_mode) == 0o600
+    leaf = x509.load_pem_x509_certificate((out / "tls.crt").read_bytes())
+    ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    leaf.verify_directly_issued_by(ca)
+    sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert sans == ["gpu-fence-webhook", "gpu-fence-webhook.gpu-fence", "gpu-fence-webhook.gpu-fence.svc",
+                    "gpu-fence-webhook.gpu-fence.svc.cluster.local"]
+    assert leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value == x509.ExtendedKeyUsage(
+        [ExtendedKeyUsageOID.SERVER_AUTH])
+    assert dt.timedelta(days=9) < leaf.not_valid_after_utc - leaf.not_valid_before_utc <= dt.timedelta(days=10, hours=1)
+    # what an API server does: verify the chain and the Service name with a stock TLS stack
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(out / "tls.crt", out / "tls.key")
+    client = ssl.create_default_context(cafile=str(out / "ca.crt"))
+    assert client.verify_mode == ssl.CERT_REQUIRED
+
+
+def test_leaf_never_outlives_its_ca():
+    ca = new_ca(common_name="ca", now=NOW, days=5)
+    leaf = new_serving_cert(ca, NAMES, now=NOW, days=365)
+    assert leaf.cert.not_valid_after_utc == ca.cert.not_valid_after_utc
+
+
+def test_serving_is_good_checks_names_issuer_key_and_lifetime():
+    ca = new_ca(common_name="ca", now=NOW, days=100)
+    leaf = new_serving_cert(ca, NAMES, now=NOW, days=60)
+    renew = dt.timedelta(days=30)
+    assert serving_is_good(leaf, ca, NAMES, now=NOW, renew_before=renew)
+    assert not serving_is_good(leaf, ca, NAMES, now=NOW + 31 * DAY, renew_before=renew)
+    assert not serving_is_good(leaf, ca, (*NAMES, "other.svc"), now=NOW, renew_before=renew)
+    other_ca = new_ca(common_name="ca", now=NOW, days=100)
+    assert not serving_is_good(leaf, other_ca, NAMES, now=NOW, renew_before=renew)
+    other_key = new_serving_cert(ca, NAMES, now=NOW, days=60).key_pem
+    assert not serving_is_good(KeyPair(leaf.cert_pem, other_key), ca, NAMES, now=NOW, renew_before=renew)
+    assert not serving_is_good(KeyPair(b"garbage", b"garbage"), ca, NAMES, now=NOW, renew_before=renew)
+
+
+@pytest.mark.parametrize(("text", "ref"), [
+    ("gpu-fence", WebhookRef("", "gpu-fence")),
+    ("mutating/gpu-fence", WebhookRef("mutating", "gpu-fence")),
+    ("ValidatingWebhookConfiguration/x", WebhookRef("validating", "x")),
+])
+def test_webhook_refs(text, ref):
+    assert parse_webhook_ref(text) == ref
+
+
+@pytest.mark.parametrize("text", ["", "/x", "deployment/x", "mutating/"])
+def test_bad_webhook_refs_name_the_accepted_forms(text):
+    with pytest.raises(CertsError, match="mutating/NAME"):
+        parse_webhook_ref(text)
+
+
+# -- in-cluster mode: the real kubernetes client against the fake API ------------------------------------------
+
+
+@pytest.fixture
+def fake(tmp_path):
+    api = FakeKubeApi()
+    api.add_webhooks("mutating", "gpu-fence", ["pin.gpu-fence.io"])
+    api.add_webhooks("validating", "gpu-fence", ["enforce.gpu-fence.io", "warn.gpu-fence.io"])
+    with FakeKubeApiServer(api) as server:
+        server.kubeconfig_path = server.kubeconfig(tmp_path)
+        yield server
+
+
+def run_reconcile(server: FakeKubeApiServer, now: dt.datetime, **kwargs) -> list[str]:
+    return reconcile(connect(str(server.kubeconfig_path)), namespace="gpu-fence", secret_name="webhook-tls",
+                     webhook_refs=[WebhookRef("", "gpu-fence")], dns_names=NAMES, now=now, days=90, ca_days=365,
+                     **kwargs)
+
+
+def stored(api: FakeKubeApi) -> dict[str, bytes]:
+    secret = api.secrets[("gpu-fence", "webhook-tls")]
+    assert secret["type"] == "kubernetes.io/tls"
+    return {key: base64.b64decode(value) for key, value in secret["data"].items()}
+
+
+def ca_bundles(api: FakeKubeApi) -> list[bytes]:
+    return [base64.b64decode(hook["clientConfig"]["caBundle"])
+            for configuration in api.webhooks.values() for hook in configuration["webhooks"]]
+
+
+def test_first_run_publishes_the_ca_then_creates_the_secret(fake):
+    assert run_reconcile(fake, NOW) == ["ca-created", "patched mutating/gpu-fence", "patched validating/gpu-fence",
+                                        "serving-cert-issued"]
+    data = stored(fake.api)
+    assert set(data) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
+    assert ca_bundles(fake.api) == [data["ca.crt"]] * 3
+    leaf = x509.load_pem_x509_certificate(data["tls.crt"])
+    leaf.verify_directly_issued_by(load_bundle(data["ca.crt"])[0])
+    writes = fake.api.writes()
+    assert [method for method, _ in writes] == ["PATCH", "PATCH", "POST"]  # caBundle before the Secret
+
+
+def test_a_rerun_with_valid_certificates_writes_nothing(fake):
+    run_reconcile(fake, NOW)
+    before = len(fake.api.writes())
+    assert run_reconcile(fake, NOW + 10 * DAY) == []
+    assert len(fake.api.writes()) == before
+
+
+def test_serving_cert_renews_within_renew_before_keeping_the_ca(fake):
+    run_reconcile(fake, NOW)
+    first = stored(fake.api)
+    assert run_reconcile(fake, NOW + 61 * DAY, renew_before=30 * DAY) == ["serving-cert-issued"]
+    second = stored(fake.api)
+    assert second["ca.crt"] == first["ca.crt"] and second["ca.key"] == first["ca.key"]
+    assert second["tls.crt"] != first["tls.crt"]
+
+
+def test_ca_rotation_publishes_old_and_new_ca_before_the_new_leaf(fake):
+    run_reconcile(fake, NOW)
+    old = stored(fake.api)
+    old_ca = load_bundle(old["ca.crt"])[0]
+    fake.api.log.clear()
+    later = NOW + 340 * DAY  # the CA (365 d) expires within 30 d
+    assert run_reconcile(fake, later) == ["ca-rotated", "patched mutating/gpu-fence", "patched validating/gpu-fence",
+                                          "serving-cert-issued"]
+    new = stored(fake.api)
+    bundle = load_bundle(new["ca.crt"])
+    assert len(bundle) == 2 and bundle[1] == old_ca  # old CA kept while valid: old replicas stay trusted
+    assert all(b == new["ca.crt"] for b in ca_bundles(fake.api))
+    x509.load_pem_x509_certificate(new["tls.crt"]).verify_directly_issued_by(bundle[0])
+    # order: store the new CA (old leaf kept), publish the bundle, then the leaf signed by the new CA
+    assert [m for m, _ in fake.api.writes()] == ["PUT", "PATCH", "PATCH", "PUT"]
+    # once the old CA has expired it is pruned from the bundle
+    assert "expired-ca-pruned" in run_reconcile(fake, NOW + 366 * DAY)
+    assert len(load_bundle(stored(fake.api)["ca.crt"])) == 1
+
+
+def test_kind_qualified_refs_patch_only_that_kind(fake):
+    reconcile(connect(str(fake.kubeconfig_path)), namespace="gpu-fence", secret_name="webhook-tls",
+              webhook_refs=[WebhookRef("validating", "gpu-fence")], dns_names=NAMES, now=NOW)
+    assert "caBundle" not in fake.api.webhooks[("mutating", "gpu-fence")]["webhooks"][0]["clientConfig"]
+    assert "caBundle" in fake.api.webhooks[("validating", "gpu-fence")]["webhooks"][1]["clientConfig"]
+
+
+def test_missing_webhook_configuration_is_a_clear_error_before_any_write(fake):
+    with pytest.raises(CertsError, match="no mutatingwebhookconfiguration or validatingwebhookconfiguration named"):
+        reconcile(connect(str(fake.kubeconfig_path)), namespace="gpu-fence", secret_name="webhook-tls",
+                  webhook_refs=[WebhookRef("", "nope")], dns_names=NAMES, now=NOW)
+    assert fake.api.writes() == []
+
+
+def test_api_errors_become_one_line_hints(fake):
+    fake.api.failures[("GET", r"/secrets/")] = 403
+    with pytest.raises(CertsError, match=r"read Secret gpu-fence/webhook-tls: HTTP 403 .*grant the service account"):
+        run_reconcile(fake, NOW)
+
+
+def test_concurrent_change_is_a_conflict_not_a_lost_update(fake):
+    run_reconcile(fake, NOW)
+    fake.api.failures[("PUT", r"/secrets/webhook-tls")] = 409
+    with pytest.raises(CertsError, match=r"409.*run again"):
+        run_reconcile(fake, NOW + 61 * DAY)
+
+
+def test_cli_in_cluster_mode_end_to_end(fake, capsys):
+    args = ["certs", "--service", "gpu-fence-webhook", "--namespace", "gpu-fence", "--secret", "webhook-tls",
+            "--patch-webhooks", "mutating/gpu-fence", "validating/gpu-fence", "--kubeconfig",
+            str(fake.kubeconfig_path)]
+    assert cli.main(args) == 0
+    assert "serving-cert-issued" in capsys.readouterr().out
+    assert cli.main(args) == 0
+    assert "up to date, no change" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
+    assert cli.main(["certs", "--service", "s", "--namespace", "n", "--secret", "x", "--kubeconfig",
+                     str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpu-fence-webhook certs: error: no Kubernetes credentials") and err.count("\n") == 1
+    assert cli.main(["certs", "--service", "s", "--namespace", "n", "--out-dir", str(tmp_path), "--days", "30",
+                     "--ca-days", "10"]) == 2
+    assert "cannot outlive" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert cli.main(["certs", "--service", "s", "--namespace", "n", "--out-dir", str(blocker / "sub")]) == 2
+    assert "cannot write to --out-dir" in capsys.readouterr().err
+
+
+def test_days_must_be_positive(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "webhook.cli", "certs", "--service", "s", "--namespace", "n",
+                             "--out-dir", str(tmp_path), "--days", "0"], check=False, capture_output=True, text=True,
+                            cwd=Path(__file__).parents[2])
+    assert result.returncode == 2
+    assert "'0' must be at least 1" in result.stderr

@@ -1,0 +1,293 @@
+"""The ``serve`` subcommand: the Flask app under an embedded gunicorn, over TLS, with certificate hot reload.
+
+Why these choices:
+
+* **gthread workers** keep connections alive (``sync`` workers close each one, which behind TLS means a full
+  handshake per admission call). ``keepalive`` outlasts the API server's 90 s idle-connection timeout, so the
+  client, not the server, closes idle connections and never reuses one the server just dropped.
+* **Certificate reload without restart.** gunicorn asks its ``ssl_context`` hook for a context on every new
+  connection. :class:`CertificateStore` answers with a cached context and, at most once a second, compares the
+  files' inode/mtime/size; on a change it builds a *new* context and swaps it in. Connections already open
+  (in-flight or keep-alive) keep the context they were accepted with, so nothing is dropped, and new ones get
+  the new certificate. A half-written pair (key and certificate do not match yet) keeps the old context and is
+  retried. Kubernetes updates mounted Secrets by an atomic symlink swap, which changes the inode.
+* **Metrics across workers**: ``PROMETHEUS_MULTIPROC_DIR`` is set, to a fresh temporary directory, before
+  prometheus_client is imported; each worker writes its values there and ``/metrics`` merges them. The
+  container's root filesystem is read-only, so ``/tmp`` (``TMPDIR``) must be a writable ``emptyDir``.
+* **Fast start** (< 2 s to ready): the app is imported once in the master (``preload_app``) and forked; nothing
+  here imports the ``kubernetes`` client.
+* **Logs** are JSON lines on stderr: our review events and gunicorn's own messages alike; no access log (the
+  review events carry more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import shutil
+import ssl
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = """\
+examples:
+  gpu-fence-webhook serve --cert-file /tls/tls.crt --key-file /tls/tls.key
+  gpu-fence-webhook serve --cert-file tls/tls.crt --key-file tls/tls.key --bind 127.0.0.1 --port 8443 --workers 1
+"""
+
+log = logging.getLogger("gpu_fence.webhook")
+
+#: Longer than the API server's idle-connection timeout (Go's http.Transport: 90 s).
+KEEPALIVE_SECONDS = 120
+RELOAD_CHECK_SECONDS = 1.0
+
+
+class ServeError(Exception):
+    """The server cannot start; the message says what to fix."""
+
+
+# -- certificates --------------------------------------------------------------------------------------------------
+
+
+class CertificateStore:
+    """The current server-side TLS context, rebuilt when the certificate or key file changes."""
+
+    def __init__(
+        self,
+        cert_file: str,
+        key_file: str,
+        *,
+        on_load: Callable[[float], None] | None = None,
+        check_interval: float = RELOAD_CHECK_SECONDS,
+    ) -> None:
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.on_load = on_load
+        self.check_interval = check_interval
+        self._lock = threading.Lock()
+        self._context: ssl.SSLContext | None = None
+        self._signature: tuple | None = None
+        self._rejected: tuple | None = None
+        self._next_check = 0.0
+        self.not_after: float | None = None
+
+    def load(self) -> None:
+        """Load now or raise :class:`ServeError` (used at start: a bad pair must stop the rollout)."""
+        signature = self._stat()
+        self._context, self.not_after = self._build()
+        self._signature = signature
+        self._next_check = time.monotonic() + self.check_interval
+        if self.on_load is not None:
+            self.on_load(self.not_after)
+
+    def is_loaded(self) -> bool:
+        return self._context is not None
+
+    def context(self) -> ssl.SSLContext:
+        """The context for a new connection; checks the files for a change at most once per interval."""
+        if time.monotonic() >= self._next_check:
+            self.reload_if_changed()
+        assert self._context is not None, "load() first"
+        return self._context
+
+    def reload_if_changed(self) -> bool:
+        with self._lock:
+            self._next_check = time.monotonic() + self.check_interval
+            try:
+                signature = self._stat()
+            except ServeError:
+                return False  # mid-swap or briefly missing: keep serving the current pair
+            if signature in (self._signature, self._rejected):
+                return False
+            try:
+                context, not_after = self._build()
+            except ServeError as error:
+                self._rejected = signature  # log once per change, retry when the files change again
+                log.warning("certificate reload failed, keeping the current one",
+                            extra={"fields": {"event": "certificate-reload-failed", "reason": str(error)}})
+                return False
+            self._context, self.not_after, self._signature = context, not_after, signature
+        if self.on_load is not None:
+            self.on_load(not_after)
+        log.info("certificate reloaded", extra={"fields": {
+            "event": "certificate-reloaded", "not_after": dt.datetime.fromtimestamp(not_after, dt.UTC).isoformat()}})
+        return True
+
+    def _stat(self) -> tuple:
+        try:
+            cert, key = os.stat(self.cert_file), os.stat(self.key_file)
+        except OSError as error:
+            raise ServeError(f"cannot read {error.filename}: {error.strerror}") from None
+        return (cert.st_ino, cert.st_mtime_ns, cert.st_size, key.st_ino, key.st_mtime_ns, key.st_size)
+
+    def _build(self) -> tuple[ssl.SSLContext, float]:
+        from cryptography import x509  # noqa: PLC0415 - only to read notAfter for the expiry metric
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+        try:
+            context.load_cert_chain(self.cert_file, self.key_file)
+            with open(self.cert_file, "rb") as handle:
+                not_after = x509.load_pem_x509_certificate(handle.read()).not_valid_after_utc.timestamp()
+        except ssl.SSLError as error:
+            reason = error.reason or error
+            raise ServeError(f"--cert-file/--key-file: not a matching PEM certificate and key ({reason})") from None
+        except ValueError as error:
+            raise ServeError(f"--cert-file {self.cert_file}: not a PEM certificate ({error})") from None
+        except OSError as error:
+            raise ServeError(f"cannot read {error.filename}: {error.strerror}") from None
+        return context, not_after
+
+
+# -- logs ----------------------------------------------------------------------------------------------------------
+
+
+class JsonLinesFormatter(logging.Formatter):
+    """One JSON object per line: ``ts``, ``level``, ``logger``, ``message`` and the record's ``fields``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import orjson  # noqa: PLC0415 - cheap; keeps this module's import light for the CLI
+
+        document: dict[str, Any] = {
+            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            document.update(fields)
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(document, default=str).decode()
+
+
+def logging_config(level: str) -> dict:
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonLinesFormatter}},
+        "handlers": {"stderr": handler},
+        "root": {"level": "WARNING", "handlers": ["stderr"]},
+        "loggers": {
+            "gpu_fence": {"level": level, "handlers": ["stderr"], "propagate": False},
+            "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
+            "gunicorn.access": {"level": "CRITICAL", "handlers": [], "propagate": False},
+        },
+    }
+
+
+# -- gunicorn ------------------------------------------------------------------------------------------------------
+
+
+def _gunicorn_application(app: Any, options: dict[str, Any]) -> Any:
+    from gunicorn.app.base import BaseApplication  # noqa: PLC0415 - the CLI imports this module for --help too
+
+    class Server(BaseApplication):
+        def load_config(self) -> None:
+            for key, value in options.items():
+                if key in self.cfg.settings:  # older gunicorn lacks some settings (control_socket_disable)
+                    self.cfg.set(key, value)
+
+        def load(self) -> Any:
+            return app
+
+    return Server()
+
+
+def add_arguments(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the admission webhook over HTTPS",
+        description="Serve POST /mutate, /validate, /validate/warn and GET /healthz, /readyz, /metrics over TLS.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--cert-file", required=True, help="PEM serving certificate (reloaded when it changes)")
+    parser.add_argument("--key-file", required=True, help="PEM private key of --cert-file")
+    parser.add_argument("--bind", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")  # noqa: S104
+    parser.add_argument("--port", type=int, default=8443, help="port (default: 8443)")
+    parser.add_argument("--config", help="policy configuration YAML (default: built-in defaults)")
+    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"),
+                        help="the webhook's own namespace, always exempt (default: $POD_NAMESPACE)")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (default: 2)")
+    parser.add_argument("--threads", type=int, default=4, help="threads per worker (default: 4)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="level of the review log (default: INFO: one line per review)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise ServeError(f"--port {args.port}: must be 1-65535")
+    if args.workers < 1 or args.threads < 1:
+        raise ServeError("--workers and --threads must be at least 1")
+    from webhook.config import load_config  # noqa: PLC0415 - the heavy imports come after argument checks
+
+    config = load_config(args.config, own_namespace=args.namespace)
+    workdir = tempfile.mkdtemp(prefix="gpu-fence-webhook-")
+    try:
+        metrics_dir = Path(workdir, "metrics")
+        metrics_dir.mkdir()
+        # must precede the first import of prometheus_client (it picks its value storage at import)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+        return _serve(args, config, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _serve(args: argparse.Namespace, config: Any, workdir: str) -> int:
+    from prometheus_client import multiprocess  # noqa: PLC0415 - after PROMETHEUS_MULTIPROC_DIR is set
+
+    from webhook.app import create_app  # noqa: PLC0415
+    from webhook.metrics import WebhookMetrics  # noqa: PLC0415
+
+    metrics = WebhookMetrics()
+    store = CertificateStore(args.cert_file, args.key_file, on_load=metrics.certificate_expiry.set)
+    store.load()
+    app = create_app(config, metrics=metrics, ready=store.is_loaded)
+    host = f"[{args.bind}]" if ":" in args.bind and not args.bind.startswith("[") else args.bind
+
+    def child_exit(server: Any, worker: Any) -> None:
+        multiprocess.mark_process_dead(worker.pid)
+
+    def when_ready(server: Any) -> None:
+        log.info("ready", extra={"fields": {"event": "ready", "bind": f"{host}:{args.port}", "workers": args.workers,
+                                            "threads": args.threads, "pid": os.getpid()}})
+
+    options = {
+        "bind": [f"{host}:{args.port}"],
+        "workers": args.workers,
+        "worker_class": "gthread",
+        "threads": args.threads,
+        "keepalive": KEEPALIVE_SECONDS,
+        "timeout": 30,
+        "graceful_timeout": 20,
+        "certfile": args.cert_file,  # tells gunicorn to speak TLS; the context itself comes from the store
+        "keyfile": args.key_file,
+        "ssl_context": lambda conf, default_factory: store.context(),
+        "preload_app": True,
+        "worker_tmp_dir": workdir,
+        "control_socket_disable": True,
+        "accesslog": None,
+        "errorlog": "-",
+        "logconfig_dict": logging_config(args.log_level),
+        "child_exit": child_exit,
+        "when_ready": when_ready,
+        "proc_name": "gpu-fence-webhook",
+    }
+    try:
+        _gunicorn_application(app, options).run()
+    except SystemExit as exit_:
+        # gunicorn exits 0 on a clean shutdown (SIGTERM) and non-zero when it could not start (port in use)
+        return 0 if not exit_.code else 2
+    return 0
+
