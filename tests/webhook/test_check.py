@@ -1,0 +1,446 @@
+"""``gpu-fence-webhook check`` over files, directories and stdin, in process through ``webhook.cli.main``.
+
+The examples' verdicts are in ``test_check_examples.py``, live pods in ``test_check_cluster.py``, and the
+real console script in a subprocess in ``test_check_cli.py``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from webhook import cli
+from webhook.reports import Finding, PodSpecResult, Report, render_text
+
+HERE = Path(__file__).parent
+DATA = HERE / "data" / "check"
+
+GPU_POD = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: gpu
+spec:
+  containers:
+    - name: main
+      image: nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04
+      resources:
+        limits:
+          nvidia.com/gpu: 1
+"""
+
+CPU_POD = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: cpu
+spec:
+  containers:
+    - name: main
+      image: nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04
+"""
+
+BYPASS_POD = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: bypass
+  namespace: team-a
+spec:
+  containers:
+    - name: main
+      image: nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04
+      env:
+        - name: NVIDIA_VISIBLE_DEVICES
+          value: all
+"""
+
+
+def run_check(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    *args: str,
+    stdin: bytes | None = None,
+) -> tuple[int, str, str]:
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    code = cli.main(["check", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def check_json(capsys: Any, monkeypatch: Any, *args: str, stdin: bytes | None = None) -> tuple[int, dict[str, Any]]:
+    code, out, err = run_check(capsys, monkeypatch, "--format", "json", *args, stdin=stdin)
+    assert err == ""
+    return code, json.loads(out)
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --- exit codes and verdicts ----------------------------------------------------------------------------------
+
+
+def test_nothing_rejected_exits_0(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    path = write(tmp_path, "pods.yaml", GPU_POD + "---\n" + CPU_POD)
+    code, report = check_json(capsys, monkeypatch, str(path))
+    assert code == 0
+    assert report["summary"] == {"pod_specs": 2, "allowed": 1, "mutated": 1, "rejected": 0, "exempt": 0, "skipped": 0}
+    gpu, cpu = report["results"]
+    assert (gpu["name"], gpu["verdict"], gpu["pinned"], gpu["line"]) == ("gpu", "allowed", [], 1)
+    assert (cpu["name"], cpu["verdict"], cpu["pinned"], cpu["line"]) == ("cpu", "mutated", ["main"], 13)
+
+
+def test_a_rejection_exits_1_and_names_rule_and_container(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    path = write(tmp_path, "bypass.yaml", BYPASS_POD)
+    code, report = check_json(capsys, monkeypatch, str(path))
+    assert code == 1
+    [result] = report["results"]
+    assert result["verdict"] == "rejected"
+    assert result["namespace"] == "team-a"
+    assert [(v["rule"], v["container"]) for v in result["violations"]] == [("visible-devices-env", "main")]
+    assert "NVIDIA_VISIBLE_DEVICES" in result["violations"][0]["message"]
+
+
+def test_json_contract_fields_and_types(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    path = write(tmp_path, "bypass.yaml", BYPASS_POD)
+    _, report = check_json(capsys, monkeypatch, str(path))
+    assert set(report) == {"summary", "results"}
+    assert set(report["summary"]) == {"pod_specs", "allowed", "mutated", "rejected", "exempt", "skipped"}
+    [result] = report["results"]
+    contract = {"source", "line", "kind", "namespace", "name", "path", "verdict", "pinned", "violations"}
+    assert contract <= set(result)
+    assert result["source"] == str(path)
+    assert (result["line"], result["kind"], result["name"], result["path"]) == (1, "Pod", "bypass", "")
+    assert set(result["violations"][0]) == {"rule", "container", "message"}
+
+
+# --- inputs: stdin, directories, multi-document streams, Lists, skipped documents ----------------------------
+
+HELM_STREAM = """\
+# Source: chart/templates/values.yaml
+replicaCount: 1
+---
+# Source: chart/templates/list.yaml
+apiVersion: v1
+kind: PodList
+items:
+  - apiVersion: v1
+    kind: Pod
+    metadata: {name: listed-gpu}
+    spec:
+      containers: [{name: a, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]
+  - apiVersion: v1
+    kind: Pod
+    metadata: {name: listed-bypass, namespace: other}
+    spec:
+      containers:
+        - name: a
+          image: x
+          securityContext: {privileged: true}
+  - just: a value
+---
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: job
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: work, image: nvcr.io/nvidia/pytorch:24.05-py3}]
+"""
+
+
+def test_stdin_stream_with_lists_skipped_and_empty_documents(capsys: Any, monkeypatch: Any) -> None:
+    code, report = check_json(capsys, monkeypatch, "-", "--namespace", "ml", stdin=HELM_STREAM.encode())
+    assert code == 1
+    # the values document and the List item that is no object are skipped; the empty document is not counted
+    assert report["summary"]["skipped"] == 2
+    rows = [
+        (r["source"], r["line"], r["kind"], r["namespace"], r["name"], r["path"], r["verdict"])
+        for r in report["results"]
+    ]
+    assert rows == [
+        ("-", 8, "Pod", "ml", "listed-gpu", "", "allowed"),
+        ("-", 13, "Pod", "other", "listed-bypass", "", "rejected"),
+        ("-", 24, "Job", "ml", "job", "spec.template", "mutated"),
+    ]
+
+
+def test_directories_are_read_recursively_for_yaml_yml_and_json(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    write(tmp_path, "a/pod.yaml", GPU_POD)
+    write(tmp_path, "a/b/pod.yml", CPU_POD)
+    pod_json = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "from-json"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
+    write(tmp_path, "c/pod.json", json.dumps(pod_json, indent=2))
+    write(tmp_path, "c/notes.txt", "apiVersion: v1\nkind: Pod\n")  # not a manifest suffix: not read
+    write(tmp_path, "c/kustomization.yaml", "resources:\n  - pod.json\n")
+    code, report = check_json(capsys, monkeypatch, str(tmp_path))
+    assert code == 0
+    assert [Path(r["source"]).relative_to(tmp_path).as_posix() for r in report["results"]] == [
+        "a/pod.yaml",
+        "a/b/pod.yml",
+        "c/pod.json",
+    ]
+    assert report["summary"]["skipped"] == 1
+
+
+def test_several_paths_and_stdin_together(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    path = write(tmp_path, "gpu.yaml", GPU_POD)
+    _, report = check_json(capsys, monkeypatch, str(path), "-", stdin=CPU_POD.encode())
+    assert [(r["source"], r["name"]) for r in report["results"]] == [(str(path), "gpu"), ("-", "cpu")]
+
+
+def test_namespace_of_objects_without_one_and_config_exemptions(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    pods = write(tmp_path, "pods.yaml", BYPASS_POD + "---\n" + CPU_POD)
+    config = write(tmp_path, "config.yaml", "exempt_namespaces: [sandbox]\n")
+    code, report = check_json(capsys, monkeypatch, str(pods), "--namespace", "sandbox", "--config", str(config))
+    assert code == 1  # the bypass pod names its own namespace, team-a, which is not exempt
+    assert [(r["namespace"], r["verdict"]) for r in report["results"]] == [
+        ("team-a", "rejected"),
+        ("sandbox", "exempt"),
+    ]
+    code, report = check_json(capsys, monkeypatch, str(pods))
+    assert [r["namespace"] for r in report["results"]] == ["team-a", "default"]
+
+
+# --- custom resources from real projects ---------------------------------------------------------------------
+
+
+def test_real_custom_resources_with_embedded_templates(capsys: Any, monkeypatch: Any) -> None:
+    code, report = check_json(capsys, monkeypatch, str(DATA))
+    assert code == 0
+    rows = [(Path(r["source"]).name, r["kind"], r["path"], r["verdict"], r["pinned"]) for r in report["results"]]
+    assert rows == [
+        (
+            "rayservice-llm-serve.yaml",
+            "RayService",
+            "spec.rayClusterConfig.headGroupSpec.template",
+            "mutated",
+            ["ray-head"],
+        ),
+        (
+            "rayservice-llm-serve.yaml",
+            "RayService",
+            "spec.rayClusterConfig.workerGroupSpecs[0].template",
+            "allowed",
+            [],
+        ),
+        (
+            "trainingruntime-torchtune.yaml",
+            "ClusterTrainingRuntime",
+            "spec.template.spec.replicatedJobs[0].template.spec.template",
+            "mutated",
+            ["dataset-initializer"],
+        ),
+        (
+            "trainingruntime-torchtune.yaml",
+            "ClusterTrainingRuntime",
+            "spec.template.spec.replicatedJobs[1].template.spec.template",
+            "mutated",
+            ["model-initializer"],
+        ),
+        (
+            "trainingruntime-torchtune.yaml",
+            "ClusterTrainingRuntime",
+            "spec.template.spec.replicatedJobs[2].template.spec.template",
+            "allowed",
+            [],
+        ),
+        ("volcano-mindspore.yaml", "Job", "spec.tasks[0].template", "mutated", ["mpimaster"]),
+        ("volcano-mindspore.yaml", "Job", "spec.tasks[1].template", "allowed", []),
+    ]
+    # The TrainJob names only an image and resourcesPerNode (no pod spec); the Helm values file is skipped.
+    assert report["summary"]["skipped"] == 1
+    text = (DATA / "trainingruntime-torchtune.yaml").read_text().splitlines()
+    assert text[report["results"][2]["line"] - 1].startswith("apiVersion:")
+
+
+# --- unreadable input and usage errors: exit 2, one line each ------------------------------------------------
+
+
+def test_unparseable_yaml_exits_2_naming_file_and_line(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    good = write(tmp_path, "good.yaml", GPU_POD)
+    bad = write(tmp_path, "bad.yaml", GPU_POD + "---\nmetadata: {name: [oops\n")
+    code, out, err = run_check(capsys, monkeypatch, str(good), str(bad))
+    assert code == 2
+    assert out == ""  # no partial report
+    assert err.splitlines() == [
+        f"gpu-fence-webhook check: error: {bad}:14: YAML does not parse: did not find expected ',' or ']'"
+    ]
+
+
+def test_every_unreadable_source_is_reported(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    write(tmp_path, "a.yaml", "a: [\n")
+    (tmp_path / "b.yaml").write_bytes(b"kind: \xff\xfe\n")
+    code, _, err = run_check(capsys, monkeypatch, str(tmp_path))
+    assert code == 2
+    lines = err.splitlines()
+    assert len(lines) == 2
+    assert f"{tmp_path / 'a.yaml'}:2: YAML does not parse" in lines[0]
+    assert f"{tmp_path / 'b.yaml'}: not UTF-8 text" in lines[1]
+
+
+def test_stdin_parse_error_is_named_dash(capsys: Any, monkeypatch: Any) -> None:
+    code, _, err = run_check(capsys, monkeypatch, "-", stdin=b"a: 1\n b: 2\n")
+    assert code == 2
+    assert "error: -:2: YAML does not parse: mapping values are not allowed" in err
+
+
+def test_missing_file_exits_2(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    missing = tmp_path / "nope.yaml"
+    code, out, err = run_check(capsys, monkeypatch, str(missing))
+    assert (code, out) == (2, "")
+    assert err.strip() == f"gpu-fence-webhook check: error: {missing}: no such file or directory"
+
+
+def test_alias_bomb_of_templates_exits_2(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    lines = ["apiVersion: v1", "kind: ConfigMap", "a: &a [{spec: {containers: [{name: c}]}}]"]
+    previous = "a"
+    for name in "bcdefghijklmnopqrstu":
+        lines.append(f"{name}: &{name} [*{previous}, *{previous}]")
+        previous = name
+    bomb = write(tmp_path, "bomb.yaml", "\n".join(lines) + "\n")
+    code, _, err = run_check(capsys, monkeypatch, str(bomb))
+    assert code == 2
+    assert f"{bomb}:1: object expands to more than" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "nothing to check"),
+        (["--cluster", "x.yaml"], "either PATH arguments or --cluster"),
+        (["x.yaml", "--kubeconfig", "k"], "--kubeconfig applies only with --cluster"),
+        (["-", "-"], "stdin (-) can be read only once"),
+    ],
+)
+def test_usage_errors_exit_2(args: list[str], message: str, capsys: Any, monkeypatch: Any) -> None:
+    code, out, err = run_check(capsys, monkeypatch, *args)
+    assert (code, out) == (2, "")
+    assert message in err
+    assert len(err.splitlines()) == 1
+
+
+def test_unknown_format_is_a_usage_error(capsys: Any) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["check", "--format", "yaml", "x.yaml"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'yaml'" in capsys.readouterr().err
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    pods = write(tmp_path, "pod.yaml", GPU_POD)
+    config = write(tmp_path, "config.yaml", "exempt_namespace: [x]\n")
+    code, out, err = run_check(capsys, monkeypatch, str(pods), "--config", str(config))
+    assert (code, out) == (2, "")
+    assert "exempt_namespace: unknown configuration key (did you mean 'exempt_namespaces'?)" in err
+
+
+# --- output -------------------------------------------------------------------------------------------------
+
+
+def test_output_file(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    pods = write(tmp_path, "pod.yaml", BYPASS_POD)
+    target = tmp_path / "report.json"
+    code, out, err = run_check(capsys, monkeypatch, str(pods), "--format", "json", "--output", str(target))
+    assert (code, out, err) == (1, "", "")
+    assert json.loads(target.read_text())["summary"]["rejected"] == 1
+
+
+def test_unwritable_output_exits_2(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    pods = write(tmp_path, "pod.yaml", GPU_POD)
+    target = tmp_path / "missing-dir" / "report.txt"
+    code, _, err = run_check(capsys, monkeypatch, str(pods), "--output", str(target))
+    assert code == 2
+    assert f"{target}: cannot write the report" in err
+
+
+def test_text_report_groups_by_file_without_colour_off_a_tty(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    first = write(tmp_path, "first.yaml", BYPASS_POD + "---\n" + CPU_POD)
+    second = write(tmp_path, "second.yaml", GPU_POD)
+    code, out, _ = run_check(capsys, monkeypatch, str(first), str(second))
+    assert code == 1
+    assert "\x1b[" not in out
+    lines = out.splitlines()
+    assert lines.count(str(first)) == 1 and lines.count(str(second)) == 1
+    assert lines.index(str(first)) < lines.index(str(second))
+    assert "  rejected  Pod team-a/bypass (line 1)" in lines
+    assert (
+        '            line 8: visible-devices-env: container "main" sets NVIDIA_VISIBLE_DEVICES="all" but '
+        "requests no GPU; request nvidia.com/gpu, or remove NVIDIA_VISIBLE_DEVICES" in lines
+    )
+    assert "            pinned NVIDIA_VISIBLE_DEVICES=void on: main" in lines
+    assert lines[-1] == "3 pod specs: 1 allowed, 1 mutated, 1 rejected, 0 exempt"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_text_is_coloured_on_a_tty_unless_no_color(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pods = write(tmp_path, "pod.yaml", BYPASS_POD)
+    args = cli.build_parser().parse_args(["check", str(pods)])
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    terminal = _Terminal()
+    assert args.run(args, stdout=terminal) == 1
+    assert "\x1b[1;31mrejected" in terminal.getvalue()
+    monkeypatch.setenv("NO_COLOR", "1")
+    plain = _Terminal()
+    args.run(args, stdout=plain)
+    assert "\x1b[" not in plain.getvalue()
+
+
+def test_render_text_shows_exemption_reason_and_warnings() -> None:
+    report = Report(
+        (
+            PodSpecResult(
+                "f.yaml",
+                3,
+                "DaemonSet",
+                "kube-system",
+                "agent",
+                "spec.template",
+                "exempt",
+                exempt_reason="namespace kube-system is exempt",
+            ),
+            PodSpecResult(
+                "f.yaml",
+                9,
+                "Pod",
+                "default",
+                "",
+                "",
+                "rejected",
+                violations=(Finding("privileged", "c", "privileged: container c is privileged", 14),),
+                warnings=("runtimeClassName nvidia on a pod with no GPU container",),
+            ),
+        ),
+        skipped=2,
+    )
+    text = render_text(report)
+    assert (
+        "  exempt    DaemonSet kube-system/agent spec.template (line 3)\n"
+        "            exempt: namespace kube-system is exempt\n" in text
+    )
+    assert "  rejected  Pod default (line 9)\n            line 14: privileged: container c is privileged\n" in text
+    assert "            warning: runtimeClassName nvidia on a pod with no GPU container\n" in text
+    assert text.endswith(
+        "2 pod specs: 0 allowed, 0 mutated, 1 rejected, 1 exempt; 2 skipped (not Kubernetes objects)\n"
+    )
