@@ -1,0 +1,123 @@
+"""Unit tests of the small parts: times, price lookup, label sanitising, series alignment, renderers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from auditor.chargeback.compute import ContainerRef, GroupCost, IdlePolicy, compute_bill
+from auditor.chargeback.errors import ChargebackError
+from auditor.chargeback.html import render_html
+from auditor.chargeback.prices import Prices, prices_from_mapping
+from auditor.chargeback.prometheus import Series, intervals_from_series, label_name, pod_groups
+from auditor.chargeback.render import render_json, render_markdown, render_table
+from auditor.chargeback.times import parse_duration, parse_time
+
+NOW = 1_800_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("now", NOW),
+        ("-7d", NOW - 7 * 86400),
+        ("-1h30m", NOW - 5400),
+        ("-90s", NOW - 90),
+        ("1700000000", 1_700_000_000),
+        ("1700000000.5", 1_700_000_000.5),
+        ("2026-01-31T00:00:00Z", 1_769_817_600),
+        ("2026-01-31T01:00:00+01:00", 1_769_817_600),
+    ],
+)
+def test_parse_time(text: str, expected: float):
+    assert parse_time(text, NOW, "--start") == expected
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("5m", 300), ("1h30m", 5400), ("2.5m", 150), ("1w", 604800)])
+def test_parse_duration(text: str, seconds: float):
+    assert parse_duration(text) == seconds
+
+
+@given(st.text(max_size=20))
+def test_time_parser_never_crashes(text: str):
+    try:
+        parse_time(text, NOW, "--start")
+    except ChargebackError as error:
+        assert "--start" in str(error)
+
+
+def test_price_lookup_order():
+    prices = prices_from_mapping(
+        {
+            "default": 1.0,
+            "models": {"NVIDIA A100-SXM4-40GB": 3.0},
+            "nodes": {"gpu-spot-*": 0.5, "gpu-spot-special": 9.0},
+        }
+    )
+    assert prices.per_hour("gpu-spot-special", "NVIDIA A100-SXM4-40GB") == 9.0  # exact node beats a pattern
+    assert prices.per_hour("gpu-spot-3", "NVIDIA A100-SXM4-40GB") == 0.5  # node pattern beats model
+    assert prices.per_hour("gpu-1", "NVIDIA A100-SXM4-40GB") == 3.0
+    assert prices.per_hour("gpu-1", "NVIDIA A100-SXM4-40GB MIG 3g.20gb") == 3.0  # a slice priced as its card
+    assert prices.per_hour("gpu-1", "Tesla T4") == 1.0
+    assert Prices(models=(("x", 1.0),)).per_hour("n", "y") is None
+
+
+def test_label_names_are_sanitised_like_prometheus():
+    assert label_name("team") == "label_team"
+    assert label_name("app.kubernetes.io/part-of") == "label_app_kubernetes_io_part_of"
+
+
+def test_pod_groups_take_the_latest_value():
+    series = [
+        Series({"namespace": "n", "pod": "p", "label_team": "old"}, ((10.0, 1.0),)),
+        Series({"namespace": "n", "pod": "p", "label_team": "new"}, ((20.0, 1.0),)),
+        Series({"namespace": "n", "pod": "q"}, ((20.0, 1.0),)),
+    ]
+    assert pod_groups(series, "label_team") == {("n", "p"): "new"}
+
+
+def test_series_align_on_instants_and_mig_without_share_is_noted():
+    info = [
+        Series({"node": "n", "gpu_uuid": "GPU-1", "model": "m"}, ((60.0, 1.0), (120.0, 1.0))),
+        Series({"node": "n", "gpu_uuid": "MIG-1", "parent_uuid": "GPU-1", "model": "m"}, ((60.0, 1.0),)),
+    ]
+    memory = [
+        Series({"node": "n", "gpu_uuid": "GPU-1", "namespace": "a", "pod": "p", "container": "c", "allocated": "false"},
+               ((120.0, 5.0), (120.0, float("nan")))),
+    ]
+    intervals, notes = intervals_from_series(
+        [60.0, 120.0], 60.0, info=info, share=[], memory=memory, allocated=[], unattributed=[],
+        group_of=lambda namespace, pod: f"{namespace}!",
+    )
+    assert [interval.end for interval in intervals] == [60.0, 120.0]
+    assert [device.uuid for device in intervals[0].devices] == ["GPU-1"]  # the MIG device has no share ratio
+    assert intervals[0].memory == ()
+    assert intervals[1].memory[0].owner == ContainerRef("a", "p", "c", "a!")
+    assert intervals[1].memory[0].allocated is False
+    assert "MIG-1" in notes[0]
+
+
+def hostile_bill():
+    group = GroupCost(group="<script>alert(1)</script>", usage=1.0, request=2.0)
+    bill = compute_bill([], lambda node, model: 1.0, IdlePolicy.PLATFORM)
+    return dataclasses.replace(bill, groups=(group,), total_gpu_cost=1.0)
+
+
+def test_html_escapes_names_and_loads_nothing():
+    page = render_html(hostile_bill(), "label:team", 60)
+    assert "<script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "https://" not in page
+
+
+def test_text_renderers_agree():
+    bill = hostile_bill()
+    document = json.loads(render_json(bill, "namespace", 60))
+    assert document["groups"][0]["difference"] == -1.0
+    assert "-1.00" in render_table(bill, "namespace", 60)
+    assert "| **TOTAL** |" in render_markdown(bill, "namespace", 60)
