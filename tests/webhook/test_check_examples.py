@@ -1,0 +1,194 @@
+"""``check`` over ``manifests/examples/``: each example's verdict, in all four report formats.
+
+The table below is the examples README's table in code; a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from webhook import cli
+from webhook.policy import RULES
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "manifests" / "examples"
+
+# file -> [(path, verdict, pinned containers, rule ids)], one entry per pod spec, in document order.
+EXPECTED: dict[str, list[tuple[str, str, list[str], set[str]]]] = {
+    "gpu-pod.yaml": [("", "allowed", [], set())],
+    "cuda-without-gpu-request.yaml": [("", "mutated", ["notebook"], set())],
+    "deployment.yaml": [("spec.template", "mutated", ["metrics-sidecar"], set())],
+    "cronjob.yaml": [("spec.jobTemplate.spec.template", "allowed", [], set())],
+    "raycluster.yaml": [
+        ("spec.headGroupSpec.template", "mutated", ["ray-head"], set()),
+        ("spec.workerGroupSpecs[0].template", "allowed", [], set()),
+    ],
+    "runtime-class-nvidia.yaml": [("", "mutated", ["smi"], set())],
+    "exempt-kube-system.yaml": [("spec.template", "exempt", [], set())],
+    "bypass-unpinned-container.yaml": [("", "rejected", [], {"unpinned-container"})],
+    "bypass-visible-devices-env.yaml": [("", "rejected", [], {"visible-devices-env"})],
+    "bypass-privileged.yaml": [("", "rejected", [], {"privileged"})],
+    "bypass-sys-admin-capability.yaml": [("", "rejected", ["app"], {"sys-admin-capability"})],
+    "bypass-device-list-mount.yaml": [("", "rejected", ["app"], {"device-list-mount"})],
+    "bypass-cdi-annotation.yaml": [("", "rejected", ["app"], {"cdi-annotation"})],
+    "bypass-host-device-path.yaml": [("", "rejected", ["app"], {"host-device-path"})],
+    "bypass-mig-control-env.yaml": [("", "rejected", [], {"mig-control-env"})],
+}
+SKIPPED = {"kustomization.yaml"}
+
+# Where SARIF should point for each rule: the text of the line (stripped) it lands on.
+SARIF_LINE = {
+    "unpinned-container": "- name: app",
+    "visible-devices-env": "- name: app",
+    "privileged": "- name: trainer",
+    "sys-admin-capability": "- name: app",
+    "device-list-mount": "- name: app",
+    "mig-control-env": "- name: app",
+    "cdi-annotation": "annotations:",
+    "host-device-path": "volumes:",
+}
+
+
+def run_format(capsys: pytest.CaptureFixture[str], output_format: str) -> tuple[int, str]:
+    code = cli.main(["check", str(EXAMPLES), "--format", output_format])
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    return code, captured.out
+
+
+@pytest.fixture(scope="module")
+def json_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    # Module-scoped, so rendered through --output rather than captured with capsys.
+    target = tmp_path_factory.mktemp("check") / "report.json"
+    assert cli.main(["check", str(EXAMPLES), "--format", "json", "--output", str(target)]) == 1
+    return json.loads(target.read_text())
+
+
+def test_every_example_file_is_in_the_table() -> None:
+    on_disk = {path.name for path in EXAMPLES.iterdir() if path.suffix in (".yaml", ".yml", ".json")}
+    assert on_disk == set(EXPECTED) | SKIPPED
+
+
+def test_every_rule_has_exactly_one_bypass_example() -> None:
+    bypass_rules = [rules for name, entries in EXPECTED.items() if name.startswith("bypass-") for *_, rules in entries]
+    assert sorted(rule for rules in bypass_rules for rule in rules) == sorted(rule.id for rule in RULES)
+
+
+def test_json_verdicts_match_the_table(json_report: dict[str, Any]) -> None:
+    found: dict[str, list[tuple[str, str, list[str], set[str]]]] = {}
+    for result in json_report["results"]:
+        entry = (result["path"], result["verdict"], result["pinned"], {v["rule"] for v in result["violations"]})
+        found.setdefault(Path(result["source"]).name, []).append(entry)
+    assert found == EXPECTED
+
+
+def test_json_summary_and_common_fields(json_report: dict[str, Any]) -> None:
+    assert json_report["summary"] == {
+        "pod_specs": 16,
+        "allowed": 3,
+        "mutated": 4,
+        "rejected": 8,
+        "exempt": 1,
+        "skipped": 1,
+    }
+    for result in json_report["results"]:
+        assert result["namespace"] == ("kube-system" if result["kind"] == "DaemonSet" else "default")
+        assert result["name"]
+        text = Path(result["source"]).read_text().splitlines()
+        assert text[result["line"] - 1].startswith("apiVersion:"), result
+    [runtime] = [r for r in json_report["results"] if r["source"].endswith("runtime-class-nvidia.yaml")]
+    assert any('runtimeClassName "nvidia"' in warning for warning in runtime["warnings"])
+
+
+def test_text_format(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run_format(capsys, "text")
+    assert code == 1
+    for name in EXPECTED:
+        assert str(EXAMPLES / name) in out.splitlines()
+    assert out.splitlines()[-1] == (
+        "16 pod specs: 3 allowed, 4 mutated, 8 rejected, 1 exempt; 1 skipped (not Kubernetes objects)"
+    )
+
+
+def test_junit_format_parses_with_a_failure_per_rejection(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run_format(capsys, "junit")
+    assert code == 1
+    root = ET.fromstring(out)
+    assert root.tag == "testsuites"
+    assert (root.get("tests"), root.get("failures"), root.get("skipped"), root.get("errors")) == ("16", "8", "1", "0")
+    suites = root.findall("testsuite")
+    assert {Path(suite.get("name", "")).name for suite in suites} == set(EXPECTED)
+    for suite in suites:
+        expected = EXPECTED[Path(suite.get("name", "")).name]
+        cases = suite.findall("testcase")
+        assert len(cases) == len(expected) == int(suite.get("tests", "-1"))
+        for case, (_, verdict, _, rules) in zip(cases, expected, strict=True):
+            failure = case.find("failure")
+            skipped = case.find("skipped")
+            assert (failure is not None) == (verdict == "rejected")
+            assert (skipped is not None) == (verdict == "exempt")
+            if failure is not None:
+                assert failure.get("message") == f"rejected: {', '.join(sorted(rules))}"
+                assert all(rule in (failure.text or "") for rule in rules)
+            assert case.get("classname") == suite.get("name")
+            assert int(case.get("line", "0")) >= 1
+
+
+def test_sarif_format_structure_and_locations(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run_format(capsys, "sarif")
+    assert code == 1
+    sarif = json.loads(out)
+    assert sarif["version"] == "2.1.0"
+    assert re.match(r"^https://.*sarif-schema-2\.1\.0\.json$", sarif["$schema"])
+    [run] = sarif["runs"]
+    driver = run["tool"]["driver"]
+    assert driver["name"] == "gpu-fence"
+    assert [rule["id"] for rule in driver["rules"]] == [rule.id for rule in RULES]
+    assert all(rule["shortDescription"]["text"] for rule in driver["rules"])
+    results = run["results"]
+    assert len(results) == 8  # one per violation: each bypass example breaks exactly one rule
+    for result in results:
+        assert driver["rules"][result["ruleIndex"]]["id"] == result["ruleId"]
+        assert result["message"]["text"].startswith(result["ruleId"])
+        [location] = result["locations"]
+        physical = location["physicalLocation"]
+        uri = physical["artifactLocation"]["uri"]
+        assert Path(uri.removeprefix("file://")).name == f"bypass-{result['ruleId']}.yaml"
+        line = physical["region"]["startLine"]
+        text = (EXAMPLES / f"bypass-{result['ruleId']}.yaml").read_text().splitlines()
+        assert text[line - 1].strip() == SARIF_LINE[result["ruleId"]]
+
+
+def test_sarif_uses_relative_uris_for_relative_paths(capsys: pytest.CaptureFixture[str], monkeypatch: Any) -> None:
+    monkeypatch.chdir(ROOT)
+    cli.main(["check", "manifests/examples/bypass-privileged.yaml", "--format", "sarif"])
+    [result] = json.loads(capsys.readouterr().out)["runs"][0]["results"]
+    location = result["locations"][0]["physicalLocation"]
+    assert location["artifactLocation"]["uri"] == "manifests/examples/bypass-privileged.yaml"
+
+
+def _readme_table() -> dict[str, list[tuple[str, set[str]]]]:
+    rows: dict[str, list[tuple[str, set[str]]]] = {}
+    current = ""
+    for line in (EXAMPLES / "README.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or not line.startswith("|") or cells[0] in ("file", "---"):
+            continue
+        if cells[0]:
+            current = cells[0].strip("`")
+        verdict = re.split(r"[\s:,]", cells[3], maxsplit=1)[0]
+        rows.setdefault(current, []).append((verdict, set(re.findall(r"`([a-z-]+)`", cells[4]))))
+    return rows
+
+
+def test_readme_table_matches_the_expected_verdicts() -> None:
+    table = _readme_table()
+    expected = {name: [(verdict, rules) for _, verdict, _, rules in entries] for name, entries in EXPECTED.items()}
+    expected.update({name: [("skipped", set())] for name in SKIPPED})
+    assert table == expected
