@@ -1,0 +1,284 @@
+"""Client of the kubelet PodResources API (v1): which devices the kubelet allocated to each container.
+
+The kubelet serves it without authentication on a unix socket, ``<kubelet root-dir>/pod-resources/kubelet.sock``,
+and rate-limits all its callers together (100 QPS, burst 10), so every public method makes exactly one RPC,
+apart from one retry on a fresh channel when a connection that worked before has broken (a kubelet restart).
+
+Errors come out as :class:`KubeletUnavailable` with a short machine-readable ``reason`` (one of ``REASONS``, fit
+for a metric label) and a message that says what to fix. Nothing happens at import or construction: the channel
+is opened by the first call.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import socket
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from auditor.podresources.v1 import api_pb2, api_pb2_grpc
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+#: A dense node's List answer is well under 1 MiB; allow what other PodResources clients (NFD) allow.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+SOCKET_MISSING = "socket-missing"
+CONNECTION_REFUSED = "connection-refused"
+PERMISSION_DENIED = "permission-denied"
+TIMEOUT = "timeout"
+UNIMPLEMENTED = "unimplemented"
+RATE_LIMITED = "rate-limited"
+UNAVAILABLE = "unavailable"
+ERROR = "error"
+REASONS = (SOCKET_MISSING, CONNECTION_REFUSED, PERMISSION_DENIED, TIMEOUT, UNIMPLEMENTED, RATE_LIMITED, UNAVAILABLE,
+           ERROR)
+
+# Kubelets before 1.34 answer Get with UNKNOWN "PodResources API Get method disabled" when the
+# KubeletPodResourcesGet gate is off; before 1.27 the method does not exist (UNIMPLEMENTED).
+_GET_DISABLED = re.compile(r"method disabled", re.IGNORECASE)
+_POD_NOT_FOUND = re.compile(r"^pod .* not found$")
+
+class KubeletUnavailable(Exception):
+    """The kubelet's PodResources API could not answer; ``reason`` is one of ``REASONS``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class DeviceAllocation:
+    """Devices of one extended resource, ids exactly as the kubelet reports them (see ``auditor.deviceids``)."""
+
+    resource_name: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClaimDevice:
+    """One device of a DRA claim. ``driver_name``/``pool_name``/``device_name`` are sent from 1.31, ``share_id``
+    from 1.35 (None when the kubelet did not send it); ``cdi_devices`` are fully qualified CDI names."""
+
+    driver_name: str
+    pool_name: str
+    device_name: str
+    cdi_devices: tuple[str, ...]
+    share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class DynamicResource:
+    """A DRA claim allocated to a container.
+
+    ``devices`` names each device as available: ``<pool>/<device>`` where the kubelet sends them (1.31+), then its
+    CDI device names. ``class_name`` is always empty: the API dropped it in 1.31 (field 1 is reserved) and it
+    stays only for the shape callers code against. ``claim_devices`` has every field per device.
+    """
+
+    class_name: str
+    claim_name: str
+    claim_namespace: str
+    devices: tuple[str, ...]
+    claim_devices: tuple[ClaimDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    """What the kubelet allocated to one container; containers with nothing allocated are listed too."""
+
+    namespace: str
+    pod: str
+    container: str
+    devices: tuple[DeviceAllocation, ...]
+    dynamic_resources: tuple[DynamicResource, ...]
+
+
+def _device_allocations(messages: Iterable[api_pb2.ContainerDevices]) -> tuple[DeviceAllocation, ...]:
+    return tuple(DeviceAllocation(message.resource_name, tuple(message.device_ids)) for message in messages)
+
+
+def _dynamic_resource(message: api_pb2.DynamicResource) -> DynamicResource:
+    claim_devices = tuple(
+        ClaimDevice(
+            driver_name=resource.driver_name,
+            pool_name=resource.pool_name,
+            device_name=resource.device_name,
+            cdi_devices=tuple(device.name for device in resource.cdi_devices),
+            share_id=resource.share_id if resource.HasField("share_id") else None,
+        )
+        for resource in message.claim_resources
+    )
+    names: list[str] = []
+    for device in claim_devices:
+        if device.device_name:
+            names.append(f"{device.pool_name}/{device.device_name}")
+        names.extend(device.cdi_devices)
+    return DynamicResource("", message.claim_name, message.claim_namespace, tuple(names), claim_devices)
+
+
+def _container_allocations(pod: api_pb2.PodResources) -> list[ContainerAllocation]:
+    return [
+        ContainerAllocation(
+            namespace=pod.namespace,
+            pod=pod.name,
+            container=container.name,
+            devices=_device_allocations(container.devices),
+            dynamic_resources=tuple(_dynamic_resource(resource) for resource in container.dynamic_resources),
+        )
+        for container in pod.containers
+    ]
+
+
+class PodResourcesClient:
+    """One kubelet's PodResources API over its unix socket. Not thread-safe: one auditor cycle at a time."""
+
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, *, timeout: float = 5.0) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.socket_path = socket_path
+        self.timeout = timeout
+        #: RPCs made, by method name ("List", "GetAllocatableResources", "Get"), retries included.
+        self.calls: collections.Counter[str] = collections.Counter()
+        self._channel: grpc.Channel | None = None
+        self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
+        self._answered = False  # whether the current channel has carried a successful call
+
+    @property
+    def target(self) -> str:
+        return f"unix://{os.path.abspath(self.socket_path)}"
+
+    def list(self) -> list[ContainerAllocation]:
+        """Every container of every pod the kubelet knows on this node, with its allocation (one List RPC)."""
+        response = self._call("List", api_pb2.ListPodResourcesRequest())
+        return [allocation for pod in response.pod_resources for allocation in _container_allocations(pod)]
+
+    def allocatable(self) -> list[DeviceAllocation]:
+        """Every device the node's device plugins offer (one GetAllocatableResources RPC)."""
+        response = self._call("GetAllocatableResources", api_pb2.AllocatableResourcesRequest())
+        return list(_device_allocations(response.devices))
+
+    def get(self, namespace: str, pod: str) -> list[ContainerAllocation]:
+        """One pod's containers (one Get RPC); empty when the kubelet does not know the pod.
+
+        Raises ``KubeletUnavailable(reason="unimplemented")`` where the kubelet lacks Get (before 1.27) or has it
+        disabled (the KubeletPodResourcesGet gate, off by default before 1.34): use :meth:`list` there.
+        """
+        request = api_pb2.GetPodResourcesRequest(pod_name=pod, pod_namespace=namespace)
+        try:
+            response = self._call("Get", request)
+        except _NotFound:
+            return []
+        return _container_allocations(response.pod_resources)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = self._stub = None
+        self._answered = False
+
+    def __enter__(self) -> PodResourcesClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _ensure_stub(self) -> api_pb2_grpc.PodResourcesListerStub:
+        if self._stub is None:
+            self._channel = grpc.insecure_channel(
+                self.target,
+                options=[
+                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.enable_retries", 0),  # retries are ours to decide: the kubelet's rate limit is shared
+                ],
+            )
+            self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
+        return self._stub
+
+    def _call(self, method: str, request: Any) -> Any:
+        for attempt in (1, 2):
+            self.calls[method] += 1
+            had_answered = self._answered
+            try:
+                response = getattr(self._ensure_stub(), method)(request, timeout=self.timeout)
+            except grpc.RpcError as error:
+                code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    # A restarted kubelet listens on a new socket inode: start over with a new channel, and try
+                    # once more right away if this channel had worked (the break is the restart, not an outage).
+                    self.close()
+                    if had_answered and attempt == 1:
+                        continue
+                raise self._translate(method, code, error) from None
+            self._answered = True
+            return response
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _translate(self, method: str, code: grpc.StatusCode, error: grpc.RpcError) -> Exception:
+        details = (error.details() if isinstance(error, grpc.Call) else None) or str(code)
+        where = f"kubelet PodResources {method} on {self.target}"
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return KubeletUnavailable(TIMEOUT, f"{where}: timeout, no answer within {self.timeout:g} s")
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return self._diagnose_unavailable(where, details)
+        if code == grpc.StatusCode.UNIMPLEMENTED or (code == grpc.StatusCode.UNKNOWN and _GET_DISABLED.search(details)):
+            return KubeletUnavailable(
+                UNIMPLEMENTED,
+                f"{where}: not served by this kubelet ({details}); Get needs Kubernetes 1.27+ with the "
+                "KubeletPodResourcesGet feature gate (on by default from 1.34)",
+            )
+        if code == grpc.StatusCode.UNKNOWN and method == "Get" and _POD_NOT_FOUND.match(details):
+            return _NotFound(details)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return KubeletUnavailable(
+                RATE_LIMITED, f"{where}: rate-limited by the kubelet ({details}); other agents share its 100 QPS"
+            )
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return KubeletUnavailable(PERMISSION_DENIED, f"{where}: permission denied ({details})")
+        return KubeletUnavailable(ERROR, f"{where}: {code.name}: {details}")
+
+    def _diagnose_unavailable(self, where: str, details: str) -> KubeletUnavailable:
+        """Name the cause of an UNAVAILABLE by looking at the socket itself: gRPC's text varies by version."""
+        path = os.path.abspath(self.socket_path)
+        directory = os.path.dirname(path)
+        if not os.path.lexists(path):
+            return KubeletUnavailable(
+                SOCKET_MISSING,
+                f"{where}: socket {path} does not exist; mount the host directory {directory} into the auditor "
+                "(the directory, not the socket file, so a restarted kubelet's new socket is seen) and check the "
+                "kubelet's --root-dir",
+            )
+        try:
+            is_socket = stat.S_ISSOCK(os.stat(path).st_mode)
+        except OSError:
+            is_socket = True  # unreadable or gone since: let the connection attempt name the problem
+        if not is_socket:
+            return KubeletUnavailable(
+                UNAVAILABLE, f"{where}: {path} is not a socket; point the auditor at the kubelet's pod-resources socket"
+            )
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(min(self.timeout, 1.0))
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            return KubeletUnavailable(
+                CONNECTION_REFUSED, f"{where}: connection refused on {path}; the kubelet is down or restarting"
+            )
+        except PermissionError:
+            return KubeletUnavailable(
+                PERMISSION_DENIED, f"{where}: permission denied on {path}; the auditor must run as root to use it"
+            )
+        except OSError as error:
+            return KubeletUnavailable(UNAVAILABLE, f"{where}: cannot connect to {path}: {error.strerror or error}")
+        finally:
+            probe.close()
+        return KubeletUnavailable(UNAVAILABLE, f"{where}: unavailable ({details})")
+
+
+class _NotFound(Exception):
+    """Get for a pod the kubelet does not know: an answer, not an outage."""
