@@ -398,8 +398,8 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Any = time.tim
     try:
         nvml = sources.nvml.snapshot()
     except NvmlError as error:
-        raise CollectError("nvml", f"NVML failed: {error.reason}") from error
-    notes.extend(f"NVML: {problem}" for problem in nvml.problems)
+        raise CollectError("nvml", str(error)) from error
+    notes.extend(f"NVML: {problem.device or 'node'}: {problem.message}" for problem in nvml.problems)
     try:
         processes = identify_processes(sources.hostproc, nvml.processes)
         pod_uids = {row[3] for row in processes if row[3]}

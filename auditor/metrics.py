@@ -1,0 +1,193 @@
+"""The auditor's Prometheus metrics, declared once here; names and labels as in ``docs/metrics.md``.
+
+Per-container series come from the latest audit only: a collector renders the last result at scrape time, so
+a container that went away stops being exported at the next cycle (no stale series to clear by hand). Cycle
+health (duration, last success, failures, kubelet calls) uses ordinary prometheus_client metrics.
+
+A private ``CollectorRegistry`` per auditor keeps tests independent and the process's default metrics out.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter as Tally
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from auditor.model import AuditResult, FindingKind, NodeSnapshot
+
+FAILURE_REASONS = ("kubelet", "nvml", "kubernetes-api", "proc", "internal")
+CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def label_name(key: str) -> str:
+    """``--pod-label`` key → Prometheus label name: ``app.kubernetes.io/team`` → ``label_app_kubernetes_io_team``."""
+    return "label_" + _LABEL_CHARS.sub("_", key)
+
+
+def _container_label(container: str | None, container_id: str | None) -> str:
+    if container is not None:
+        return container
+    return f"id:{container_id[:12]}" if container_id else ""
+
+
+class _LatestAudit(Collector):
+    """Renders the per-container and per-GPU series of the latest audit."""
+
+    def __init__(self, node: str, pod_label_keys: Iterable[str]) -> None:
+        self.node = node
+        self.pod_label_keys = tuple(pod_label_keys)
+        self._lock = threading.Lock()
+        self._latest: tuple[NodeSnapshot, AuditResult] | None = None
+
+    def update(self, snapshot: NodeSnapshot, result: AuditResult) -> None:
+        with self._lock:
+            self._latest = (snapshot, result)
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        with self._lock:
+            latest = self._latest
+        container_labels = ["node", "namespace", "pod", "container"]
+        memory = GaugeMetricFamily(
+            "gpu_fence_container_gpu_memory_bytes",
+            "GPU memory used by the container's processes on that GPU or MIG device (NVML); allocated=false is "
+            "overreach.",
+            labels=[*container_labels, "gpu_uuid", "allocated"],
+        )
+        allocated = GaugeMetricFamily(
+            "gpu_fence_container_allocated_gpus",
+            "Kubelet allocation ids the container holds on that GPU or MIG device (a replica counts 1).",
+            labels=[*container_labels, "gpu_uuid"],
+        )
+        findings = GaugeMetricFamily(
+            "gpu_fence_overreach_findings",
+            "Findings of the latest cycle per container and kind.",
+            labels=[*container_labels, "kind"],
+        )
+        unattributed = GaugeMetricFamily(
+            "gpu_fence_unattributed_gpu_memory_bytes",
+            "GPU memory of processes outside any known container.",
+            labels=["node", "gpu_uuid"],
+        )
+        info = GaugeMetricFamily(
+            "gpu_fence_gpu_info",
+            "One series per GPU and MIG device the auditor sees.",
+            labels=["node", "gpu_uuid", "parent_uuid", "model", "mig_profile"],
+        )
+        total = GaugeMetricFamily(
+            "gpu_fence_gpu_memory_total_bytes", "Memory of the GPU or MIG device.", labels=["node", "gpu_uuid"]
+        )
+        share = GaugeMetricFamily(
+            "gpu_fence_gpu_share_ratio",
+            "Share of the physical card this device stands for (1 for a full GPU).",
+            labels=["node", "gpu_uuid"],
+        )
+        pod_labels = GaugeMetricFamily(
+            "gpu_fence_pod_labels",
+            "Pod labels chosen with --pod-label, for chargeback grouping.",
+            labels=["namespace", "pod", *(label_name(key) for key in self.pod_label_keys)],
+        )
+        if latest is not None:
+            snapshot, result = latest
+            gpus = {gpu.uuid: gpu for gpu in snapshot.gpus}
+            memory_values: Tally[tuple[str, ...]] = Tally()
+            allocated_values: Tally[tuple[str, ...]] = Tally()
+            finding_values: Tally[tuple[str, ...]] = Tally()
+            labelled_pods: dict[tuple[str, str], tuple[str, ...]] = {}
+            for row in result.rows:
+                who = (self.node, row.namespace or "", row.pod or "", _container_label(row.container, row.container_id))
+                allowed = set(row.allocated) | {gpus[u].parent_uuid for u in row.allocated if u in gpus}
+                for uuid, size in row.memory_bytes:
+                    memory_values[(*who, uuid, "true" if uuid in allowed else "false")] += size
+                for uuid, count in row.allocation_counts:
+                    allocated_values[(*who, uuid)] += count
+                if self.pod_label_keys and row.namespace and row.pod:
+                    values = dict(row.labels)
+                    labelled_pods[(row.namespace, row.pod)] = tuple(values.get(k, "") for k in self.pod_label_keys)
+            for finding in result.findings:
+                if finding.kind is FindingKind.UNATTRIBUTED_PROCESS:
+                    continue
+                who = (
+                    self.node,
+                    finding.namespace or "",
+                    finding.pod or "",
+                    _container_label(finding.container, finding.container_id),
+                )
+                finding_values[(*who, finding.kind.value)] += 1
+            for labels, value in memory_values.items():
+                memory.add_metric(list(labels), value)
+            for labels, value in allocated_values.items():
+                allocated.add_metric(list(labels), value)
+            for labels, value in finding_values.items():
+                findings.add_metric(list(labels), value)
+            unattributed_bytes = dict(result.unattributed_memory_bytes)
+            for gpu in snapshot.gpus:
+                unattributed.add_metric([self.node, gpu.uuid], unattributed_bytes.pop(gpu.uuid, 0))
+                info.add_metric([self.node, gpu.uuid, gpu.parent_uuid or "", gpu.model, gpu.profile], 1)
+                total.add_metric([self.node, gpu.uuid], gpu.memory_total_bytes)
+                share.add_metric([self.node, gpu.uuid], gpu.share)
+            for uuid, size in unattributed_bytes.items():  # a process on a device NVML did not list (lost mid-read)
+                unattributed.add_metric([self.node, uuid], size)
+            for (namespace, pod), values in labelled_pods.items():
+                pod_labels.add_metric([namespace, pod, *values], 1)
+        yield from (memory, allocated, findings, unattributed, info, total, share, pod_labels)
+
+
+class AuditorMetrics:
+    """Every metric of one auditor, in its own registry."""
+
+    def __init__(self, node: str, pod_label_keys: Iterable[str] = ()) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.latest = _LatestAudit(node, pod_label_keys)
+        self.registry.register(self.latest)
+        self.cycle_duration = Histogram(
+            "gpu_fence_audit_cycle_duration_seconds",
+            "Wall time of one audit cycle.",
+            buckets=CYCLE_BUCKETS,
+            registry=self.registry,
+        )
+        self.last_success = Gauge(
+            "gpu_fence_audit_last_success_timestamp_seconds",
+            "Unix time of the last cycle that completed.",
+            registry=self.registry,
+        )
+        self.failures = Counter(
+            "gpu_fence_audit_cycle_failures",
+            "Cycles that failed or degraded, by cause.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.kubelet_calls = Counter(
+            "gpu_fence_audit_kubelet_calls",
+            "PodResources calls made (one List per cycle).",
+            ["method"],
+            registry=self.registry,
+        )
+        for reason in FAILURE_REASONS:
+            self.failures.labels(reason=reason)
+        self._kubelet_seen: Tally[str] = Tally()
+
+    def observe(self, snapshot: NodeSnapshot, result: AuditResult, duration: float) -> None:
+        self.latest.update(snapshot, result)
+        self.cycle_duration.observe(duration)
+        self.last_success.set(snapshot.time + duration)
+
+    def failed(self, reason: str) -> None:
+        self.failures.labels(reason=reason if reason in FAILURE_REASONS else "internal").inc()
+
+    def sync_kubelet_calls(self, calls: Mapping[str, int]) -> None:
+        """Add the PodResources client's own call counts since the last sync (the client counts, we export)."""
+        for method, count in calls.items():
+            delta = count - self._kubelet_seen[method]
+            if delta > 0:
+                self.kubelet_calls.labels(method=method).inc(delta)
+                self._kubelet_seen[method] = count
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
