@@ -154,7 +154,7 @@ class DeviceIndex:
         Other names (MIG devices of the DRA driver, other drivers' devices) need the ResourceSlice that
         published them, which the auditor does not read: they stay unresolved and are reported as such.
         """
-        name = device.split("=", 1)[-1]
+        name = device.split("=", 1)[-1].rsplit("/", 1)[-1]
         match = _UUID_IN_TEXT.search(name)
         if match:
             return match.group(0)
@@ -178,12 +178,20 @@ def normalize_allocation(allocation: Any, devices: DeviceIndex) -> tuple[tuple[s
             else:
                 unresolved.append(f"{group.resource_name}:{raw}")
     for claim in getattr(allocation, "dynamic_resources", ()) or ():
-        for device in claim.devices:
-            uuid = devices.resolve_dra(device)
+        # One UUID per claimed device: its device name (``<pool>/<device>``) first, else its CDI names.
+        # Devices of drivers that are not GPU drivers (NICs, FPGAs) are not ours to count.
+        per_device = [
+            (f"{d.pool_name}/{d.device_name}" if d.device_name else "", *d.cdi_devices)
+            for d in getattr(claim, "claim_devices", ())
+            if not d.driver_name or "gpu" in d.driver_name
+        ] or [(name,) for name in claim.devices if not getattr(claim, "claim_devices", ())]
+        for names in per_device:
+            uuid = next((u for u in (devices.resolve_dra(n) for n in names if n) if u), None)
             if uuid:
                 allocated.append(uuid)
-            elif "gpu" in f"{getattr(claim, 'class_name', '')} {device}".lower():
-                unresolved.append(f"claim {claim.claim_namespace}/{claim.claim_name}:{device}")
+            else:
+                shown = ", ".join(n for n in names if n)
+                unresolved.append(f"claim {claim.claim_namespace}/{claim.claim_name}: {shown}")
     return tuple(allocated), tuple(unresolved)
 
 
@@ -394,7 +402,7 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Any = time.tim
     try:
         allocations = sources.podresources.list()
     except KubeletUnavailable as error:
-        raise CollectError("kubelet", f"kubelet PodResources API unavailable: {error.reason}") from error
+        raise CollectError("kubelet", f"kubelet PodResources API unavailable: {error}") from error
     try:
         nvml = sources.nvml.snapshot()
     except NvmlError as error:
