@@ -1,8 +1,8 @@
 """Client of the kubelet PodResources API (v1): which devices the kubelet allocated to each container.
 
 The kubelet serves it without authentication on a unix socket, ``<kubelet root-dir>/pod-resources/kubelet.sock``,
-and rate-limits all its callers together (100 QPS, burst 10), so every public method makes exactly one RPC,
-apart from one retry on a fresh channel when a connection that worked before has broken (a kubelet restart).
+and rate-limits all its callers together (100 QPS, burst 10), so every public method makes exactly one RPC and
+never retries; the caller's next cycle is the retry.
 
 Errors come out as :class:`KubeletUnavailable` with a short machine-readable ``reason`` (one of ``REASONS``, fit
 for a metric label) and a message that says what to fix. Nothing happens at import or construction: the channel
@@ -143,11 +143,10 @@ class PodResourcesClient:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self.socket_path = socket_path
         self.timeout = timeout
-        #: RPCs made, by method name ("List", "GetAllocatableResources", "Get"), retries included.
+        #: RPCs made, by method name ("List", "GetAllocatableResources", "Get").
         self.calls: collections.Counter[str] = collections.Counter()
         self._channel: grpc.Channel | None = None
         self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
-        self._answered = False  # whether the current channel has carried a successful call
 
     @property
     def target(self) -> str:
@@ -180,7 +179,6 @@ class PodResourcesClient:
         if self._channel is not None:
             self._channel.close()
         self._channel = self._stub = None
-        self._answered = False
 
     def __enter__(self) -> PodResourcesClient:
         return self
@@ -201,23 +199,16 @@ class PodResourcesClient:
         return self._stub
 
     def _call(self, method: str, request: Any) -> Any:
-        for attempt in (1, 2):
-            self.calls[method] += 1
-            had_answered = self._answered
-            try:
-                response = getattr(self._ensure_stub(), method)(request, timeout=self.timeout)
-            except grpc.RpcError as error:
-                code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
-                if code == grpc.StatusCode.UNAVAILABLE:
-                    # A restarted kubelet listens on a new socket inode: start over with a new channel, and try
-                    # once more right away if this channel had worked (the break is the restart, not an outage).
-                    self.close()
-                    if had_answered and attempt == 1:
-                        continue
-                raise self._translate(method, code, error) from None
-            self._answered = True
-            return response
-        raise AssertionError("unreachable: the second attempt returns or raises")
+        self.calls[method] += 1
+        try:
+            return getattr(self._ensure_stub(), method)(request, timeout=self.timeout)
+        except grpc.RpcError as error:
+            code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+            if code == grpc.StatusCode.UNAVAILABLE:
+                # Start the next call on a new channel: one that failed to connect waits out a reconnect backoff
+                # (fast-failing meanwhile), and a restarted kubelet listens on a new socket inode.
+                self.close()
+            raise self._translate(method, code, error) from None
 
     def _translate(self, method: str, code: grpc.StatusCode, error: grpc.RpcError) -> Exception:
         details = (error.details() if isinstance(error, grpc.Call) else None) or str(code)
