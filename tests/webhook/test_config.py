@@ -1,0 +1,165 @@
+"""webhook.config: the YAML file → frozen PolicyConfig, and every way a file can be wrong."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCES
+from webhook.config import (
+    DEFAULT_HOST_DEVICE_PATHS,
+    ConfigError,
+    PolicyConfig,
+    config_from_mapping,
+    load_config,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "webhook" / "config.example.yaml"
+POLICY_DOC = ROOT / "docs" / "policy.md"
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_defaults_without_a_file():
+    config = load_config(None)
+    assert config == PolicyConfig()
+    assert config.gpu_resources == DEFAULT_GPU_RESOURCES
+    assert config.exempt_namespaces == ("kube-system",)
+    assert config.kai_scheduler_names == ("kai-scheduler",)
+    assert config.nvidia_runtime_classes == ("nvidia", "nvidia-cdi", "nvidia-legacy")
+    assert config.visible_devices_aliases == config.exempt_service_accounts == config.extra_host_device_paths == ()
+
+
+def test_own_namespace_is_always_exempt(tmp_path):
+    assert load_config(None, own_namespace="gpu-fence").exempt_namespaces == ("kube-system", "gpu-fence")
+    path = write(tmp_path, "exempt_namespaces: [tools]\n")
+    assert load_config(path, own_namespace="gpu-fence").exempt_namespaces == ("tools", "gpu-fence")
+    assert load_config(path, own_namespace="tools").exempt_namespaces == ("tools",)
+    with pytest.raises(ConfigError, match="own namespace"):
+        load_config(None, own_namespace="Not_A_Namespace")
+
+
+def test_the_example_file_loads_and_equals_the_defaults():
+    assert load_config(str(EXAMPLE)) == PolicyConfig()
+
+
+def test_the_example_file_documents_every_key():
+    keys = set(yaml.safe_load(EXAMPLE.read_text(encoding="utf-8")))
+    assert keys == {field.name for field in dataclasses.fields(PolicyConfig)}
+
+
+def test_the_policy_doc_lists_every_key_with_its_default():
+    text = POLICY_DOC.read_text(encoding="utf-8")
+    section = text[text.index("## Configuration"):]
+    for field in dataclasses.fields(PolicyConfig):
+        row = re.search(rf"^\| `{field.name}` \|(.*)$", section, re.MULTILINE)
+        assert row, f"docs/policy.md has no row for {field.name}"
+        default = getattr(PolicyConfig(), field.name)
+        for value in default:
+            assert f"`{value}`" in row.group(1), f"default {value} of {field.name} missing from docs/policy.md"
+    for path in DEFAULT_HOST_DEVICE_PATHS:
+        assert f"`{path}`" in text, f"built-in host path {path} missing from docs/policy.md"
+
+
+def test_a_full_file(tmp_path):
+    path = write(tmp_path, """
+gpu_resources: [nvidia.com/gpu, example.com/accel-*]
+visible_devices_aliases: [DOCKER_RESOURCE_GPU]
+kai_scheduler_names: [kai-scheduler, kai-scheduler-b]
+nvidia_runtime_classes: [nvidia]
+exempt_namespaces: [kube-system, gpu-operator]
+exempt_service_accounts: [monitoring/dcgm-exporter]
+extra_host_device_paths: [/opt/nvidia, /dev/accel*]
+""")
+    config = load_config(path)
+    assert config.gpu_resource_set.matches("example.com/accel-1")
+    assert not config.gpu_resource_set.matches("nvidia.com/gpu.shared")
+    assert config.visible_devices_names == {"NVIDIA_VISIBLE_DEVICES", "DOCKER_RESOURCE_GPU"}
+    assert config.exempt_service_account_set == {"monitoring/dcgm-exporter"}
+    assert config.host_device_paths[-2:] == ("/opt/nvidia", "/dev/accel*")
+    assert config.host_device_paths[: len(DEFAULT_HOST_DEVICE_PATHS)] == DEFAULT_HOST_DEVICE_PATHS
+
+
+def test_empty_file_and_null_values(tmp_path):
+    assert load_config(write(tmp_path, "")) == PolicyConfig()
+    assert load_config(write(tmp_path, "# only a comment\n")) == PolicyConfig()
+    assert load_config(write(tmp_path, "exempt_namespaces:\n")).exempt_namespaces == ()
+
+
+def test_duplicates_are_dropped(tmp_path):
+    config = load_config(write(tmp_path, "exempt_namespaces: [a, b, a]\n"))
+    assert config.exempt_namespaces == ("a", "b")
+
+
+def test_config_is_frozen_and_hashable():
+    config = PolicyConfig(exempt_namespaces=["a", "b"])  # type: ignore[arg-type]
+    assert config.exempt_namespaces == ("a", "b")
+    hash(config)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.exempt_namespaces = ()  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    ("exempt_namespace: [a]\n", ["exempt_namespace", "did you mean 'exempt_namespaces'"]),
+    ("colour: blue\n", ["colour", "known keys", "gpu_resources"]),
+    ("exempt_namespaces: kube-system\n", ["exempt_namespaces", "expected a list"]),
+    ("exempt_namespaces: {a: 1}\n", ["exempt_namespaces", "expected a list"]),
+    ("exempt_namespaces: [kube-system, 7]\n", ["exempt_namespaces[1]", "non-empty string"]),
+    ("exempt_namespaces: ['']\n", ["exempt_namespaces[0]"]),
+    ("exempt_namespaces: [Kube_System]\n", ["exempt_namespaces[0]", "namespace"]),
+    ("exempt_service_accounts: [gpu-operator]\n", ["exempt_service_accounts[0]", "namespace/serviceaccount"]),
+    ("exempt_service_accounts: [/sa]\n", ["exempt_service_accounts[0]"]),
+    ("gpu_resources: []\n", ["gpu_resources", "at least one"]),
+    ("gpu_resources:\n", ["gpu_resources", "at least one"]),
+    ("gpu_resources: ['*']\n", ["gpu_resources[0]", "domain-prefixed"]),
+    ("gpu_resources: [gpu]\n", ["gpu_resources[0]", "domain-prefixed"]),
+    ("gpu_resources: ['nvidia.com/*gpu']\n", ["gpu_resources[0]", "only at the end"]),
+    ("gpu_resources: [cpu]\n", ["gpu_resources[0]"]),
+    ("visible_devices_aliases: ['NOT VALID']\n", ["visible_devices_aliases[0]", "environment variable"]),
+    ("nvidia_runtime_classes: [NVIDIA]\n", ["nvidia_runtime_classes[0]"]),
+    ("kai_scheduler_names: [' kai ']\n", ["kai_scheduler_names[0]", "whitespace"]),
+    ("extra_host_device_paths: [dev/foo]\n", ["extra_host_device_paths[0]", "absolute"]),
+    ("extra_host_device_paths: ['/dev/*/x']\n", ["extra_host_device_paths[0]"]),
+    ("- a\n- b\n", ["must be a mapping"]),
+    ("just text\n", ["must be a mapping"]),
+])
+def test_bad_files_name_the_key(tmp_path, text, names):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    message = str(raised.value)
+    assert message.startswith(path + ": ")
+    for name in names:
+        assert name in message
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    path = write(tmp_path, "exempt_namespaces: [a\nkai_scheduler_names: [b]\n: :\n")
+    with pytest.raises(ConfigError, match=r"invalid YAML at line \d+, column \d+"):
+        load_config(path)
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the configuration file"):
+        load_config(str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(str(tmp_path))
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(str(binary))
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+    with pytest.raises(ValueError, match="unknown configuration key"):
+        config_from_mapping({"nope": []})
