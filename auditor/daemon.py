@@ -225,7 +225,7 @@ class Auditor:
                 self._drop("nvml")
             raise
         if self.api_problem:
-            snapshot = _with_note(snapshot, f"Kubernetes API not used: {self.api_problem}")
+            snapshot = _with_note(snapshot, f"Kubernetes API unavailable: {self.api_problem}")
         return snapshot, audit(snapshot, self.policy)
 
     def _drop(self, name: str) -> None:
@@ -423,5 +423,5 @@ def _count_degraded(snapshot: NodeSnapshot, metrics: Any) -> None:
     """A cycle that completed with a degraded source still counts that source's failure."""
     if any(note.startswith("NVML:") for note in snapshot.notes):
         metrics.failed("nvml")
-    if any(note.startswith("Kubernetes API") for note in snapshot.notes):
+    if any(note.startswith("Kubernetes API unavailable") for note in snapshot.notes):
         metrics.failed("kubernetes-api")

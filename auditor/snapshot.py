@@ -422,6 +422,9 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Any = time.tim
             if sources.pods.last_error:
                 when = "stale pod list in use" if pods is not None else "names from PodResources and /proc"
                 notes.append(f"Kubernetes API unavailable ({sources.pods.last_error}): {when}")
+        if sources.pods is None:
+            notes.append("Kubernetes API not used: names from PodResources and each container's HOSTNAME and "
+                         "service-account namespace file")
         if identity_source in ("disabled", "unavailable"):
             identity_source = "fallback"
         runtime = inspect_runtime_containers(sources.hostproc, with_fallback_names=identity_source != "kubernetes")

@@ -1,0 +1,342 @@
+"""THE scenario builder: describe a GPU node once, get every fake it needs, and the CLI args to audit it.
+
+One ``NodeScenario`` sets up, under one directory:
+- the fake NVML configuration (``FAKE_NVML_CONFIG``) and the compiled fake ``libnvidia-ml.so.1`` (``--nvml-lib``);
+- a real gRPC PodResources server on a unix socket (``--pod-resources-socket``);
+- a host /proc tree with real cgroup files, environments and ``/dev/nvidia*`` character devices (``--host-proc``);
+- optionally the Kubernetes API fake with the node's pods (``--kubeconfig``).
+
+Describe pods with ``add_pod(...)`` and ``Ctr(...)``, host GPU processes with ``add_host_gpu_process``, filler
+host processes with ``host_processes=N``; then ``start()`` and ``args()``. Devices are named by GPU index (``0``),
+MIG slot (``"0:3"``: GPU 0, slot 3) or a literal UUID. ``dense_node()`` builds the benchmark's node (8 GPUs × 7 MIG
+slices, 110 pods × 4 containers, ~2,000 GPU processes, 30,000 host processes) and is linear in its sizes.
+
+Making device nodes needs CAP_MKNOD (root), as the host-proc tree does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.fakes.hostproc_tree import HostProcTree, cgroup_text
+from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
+from tests.fakes.nvml import (
+    GIB,
+    FakeError,
+    FakeGpu,
+    FakeMig,
+    FakeNvmlConfig,
+    FakeProcess,
+    build_fake_nvml,
+    fake_gpu_uuid,
+    fake_mig_uuid,
+)
+from tests.fakes.podresources_server import FakeKubelet, claim, claim_device, container, pod
+
+NVML_BUILD_DIR = Path(__file__).parent / "nvml" / "build"
+Device = int | str  # GPU index, "gpu:slot" MIG slot, or a literal GPU-/MIG- UUID
+
+RUNTIME_PREFIX = {"systemd-containerd": "containerd", "cgroupfs": "containerd", "systemd-crio": "cri-o",
+                  "cgroupfs-crio": "cri-o", "systemd-docker": "docker"}
+
+
+def uuid_of(device: Device) -> str:
+    if isinstance(device, int):
+        return fake_gpu_uuid(device)
+    if ":" in device and not device.startswith(("GPU-", "MIG-")):
+        gpu, slot = device.split(":")
+        return fake_mig_uuid(int(gpu), int(slot))
+    return device
+
+
+def _stable_id(*parts: object, length: int = 64) -> str:
+    return hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:length]
+
+
+def _uid(*parts: object) -> str:
+    h = _stable_id("uid", *parts, length=32)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+@dataclass
+class Ctr:
+    """One container: what the kubelet allocated, what it can see, what it runs on the GPUs.
+
+    ``allocated``: devices the kubelet gave it (``device_ids`` overrides the raw ids, e.g. ``GPU-x::3``).
+    ``visible``: devices whose ``/dev/nvidia<minor>`` is in its root (a MIG slot shows its card), or ``"all"``.
+    ``processes``: ``(device, bytes)`` per GPU process. ``env``: its environment (NVIDIA_VISIBLE_DEVICES, ...).
+    ``dra``: DRA device names (``pool/device`` or CDI) it holds through one claim.
+    ``running=False``: listed by the kubelet but no process on the host (not started yet).
+    """
+
+    name: str
+    allocated: Sequence[Device] = ()
+    resource: str = "nvidia.com/gpu"
+    device_ids: Sequence[str] | None = None
+    visible: Sequence[Device] | str = ()
+    processes: Sequence[tuple[Device, int | None]] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    dra: Sequence[str] = ()
+    running: bool = True
+    container_id: str = ""
+    pids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Pod:
+    namespace: str
+    name: str
+    containers: list[Ctr]
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    scheduler_name: str = "default-scheduler"
+    layout: str = "systemd-containerd"
+    v1: bool = False
+    uid: str = ""
+    in_api: bool = True
+    sandbox_pid: int = 0
+
+
+class NodeScenario:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        node: str = "node-a",
+        gpus: int = 2,
+        mig_slots: Mapping[int, int] | None = None,
+        gpu_name: str = "NVIDIA H100 80GB HBM3",
+        host_processes: int = 0,
+        kubernetes: bool = True,
+    ) -> None:
+        self.root = Path(root)
+        self.node = node
+        self.gpu_count = gpus
+        self.mig_slots = dict(mig_slots or {})
+        self.gpu_name = gpu_name
+        self.host_process_count = host_processes
+        self.kubernetes = kubernetes
+        self.pods: list[Pod] = []
+        self.host_gpu_processes: list[tuple[int, Device, int | None]] = []
+        self.nvml_errors: list[FakeError] = []
+        self._next_pid = 1000
+        self.proc: HostProcTree | None = None
+        self.kubelet: FakeKubelet | None = None
+        self.api: FakeKubeApi | None = None
+        self.library: Path | None = None
+
+    # --- describing the node -------------------------------------------------------------------------------
+
+    def pid(self) -> int:
+        self._next_pid += 1
+        return self._next_pid
+
+    def add_pod(self, namespace: str, name: str, *containers: Ctr, **options: Any) -> Pod:
+        new = Pod(namespace, name, list(containers), **options)
+        new.uid = new.uid or _uid(self.node, namespace, name)
+        for number, ctr in enumerate(new.containers):
+            ctr.container_id = ctr.container_id or _stable_id(new.uid, ctr.name, number)
+        self.pods.append(new)
+        return new
+
+    def add_host_gpu_process(self, device: Device, used_bytes: int | None = GIB) -> int:
+        pid = self.pid()
+        self.host_gpu_processes.append((pid, device, used_bytes))
+        return pid
+
+    def nvml_config(self) -> FakeNvmlConfig:
+        gpus = tuple(
+            FakeGpu(index=i, name=self.gpu_name, mig=i in self.mig_slots) for i in range(self.gpu_count)
+        )
+        migs = tuple(
+            FakeMig(gpu_index=g, slot=s, gpu_instance_id=7 + s, slices=1, memory_total_bytes=10 * GIB)
+            for g, count in sorted(self.mig_slots.items())
+            for s in range(count)
+        )
+        processes = [
+            FakeProcess(device=uuid_of(device), pid=pid, used_memory_bytes=size)
+            for p in self.pods
+            for ctr in p.containers
+            for pid, (device, size) in zip(ctr.pids[1:], ctr.processes, strict=True)
+        ]
+        processes += [
+            FakeProcess(device=uuid_of(device), pid=pid, used_memory_bytes=size)
+            for pid, device, size in self.host_gpu_processes
+        ]
+        return FakeNvmlConfig(gpus=gpus, migs=migs, processes=tuple(processes), errors=tuple(self.nvml_errors))
+
+    def _minor(self, device: Device) -> int:
+        uuid = uuid_of(device)
+        for index in range(self.gpu_count):
+            if uuid == fake_gpu_uuid(index) or uuid.startswith(f"MIG-{index:08x}-"):
+                return index
+        raise ValueError(f"{device!r} is no device of this node")
+
+    # --- building the fakes --------------------------------------------------------------------------------
+
+    def start(self) -> NodeScenario:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.library = build_fake_nvml(NVML_BUILD_DIR)
+        self.proc = HostProcTree(self.root / "proc")
+        self._write_proc()
+        self.write_nvml()
+        self.kubelet = FakeKubelet(self.root / "pod-resources" / "kubelet.sock", self.kubelet_pods()).start()
+        if self.kubernetes:
+            self.api = FakeKubeApi().start()
+            for p in self.pods:
+                if p.in_api:
+                    self.api.add_pod(self.api_pod(p))
+            self.api.write_kubeconfig(self.root / "kubeconfig")
+        return self
+
+    def stop(self) -> None:
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        if self.api is not None:
+            self.api.stop()
+
+    def __enter__(self) -> NodeScenario:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def write_nvml(self) -> Path:
+        return self.nvml_config().write(self.root / "nvml.conf")
+
+    def kubelet_pods(self) -> list[Any]:
+        listed = []
+        for p in self.pods:
+            containers = []
+            for ctr in p.containers:
+                ids = list(ctr.device_ids) if ctr.device_ids is not None else [uuid_of(d) for d in ctr.allocated]
+                devices = {ctr.resource: ids} if ids else {}
+                claims = []
+                if ctr.dra:
+                    claims.append(claim(f"{ctr.name}-gpu", p.namespace, *(
+                        claim_device("gpu.nvidia.com", *name.split("/", 1)) if "/" in name and "=" not in name
+                        else claim_device("gpu.nvidia.com", cdi=[name])
+                        for name in ctr.dra
+                    )))
+                containers.append(container(ctr.name, devices, claims))
+            listed.append(pod(p.name, p.namespace, *containers))
+        return listed
+
+    def api_pod(self, p: Pod) -> dict[str, Any]:
+        return make_pod(
+            p.namespace, p.name, p.uid, self.node,
+            [(ctr.name, ctr.container_id if ctr.running else None) for ctr in p.containers],
+            labels=p.labels, annotations=p.annotations, scheduler_name=p.scheduler_name,
+            runtime=RUNTIME_PREFIX[p.layout],
+        )
+
+    def _write_proc(self) -> None:
+        assert self.proc is not None
+        tree = self.proc
+        minors_all = list(range(self.gpu_count))
+        for p in self.pods:
+            p.sandbox_pid = self.pid()  # the pause container: its own container id, no GPU, not in the pod status
+            tree.add_container_process(p.sandbox_pid, p.uid, _stable_id(p.uid, "sandbox"), layout=p.layout, v1=p.v1)
+            for ctr in p.containers:
+                if not ctr.running:
+                    continue
+                minors = minors_all if ctr.visible == "all" else sorted({self._minor(d) for d in ctr.visible})
+                rootfs = tree.rootfs(f"{p.uid}-{ctr.container_id[:12]}", gpu_minors=minors, control_nodes=bool(minors))
+                secrets = rootfs / "var/run/secrets/kubernetes.io/serviceaccount"
+                secrets.mkdir(parents=True)
+                (secrets / "namespace").write_text(p.namespace)
+                environ = {"PATH": "/usr/bin", "HOSTNAME": p.name, **ctr.env}
+                ctr.pids = [self.pid() for _ in range(1 + len(ctr.processes))]
+                for pid in ctr.pids:
+                    tree.add_container_process(pid, p.uid, ctr.container_id, rootfs=rootfs, environ=environ,
+                                               layout=p.layout, v1=p.v1)
+        for pid, _, _ in self.host_gpu_processes:
+            tree.add_process(pid, cgroup="0::/system.slice/cuda-host.service\n", environ={"PATH": "/usr/bin"})
+        self._write_filler(self.host_process_count)
+
+    def _write_filler(self, count: int) -> None:
+        """Host processes that are neither GPU users nor containers, written as cheaply as possible."""
+        assert self.proc is not None
+        cgroup = b"0::/system.slice/some.service\n"
+        for _ in range(count):
+            directory = self.proc.root / str(self.pid())
+            directory.mkdir()
+            (directory / "cgroup").write_bytes(cgroup)
+
+    # --- running the auditor -------------------------------------------------------------------------------
+
+    def args(self, command: str = "once", *extra: str, kubernetes: bool | None = None) -> list[str]:
+        """CLI args that audit this node (for ``auditor.cli.main`` or after the console script's name)."""
+        assert self.kubelet is not None and self.library is not None and self.proc is not None
+        base = [
+            command,
+            "--node", self.node,
+            "--pod-resources-socket", str(self.kubelet.socket_path),
+            "--host-proc", str(self.proc.root),
+            "--nvml-lib", str(self.library),
+        ]
+        use_api = self.kubernetes if kubernetes is None else kubernetes
+        if use_api and self.api is not None:
+            base += ["--kubeconfig", str(self.root / "kubeconfig")]
+        else:
+            base += ["--no-kubernetes"]
+        return [*base, *extra]
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment for a subprocess auditor: the fake NVML's configuration file."""
+        env = dict(os.environ if base is None else base)
+        env["FAKE_NVML_CONFIG"] = str(self.root / "nvml.conf")
+        env.pop("NODE_NAME", None)
+        return env
+
+    # --- lookups for assertions ----------------------------------------------------------------------------
+
+    def container(self, pod_name: str, name: str) -> Ctr:
+        for p in self.pods:
+            if p.name == pod_name:
+                for ctr in p.containers:
+                    if ctr.name == name:
+                        return ctr
+        raise KeyError(f"{pod_name}/{name}")
+
+
+def dense_node(root: Path, *, gpus: int = 8, slots: int = 7, pods: int = 110, containers_per_pod: int = 4,
+               gpu_processes: int = 2000, host_processes: int = 30_000, kubernetes: bool = True) -> NodeScenario:
+    """The benchmark's node: every MIG slice allocated to one pod's first container, processes spread evenly."""
+    scenario = NodeScenario(root, gpus=gpus, mig_slots={g: slots for g in range(gpus)},
+                            host_processes=host_processes, kubernetes=kubernetes)
+    slices = [f"{g}:{s}" for g in range(gpus) for s in range(slots)]
+    per_pod, extra = divmod(gpu_processes, pods)
+    for number in range(pods):
+        device = slices[number % len(slices)] if number < len(slices) else None
+        count = per_pod + (1 if number < extra else 0)
+        first = Ctr(
+            "main",
+            allocated=[device] if device else [],
+            resource="nvidia.com/mig-1g.10gb",
+            visible=[device] if device else [],
+            processes=[(device, 64 << 20)] * count if device else [],
+            env={"NVIDIA_VISIBLE_DEVICES": uuid_of(device) if device else "void"},
+        )
+        sidecars = [Ctr(f"side{n}", env={"NVIDIA_VISIBLE_DEVICES": "void"}) for n in range(1, containers_per_pod)]
+        scenario.add_pod(f"team-{number % 10}", f"job-{number}", first, *sidecars, labels={"team": f"t{number % 5}"})
+    # pods without a slice carry their processes on the host side instead, keeping the process count
+    leftover = sum(per_pod + (1 if n < extra else 0) for n in range(len(slices), pods))
+    for n in range(leftover):
+        scenario.add_host_gpu_process(slices[n % len(slices)], 32 << 20)
+    return scenario
+
+
+def cgroup_layouts() -> Iterable[tuple[str, bool]]:
+    """Every (layout, cgroup v1?) pair the scenario tests cover."""
+    for layout in ("systemd-containerd", "systemd-crio", "systemd-docker", "cgroupfs", "cgroupfs-crio"):
+        for v1 in (False, True):
+            yield layout, v1
+
+
+__all__ = ["Ctr", "NodeScenario", "Pod", "cgroup_layouts", "cgroup_text", "dense_node", "uuid_of"]
