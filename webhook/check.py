@@ -329,18 +329,16 @@ def list_cluster_pods(namespace: str | None, kubeconfig: str | None) -> list[dic
     from urllib3.exceptions import HTTPError  # noqa: PLC0415
 
     configuration = client.Configuration()
+    # $KUBECONFIG is read here, not through the client's default (fixed when the client is first imported).
+    config_file = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     try:
-        if (
-            kubeconfig is not None
-            or os.environ.get("KUBECONFIG")
-            or os.path.exists(os.path.expanduser(kube_config.KUBE_CONFIG_DEFAULT_LOCATION))
-        ):
-            kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        if kubeconfig or os.environ.get("KUBECONFIG") or os.path.exists(config_file):
+            kube_config.load_kube_config(config_file=config_file, client_configuration=configuration)
         else:
+            config_file = "the in-cluster service account"
             kube_config.load_incluster_config(client_configuration=configuration)
     except (kube_config.ConfigException, OSError, ValueError, TypeError) as error:
-        where = kubeconfig or os.environ.get("KUBECONFIG") or "the default kubeconfig or in-cluster configuration"
-        raise ClusterError(f"cannot load Kubernetes configuration from {where}: {error}") from None
+        raise ClusterError(f"cannot load Kubernetes configuration from {config_file}: {error}") from None
     configuration.retries = 1  # fail fast and clearly on an unreachable API instead of retrying silently
     api = client.CoreV1Api(client.ApiClient(configuration))
     pods: list[dict[str, Any]] = []

@@ -1,0 +1,165 @@
+"""``check --cluster``: the real ``kubernetes`` client against a local fake of the pod-list endpoints."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from webhook import check, cli
+from webhook.config import PolicyConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared fakes package
+from fakes.kubeapi_pods import FakePodsApi, pod, write_kubeconfig
+
+CUDA = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
+GPU = {"limits": {"nvidia.com/gpu": "1"}}
+
+PODS = [
+    pod("default", "trainer", [{"name": "main", "image": CUDA, "resources": GPU}]),
+    pod("default", "notebook", [{"name": "main", "image": CUDA}]),
+    pod(
+        "team-a",
+        "sneaky",
+        [{"name": "main", "image": CUDA, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}],
+    ),
+    pod(
+        "team-a",
+        "pinned",
+        [{"name": "main", "image": CUDA, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]}],
+    ),
+    pod("kube-system", "node-agent", [{"name": "agent", "image": "busybox", "securityContext": {"privileged": True}}]),
+]
+
+
+@pytest.fixture
+def api() -> Iterator[FakePodsApi]:
+    with FakePodsApi(PODS) as fake:
+        yield fake
+
+
+@pytest.fixture
+def kubeconfig(tmp_path: Path, api: FakePodsApi) -> Path:
+    return write_kubeconfig(tmp_path / "kubeconfig", api.url)
+
+
+def run_cluster(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(["check", "--cluster", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_all_namespaces_each_pod_in_its_own_namespace(
+    api: FakePodsApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cluster(capsys, "--kubeconfig", str(kubeconfig), "--format", "json")
+    assert (code, err) == (1, "")
+    report = json.loads(out)
+    rows = [
+        (r["source"], r["line"], r["kind"], r["namespace"], r["name"], r["path"], r["verdict"])
+        for r in report["results"]
+    ]
+    assert rows == [
+        ("cluster", 0, "Pod", "default", "trainer", "", "allowed"),
+        ("cluster", 0, "Pod", "default", "notebook", "", "mutated"),
+        ("cluster", 0, "Pod", "team-a", "sneaky", "", "rejected"),
+        ("cluster", 0, "Pod", "team-a", "pinned", "", "allowed"),
+        ("cluster", 0, "Pod", "kube-system", "node-agent", "", "exempt"),
+    ]
+    assert report["results"][2]["violations"][0]["rule"] == "visible-devices-env"
+    assert [path for path, _ in api.requests] == ["/api/v1/pods"]
+
+
+def test_one_namespace(api: FakePodsApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cluster(capsys, "--kubeconfig", str(kubeconfig), "--namespace", "default", "--format", "json")
+    assert code == 0
+    assert [r["name"] for r in json.loads(out)["results"]] == ["trainer", "notebook"]
+    assert [path for path, _ in api.requests] == ["/api/v1/namespaces/default/pods"]
+
+
+def test_large_clusters_are_read_in_pages(
+    api: FakePodsApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(check, "CLUSTER_PAGE_SIZE", 2)
+    code, out, _ = run_cluster(capsys, "--kubeconfig", str(kubeconfig), "--format", "json")
+    assert code == 1
+    assert json.loads(out)["summary"]["pod_specs"] == len(PODS)
+    assert [(query["limit"], query.get("continue")) for _, query in api.requests] == [
+        (["2"], None),
+        (["2"], ["2"]),
+        (["2"], ["4"]),
+    ]
+
+
+def test_kubeconfig_from_the_environment(
+    api: FakePodsApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    code, out, err = run_cluster(capsys, "--namespace", "team-a")
+    assert (code, err) == (1, "")
+    assert "cluster\n  rejected  Pod team-a/sneaky\n" in out
+
+
+def test_sarif_for_live_pods_has_logical_locations(kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cluster(capsys, "--kubeconfig", str(kubeconfig), "--format", "sarif")
+    assert code == 1
+    [result] = json.loads(out)["runs"][0]["results"]
+    [location] = result["locations"]
+    assert "physicalLocation" not in location
+    assert location["logicalLocations"][0]["fullyQualifiedName"] == "Pod/team-a/sneaky"
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_unreachable_api_exits_2_with_the_address(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    server = f"http://127.0.0.1:{_closed_port()}"
+    config = write_kubeconfig(tmp_path / "kubeconfig", server)
+    code, out, err = run_cluster(capsys, "--kubeconfig", str(config))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"gpu-fence-webhook check: error: cannot reach the Kubernetes API at {server}: ")
+    assert len(err.splitlines()) == 1
+
+
+def test_forbidden_exits_2_with_the_api_message(
+    api: FakePodsApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.fail_with = (403, 'pods is forbidden: User "tester" cannot list resource "pods" at the cluster scope')
+    code, out, err = run_cluster(capsys, "--kubeconfig", str(kubeconfig))
+    assert (code, out) == (2, "")
+    assert 'refused to list pods: 403 Forbidden: pods is forbidden: User "tester" cannot list' in err
+    assert len(err.splitlines()) == 1
+
+
+def test_a_body_that_is_not_json_exits_2(
+    api: FakePodsApi, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.garbage = True
+    code, _, err = run_cluster(capsys, "--kubeconfig", str(kubeconfig))
+    assert code == 2
+    assert "sent a pod list that is not JSON" in err
+
+
+def test_missing_kubeconfig_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope"
+    code, _, err = run_cluster(capsys, "--kubeconfig", str(missing))
+    assert code == 2
+    assert f"cannot load Kubernetes configuration from {missing}" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_pods_without_a_spec_are_skipped() -> None:
+    report = check.check_pods([{"metadata": {"name": "odd"}}, {**PODS[0], "kind": "Pod"}], _config())
+    assert report.skipped == 1
+    assert [result.name for result in report.results] == ["trainer"]
+
+
+def _config() -> PolicyConfig:
+    return PolicyConfig()
