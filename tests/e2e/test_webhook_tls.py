@@ -1,0 +1,468 @@
+"""End to end over real TLS: ``certs`` makes the CA and serving certificate, ``gpu-fence-webhook serve`` runs as a
+subprocess (gunicorn, 2 gthread workers) on a loopback port, and real AdmissionReview v1 JSON goes over HTTPS,
+verified against the generated CA with the Service DNS name, exactly as the API server would connect.
+
+One server per module (starting it is the slow part); the certificate-renewal test runs last because it changes
+the served certificate.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import http.client
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+from cryptography import x509
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.e2e
+
+FIXTURES = Path(__file__).parents[1] / "webhook" / "admissionreviews"
+SERVICE, NAMESPACE = "gpu-fence-webhook", "gpu-fence"
+HOSTNAME = f"{SERVICE}.{NAMESPACE}.svc"
+BIN = Path(sys.executable).parent
+STARTUP_DEADLINE_S = 30.0  # generous: a loaded CI machine; never asserted as a speed
+
+
+def fixture(name: str) -> dict:
+    document = json.loads((FIXTURES / f"{name}.json").read_text())
+    document["request"]["uid"] = str(uuid.uuid4())  # the API server sends a fresh uid per call
+    return document
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Connection(http.client.HTTPSConnection):
+    """HTTPS to 127.0.0.1, verifying the certificate for the Service DNS name (SNI included), TCP_NODELAY."""
+
+    def __init__(self, port: int, context: ssl.SSLContext) -> None:
+        super().__init__(HOSTNAME, port, context=context, timeout=10)
+        self._port = port
+
+    def connect(self) -> None:
+        raw = socket.create_connection(("127.0.0.1", self._port), self.timeout)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)
+
+    def peer_serial(self) -> int:
+        return x509.load_der_x509_certificate(self.sock.getpeercert(binary_form=True)).serial_number
+
+
+@dataclass
+class Reply:
+    status: int
+    document: dict
+    headers: dict
+
+
+def send(conn: Connection, method: str, path: str, body: bytes | None = None,
+         content_type: str | None = "application/json") -> Reply:
+    headers = {"Content-Type": content_type} if content_type and body is not None else {}
+    conn.request(method, path, body=body, headers=headers)
+    response = conn.getresponse()
+    data = response.read()
+    is_json = response.getheader("Content-Type", "").startswith("application/json")
+    return Reply(response.status, json.loads(data) if is_json else {"text": data.decode()}, dict(response.getheaders()))
+
+
+@dataclass
+class Server:
+    port: int
+    tls_dir: Path
+    context: ssl.SSLContext
+    process: subprocess.Popen
+    stderr_path: Path
+
+    def connect(self, context: ssl.SSLContext | None = None) -> Connection:
+        return Connection(self.port, context or self.context)
+
+    def post(self, path: str, document: dict | bytes, **kwargs) -> Reply:
+        body = document if isinstance(document, bytes) else json.dumps(document).encode()
+        conn = self.connect()
+        try:
+            return send(conn, "POST", path, body, **kwargs)
+        finally:
+            conn.close()
+
+    def get(self, path: str) -> Reply:
+        conn = self.connect()
+        try:
+            return send(conn, "GET", path)
+        finally:
+            conn.close()
+
+    def stderr_lines(self) -> list[str]:
+        return self.stderr_path.read_text(errors="replace").splitlines()
+
+
+def run_certs(out_dir: Path) -> None:
+    subprocess.run([str(BIN / "gpu-fence-webhook"), "certs", "--service", SERVICE, "--namespace", NAMESPACE,
+                    "--out-dir", str(out_dir)], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("webhook")
+    tls = tmp / "tls"
+    run_certs(tls)
+    port = free_port()
+    stderr_path = tmp / "serve.stderr"
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1", "TMPDIR": str(tmp)}
+    with stderr_path.open("wb") as stderr:
+        process = subprocess.Popen(
+            [str(BIN / "gpu-fence-webhook"), "serve", "--cert-file", str(tls / "tls.crt"), "--key-file",
+             str(tls / "tls.key"), "--bind", "127.0.0.1", "--port", str(port), "--workers", "2", "--threads", "4",
+             "--namespace", NAMESPACE],
+            stdout=subprocess.DEVNULL, stderr=stderr, env=env,
+        )
+    context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
+    started = Server(port, tls, context, process, stderr_path)
+    try:
+        deadline = time.monotonic() + STARTUP_DEADLINE_S
+        while True:
+            assert process.poll() is None, "serve exited:\n" + "\n".join(started.stderr_lines()[-20:])
+            try:
+                if started.get("/readyz").status == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "serve not ready:\n" + "\n".join(started.stderr_lines()[-20:])
+            time.sleep(0.05)  # polling interval of the readiness loop, not a wait for an event
+        yield started
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def decoded_patch(reply: Reply) -> list[dict] | None:
+    patch = reply.document["response"].get("patch")
+    return None if patch is None else json.loads(base64.b64decode(patch))
+
+
+def scrape(server: Server) -> dict[tuple, float]:
+    reply = server.get("/metrics")
+    assert reply.status == 200
+    out = {}
+    for family in text_string_to_metric_families(reply.document["text"]):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def reviews(samples: dict, endpoint: str, verdict: str, rule: str = "none") -> float:
+    key = ("gpu_fence_webhook_reviews_total", (("endpoint", endpoint), ("rule", rule), ("verdict", verdict)))
+    return samples.get(key, 0.0)
+
+
+# -- the admission contract over HTTPS -------------------------------------------------------------------------
+
+
+def test_mutate_returns_a_patch_that_yields_a_valid_pinned_pod_and_is_idempotent(server):
+    review = fixture("pod-create-replicaset-gpu-mix")
+    reply = server.post("/mutate", review)
+    assert reply.status == 200 and reply.headers["Content-Type"].startswith("application/json")
+    response = reply.document["response"]
+    assert reply.document["apiVersion"] == "admission.k8s.io/v1" and reply.document["kind"] == "AdmissionReview"
+    assert response["uid"] == review["request"]["uid"] and response["allowed"] is True
+    assert response["patchType"] == "JSONPatch"
+    pod = jsonpatch.apply_patch(review["request"]["object"], decoded_patch(reply))
+    kubernetes_validate.validate(pod, desired_version="1.30", strict=True)
+    containers = {c["name"]: c for c in pod["spec"]["containers"] + pod["spec"]["initContainers"]}
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in containers["log-shipper"]["env"]
+    assert containers["fetch-weights"]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    assert "env" not in containers["trainer"]  # the GPU container is left alone
+    again = copy.deepcopy(review)
+    again["request"]["object"] = pod
+    second = server.post("/mutate", again)
+    assert "patch" not in second.document["response"] and "patchType" not in second.document["response"]
+    # and the mutated pod passes enforcement, while the original is denied naming rule, container and fix
+    assert server.post("/validate", again).document["response"]["allowed"] is True
+    denied = server.post("/validate", review).document["response"]
+    assert denied["allowed"] is False and denied["status"]["code"] == 403
+    assert "unpinned-container" in denied["status"]["message"] and "log-shipper" in denied["status"]["message"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in denied["status"]["message"]
+    assert denied["auditAnnotations"] == {"rules": "unpinned-container"}
+
+
+def test_minimal_pod_without_env_gets_the_whole_env_array(server):
+    review = fixture("pod-create-minimal")
+    pod = jsonpatch.apply_patch(review["request"]["object"], decoded_patch(server.post("/mutate", review)))
+    assert pod["spec"]["containers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+
+
+def test_validate_denies_a_path_to_all_gpus(server):
+    review = fixture("pod-create-kubectl")
+    container = review["request"]["object"]["spec"]["containers"][0]
+    container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    response = server.post("/validate", review).document["response"]
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    assert "visible-devices-env" in response["auditAnnotations"]["rules"]
+    assert container["name"] in response["status"]["message"]
+
+
+def test_warn_mode_allows_with_short_warnings(server):
+    review = fixture("pod-create-kubectl")
+    review["request"]["object"]["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    response = server.post("/validate/warn", review).document["response"]
+    assert response["allowed"] is True and "status" not in response
+    assert response["warnings"] and all(len(w) <= 120 for w in response["warnings"])
+    assert any(w.startswith("privileged") for w in response["warnings"])
+    assert "patch" not in response
+
+
+def test_ephemeral_container_update_judges_only_the_new_container(server):
+    review = fixture("pod-update-ephemeralcontainers")
+    reply = server.post("/mutate", review)
+    patch = decoded_patch(reply)
+    assert patch and all(op["path"].startswith("/spec/ephemeralContainers/1") for op in patch)
+    pod = jsonpatch.apply_patch(review["request"]["object"], patch)
+    assert pod["spec"]["ephemeralContainers"][1]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    denied = server.post("/validate", review).document["response"]
+    assert denied["allowed"] is False and "debugger-abc12" in denied["status"]["message"]
+    assert "log-shipper" not in denied["status"]["message"]  # not part of this update
+    review["request"]["object"] = pod
+    assert server.post("/validate", review).document["response"]["allowed"] is True
+
+
+def test_dry_run_gets_the_same_answer(server):
+    dry, wet = fixture("pod-create-dryrun"), fixture("pod-create-replicaset-gpu-mix")
+    assert decoded_patch(server.post("/mutate", dry)) == decoded_patch(server.post("/mutate", wet))
+    assert server.post("/validate", dry).document["response"]["allowed"] is False
+
+
+def test_mirror_pods_and_exempt_namespaces_are_allowed_untouched(server):
+    mirror = server.post("/mutate", fixture("pod-create-mirror")).document["response"]
+    assert mirror["allowed"] is True and "patch" not in mirror and "exempt" in mirror["auditAnnotations"]
+    own = fixture("pod-create-replicaset-gpu-mix")
+    own["request"]["namespace"] = NAMESPACE  # the webhook's own namespace (--namespace) is always exempt
+    response = server.post("/validate", own).document["response"]
+    assert response["allowed"] is True and "exempt" in response["auditAnnotations"]
+
+
+@pytest.mark.parametrize("name", ["pod-delete", "deployment-create"])
+def test_other_operations_and_kinds_are_allowed_without_patch(server, name):
+    review = fixture(name)
+    for path in ("/mutate", "/validate"):
+        assert server.post(path, review).document["response"] == {"uid": review["request"]["uid"], "allowed": True}
+
+
+# -- bad input: a clear JSON 4xx, never a 500 or a traceback ---------------------------------------------------
+
+
+def _bad_cases() -> list[tuple[str, bytes, str | None, int, str]]:
+    no_uid = fixture("pod-create-kubectl")
+    del no_uid["request"]["uid"]
+    wrong_kind = fixture("pod-create-kubectl") | {"kind": "Pod"}
+    return [
+        ("/validate", b"this is not json", "application/json", 400, "invalid-json"),
+        ("/validate", json.dumps(fixture("pod-create-kubectl")).encode(), "text/plain", 415, "wrong-content-type"),
+        ("/validate", json.dumps(fixture("pod-create-kubectl")).encode(), None, 415, "wrong-content-type"),
+        ("/validate", (FIXTURES / "pod-create-v1beta1.json").read_bytes(), "application/json", 400,
+         "wrong-api-version"),
+        ("/mutate", json.dumps(wrong_kind).encode(), "application/json", 400, "wrong-kind"),
+        ("/mutate", b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}', "application/json", 400,
+         "missing-request"),
+        ("/validate/warn", json.dumps(no_uid).encode(), "application/json", 400, "missing-uid"),
+        ("/validate", b"", "application/json", 400, "empty-body"),
+    ]
+
+
+@pytest.mark.parametrize("case", _bad_cases(), ids=lambda case: case[4])
+def test_bad_input_is_a_clear_json_4xx(server, case):
+    path, body, content_type, status, reason = case
+    reply = server.post(path, body, content_type=content_type)
+    assert reply.status == status
+    assert reply.document["error"] == reason and reply.document["message"]
+    assert "Traceback" not in json.dumps(reply.document)
+
+
+def test_body_over_3_mib_is_413(server):
+    body = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","pad":"' + b"x" * (3 * 1024 * 1024) + b'"}'
+    reply = server.post("/validate", body)
+    assert reply.status == 413 and reply.document["error"] == "body-too-large"
+
+
+def test_unknown_paths_and_methods_are_json(server):
+    assert server.get("/admit").status == 404 and server.get("/admit").document["error"] == "not-found"
+    reply = server.get("/validate")
+    assert reply.status == 405 and reply.document["error"] == "method-not-allowed"
+
+
+def test_health_endpoints(server):
+    assert server.get("/healthz").document == {"status": "ok"}
+    assert server.get("/readyz").document == {"status": "ready"}
+
+
+# -- metrics, logs, imports ------------------------------------------------------------------------------------
+
+
+def test_metrics_merge_all_workers(server):
+    before = scrape(server)
+    for _ in range(12):  # a fresh connection each: the kernel spreads them over both workers
+        server.post("/validate", fixture("pod-create-replicaset-gpu-mix"))
+        server.post("/mutate", fixture("pod-create-replicaset-gpu-mix"))
+    server.post("/validate", b"{", content_type="application/json")
+    after = scrape(server)
+    assert reviews(after, "validate", "denied", "unpinned-container") - reviews(
+        before, "validate", "denied", "unpinned-container") == 12
+    assert reviews(after, "mutate", "patched") - reviews(before, "mutate", "patched") == 12
+    key = ("gpu_fence_webhook_bad_requests_total", (("reason", "invalid-json"),))
+    assert after[key] - before.get(key, 0) == 1
+    count = ("gpu_fence_webhook_review_duration_seconds_count", (("endpoint", "validate"),))
+    assert after[count] - before.get(count, 0) == 12
+    leaf = x509.load_pem_x509_certificate((server.tls_dir / "tls.crt").read_bytes())
+    expiry = after[("gpu_fence_webhook_certificate_expiry_timestamp_seconds", ())]
+    assert expiry == leaf.not_valid_after_utc.timestamp()
+
+
+def test_logs_are_json_lines_and_the_kubernetes_client_is_never_imported(server):
+    review = fixture("pod-create-dryrun")
+    server.post("/validate", review)
+    deadline = time.monotonic() + 10
+    while True:
+        lines = server.stderr_lines()
+        events = [json.loads(line) for line in lines if not line.startswith("import time:")]
+        if any(event.get("uid") == review["request"]["uid"] for event in events):
+            break
+        assert time.monotonic() < deadline, "review event not logged"
+        time.sleep(0.05)
+    [event] = [event for event in events if event.get("uid") == review["request"]["uid"]]
+    assert event["event"] == "review" and event["verdict"] == "denied" and event["dry_run"] is True
+    assert event["rules"] == ["unpinned-container"] and event["namespace"] == "default"
+    imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
+    assert "flask" in imported and "webhook.app" in imported  # the import log is live
+    assert not [name for name in imported if name == "kubernetes" or name.startswith("kubernetes.")]
+
+
+# -- errors at start -------------------------------------------------------------------------------------------
+
+
+def _serve_fails(tmp_path: Path, *extra: str) -> str:
+    result = subprocess.run([str(BIN / "gpu-fence-webhook"), "serve", "--port", str(free_port()), *extra],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+def test_serve_refuses_missing_or_mismatched_certificates_and_bad_config(tmp_path, server):
+    err = _serve_fails(tmp_path, "--cert-file", str(tmp_path / "nope.crt"), "--key-file", str(tmp_path / "nope.key"))
+    assert "cannot read" in err and "nope.crt" in err
+    other = tmp_path / "other"
+    run_certs(other)
+    err = _serve_fails(tmp_path, "--cert-file", str(server.tls_dir / "tls.crt"), "--key-file", str(other / "tls.key"))
+    assert "not a matching PEM certificate and key" in err
+    config = tmp_path / "config.yaml"
+    config.write_text("gpu_resourcez: [nvidia.com/gpu]\n")
+    err = _serve_fails(tmp_path, "--cert-file", str(server.tls_dir / "tls.crt"), "--key-file",
+                       str(server.tls_dir / "tls.key"), "--config", str(config))
+    assert "gpu_resourcez" in err
+
+
+# -- certificate renewal during traffic (last: it changes the served certificate) ------------------------------
+
+
+def test_certificate_renewal_during_traffic_drops_nothing_and_serves_the_new_cert(server, tmp_path):
+    renewed = tmp_path / "renewed"
+    run_certs(renewed)  # a new CA too: clients trust old + new, as a caBundle does during a rotation
+    both = ssl.create_default_context(cadata=(server.tls_dir / "ca.crt").read_text() + (renewed / "ca.crt").read_text())
+    old_serial = x509.load_pem_x509_certificate((server.tls_dir / "tls.crt").read_bytes()).serial_number
+    new_serial = x509.load_pem_x509_certificate((renewed / "tls.crt").read_bytes()).serial_number
+    server.context = both  # from here on the server may present either certificate
+
+    kept_alive = server.connect(both)
+    assert send(kept_alive, "GET", "/healthz").status == 200
+    assert kept_alive.peer_serial() == old_serial
+
+    stop = threading.Event()
+    failures: list[str] = []
+    answered = [0]
+
+    def traffic() -> None:
+        conn = server.connect(both)
+        while not stop.is_set():
+            try:
+                reply = send(conn, "POST", "/validate", json.dumps(fixture("pod-create-replicaset-gpu-mix")).encode())
+                if reply.status != 200 or reply.document["response"]["allowed"] is not False:
+                    failures.append(f"unexpected reply {reply.status}")
+                answered[0] += 1
+                if answered[0] % 5 == 0:  # mix in fresh connections (new handshakes) with keep-alive reuse
+                    conn.close()
+                    conn = server.connect(both)
+            except (OSError, http.client.HTTPException) as error:
+                failures.append(repr(error))
+                conn.close()
+                conn = server.connect(both)
+        conn.close()
+
+    threads = [threading.Thread(target=traffic) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while answered[0] < 20:
+            assert time.monotonic() < deadline and not failures, failures
+            time.sleep(0.01)
+        # replace the pair the way `certs` and a Secret volume do: atomic renames, key first
+        for name in ("tls.key", "tls.crt"):
+            staging = server.tls_dir / f".{name}.new"
+            shutil.copyfile(renewed / name, staging)
+            os.replace(staging, server.tls_dir / name)
+        # every worker checks the files at most once a second: wait until fresh connections, whichever worker
+        # takes them, all get the new certificate
+        deadline = time.monotonic() + 20
+        in_a_row = 0
+        while in_a_row < 8:
+            fresh = server.connect(both)
+            try:
+                send(fresh, "GET", "/healthz")
+                in_a_row = in_a_row + 1 if fresh.peer_serial() == new_serial else 0
+            finally:
+                fresh.close()
+            assert time.monotonic() < deadline, "the renewed certificate was never served by every worker"
+            time.sleep(0.05)
+        served_after = answered[0]
+        deadline = time.monotonic() + 10
+        while answered[0] < served_after + 20:
+            assert time.monotonic() < deadline, "traffic stalled after the renewal"
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=20)
+    assert failures == []
+    # the connection opened before the renewal is still alive and still on the old certificate
+    assert send(kept_alive, "GET", "/healthz").status == 200
+    assert kept_alive.peer_serial() == old_serial
+    kept_alive.close()
+    # clients that trust only the new CA now connect fine
+    only_new = ssl.create_default_context(cafile=str(renewed / "ca.crt"))
+    conn = server.connect(only_new)
+    assert send(conn, "GET", "/readyz").status == 200
+    conn.close()
+    expiry = scrape(server)[("gpu_fence_webhook_certificate_expiry_timestamp_seconds", ())]
+    assert expiry == x509.load_pem_x509_certificate((renewed / "tls.crt").read_bytes()).not_valid_after_utc.timestamp()
