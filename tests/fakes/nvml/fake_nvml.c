@@ -249,6 +249,7 @@ static void clear_state(void) {
     memset(gpus, 0, sizeof gpus);
     memset(migs, 0, sizeof migs);
     gpu_count = 0;
+    memset(errors, 0, sizeof errors);
     error_count = 0;
     default_max_slices = 7;
     snprintf(driver_version, sizeof driver_version, "%s", "550.163.01");
@@ -481,6 +482,7 @@ static int parse_line(const char *path, int number, const char *keyword, char *c
             return config_error(path, number, "expected: error <known NVML function> <code> [device=<uuid|index>] "
                                               "[times=<n>] (at most %d rules)", MAX_ERRORS), 0;
         struct error_rule *rule = &errors[error_count++];
+        memset(rule, 0, sizeof *rule);
         snprintf(rule->function, sizeof rule->function, "%s", function);
         rule->code = (nvmlReturn_t)code;
         rule->times = -1;
