@@ -146,3 +146,18 @@ def test_health_readiness_and_metrics_endpoints(metrics):
     assert scrape.status_code == 200
     assert scrape.content_type.startswith("text/plain")
     assert b"gpu_fence_webhook_certificate_expiry_timestamp_seconds" in scrape.data
+
+
+def test_every_bad_request_reason_is_documented():
+    """The reasons are metric label values: docs/metrics.md and docs/webhook.md must list each one the code uses."""
+    import re
+
+    root = Path(__file__).parents[2]
+    code = (root / "webhook" / "review.py").read_text() + (root / "webhook" / "app.py").read_text()
+    reasons = set(re.findall(r'BadReview\(\s*"([a-z-]+)"', code)) | set(re.findall(r'\d{3}: "([a-z-]+)"', code))
+    assert len(reasons) >= 12
+    metrics_doc = (root / "docs" / "metrics.md").read_text()
+    webhook_doc = (root / "docs" / "webhook.md").read_text()
+    for reason in reasons:
+        assert f"`{reason}`" in metrics_doc, reason
+        assert f"| `{reason}` |" in webhook_doc, reason
