@@ -246,28 +246,33 @@ def assemble(
             draft.runtime = runtime.get(container_id)
             by_id[container_id] = draft
 
-    # 2. runtime containers the API did not name: fall back to the container's own files
+    # 2. runtime containers the API did not name: fall back to the container's own files, matching first by
+    #    evidence (its NVIDIA_VISIBLE_DEVICES or its GPU nodes equal an allocation), then by elimination.
+    unnamed = [found for cid, found in runtime.items() if cid not in by_id and found.pod_uid not in (pods or {})]
+    if identity_source != "kubernetes":
+        cards = {gpu.minor: gpu.uuid for gpu in gpus if not gpu.is_mig and gpu.minor is not None}
+        for by_evidence in (True, False):
+            for found in unnamed:
+                if found.container_id in by_id:
+                    continue
+                draft = _fallback_match(found, drafts, devices, cards, by_evidence=by_evidence)
+                if draft is not None:
+                    draft.identity = Identity.FALLBACK
+                    draft.pod_uid, draft.container_id, draft.runtime = found.pod_uid, found.container_id, found
+                    by_id[found.container_id] = draft
+
+    # 3. what is still unnamed: a sandbox (pause) container, a pod newer than the list, one the API never showed.
+    #    Reported (by uid) only when it holds a GPU process or a GPU device node.
     process_containers = {process[4] for process in processes if process[4]}
     for container_id, found in runtime.items():
-        if container_id in by_id:
+        if container_id in by_id or (not found.visible_minors and container_id not in process_containers):
             continue
-        pod = (pods or {}).get(found.pod_uid)
-        draft = None
-        if pod is None and identity_source != "kubernetes":
-            draft = _fallback_match(found, drafts, devices)
-        if draft is not None:
-            draft.identity = Identity.FALLBACK
-        else:
-            # Unnamed: a sandbox (pause) container, a pod newer than the list, or one the API never showed.
-            # Reported only when it holds a GPU process or a GPU device node.
-            if not found.visible_minors and container_id not in process_containers:
-                continue
-            metadata = (pod or {}).get("metadata") or {}
-            namespace = metadata.get("namespace", found.namespace_file)
-            name = metadata.get("name", found.hostname)
-            draft = _Draft(namespace, name, None, identity=Identity.UID)
-            drafts[(namespace or "", name or "", container_id)] = draft
+        metadata = ((pods or {}).get(found.pod_uid) or {}).get("metadata") or {}
+        namespace = metadata.get("namespace", found.namespace_file)
+        name = metadata.get("name", found.hostname)
+        draft = _Draft(namespace, name, None, identity=Identity.UID)
         draft.pod_uid, draft.container_id, draft.runtime = found.pod_uid, container_id, found
+        drafts[(namespace or "", name or "", container_id)] = draft
         by_id[container_id] = draft
 
     containers = tuple(_freeze(draft, gpus) for draft in drafts.values())
@@ -278,7 +283,14 @@ def assemble(
     return NodeSnapshot(options.node, now, tuple(gpus), containers, gpu_processes, identity_source, tuple(notes))
 
 
-def _fallback_match(found: RuntimeContainer, drafts: Mapping[tuple, _Draft], devices: DeviceIndex) -> _Draft | None:
+def _fallback_match(
+    found: RuntimeContainer,
+    drafts: Mapping[tuple, _Draft],
+    devices: DeviceIndex,
+    cards: Mapping[int, str],
+    *,
+    by_evidence: bool,
+) -> _Draft | None:
     """Without the API: the PodResources container this runtime container most likely is, or None."""
     if not found.namespace_file or not found.hostname:
         return None
@@ -286,11 +298,11 @@ def _fallback_match(found: RuntimeContainer, drafts: Mapping[tuple, _Draft], dev
         d for (ns, pod, _), d in drafts.items()
         if d.in_kubelet and d.container_id is None and ns == found.namespace_file and pod == found.hostname
     ]
-    if len(candidates) == 1:
-        return candidates[0]
-    named = parse_visible_devices(found.visible_devices_env).devices
-    uuids = {devices.normalize(entry) for entry in named}
-    matching = [d for d in candidates if d.allocated and set(d.allocated) == uuids]
+    if not by_evidence:
+        return candidates[0] if len(candidates) == 1 else None
+    named = {devices.normalize(entry) for entry in parse_visible_devices(found.visible_devices_env).devices}
+    visible = {cards[minor] for minor in found.visible_minors or () if minor in cards}
+    matching = [d for d in candidates if d.allocated and set(d.allocated) in (named, visible)]
     return matching[0] if len(matching) == 1 else None
 
 

@@ -1,0 +1,249 @@
+"""End-to-end scenarios: a described node (fake NVML, real gRPC PodResources, real /proc tree, API fake) audited
+by ``gpu-fence-auditor once``, in process through ``auditor.cli.main`` and once through the real console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from auditor.cli import main
+from tests.fakes.node_scenario import Ctr, NodeScenario, cgroup_layouts, uuid_of
+from tests.fakes.nvml import GIB, FakeError
+
+pytestmark = pytest.mark.e2e
+CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    made: list[NodeScenario] = []
+
+    def build(**options) -> NodeScenario:
+        scenario = NodeScenario(tmp_path / f"node{len(made)}", **options)
+        made.append(scenario)
+        return scenario
+
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    yield build
+    for scenario in made:
+        scenario.stop()
+
+
+def audit_json(scenario: NodeScenario, monkeypatch, capsys, *extra: str, kubernetes: bool | None = None):
+    """Start the scenario if needed, run ``once --format json`` in process; (exit code, report)."""
+    if scenario.kubelet is None:
+        scenario.start()
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(scenario.write_nvml()))
+    capsys.readouterr()
+    code = main(scenario.args("once", "--format", "json", *extra, kubernetes=kubernetes))
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if out else None), err
+
+
+def kinds(report) -> list[tuple[str, str | None, str | None]]:
+    return sorted((f["kind"], f["container"], f["gpu"]) for f in report["findings"])
+
+
+def row(report, pod: str, container: str | None = None):
+    rows = report["containers"]
+    return next(r for r in rows if r["pod"] == pod and (container is None or r["container"] == container))
+
+
+def test_exclusive_gpus_are_clean(node, monkeypatch, capsys):
+    scenario = node(gpus=2)
+    scenario.add_pod("ml", "a", Ctr("main", allocated=[0], visible=[0], processes=[(0, 5 * GIB)],
+                                    env={"NVIDIA_VISIBLE_DEVICES": uuid_of(0)}))
+    scenario.add_pod("ml", "b", Ctr("main", allocated=[1], visible=[1], processes=[(1, 3 * GIB)]),
+                     Ctr("sidecar", env={"NVIDIA_VISIBLE_DEVICES": "void"}))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 0 and report["findings"] == []
+    assert report["summary"] == report["summary"] | {"containers": 3, "gpus": 2, "findings": 0}
+    assert row(report, "a")["memory_bytes"] == {uuid_of(0): 5 * GIB}
+    assert row(report, "b", "main")["identity"] == "kubernetes"
+    assert all(r["pod_uid"] for r in report["containers"])
+
+
+def test_cuda_container_without_allocation_using_a_gpu(node, monkeypatch, capsys):
+    scenario = node(gpus=2)
+    scenario.add_pod("ml", "train", Ctr("main", allocated=[0], visible=[0], processes=[(0, GIB)]))
+    scenario.add_pod("web", "notebook", Ctr("jupyter", visible=[1], processes=[(1, 7 * GIB)],
+                                            env={"NVIDIA_VISIBLE_DEVICES": "all"}))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    used = [f for f in report["findings"] if f["kind"] == "used-unallocated"]
+    assert len(used) == 1
+    assert used[0] | {"message": ""} == used[0] | {
+        "namespace": "web", "pod": "notebook", "container": "jupyter", "gpu": uuid_of(1),
+        "pid": scenario.container("notebook", "jupyter").pids[1], "memory_bytes": 7 * GIB, "message": "",
+    }
+    assert ("env-mismatch", "jupyter", None) in kinds(report)
+    assert ("visible-unallocated", "jupyter", uuid_of(1)) in kinds(report)
+
+
+def test_time_sliced_sharing_is_legitimate(node, monkeypatch, capsys):
+    scenario = node(gpus=1)
+    for replica in range(4):
+        scenario.add_pod("ml", f"infer-{replica}", Ctr(
+            "main", allocated=[0], device_ids=[f"{uuid_of(0)}::{replica}"], resource="nvidia.com/gpu.shared",
+            visible=[0], processes=[(0, (replica + 1) * GIB)], env={"NVIDIA_VISIBLE_DEVICES": uuid_of(0)},
+        ))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 0, report["findings"]
+    assert sum(r["memory_bytes"].get(uuid_of(0), 0) for r in report["containers"]) == 10 * GIB
+    assert all(r["allocation_counts"] == {uuid_of(0): 1} for r in report["containers"])
+
+
+def test_mig_process_on_a_sibling_slice(node, monkeypatch, capsys):
+    scenario = node(gpus=1, mig_slots={0: 3})
+    scenario.add_pod("ml", "small", Ctr("main", allocated=["0:0"], resource="nvidia.com/mig-1g.10gb",
+                                        visible=["0:0"], processes=[("0:0", GIB), ("0:2", 2 * GIB)],
+                                        env={"NVIDIA_VISIBLE_DEVICES": uuid_of("0:0")}))
+    scenario.add_pod("ml", "other", Ctr("main", allocated=["0:1"], resource="nvidia.com/mig-1g.10gb",
+                                        visible=["0:1"], processes=[("0:1", GIB)]))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    assert kinds(report) == [("used-unallocated", "main", uuid_of("0:2"))]
+    assert report["findings"][0]["pod"] == "small" and report["findings"][0]["memory_bytes"] == 2 * GIB
+    assert report["summary"]["gpus"] == 1 and report["summary"]["devices"] == 4
+
+
+def test_container_that_sees_all_gpus_but_uses_none(node, monkeypatch, capsys):
+    scenario = node(gpus=3)
+    scenario.add_pod("ops", "debug", Ctr("shell", visible="all"))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    assert kinds(report) == [("visible-unallocated", "shell", uuid_of(i)) for i in range(3)]
+
+
+def test_host_process_on_a_gpu_is_unattributed(node, monkeypatch, capsys):
+    scenario = node(gpus=1)
+    pid = scenario.add_host_gpu_process(0, 300 << 20)
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    (finding,) = report["findings"]
+    assert finding | {"message": ""} == {
+        "kind": "unattributed-process", "namespace": None, "pod": None, "container": None, "gpu": uuid_of(0),
+        "pid": pid, "memory_bytes": 300 << 20, "message": "", "pod_uid": None, "container_id": None,
+    }
+    assert report["unattributed_memory_bytes"] == {uuid_of(0): 300 << 20}
+
+
+@pytest.mark.parametrize(("layout", "v1"), list(cgroup_layouts()))
+def test_every_cgroup_layout_attributes_processes(node, monkeypatch, capsys, layout, v1):
+    scenario = node(gpus=2)
+    scenario.add_pod("ml", "ok", Ctr("main", allocated=[0], visible=[0], processes=[(0, GIB)]), layout=layout, v1=v1)
+    scenario.add_pod("ml", "bad", Ctr("main", processes=[(1, 2 * GIB)]), layout=layout, v1=v1)
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    assert [(f["kind"], f["pod"]) for f in report["findings"]] == [("used-unallocated", "bad")]
+    assert row(report, "ok")["used"] == [uuid_of(0)]
+    assert row(report, "bad")["container_id"] == scenario.container("bad", "main").container_id
+
+
+def test_exempt_namespace_is_reported_but_not_flagged(node, monkeypatch, capsys):
+    scenario = node(gpus=2)
+    scenario.add_pod("gpu-operator", "dcgm-exporter", Ctr("exporter", visible="all", processes=[(0, 100 << 20)],
+                                                          env={"NVIDIA_VISIBLE_DEVICES": "all"}))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys, "--exempt-namespace", "gpu-operator")
+    assert code == 0 and report["findings"] == []
+    assert row(report, "dcgm-exporter")["exempt"] is True
+    assert row(report, "dcgm-exporter")["memory_bytes"] == {uuid_of(0): 100 << 20}
+
+
+def test_kai_fraction_pod_uses_the_gpu_of_its_reservation_pod(node, monkeypatch, capsys):
+    scenario = node(gpus=2)
+    scenario.add_pod("kai-resource-reservation", "gpu-reservation-node-a-1",
+                     Ctr("resource-reservation", allocated=[1], visible=[1]), labels={"runai-gpu-group": "g-1"})
+    scenario.add_pod("team", "fraction", Ctr("main", visible=[1], processes=[(1, 10 * GIB)],
+                                             env={"NVIDIA_VISIBLE_DEVICES": "1"}),
+                     labels={"runai-gpu-group": "g-1"}, annotations={"gpu-fraction": "0.5"},
+                     scheduler_name="kai-scheduler")
+    scenario.add_pod("team", "impostor", Ctr("main", visible=[1], processes=[(1, GIB)]),
+                     labels={"runai-gpu-group": "g-1"}, annotations={"gpu-fraction": "0.5"})
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    assert {f["pod"] for f in report["findings"]} == {"impostor"}  # not scheduled by KAI: its label proves nothing
+    assert row(report, "fraction")["allocated"] == [uuid_of(1)]
+
+
+def test_dra_claim_counts_as_allocation(node, monkeypatch, capsys):
+    scenario = node(gpus=2)
+    scenario.add_pod("ml", "dra", Ctr("main", dra=["node-a/gpu-1"], visible=[1], processes=[(1, GIB)]))
+    scenario.add_pod("ml", "dra-uuid", Ctr("main", dra=[f"k8s.gpu.nvidia.com/device={uuid_of(0)}"], visible=[0]))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 0, report["findings"]
+    assert row(report, "dra")["allocated"] == [uuid_of(1)]
+    assert row(report, "dra-uuid")["allocated"] == [uuid_of(0)]
+
+
+def test_api_down_still_audits_and_names_containers_by_fallback(node, monkeypatch, capsys):
+    scenario = node(gpus=2)
+    scenario.add_pod("ml", "train", Ctr("main", allocated=[0], visible=[0], processes=[(0, GIB)]),
+                     Ctr("logger", env={"NVIDIA_VISIBLE_DEVICES": "void"}))
+    scenario.add_pod("web", "cuda", Ctr("app", processes=[(1, GIB)]))
+    scenario.start()
+    scenario.api.down = True
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    assert report["summary"]["identity"] == "fallback"
+    assert any("Kubernetes API unavailable" in note for note in report["notes"])
+    assert row(report, "train", "main")["identity"] == "fallback"
+    assert row(report, "train", "main")["pod_uid"] == scenario.pods[0].uid
+    assert [(f["kind"], f["namespace"], f["pod"], f["container"]) for f in report["findings"]] == [
+        ("used-unallocated", "web", "cuda", "app")
+    ]
+
+
+def test_no_kubernetes_reports_by_uid_when_names_cannot_be_found(node, monkeypatch, capsys):
+    scenario = node(gpus=1, kubernetes=False)
+    scenario.add_pod("ml", "train", Ctr("a", processes=[(0, GIB)]), Ctr("b", processes=[(0, GIB)]))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    flagged = {(f["pod_uid"], f["container_id"]) for f in report["findings"]}
+    expected = {(scenario.pods[0].uid, c.container_id) for c in scenario.pods[0].containers}
+    assert flagged == expected  # two unallocated containers of one pod: told apart by container id
+
+
+def test_nvml_gpu_lost_still_audits_the_other_gpus(node, monkeypatch, capsys):
+    scenario = node(gpus=2)
+    scenario.add_pod("ml", "a", Ctr("main", allocated=[0], visible=[0], processes=[(0, GIB)]))
+    scenario.add_pod("ml", "b", Ctr("main", processes=[(1, GIB)]))
+    scenario.nvml_errors.append(FakeError("nvmlDeviceGetUUID", "GPU_IS_LOST", device=1))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 0
+    assert [g["uuid"] for g in report["gpus"]] == [uuid_of(0)]
+    assert any(note.startswith("NVML:") for note in report["notes"])
+
+
+def test_kubelet_socket_missing_exits_2_with_the_reason(node, monkeypatch, capsys):
+    scenario = node(gpus=1).start()
+    scenario.kubelet.stop()
+    code, report, err = audit_json(scenario, monkeypatch, capsys)
+    assert code == 2 and report is None
+    assert err.count("\n") == 1 and "PodResources socket" in err and "--pod-resources-socket" in err
+
+
+def test_nvml_library_missing_exits_2_with_the_reason(node, monkeypatch, capsys, tmp_path):
+    scenario = node(gpus=1).start()
+    args = scenario.args("once")
+    args[args.index("--nvml-lib") + 1] = str(tmp_path / "nowhere" / "libnvidia-ml.so.1")
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--nvml-lib" in err
+
+
+def test_console_script_writes_junit_and_exits_1(node, tmp_path):
+    scenario = node(gpus=1)
+    scenario.add_pod("web", "cuda", Ctr("app", processes=[(0, GIB)]))
+    scenario.start()
+    scenario.write_nvml()
+    output = tmp_path / "audit.xml"
+    done = subprocess.run([str(CONSOLE_SCRIPT), *scenario.args("once", "--format", "junit", "--output", str(output))],
+                          check=False, env=scenario.env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == "" and 'type="used-unallocated"' in output.read_text()
