@@ -65,7 +65,11 @@ class HostProc:
         return listing
 
     def pids(self) -> list[int]:
-        """Every process id under the proc root, ascending."""
+        """Every process id under the proc root, ascending.
+
+        Raises ``OSError`` only when the proc root itself cannot be listed (not mounted, wrong ``--proc-root``):
+        that is a configuration error, unlike a single process going away.
+        """
         return sorted(self._listing())
 
     def _read_cgroup(self, pid: int) -> str | None:
@@ -102,7 +106,7 @@ class HostProc:
         """container id → one live pid in it (the lowest), for every container with a process on the host.
 
         Incremental: lists the pids, reads the cgroup file only of pids new since the last call (or reused, or
-        due for a recheck of a negative answer) and forgets vanished ones.
+        due for a recheck of a negative answer) and forgets vanished ones. Raises ``OSError`` as :meth:`pids`.
         """
         self._scans += 1
         current: dict[int, _Seen] = {}

@@ -35,6 +35,14 @@ def test_pids_lists_only_processes(tree: HostProcTree) -> None:
     assert HostProc(str(tree)).pids() == [1, 42, 300]
 
 
+def test_a_missing_proc_root_is_an_error_not_an_empty_node(tmp_path: Path) -> None:
+    proc = HostProc(str(tmp_path / "not-mounted"))
+    with pytest.raises(FileNotFoundError, match="not-mounted"):
+        proc.pids()
+    with pytest.raises(FileNotFoundError, match="not-mounted"):
+        proc.container_pids()
+
+
 def test_identity_per_layout(tree: HostProcTree) -> None:
     tree.add_container_process(10, POD_A, C1)
     tree.add_container_process(11, POD_B, C2, layout="cgroupfs-crio", qos="besteffort", v1=True)
