@@ -12,7 +12,6 @@ does. The GPU vocabulary (what is a GPU request, what a ``NVIDIA_VISIBLE_DEVICES
 
 from __future__ import annotations
 
-import copy
 import posixpath
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
@@ -145,6 +144,10 @@ class _Container(NamedTuple):
     body: Mapping[str, Any]
     gpu: bool
     kai_fraction: bool
+    #: ``(name, entry)`` for each readable env entry. Duplicates are all kept: the kubelet keeps the last, but
+    #: every one of them is judged, so no ordering trick can hide a value.
+    env: tuple[tuple[str, Mapping[str, Any]], ...]
+    env_readable: bool  # False when ``env`` is present but not a list: nothing can be appended to it
 
 
 class _Pod(NamedTuple):
@@ -159,7 +162,11 @@ class _Pod(NamedTuple):
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    # JSON and YAML decoders produce dicts; testing the concrete type keeps the hot path off the ABC machinery.
+    return value if isinstance(value, dict) else _EMPTY
+
+
+_EMPTY: Mapping[str, Any] = {}
 
 
 def _clip(text: str, limit: int) -> str:
@@ -186,13 +193,13 @@ def _is_gpu_container(field: str, name: Any, body: Mapping[str, Any], kai_name: 
 
 
 def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _Pod:
-    if not isinstance(pod, Mapping):
+    if not isinstance(pod, dict):
         problem = Violation(UNPINNED_CONTAINER, None, f"{UNPINNED_CONTAINER}: the object is not a Pod (not a JSON "
                             "object), so no container can be pinned; submit a Pod manifest")
         return _Pod({}, {}, (), (problem,), config, only is None)
     spec = pod.get("spec")
     unreadable: list[Violation] = []
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, dict):
         unreadable.append(Violation(UNPINNED_CONTAINER, None, f"{UNPINNED_CONTAINER}: the pod has no readable spec, "
                                     "so no container can be pinned; give the Pod a spec object"))
         spec = {}
@@ -209,7 +216,7 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
             continue
         for index, body in enumerate(entries):
             label = f"{field}[{index}]"
-            if not isinstance(body, Mapping):
+            if not isinstance(body, dict):
                 unreadable.append(Violation(UNPINNED_CONTAINER, label, f"{UNPINNED_CONTAINER}: spec.{label} is not "
                                             "an object, so it cannot be pinned; make it a container object"))
                 continue
@@ -218,20 +225,17 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
                 continue
             gpu = _is_gpu_container(field, name, body, kai_name, config)
             display = name if isinstance(name, str) and name else label
-            containers.append(_Container(field, index, display, body, gpu, gpu and name == kai_name))
+            env = body.get("env")
+            containers.append(_Container(field, index, display, body, gpu, gpu and name == kai_name, _read_env(env),
+                                         env is None or isinstance(env, list)))
     return _Pod(_mapping(pod.get("metadata")), spec, tuple(containers), tuple(unreadable), config, only is None)
 
 
-def _env_entries(container: _Container) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """``(name, entry)`` for each readable env entry. Duplicates are all yielded: the kubelet keeps the last,
-    but every one of them is judged, so no ordering trick can hide a value."""
-    env = container.body.get("env")
-    if isinstance(env, list):
-        for entry in env:
-            if isinstance(entry, Mapping):
-                name = entry.get("name")
-                if isinstance(name, str):
-                    yield name, entry
+def _read_env(env: Any) -> tuple[tuple[str, Mapping[str, Any]], ...]:
+    if not isinstance(env, list):
+        return ()
+    return tuple((entry["name"], entry) for entry in env
+                 if isinstance(entry, dict) and isinstance(entry.get("name"), str))
 
 
 def clean_path(path: str) -> str:
@@ -267,12 +271,11 @@ def unpinned_container(pod: _Pod) -> list[Violation]:
     for container in pod.containers:
         if container.gpu:
             continue
-        env = container.body.get("env")
-        if env is not None and not isinstance(env, list):
+        if not container.env_readable:
             found.append(Violation(UNPINNED_CONTAINER, container.name, f"{UNPINNED_CONTAINER}: container "
                                    f"{_quote(container.name)} has an env that is not a list, so "
                                    f"{VISIBLE_DEVICES_ENV}=void cannot be pinned; make env a list of name/value"))
-        elif not any(name == VISIBLE_DEVICES_ENV for name, _ in _env_entries(container)):
+        elif not any(name == VISIBLE_DEVICES_ENV for name, _ in container.env):
             found.append(Violation(UNPINNED_CONTAINER, container.name, f"{UNPINNED_CONTAINER}: container "
                                    f"{_quote(container.name)} requests no GPU and does not set {VISIBLE_DEVICES_ENV}"
                                    f"; add env {VISIBLE_DEVICES_ENV}=void (or request nvidia.com/gpu)"))
@@ -283,7 +286,7 @@ def _is_kai_injected(container: _Container, name: str, entry: Mapping[str, Any])
     """The one ``valueFrom`` allowed: KAI's binder points the fraction container at its reservation's ConfigMap."""
     value_from = entry.get("valueFrom")
     return (container.kai_fraction and name == VISIBLE_DEVICES_ENV and entry.get("value") in (None, "")
-            and isinstance(value_from, Mapping) and list(value_from) == ["configMapKeyRef"])
+            and isinstance(value_from, dict) and list(value_from) == ["configMapKeyRef"])
 
 
 def visible_devices_env(pod: _Pod) -> list[Violation]:
@@ -291,7 +294,7 @@ def visible_devices_env(pod: _Pod) -> list[Violation]:
     found: list[Violation] = []
     for container in pod.containers:
         where = f"container {_quote(container.name)}"
-        for name, entry in _env_entries(container):
+        for name, entry in container.env:
             if name not in names:
                 continue
             value = entry.get("value")
@@ -348,7 +351,7 @@ def sys_admin_capability(pod: _Pod) -> list[Violation]:
 def _volume_mounts(container: _Container) -> Iterator[Mapping[str, Any]]:
     mounts = container.body.get("volumeMounts")
     if isinstance(mounts, list):
-        yield from (mount for mount in mounts if isinstance(mount, Mapping))
+        yield from (mount for mount in mounts if isinstance(mount, dict))
 
 
 def _is_device_list_path(cleaned: str) -> bool:
@@ -392,7 +395,7 @@ def host_device_path(pod: _Pod) -> list[Violation]:
         mounted = {m["name"] for c in pod.containers for m in _volume_mounts(c) if isinstance(m.get("name"), str)}
     found: list[Violation] = []
     for volume in volumes:
-        if not isinstance(volume, Mapping):
+        if not isinstance(volume, dict):
             continue
         path = _mapping(volume.get("hostPath")).get("path")
         name = volume.get("name")
@@ -410,7 +413,7 @@ def host_device_path(pod: _Pod) -> list[Violation]:
 def mig_control_env(pod: _Pod) -> list[Violation]:
     found: list[Violation] = []
     for container in pod.containers:
-        for name, _ in _env_entries(container):
+        for name, _ in container.env:
             if name in MIG_CONTROL_ENVS:
                 found.append(Violation(MIG_CONTROL_ENV, container.name, f"{MIG_CONTROL_ENV}: container "
                                        f"{_quote(container.name)} sets {name}, which controls MIG on the whole GPU; "
@@ -457,6 +460,9 @@ def _pointer(*segments: str | int) -> str:
     return "".join("/" + _escape(str(segment)) for segment in segments)
 
 
+_FIELD_POINTERS = {field: _pointer("spec", field) for field in CONTAINER_FIELDS}
+
+
 def mutate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = None) -> Mutation:
     """Pin ``NVIDIA_VISIBLE_DEVICES=void`` on every non-GPU container that has no such entry; nothing else.
 
@@ -470,13 +476,12 @@ def mutate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = Non
     for container in view.containers:
         if container.gpu:
             continue
-        env = container.body.get("env")
-        path = _pointer("spec", container.field, container.index, "env")
-        if env is None:  # absent or null: add the whole array, since "/env/-" needs an existing array
-            operations.append({"op": "add", "path": path, "value": [{"name": VISIBLE_DEVICES_ENV, "value": PIN_VALUE}]})
-        elif not isinstance(env, list):
+        if not container.env_readable:
             continue  # nothing can be appended; unpinned-container reports it
-        elif any(name == VISIBLE_DEVICES_ENV for name, _ in _env_entries(container)):
+        path = f"{_FIELD_POINTERS[container.field]}/{container.index}/env"
+        if container.body.get("env") is None:  # absent or null: add the whole array ("/env/-" needs one)
+            operations.append({"op": "add", "path": path, "value": [{"name": VISIBLE_DEVICES_ENV, "value": PIN_VALUE}]})
+        elif any(name == VISIBLE_DEVICES_ENV for name, _ in container.env):
             continue
         else:
             operations.append({"op": "add", "path": path + "/-", "value": {"name": VISIBLE_DEVICES_ENV,
@@ -511,7 +516,7 @@ def exemption(pod: Any, config: PolicyConfig, *, namespace: str) -> str | None:
     """
     if isinstance(namespace, str) and namespace in config.exempt_namespace_set:
         return f"namespace {namespace} is exempt"
-    if not isinstance(pod, Mapping):
+    if not isinstance(pod, dict):
         return None
     if MIRROR_POD_ANNOTATION in _mapping(_mapping(pod.get("metadata")).get("annotations")):
         return "mirror pod of a static pod (the kubelet runs it from its own manifest)"
@@ -523,6 +528,15 @@ def exemption(pod: Any, config: PolicyConfig, *, namespace: str) -> str | None:
         if pair in config.exempt_service_account_set:
             return f"service account {pair} is exempt"
     return None
+
+
+def _copy_json(value: Any) -> Any:
+    """A deep copy of JSON data (dicts, lists, scalars), several times cheaper than ``copy.deepcopy``."""
+    if isinstance(value, dict):
+        return {key: _copy_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copy_json(item) for item in value]
+    return value
 
 
 def apply_patch(document: Any, patch: Collection[Mapping[str, Any]]) -> Any:
@@ -552,9 +566,12 @@ def apply_patch(document: Any, patch: Collection[Mapping[str, Any]]) -> Any:
     for operation in patch:
         if operation.get("op") != "add":
             raise ValueError(f"apply_patch supports only 'add', not {operation.get('op')!r}")
-        tokens = tuple(token.replace("~1", "/").replace("~0", "~") for token in operation["path"].split("/")[1:])
+        path = operation["path"]
+        tokens = tuple(path.split("/")[1:])
+        if "~" in path:  # unescape in the reverse order of escaping: "~01" is "~1", not "/"
+            tokens = tuple(token.replace("~1", "/").replace("~0", "~") for token in tokens)
         target = writable(tokens[:-1])
-        value = copy.deepcopy(operation["value"])
+        value = _copy_json(operation["value"])
         if isinstance(target, list) and tokens[-1] == "-":
             target.append(value)
         elif isinstance(target, list):
