@@ -18,7 +18,10 @@ import jsonpatch
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pods import mangled_pods, pods
 
+from webhook import policy as real_policy
+from webhook.config import PolicyConfig
 from webhook.review import (
     MAX_WARNING_CHARS,
     BadReview,
@@ -414,3 +417,51 @@ def test_no_request_shape_escapes_as_anything_but_an_answer_or_bad_review(reques
         assert bad.message
         return
     assert outcome.response["response"]["uid"] == request["uid"]
+
+
+# -- with the real policy: the envelope and the policy together ------------------------------------------------
+
+REAL_CONFIG = PolicyConfig()
+
+
+def envelope(pod, *, operation="CREATE", sub_resource="", old=None, namespace="team-a") -> dict:
+    request = {"uid": "3b1f0c2e-0000-4000-8000-000000000abc", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+               "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": namespace,
+               "operation": operation, "object": pod, "oldObject": old}
+    if sub_resource:
+        request["subResource"] = sub_resource
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+@settings(max_examples=150, deadline=None)
+@given(pod=pods())
+def test_real_policy_patch_applies_is_idempotent_and_leaves_nothing_unpinned(pod):
+    first = review(envelope(pod), Endpoint.MUTATE, REAL_CONFIG, real_policy)
+    assert first.verdict in (Verdict.PATCHED, Verdict.ALLOWED, Verdict.EXEMPT)
+    patch = first.response["response"].get("patch")
+    patched = pod if patch is None else jsonpatch.apply_patch(pod, json.loads(base64.b64decode(patch)))
+    second = review(envelope(patched), Endpoint.MUTATE, REAL_CONFIG, real_policy)
+    assert "patch" not in second.response["response"]
+    checked = review(envelope(patched), Endpoint.VALIDATE, REAL_CONFIG, real_policy)
+    assert checked.verdict is not Verdict.ERROR
+    assert "unpinned-container" not in checked.rules
+
+
+@settings(max_examples=150, deadline=None)
+@given(pod=mangled_pods(), endpoint=st.sampled_from(list(Endpoint)))
+def test_real_policy_on_mangled_pods_answers_or_refuses_never_errors(pod, endpoint):
+    try:
+        outcome = review(envelope(pod), endpoint, REAL_CONFIG, real_policy)
+    except BadReview:
+        return
+    assert outcome.verdict is not Verdict.ERROR, outcome.error
+
+
+def test_real_policy_ephemeral_update_pins_only_the_new_container():
+    body = load("pod-update-ephemeralcontainers")
+    outcome = review(body, Endpoint.MUTATE, REAL_CONFIG, real_policy)
+    patch = json.loads(base64.b64decode(outcome.response["response"]["patch"]))
+    assert patch and all(op["path"].startswith("/spec/ephemeralContainers/1") for op in patch)
+    denied = review(body, Endpoint.VALIDATE, REAL_CONFIG, real_policy).response["response"]
+    assert denied["allowed"] is False and "debugger-abc12" in denied["status"]["message"]
+    assert "log-shipper" not in denied["status"]["message"]
