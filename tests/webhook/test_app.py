@@ -161,3 +161,23 @@ def test_every_bad_request_reason_is_documented():
     for reason in reasons:
         assert f"`{reason}`" in metrics_doc, reason
         assert f"| `{reason}` |" in webhook_doc, reason
+
+
+def test_json_lines_formatter_renders_fields_and_exceptions():
+    from webhook.serving import JsonLinesFormatter
+
+    record = logging.LogRecord("gpu_fence.webhook", logging.INFO, __file__, 1, "review", None, None)
+    record.fields = {"event": "review", "uid": "u-1", "rules": ["privileged"], "path": Path("/x")}
+    line = JsonLinesFormatter().format(record)
+    assert "\n" not in line
+    document = json.loads(line)
+    assert document["level"] == "info" and document["message"] == "review" and document["uid"] == "u-1"
+    assert document["rules"] == ["privileged"] and document["path"] == "/x" and document["ts"].endswith("+00:00")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+
+        failed = logging.LogRecord("gpu_fence.webhook", logging.ERROR, __file__, 1, "oops", None, sys.exc_info())
+    rendered = json.loads(JsonLinesFormatter().format(failed))
+    assert "ValueError: boom" in rendered["exception"]

@@ -29,6 +29,7 @@ from webhook.certs import (
     service_dns_names,
     serving_is_good,
 )
+from webhook.serving import CertificateStore, ServeError
 
 NAMES = service_dns_names("gpu-fence-webhook", "gpu-fence")
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -228,3 +229,52 @@ def test_days_must_be_positive(tmp_path):
                             cwd=Path(__file__).parents[2])
     assert result.returncode == 2
     assert "'0' must be at least 1" in result.stderr
+
+
+# -- serve's certificate store: reload on change, never on a half-written pair ------------------------------------
+
+
+def _write_pair(directory: Path, pair: KeyPair) -> None:
+    for name, data in (("tls.key", pair.key_pem), ("tls.crt", pair.cert_pem)):
+        staging = directory / f".{name}.new"
+        staging.write_bytes(data)
+        staging.replace(directory / name)
+
+
+def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_written_pair(tmp_path):
+    ca = new_ca(common_name="ca", now=dt.datetime.now(dt.UTC), days=30)
+    first = new_serving_cert(ca, NAMES, now=dt.datetime.now(dt.UTC), days=10)
+    second = new_serving_cert(ca, NAMES, now=dt.datetime.now(dt.UTC), days=20)
+    _write_pair(tmp_path, first)
+    loaded: list[float] = []
+    store = CertificateStore(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), on_load=loaded.append,
+                             check_interval=0.0)
+    store.load()
+    original = store.context()
+    assert loaded == [first.cert.not_valid_after_utc.timestamp()]
+    assert store.context() is original  # unchanged files: the same context, no rebuild
+
+    (tmp_path / "tls.key").write_bytes(second.key_pem)  # key renewed, certificate not yet: a mismatched pair
+    assert store.reload_if_changed() is False
+    assert store.context() is original
+
+    (tmp_path / "tls.crt").unlink()  # mid-swap: a file briefly missing
+    assert store.reload_if_changed() is False
+    assert store.context() is original
+
+    _write_pair(tmp_path, second)
+    assert store.reload_if_changed() is True
+    assert store.context() is not original
+    assert loaded[-1] == second.cert.not_valid_after_utc.timestamp()
+    assert store.not_after == loaded[-1]
+
+
+def test_certificate_store_refuses_to_start_on_bad_files(tmp_path):
+    store = CertificateStore(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    with pytest.raises(ServeError, match="cannot read"):
+        store.load()
+    (tmp_path / "tls.crt").write_text("not a certificate")
+    (tmp_path / "tls.key").write_text("not a key")
+    with pytest.raises(ServeError, match="not a matching PEM certificate and key"):
+        store.load()
+    assert not store.is_loaded()
