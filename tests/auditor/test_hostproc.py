@@ -7,9 +7,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from auditor.cgroups import CONTAINERD, CRIO, CgroupIdentity
 from auditor.hostproc import HostProc
@@ -231,3 +234,46 @@ def test_environ_tolerates_bytes_that_are_not_utf8(tree: HostProcTree) -> None:
     proc = HostProc(str(tree))
     assert proc.environ(10, "NVIDIA_VISIBLE_DEVICES") == "GPU-1\ufffd"
     assert proc.environ(10, "A") == "\ufffd\ufffd"
+
+
+# --- property: the incremental scan always agrees with a fresh full scan -------------------------------------------
+
+_PODS = [POD_A, POD_B]
+_CONTAINERS = [C1, C2, C3, PAUSE]
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("container"), st.sampled_from(_PODS), st.sampled_from(_CONTAINERS)),
+        st.tuples(st.just("host")),
+        st.tuples(st.just("exit"), st.integers(min_value=0, max_value=50)),
+        st.tuples(st.just("reuse"), st.integers(min_value=0, max_value=50), st.sampled_from(_CONTAINERS)),
+        st.tuples(st.just("scan")),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations, st.integers(min_value=1, max_value=4))
+def test_incremental_scan_matches_a_full_scan(steps: list[tuple], recheck_every: int) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        tree = HostProcTree(Path(directory) / "proc")
+        incremental = HostProc(str(tree), recheck_every=recheck_every)
+        live: list[int] = []
+        next_pid = 100
+        for step in steps:
+            kind = step[0]
+            if kind == "container":
+                tree.add_container_process(next_pid, step[1], step[2], layout="cgroupfs", v1=next_pid % 2 == 0)
+                live.append(next_pid)
+                next_pid += 1
+            elif kind == "host":
+                tree.add_process(next_pid, cgroup="0::/system.slice/sshd.service\n")
+                live.append(next_pid)
+                next_pid += 1
+            elif kind == "exit" and live:
+                tree.remove(live.pop(step[1] % len(live)))
+            elif kind == "reuse" and live:  # a new process gets an exited one's pid
+                tree.reuse_pid(live[step[1] % len(live)], cgroup=cgroup_text(POD_B, step[2]))
+            elif kind == "scan":
+                assert incremental.container_pids() == HostProc(str(tree)).container_pids()
+        assert incremental.container_pids() == HostProc(str(tree)).container_pids()
