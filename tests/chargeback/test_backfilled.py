@@ -8,6 +8,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +157,24 @@ def test_flat_price_and_relative_times_and_output_file(prometheus, tmp_path):
     document = json.loads(output.read_text())
     assert document["total_gpu_cost"] == pytest.approx(2 * 1.5)  # two cards × 1 h × 1.50
     assert document["currency"] == "USD"
+
+
+def test_console_script(prometheus, prices_file):
+    """The installed entry point, as an operator runs it (``--start -30d`` style values reach the subcommand)."""
+    script = Path(sys.executable).with_name("gpu-fence-auditor")
+    done = subprocess.run(
+        [str(script), "chargeback", "--prometheus", prometheus.url, *window_args("timeslice"),
+         "--prices", str(prices_file), "--format", "csv"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {row["group"]: row for row in csv.DictReader(io.StringIO(done.stdout))}
+    assert float(rows["ml"]["usage_cost"]) == pytest.approx(2.00)
+    relative = subprocess.run(
+        [str(script), "chargeback", "--prometheus", prometheus.url, "--start", "-30d", "--end", "-29d",
+         "--price-per-gpu-hour", "1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    # Parsed, queried, and nothing there 29 days ago: the one-line "no data" error, not an argparse complaint.
+    assert relative.returncode == 2
+    assert "no gpu_fence_gpu_info samples" in relative.stderr
