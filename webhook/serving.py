@@ -245,7 +245,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, config: Any, workdir: str) -> int:
-    from prometheus_client import multiprocess  # noqa: PLC0415 - after PROMETHEUS_MULTIPROC_DIR is set
+    from prometheus_client import multiprocess, values  # noqa: PLC0415 - after PROMETHEUS_MULTIPROC_DIR is set
+
+    # prometheus_client picks its value storage when first imported; should anything have imported it before the
+    # variable was set, pick again, or each worker would count alone and /metrics would show one worker's share.
+    values.ValueClass = values.get_value_class()
 
     from webhook.app import create_app  # noqa: PLC0415
     from webhook.metrics import WebhookMetrics  # noqa: PLC0415
