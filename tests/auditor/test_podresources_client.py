@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -12,6 +16,7 @@ import pytest
 
 from auditor.podresources.client import (
     CONNECTION_REFUSED,
+    PERMISSION_DENIED,
     RATE_LIMITED,
     SOCKET_MISSING,
     TIMEOUT,
@@ -264,3 +269,28 @@ def test_construction_connects_to_nothing(socket_path: Path) -> None:
 def test_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError, match="timeout"):
         PodResourcesClient("/nowhere.sock", timeout=0)
+
+
+UNPRIVILEGED_CLIENT = """
+import json, sys
+from auditor.podresources.client import KubeletUnavailable, PodResourcesClient
+try:
+    PodResourcesClient(sys.argv[1], timeout=5).list()
+except KubeletUnavailable as error:
+    print(json.dumps({"reason": error.reason, "message": str(error)}))
+"""
+
+
+def test_permission_denied_on_the_socket(kubelet: FakeKubelet, socket_path: Path) -> None:
+    """A client without root meets a root-owned socket (the kubelet's is 0660 root:root)."""
+    socket_path.chmod(0)
+    command = [sys.executable, "-c", UNPRIVILEGED_CLIENT, str(socket_path)]
+    if os.geteuid() == 0:  # root connects regardless of mode through CAP_DAC_OVERRIDE: run without it
+        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *command]
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "GRPC_VERBOSITY": "NONE"}
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    assert outcome["reason"] == PERMISSION_DENIED
+    assert "must run as root" in outcome["message"]
+    assert kubelet.calls == {}
