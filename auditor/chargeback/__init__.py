@@ -101,6 +101,8 @@ def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, str, float]:
     if count < 1:
         raise ChargebackError(f"the range {iso(start)} .. {iso(end)} is shorter than one --step ({step:g} s)")
     by = _validate_by(args.by)
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        raise ChargebackError(f"--timeout {args.timeout:g}: must be a number of seconds greater than zero")
     prices = load_prices(args.prices) if args.prices else Prices.flat(args.price_per_gpu_hour)
     client = PrometheusClient(args.prometheus, timeout=args.timeout)
     intervals, notes = fetch_intervals(client, start, step, count, by)

@@ -125,6 +125,7 @@ def test_missing_price_file(tmp_path: Path):
         (["--start", "-1h", "--by", "pod"], ("--by 'pod'", "label:KEY")),
         (["--start", "-1h", "--by", "label:"], ("--by 'label:'",)),
         (["--start", "-1h", "--by", "label:a b"], ("not a Kubernetes label key",)),
+        (["--start", "-1h", "--timeout", "0"], ("--timeout 0", "greater than zero")),
     ],
 )
 def test_bad_times_steps_and_grouping(arguments: list[str], fragments: tuple[str, ...]):
