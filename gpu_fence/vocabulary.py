@@ -123,7 +123,8 @@ def kai_fraction_container(pod: Mapping[str, Any], kai_scheduler_names: Iterable
         return None
     if not any(key in annotations for key in KAI_FRACTION_ANNOTATIONS):
         return None
-    if spec.get("schedulerName") not in set(kai_scheduler_names):
+    scheduler = spec.get("schedulerName")
+    if not isinstance(scheduler, str) or scheduler not in set(kai_scheduler_names):
         return None
     named = annotations.get(KAI_FRACTION_CONTAINER_ANNOTATION)
     if isinstance(named, str) and named:

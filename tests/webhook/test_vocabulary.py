@@ -160,9 +160,6 @@ def test_kai_fraction_container():
     assert kai_fraction_container(kai_pod({"gpu-fraction": "0.5"}, names=()), ["kai-scheduler"]) is None
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="vocabulary bug reported to the lead: `schedulerName not in set(...)` raises TypeError "
-                          "for an unhashable schedulerName; fix: check isinstance(str) first")
 def test_kai_fraction_container_with_unhashable_scheduler_name():
     assert kai_fraction_container(kai_pod({"gpu-fraction": "0.5"}, ["kai-scheduler"]), ["kai-scheduler"]) is None
 
