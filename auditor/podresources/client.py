@@ -36,13 +36,15 @@ UNIMPLEMENTED = "unimplemented"
 RATE_LIMITED = "rate-limited"
 UNAVAILABLE = "unavailable"
 ERROR = "error"
-REASONS = (SOCKET_MISSING, CONNECTION_REFUSED, PERMISSION_DENIED, TIMEOUT, UNIMPLEMENTED, RATE_LIMITED, UNAVAILABLE,
-           ERROR)
+REASONS = (
+    SOCKET_MISSING, CONNECTION_REFUSED, PERMISSION_DENIED, TIMEOUT, UNIMPLEMENTED, RATE_LIMITED, UNAVAILABLE, ERROR
+)
 
 # Kubelets before 1.34 answer Get with UNKNOWN "PodResources API Get method disabled" when the
 # KubeletPodResourcesGet gate is off; before 1.27 the method does not exist (UNIMPLEMENTED).
 _GET_DISABLED = re.compile(r"method disabled", re.IGNORECASE)
 _POD_NOT_FOUND = re.compile(r"^pod .* not found$")
+
 
 class KubeletUnavailable(Exception):
     """The kubelet's PodResources API could not answer; ``reason`` is one of ``REASONS``."""
