@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import IO, Any
 
@@ -35,7 +36,7 @@ from webhook.discovery import (
     object_namespace,
     pod_for_site,
 )
-from webhook.policy import CDI_ANNOTATION, HOST_DEVICE_PATH
+from webhook.policy import CDI_ANNOTATION, HOST_DEVICE_PATH, Decision
 from webhook.reports import (
     FORMATS,
     Finding,
@@ -49,6 +50,7 @@ from webhook.reports import (
 from webhook.sources import Document, SourceError, expand_paths, read_source
 
 DEFAULT_NAMESPACE = "default"
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 CLUSTER_SOURCE = "cluster"
 #: Pods per list call in ``--cluster`` mode: large clusters are read in pages, never in one response.
 CLUSTER_PAGE_SIZE = 500
@@ -73,6 +75,14 @@ class CheckError(Exception):
 
 class ClusterError(CheckError):
     """Live pods could not be listed (no configuration, API unreachable, access denied)."""
+
+
+class SourceErrors(Exception):
+    """Every source that could not be read, so that one run reports them all."""
+
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__("; ".join(messages))
+        self.messages = messages
 
 
 def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -113,6 +123,7 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None) -> int:
+    """Run the check for parsed arguments; return the exit code (0 clean, 1 rejections, 2 could not run)."""
     out = stdout if stdout is not None else sys.stdout
     try:
         _check_usage(args)
@@ -152,6 +163,8 @@ def _check_usage(args: argparse.Namespace) -> None:
         raise CheckError("--kubeconfig applies only with --cluster")
     if args.paths.count("-") > 1:
         raise CheckError("stdin (-) can be read only once")
+    if args.namespace is not None and not _NAMESPACE.match(args.namespace):
+        raise CheckError(f"--namespace {args.namespace!r} is not a namespace name (lowercase RFC 1123 label)")
 
 
 def _error(message: str) -> None:
@@ -183,14 +196,6 @@ def _version() -> str:
 
 
 # --- files ------------------------------------------------------------------------------------------------
-
-
-class SourceErrors(Exception):
-    """Every source that could not be read, so that one run reports them all."""
-
-    def __init__(self, messages: list[str]) -> None:
-        super().__init__("; ".join(messages))
-        self.messages = messages
 
 
 def read_all(paths: Iterable[str], stdin: IO[bytes] | None = None) -> list[Document]:
@@ -270,7 +275,7 @@ def _evaluate_site(
     )
 
 
-def _result(decision: Any, *, finding_line: Any, **fields: Any) -> PodSpecResult:
+def _result(decision: Decision, *, finding_line: Callable[[str, str | None], int], **fields: Any) -> PodSpecResult:
     violations = tuple(
         Finding(
             violation.rule, violation.container, violation.message, finding_line(violation.rule, violation.container)

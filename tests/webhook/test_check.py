@@ -328,6 +328,8 @@ def test_alias_bomb_of_templates_exits_2(tmp_path: Path, capsys: Any, monkeypatc
         (["--cluster", "x.yaml"], "either PATH arguments or --cluster"),
         (["x.yaml", "--kubeconfig", "k"], "--kubeconfig applies only with --cluster"),
         (["-", "-"], "stdin (-) can be read only once"),
+        (["x.yaml", "--namespace", "Team A"], "--namespace 'Team A' is not a namespace name"),
+        (["--cluster", "--namespace", "a/b"], "--namespace 'a/b' is not a namespace name"),
     ],
 )
 def test_usage_errors_exit_2(args: list[str], message: str, capsys: Any, monkeypatch: Any) -> None:
