@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import subprocess
 import tempfile
 from dataclasses import dataclass, replace
@@ -68,6 +69,13 @@ def build_fake_nvml(out_dir: Path | str) -> Path:
         if os.path.exists(partial):
             os.unlink(partial)
     return target
+
+
+def fake_functions() -> tuple[str, ...]:
+    """The NVML functions the fake implements (and so can inject errors into), read from its source."""
+    text = SOURCE.read_text()
+    table = text[text.index("function_names[] = {") : text.index("};", text.index("function_names[] = {"))]
+    return tuple(re.findall(r'"(nvml\w+)"', table))
 
 
 def fake_gpu_uuid(index: int) -> str:
