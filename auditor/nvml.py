@@ -106,9 +106,12 @@ class NvmlProcess:
 
 @dataclass(frozen=True)
 class NvmlProblem:
-    """Something this snapshot could not read; the rest of the snapshot is still true."""
+    """Something this snapshot could not read; the rest of the snapshot is still true.
 
-    device: str | None  # the GPU or MIG device UUID, when known
+    ``message`` does not repeat ``device``: show them as ``<device>: <message>``.
+    """
+
+    device: str | None  # the GPU or MIG device UUID, when known (a GPU that failed before its UUID: None)
     reason: str
     message: str
 
@@ -231,7 +234,7 @@ class _Failed(Exception):
     """An NVML call failed in a way that loses the device being read (or the GPU, for ``gpu-lost``)."""
 
     def __init__(self, action: str, error: BaseException) -> None:
-        super().__init__(f"{action}: {error}")
+        super().__init__(f"could not {action}: {error}")
         self.code = _code(error)
         self.reason = _reason(self.code)
 
@@ -295,7 +298,7 @@ class _Reader:
             if code == _GPU_IS_LOST:
                 raise _Failed(action, error) from None
             if code not in quiet:
-                self._problem(device, _reason(code), f"{device}: {action} failed: {error}")
+                self._problem(device, _reason(code), f"could not {action}: {error}")
             return None
 
     def _problem(self, device: str | None, reason: str, message: str) -> None:
@@ -318,8 +321,7 @@ class _Reader:
             uuid = str(reader._must("read its UUID", self.nv.nvmlDeviceGetUUID, handle))
             reader._read_gpu_device(index, handle, uuid)
         except _Failed as failure:
-            label = f"GPU {index}" + (f" ({uuid})" if uuid else "")
-            self._problem(uuid, failure.reason, f"{label} left out of this snapshot: {failure}")
+            self._problem(uuid, failure.reason, f"GPU {index} left out of this snapshot: {failure}")
             return
         self.devices += reader.devices
         self.problems += reader.problems
@@ -370,8 +372,9 @@ class _Reader:
             except _Failed as failure:
                 if failure.code == _GPU_IS_LOST:
                     raise
-                label = f"MIG device {slot} of {gpu.uuid}" + (f" ({mig_uuid})" if mig_uuid else "")
-                self._problem(mig_uuid or gpu.uuid, failure.reason, f"{label} left out of this snapshot: {failure}")
+                self._problem(
+                    mig_uuid or gpu.uuid, failure.reason, f"MIG device {slot} left out of this snapshot: {failure}"
+                )
                 continue
             migs.append(_Mig(device, mig_handle))
         return migs
@@ -395,7 +398,7 @@ class _Reader:
             share = min(1.0, total / gpu.memory_total_bytes)
         else:
             share = 0.0
-            self._problem(uuid, "not-supported", f"{uuid}: neither slice counts nor memory sizes readable; share 0")
+            self._problem(uuid, "not-supported", "neither slice counts nor memory sizes are readable; share 0")
         return NvmlDevice(
             uuid=uuid,
             index=gpu.index,
@@ -462,7 +465,7 @@ class _Reader:
         if code == _GPU_IS_LOST:
             raise _Failed(f"list {kind} processes", last)
         if code not in quiet:
-            self._problem(device, _reason(code), f"{device}: listing {kind} processes failed: {last}")
+            self._problem(device, _reason(code), f"could not list {kind} processes: {last}")
         return []
 
     def _read_mig_processes(self, gpu: NvmlDevice, handle: Any, migs: list[_Mig]) -> None:
@@ -490,8 +493,8 @@ class _Reader:
                     self._problem(
                         gpu.uuid,
                         "unknown",
-                        f"{gpu.uuid}: {kind} process {process.pid} is in MIG mode but in no known MIG device "
-                        f"(GPU instance {_instance(gi)}, compute instance {_instance(ci)}); counted on the whole GPU",
+                        f"{kind} process {process.pid} runs in MIG mode but in no known MIG device (GPU instance "
+                        f"{_instance(gi)}, compute instance {_instance(ci)}); counted on the whole GPU",
                     )
                 self._add_process(int(process.pid), target, kind, process.usedGpuMemory)
 
