@@ -24,6 +24,7 @@ from webhook.review import BadReview, Endpoint, Outcome, Policy, review
 #: Larger than any Pod the API server accepts (etcd's default request limit is 1.5 MiB) with room for the
 #: oldObject of an ephemeral-containers update, small enough that a flood of big bodies cannot exhaust memory.
 MAX_BODY_BYTES = 3 * 1024 * 1024
+MAX_DISCARD_BYTES = 4 * MAX_BODY_BYTES
 
 log = logging.getLogger("gpu_fence.webhook")
 
@@ -117,6 +118,7 @@ def _read_json_body() -> Any:
         )
     length = request.content_length
     if length is not None and length > MAX_BODY_BYTES:
+        _discard_body(length)
         raise BadReview("body-too-large", f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit", 413)
     data = request.get_data(cache=False)  # raises 413 for a chunked body past MAX_CONTENT_LENGTH
     if not data:
@@ -125,6 +127,24 @@ def _read_json_body() -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError as error:
         raise BadReview("invalid-json", f"body is not valid JSON: {error}") from None
+
+
+def _discard_body(length: int) -> None:
+    """Read and drop an oversized body (in small chunks), so that the client, still sending, gets the 413.
+
+    Answering without reading makes the server close a connection with unread data, which the client sees as a
+    reset instead of the answer. Past ``MAX_DISCARD_BYTES`` the connection is simply closed: a client that sends
+    that much is not an API server.
+    """
+    if length > MAX_DISCARD_BYTES:
+        return
+    stream = request.environ.get("wsgi.input")
+    remaining = length
+    while stream is not None and remaining > 0:
+        chunk = stream.read(min(remaining, 64 * 1024))
+        if not chunk:
+            break
+        remaining -= len(chunk)
 
 
 def _log_outcome(endpoint: Endpoint, outcome: Outcome, seconds: float) -> None:
