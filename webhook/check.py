@@ -28,7 +28,6 @@ from webhook.config import ConfigError, PolicyConfig, load_config
 from webhook.discovery import (
     DiscoveryError,
     PodSpecSite,
-    container_index,
     find_pod_specs,
     format_path,
     iter_objects,
@@ -254,9 +253,9 @@ def _evaluate_site(
     spec_line = document.line_of((*relative, *site.path))
 
     def finding_line(rule: str, container: str | None) -> int:
-        located = container_index(site.spec, container)
+        located = site.container_path(container)
         if located is not None:
-            return document.line_of((*relative, *site.spec_path, *located))
+            return document.line_of((*relative, *located), spec_line)
         if rule in _POD_LEVEL_FIELDS:
             base = site.spec_path if rule == HOST_DEVICE_PATH else site.path
             return document.line_of((*relative, *base, *_POD_LEVEL_FIELDS[rule]), spec_line)

@@ -7,6 +7,8 @@ runtimes, Volcano Job ``spec.tasks[0].template``, PyTorchJob ``spec.pytorchRepli
 ...). Rather than a list of kinds that is always one operator behind, a pod spec is recognised by its
 shape: an object whose ``spec.containers`` (a *pod template*), or whose own ``containers`` (an inline pod
 spec, as in KServe predictors), is a list of container objects, i.e. objects with a ``name`` or ``image``.
+The one shape that is not a pod spec at all, an Argo Workflows template (one ``container`` or ``script``
+plus ``sidecars``), is assembled into the pod Argo will run (:func:`find_argo_pod_specs`).
 
 Pure functions over plain data; no I/O.
 """
@@ -48,6 +50,16 @@ class PodSpecSite:
     spec_path: Path
     spec: Mapping[str, Any]
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: For pod specs assembled from another shape (Argo templates): where each container really is,
+    #: relative to the object, since ``spec_path`` then leads to no ``containers`` list.
+    container_paths: Mapping[str, Path] | None = None
+
+    def container_path(self, name: str | None) -> Path | None:
+        """Path from the object to the named container, or None when there is no such container."""
+        if self.container_paths is not None:
+            return self.container_paths.get(name) if name is not None else None
+        located = container_index(self.spec, name)
+        return None if located is None else (*self.spec_path, *located)
 
 
 def is_kubernetes_object(document: Any) -> bool:
@@ -105,7 +117,8 @@ def _site_at(path: Path, value: Mapping[str, Any]) -> PodSpecSite | None:
 def find_pod_specs(obj: Any, *, node_budget: int = DEFAULT_NODE_BUDGET) -> list[PodSpecSite]:
     """Every pod spec in ``obj``, in document order, each with the path where it was found.
 
-    The walk does not descend into a pod spec it found (pod specs do not nest) and skips values that
+    Argo Workflows templates follow the generic ones. The walk does not descend into a pod spec it found
+    (pod specs do not nest) and skips values that
     contain themselves (recursive YAML aliases). A value reached again through a YAML alias is walked again
     only if it held a pod spec the first time (each path to a pod spec is a pod spec to report); past
     ``node_budget`` objects and lists visited it raises :class:`DiscoveryError`.
@@ -154,7 +167,94 @@ def find_pod_specs(obj: Any, *, node_budget: int = DEFAULT_NODE_BUDGET) -> list[
         segment, value = step
         if isinstance(value, Mapping | list) and isinstance(segment, str | int):
             enter((*frame_paths[-1], segment), value)
+    if isinstance(obj, Mapping):
+        sites.extend(find_argo_pod_specs(obj))
     return sites
+
+
+#: Argo Workflows kinds, and where each keeps its list of templates.
+ARGO_TEMPLATE_LISTS = {
+    "Workflow": ("spec", "templates"),
+    "WorkflowTemplate": ("spec", "templates"),
+    "ClusterWorkflowTemplate": ("spec", "templates"),
+    "CronWorkflow": ("spec", "workflowSpec", "templates"),
+}
+
+
+def find_argo_pod_specs(obj: Mapping[str, Any]) -> list[PodSpecSite]:
+    """The pods an Argo workflow will run, one per ``container`` or ``script`` template.
+
+    Argo templates are not pod specs: a template holds one main container (named ``main``), its
+    ``sidecars`` and ``initContainers``, and takes volumes and pod metadata from the workflow as well.
+    The pod is assembled the way the Argo controller assembles it, as far as the manifest shows
+    (``podSpecPatch`` cannot be seen into). ``containerSet`` templates hold a real container list and
+    are found by the generic walk.
+    """
+    api_version = obj.get("apiVersion")
+    lists = ARGO_TEMPLATE_LISTS.get(str(obj.get("kind")))
+    if lists is None or not isinstance(api_version, str) or not api_version.startswith("argoproj.io/"):
+        return []
+    workflow_spec = _dig(obj, lists[:-1])
+    templates = workflow_spec.get(lists[-1])
+    if not isinstance(templates, list):
+        return []
+    sites: list[PodSpecSite] = []
+    for index, template in enumerate(templates):
+        if not isinstance(template, Mapping):
+            continue
+        site = _argo_site((*lists, index), template, workflow_spec)
+        if site is not None:
+            sites.append(site)
+    return sites
+
+
+def _dig(value: Mapping[str, Any], path: Sequence[str]) -> Mapping[str, Any]:
+    for key in path:
+        child = value.get(key)
+        if not isinstance(child, Mapping):
+            return {}
+        value = child
+    return value
+
+
+def _argo_site(path: Path, template: Mapping[str, Any], workflow_spec: Mapping[str, Any]) -> PodSpecSite | None:
+    key = "container" if isinstance(template.get("container"), Mapping) else "script"
+    main = template.get(key)
+    if not isinstance(main, Mapping):
+        return None
+    containers: list[Mapping[str, Any]] = [{**main, "name": "main"}]  # Argo names the main container "main"
+    init_containers: list[Mapping[str, Any]] = []
+    container_paths: dict[str, Path] = {"main": (*path, key)}
+    for field_name, target in (("sidecars", containers), ("initContainers", init_containers)):
+        entries = template.get(field_name)
+        if not isinstance(entries, list):
+            continue
+        for position, entry in enumerate(entries):
+            if isinstance(entry, Mapping):
+                target.append(entry)
+                if isinstance(entry.get("name"), str):
+                    container_paths[entry["name"]] = (*path, field_name, position)
+    spec: dict[str, Any] = {"containers": containers}
+    if init_containers:
+        spec["initContainers"] = init_containers
+    volumes = [
+        volume
+        for source in (workflow_spec.get("volumes"), template.get("volumes"))
+        if isinstance(source, list)
+        for volume in source
+    ]
+    if volumes:
+        spec["volumes"] = volumes
+    for setting in ("serviceAccountName", "schedulerName", "securityContext", "hostNetwork"):
+        value = template.get(setting, workflow_spec.get(setting))
+        if value is not None:
+            spec[setting] = value
+    metadata: dict[str, Any] = {}
+    for source in (_dig(workflow_spec, ("podMetadata",)), _dig(template, ("metadata",))):
+        for part in ("labels", "annotations"):
+            if isinstance(source.get(part), Mapping):
+                metadata[part] = {**metadata.get(part, {}), **source[part]}
+    return PodSpecSite(path, path, spec, metadata, container_paths)
 
 
 def format_path(path: Sequence[PathSegment]) -> str:

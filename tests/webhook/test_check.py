@@ -446,3 +446,65 @@ def test_render_text_shows_exemption_reason_and_warnings() -> None:
     assert text.endswith(
         "2 pod specs: 0 allowed, 0 mutated, 1 rejected, 1 exempt; 2 skipped (not Kubernetes objects)\n"
     )
+
+
+# --- Argo Workflows: pods assembled from container/script templates -----------------------------------------
+
+ARGO_WORKFLOW = """\
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata:
+  generateName: finetune-
+spec:
+  entrypoint: main
+  podMetadata:
+    labels: {team: ml}
+  templates:
+    - name: main
+      steps:
+        - - {name: prep, template: prep}
+    - name: prep
+      container:
+        image: nvcr.io/nvidia/pytorch:24.05-py3
+        command: [python, prep.py]
+    - name: train
+      metadata:
+        annotations:
+          nvidia.cdi.k8s.io/pod: nvidia.com/gpu=all
+      script:
+        image: nvcr.io/nvidia/pytorch:24.05-py3
+        source: import torch
+        env:
+          - {name: NVIDIA_VISIBLE_DEVICES, value: all}
+      sidecars:
+        - name: logger
+          image: busybox
+"""
+
+
+def test_argo_workflow_templates_are_checked_as_pods(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    path = write(tmp_path, "workflow.yaml", ARGO_WORKFLOW)
+    code, report = check_json(capsys, monkeypatch, str(path))
+    assert code == 1
+    rows = [
+        (r["name"], r["path"], r["verdict"], r["pinned"], sorted((v["rule"], v["container"]) for v in r["violations"]))
+        for r in report["results"]
+    ]
+    assert rows == [
+        ("finetune-*", "spec.templates[1]", "mutated", ["main"], []),
+        (
+            "finetune-*",
+            "spec.templates[2]",
+            "rejected",
+            ["logger"],
+            [("cdi-annotation", None), ("visible-devices-env", "main")],
+        ),
+    ]
+    code, out, _ = run_check(capsys, monkeypatch, str(path), "--format", "sarif")
+    lines = {
+        r["ruleId"]: r["locations"][0]["physicalLocation"]["region"]["startLine"]
+        for r in json.loads(out)["runs"][0]["results"]
+    }
+    text = ARGO_WORKFLOW.splitlines()
+    assert text[lines["visible-devices-env"] - 1].strip() == "script:"
+    assert text[lines["cdi-annotation"] - 1].strip() == "annotations:"

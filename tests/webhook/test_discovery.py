@@ -338,3 +338,64 @@ def test_json_with_tabs_falls_back_to_the_json_parser() -> None:
 def test_unparseable_yaml_names_file_and_line(text: str, line: int) -> None:
     with pytest.raises(SourceError, match=rf"^bad\.yaml:{line}: YAML does not parse: "):
         parse_documents(text, "bad.yaml")
+
+
+# --- Argo Workflows -----------------------------------------------------------------------------------------
+
+
+def test_argo_cron_workflow_pod_is_assembled_like_the_controller_does() -> None:
+    cron = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "CronWorkflow",
+        "spec": {
+            "schedule": "0 * * * *",
+            "workflowSpec": {
+                "serviceAccountName": "runner",
+                "podMetadata": {"annotations": {"a": "workflow"}, "labels": {"team": "ml"}},
+                "volumes": [{"name": "shared", "emptyDir": {}}],
+                "templates": [
+                    {"name": "dag", "dag": {"tasks": []}},
+                    {
+                        "name": "work",
+                        "metadata": {"annotations": {"a": "template"}},
+                        "container": {"name": "ignored", "image": "x"},
+                        "initContainers": [{"name": "init", "image": "y"}],
+                        "sidecars": [{"name": "side", "image": "z"}],
+                        "volumes": [{"name": "own", "emptyDir": {}}],
+                    },
+                ],
+            },
+        },
+    }
+    [site] = find_pod_specs(cron)
+    assert site.path == ("spec", "workflowSpec", "templates", 1)
+    assert [c["name"] for c in site.spec["containers"]] == ["main", "side"]
+    assert [c["name"] for c in site.spec["initContainers"]] == ["init"]
+    assert [v["name"] for v in site.spec["volumes"]] == ["shared", "own"]
+    assert site.spec["serviceAccountName"] == "runner"
+    assert site.metadata == {"annotations": {"a": "template"}, "labels": {"team": "ml"}}
+    assert site.container_path("main") == (*site.path, "container")
+    assert site.container_path("init") == (*site.path, "initContainers", 0)
+    assert site.container_path("side") == (*site.path, "sidecars", 0)
+    assert site.container_path("nope") is None
+
+
+def test_argo_container_set_is_found_by_shape_and_other_groups_are_not_argo() -> None:
+    workflow = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "WorkflowTemplate",
+        "spec": {"templates": [{"name": "set", "containerSet": {"containers": [{"name": "a", "image": "x"}]}}]},
+    }
+    assert paths(workflow) == ["spec.templates[0].containerSet"]
+    impostor = {
+        "apiVersion": "example.com/v1",
+        "kind": "Workflow",
+        "spec": {"templates": [{"container": {"image": "x"}}]},
+    }
+    assert find_pod_specs(impostor) == []
+
+
+def test_site_container_path_for_ordinary_pod_specs() -> None:
+    [site] = find_pod_specs({"spec": {"template": template()}})
+    assert site.container_path("main") == ("spec", "template", "spec", "containers", 0)
+    assert site.container_path(None) is None
