@@ -245,6 +245,19 @@ def test_parent_view_alone_attributes_by_gpu_and_compute_instance_ids(open_nvml:
     assert process_set(snapshot) == {(220, MIG11, GIB, "compute"), (221, MIG12, 2 * GIB, "compute")}
 
 
+def test_parent_view_places_an_unknown_compute_instance_by_its_gpu_instance(open_nvml: OpenNvml) -> None:
+    """A GPU instance with one MIG device is unambiguous even when the compute instance id is not one we know."""
+    config = FakeNvmlConfig(
+        gpus=MIXED_NODE.gpus,
+        migs=MIXED_NODE.migs,
+        processes=(FakeProcess(1, pid=225, used_memory_bytes=GIB, gpu_instance_id=3, compute_instance_id=5),),
+    )
+    snapshot = open_nvml(config).snapshot()
+
+    assert process_set(snapshot) == {(225, MIG11, GIB, "compute")}
+    assert snapshot.problems == ()
+
+
 def test_process_seen_by_parent_and_mig_handle_is_listed_once(fake_lib: Path, open_nvml: OpenNvml) -> None:
     config = FakeNvmlConfig(
         gpus=MIXED_NODE.gpus,
@@ -636,3 +649,9 @@ def test_default_library_missing_says_how_to_point_at_it(tmp_path: Path) -> None
     reason, message = _run_default(env).split("|", 1)
     assert reason == "library-missing"
     assert "libnvidia-ml.so.1 was not found" in message and "--nvml-lib" in message
+
+
+def test_docs_explain_every_reason() -> None:
+    text = (REPO / "docs" / "nvml.md").read_text()
+
+    assert all(f"`{reason}`" in text for reason in REASONS)
