@@ -11,7 +11,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
+import yaml
 
 from webhook import cli
 from webhook.policy import RULES
@@ -192,3 +194,20 @@ def test_readme_table_matches_the_expected_verdicts() -> None:
     expected = {name: [(verdict, rules) for _, verdict, _, rules in entries] for name, entries in EXPECTED.items()}
     expected.update({name: [("skipped", set())] for name in SKIPPED})
     assert table == expected
+
+
+# Built-in kinds are validated against the Kubernetes schema, so the examples are what `kubectl apply` accepts;
+# the RayCluster is a custom resource (no schema here), and one bypass example is malformed on purpose.
+NOT_SCHEMA_CHECKED = {"raycluster.yaml", "bypass-unpinned-container.yaml"}
+
+
+@pytest.mark.parametrize("name", sorted(set(EXPECTED) - NOT_SCHEMA_CHECKED))
+def test_example_is_a_valid_kubernetes_object(name: str) -> None:
+    document = yaml.safe_load((EXAMPLES / name).read_text())
+    kubernetes_validate.validate(document, "1.37", strict=True)
+
+
+def test_the_malformed_example_is_rejected_by_the_schema_too() -> None:
+    document = yaml.safe_load((EXAMPLES / "bypass-unpinned-container.yaml").read_text())
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(document, "1.37", strict=True)
