@@ -312,6 +312,21 @@ def test_unknown_paths_and_methods_are_json(server):
     assert reply.status == 405 and reply.document["error"] == "method-not-allowed"
 
 
+def test_tls_1_2_and_1_3_are_served_with_keep_alive(server):
+    for version in (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3):
+        context = ssl.create_default_context(cafile=str(server.tls_dir / "ca.crt"))
+        context.minimum_version = context.maximum_version = version
+        conn = server.connect(context)
+        try:
+            assert send(conn, "GET", "/healthz").status == 200
+            first = conn.sock
+            assert send(conn, "POST", "/validate", json.dumps(fixture("pod-create-kubectl")).encode()).status == 200
+            assert conn.sock is first  # the same connection: kept alive between reviews
+            assert first.version() == {ssl.TLSVersion.TLSv1_2: "TLSv1.2", ssl.TLSVersion.TLSv1_3: "TLSv1.3"}[version]
+        finally:
+            conn.close()
+
+
 def test_health_endpoints(server):
     assert server.get("/healthz").document == {"status": "ok"}
     assert server.get("/readyz").document == {"status": "ready"}

@@ -251,6 +251,7 @@ def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_wr
                              check_interval=0.0)
     store.load()
     original = store.context()
+    assert original.minimum_version == ssl.TLSVersion.TLSv1_2
     assert loaded == [first.cert.not_valid_after_utc.timestamp()]
     assert store.context() is original  # unchanged files: the same context, no rebuild
 
