@@ -349,6 +349,9 @@ def run_daemon(args: argparse.Namespace) -> int:
     from auditor.kube import EventRecorder
     from auditor.metrics import AuditorMetrics
 
+    # gRPC's C core logs to stderr in its own format (a kubelet restart prints a GOAWAY line); our JSON lines say
+    # what matters, so silence it unless the operator asks for it.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     auditor = Auditor(args)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

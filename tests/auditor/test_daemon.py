@@ -1,0 +1,250 @@
+"""``run``: the real console script against a scenario node, scraped over HTTP, then stopped with SIGTERM.
+Plus the pieces of the loop that are pure: backoff, health, metric rendering, argument errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from auditor.audit import audit
+from auditor.cli import main
+from auditor.daemon import Health, backoff
+from auditor.metrics import AuditorMetrics, label_name
+from auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
+from tests.fakes.node_scenario import Ctr, NodeScenario, uuid_of
+from tests.fakes.nvml import GIB, FakeError
+
+CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
+
+
+def wait_for(predicate, what: str, limit: float = 30.0, step: float = 0.05):
+    """Poll until ``predicate()`` is truthy (returning it) or fail after ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        threading.Event().wait(step)
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def value(metrics: dict, name: str, **labels: str) -> float:
+    return sum(v for (n, ls), v in metrics.items() if n == name and set(labels.items()) <= set(ls))
+
+
+class Daemon:
+    """The console script's ``run`` in a subprocess, its JSON-lines stderr collected by a thread."""
+
+    def __init__(self, scenario: NodeScenario, *extra: str) -> None:
+        args = scenario.args("run", "--interval", "0.2", "--metrics-port", "0", "--metrics-bind", "127.0.0.1",
+                             "--unhealthy-after", "3", "--max-backoff", "0.8", *extra)
+        self.process = subprocess.Popen([str(CONSOLE_SCRIPT), *args], env=scenario.env(), stderr=subprocess.PIPE,
+                                        stdout=subprocess.DEVNULL, text=True)
+        self.lines: list[dict] = []
+        self.raw: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        started = wait_for(lambda: next((e for e in self.lines if e["event"] == "started"), None), "start")
+        self.url = f"http://127.0.0.1:{started['port']}"
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.raw.append(line)
+            if line.startswith("{"):  # anything else fails the JSON-lines check at the end of the first test
+                self.lines.append(json.loads(line))
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    def metrics(self) -> dict:
+        return samples(self.get("/metrics")[1])
+
+    def cycles(self) -> int:
+        return sum(1 for e in self.lines if e["event"] == "cycle")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    node = NodeScenario(tmp_path / "node", gpus=2)
+    node.add_pod("ml", "train", Ctr("main", allocated=[0], visible=[0], processes=[(0, 4 * GIB)]),
+                 labels={"team": "vision"})
+    node.add_pod("web", "cuda", Ctr("app", visible=[1], processes=[(1, 2 * GIB)]))
+    node.add_host_gpu_process(1, 100 << 20)
+    with node:
+        yield node
+
+
+def test_run_serves_metrics_health_and_deduplicated_events_then_stops_on_sigterm(scenario):
+    daemon = Daemon(scenario, "--pod-label", "team")
+    try:
+        wait_for(lambda: daemon.cycles() >= 3, "three cycles")
+        code, body = daemon.get("/healthz")
+        assert code == 200 and body.startswith("ok")
+        metrics = daemon.metrics()
+        app = {"namespace": "web", "pod": "cuda", "container": "app"}
+        assert value(metrics, "gpu_fence_container_gpu_memory_bytes", **app, allocated="false") == 2 * GIB
+        assert value(metrics, "gpu_fence_container_gpu_memory_bytes", pod="train", allocated="true") == 4 * GIB
+        assert value(metrics, "gpu_fence_container_allocated_gpus", pod="train", gpu_uuid=uuid_of(0)) == 1
+        assert value(metrics, "gpu_fence_overreach_findings", **app, kind="used-unallocated") == 1
+        assert value(metrics, "gpu_fence_unattributed_gpu_memory_bytes", gpu_uuid=uuid_of(1)) == 100 << 20
+        assert value(metrics, "gpu_fence_pod_labels", pod="train", label_team="vision") == 1
+        assert value(metrics, "gpu_fence_audit_cycle_duration_seconds_count") >= 3
+        assert value(metrics, "gpu_fence_audit_last_success_timestamp_seconds") > 0
+        assert value(metrics, "gpu_fence_audit_kubelet_calls_total", method="List") == daemon.cycles()
+        # the same findings every cycle, yet one Event each (used- and visible-unallocated on web/cuda)
+        assert len(scenario.api.event_posts()) == 2 and not scenario.api.event_patches()
+        assert {e["involvedObject"]["name"] for e in scenario.api.events.values()} == {"cuda"}
+        assert daemon.get("/nope")[0] == 404
+    finally:
+        assert daemon.stop() == 0
+    assert daemon.lines[-1]["event"] == "stopping"
+    assert all(line.startswith("{") for line in daemon.raw)
+
+
+def test_run_survives_kubelet_restart_and_outage_and_reports_health(scenario):
+    daemon = Daemon(scenario)
+    try:
+        wait_for(lambda: daemon.cycles() >= 1, "a first cycle")
+        scenario.kubelet.restart()
+        done = daemon.cycles()
+        wait_for(lambda: daemon.cycles() >= done + 2, "cycles after a kubelet restart")
+
+        scenario.kubelet.stop()
+        wait_for(lambda: daemon.get("/healthz")[0] == 503, "healthz to fail while the kubelet is down", limit=60)
+        assert "PodResources" in daemon.get("/healthz")[1]
+        assert value(daemon.metrics(), "gpu_fence_audit_cycle_failures_total", reason="kubelet") >= 1
+        failed = [e for e in daemon.lines if e["event"] == "cycle-failed"]
+        assert failed and failed[-1]["reason"] == "kubelet"
+
+        scenario.kubelet.start()
+        wait_for(lambda: daemon.get("/healthz")[0] == 200, "healthz to recover", limit=60)
+    finally:
+        assert daemon.stop() == 0
+    assert all(line.startswith("{") for line in daemon.raw)  # JSON lines only, gRPC's own logging included
+
+
+def test_run_keeps_auditing_while_the_api_is_down(scenario):
+    scenario.api.down = True
+    daemon = Daemon(scenario)
+    try:
+        wait_for(lambda: daemon.cycles() >= 2, "cycles with the API down")
+        metrics = daemon.metrics()
+        assert value(metrics, "gpu_fence_audit_cycle_failures_total", reason="kubernetes-api") >= 2
+        assert value(metrics, "gpu_fence_overreach_findings", kind="used-unallocated") == 1
+        assert daemon.get("/healthz")[0] == 200
+        scenario.api.down = False
+        wait_for(lambda: len(scenario.api.event_posts()) == 2, "Events once the API is back")
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_run_survives_nvml_initialisation_failures(scenario):
+    scenario.nvml_errors.append(FakeError("nvmlInitWithFlags", "DRIVER_NOT_LOADED"))
+    scenario.write_nvml()
+    daemon = Daemon(scenario)
+    try:
+        wait_for(lambda: value(daemon.metrics(), "gpu_fence_audit_cycle_failures_total", reason="nvml") >= 1,
+                 "an NVML failure")
+        assert daemon.cycles() == 0
+        scenario.nvml_errors.clear()
+        scenario.write_nvml()  # the driver is back: the next cycle re-initialises NVML and reads the new state
+        wait_for(lambda: daemon.cycles() >= 1, "a cycle once NVML initialises")
+
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_run_with_a_lost_gpu_keeps_auditing_the_others(scenario):
+    scenario.nvml_errors.append(FakeError("nvmlDeviceGetUUID", "GPU_IS_LOST", device=1))
+    scenario.write_nvml()
+    daemon = Daemon(scenario)
+    try:
+        wait_for(lambda: daemon.cycles() >= 2, "cycles with a lost GPU")
+        metrics = daemon.metrics()
+        assert value(metrics, "gpu_fence_audit_cycle_failures_total", reason="nvml") >= 2
+        assert value(metrics, "gpu_fence_gpu_info", gpu_uuid=uuid_of(0)) == 1
+        assert value(metrics, "gpu_fence_gpu_info", gpu_uuid=uuid_of(1)) == 0
+        assert value(metrics, "gpu_fence_container_gpu_memory_bytes", pod="train") == 4 * GIB
+        assert any(note.startswith("NVML:") for e in daemon.lines if e["event"] == "cycle" for note in e["notes"])
+    finally:
+        assert daemon.stop() == 0
+
+
+# --- the pure parts of the loop --------------------------------------------------------------------------
+
+
+def test_backoff_doubles_per_failure_and_is_capped():
+    assert [backoff(30, n, 300) for n in range(7)] == [30, 30, 60, 120, 240, 300, 300]
+    assert backoff(600, 3, 300) == 600  # never shorter than the interval
+
+
+def test_health_window():
+    now = [100.0]
+    health = Health(interval=10, unhealthy_after=3, clock=lambda: now[0])
+    assert health.check()[0] == 200  # starting
+    now[0] = 131
+    health.last_error = "kubelet down"
+    assert health.check() == (503, "no successful audit cycle in 31s: kubelet down")
+    health.last_success = 130
+    assert health.check()[0] == 200
+    now[0] = 161
+    code, message = health.check()
+    assert code == 503 and "31s ago" in message
+
+
+def test_metrics_render_latest_audit_without_stale_series():
+    g0, g1 = "GPU-0", "GPU-1"
+    gpus = (Gpu(g0, 0, 0, "H100", 80 * GIB), Gpu(g1, 1, 1, "H100", 80 * GIB))
+    first = NodeSnapshot("n", 0.0, gpus, (Container("a", "p", "c", "u", "c1", allocated=(g0,)),),
+                         (GpuProcess(1, g1, GIB, "u", "c1"),))
+    metrics = AuditorMetrics("n")
+    metrics.observe(first, audit(first), 0.01)
+    assert value(samples(metrics.exposition().decode()), "gpu_fence_container_gpu_memory_bytes", allocated="false")
+    empty = NodeSnapshot("n", 1.0, gpus, (), ())
+    metrics.observe(empty, audit(empty), 0.01)
+    rendered = samples(metrics.exposition().decode())
+    assert value(rendered, "gpu_fence_container_gpu_memory_bytes") == 0
+    assert value(rendered, "gpu_fence_gpu_share_ratio", gpu_uuid=g1) == 1
+    assert label_name("app.kubernetes.io/part-of") == "label_app_kubernetes_io_part_of"
+
+
+@pytest.mark.parametrize("bad", [["--interval", "0"], ["--interval", "soon"], ["--metrics-port", "70000"]])
+def test_bad_flags_are_usage_errors(bad, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", *bad])
+    assert exit_info.value.code == 2
+    assert "gpu-fence-auditor run: error:" in capsys.readouterr().err
+
+
+def test_missing_host_proc_is_a_one_line_reason(tmp_path, capsys):
+    assert main(["once", "--no-kubernetes", "--host-proc", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--host-proc" in err
