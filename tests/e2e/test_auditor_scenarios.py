@@ -247,3 +247,18 @@ def test_console_script_writes_junit_and_exits_1(node, tmp_path):
                           check=False, env=scenario.env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert done.stdout == "" and 'type="used-unallocated"' in output.read_text()
+
+
+def test_scaled_down_dense_node_is_clean_with_one_kubelet_call(tmp_path, monkeypatch, capsys):
+    from tests.fakes.node_scenario import dense_node
+
+    scenario = dense_node(tmp_path / "dense", gpus=2, slots=3, pods=12, gpu_processes=60, host_processes=300)
+    try:
+        code, report, _ = audit_json(scenario, monkeypatch, capsys, "--pod-label", "team")
+        assert code == 0, report["findings"][:3]
+        assert report["summary"] == report["summary"] | {"containers": 48, "gpus": 2, "devices": 8, "findings": 0}
+        assert sum(sum(r["memory_bytes"].values()) for r in report["containers"]) == 60 * (64 << 20)
+        assert scenario.kubelet.calls["List"] == 1
+        assert row(report, "job-0", "main")["labels"] == {"team": "t0"}
+    finally:
+        scenario.stop()

@@ -307,28 +307,26 @@ class NodeScenario:
 
 def dense_node(root: Path, *, gpus: int = 8, slots: int = 7, pods: int = 110, containers_per_pod: int = 4,
                gpu_processes: int = 2000, host_processes: int = 30_000, kubernetes: bool = True) -> NodeScenario:
-    """The benchmark's node: every MIG slice allocated to one pod's first container, processes spread evenly."""
+    """The benchmark's node, clean: every MIG slice shared (as replicas ``MIG-x::n``) by the pods in turn, each
+    pod's first container running its share of the GPU processes, the other containers pinned to ``void``."""
     scenario = NodeScenario(root, gpus=gpus, mig_slots={g: slots for g in range(gpus)},
                             host_processes=host_processes, kubernetes=kubernetes)
     slices = [f"{g}:{s}" for g in range(gpus) for s in range(slots)]
     per_pod, extra = divmod(gpu_processes, pods)
     for number in range(pods):
-        device = slices[number % len(slices)] if number < len(slices) else None
+        device = slices[number % len(slices)]
         count = per_pod + (1 if number < extra else 0)
         first = Ctr(
             "main",
-            allocated=[device] if device else [],
+            allocated=[device],
+            device_ids=[f"{uuid_of(device)}::{number // len(slices)}"],
             resource="nvidia.com/mig-1g.10gb",
-            visible=[device] if device else [],
-            processes=[(device, 64 << 20)] * count if device else [],
-            env={"NVIDIA_VISIBLE_DEVICES": uuid_of(device) if device else "void"},
+            visible=[device],
+            processes=[(device, 64 << 20)] * count,
+            env={"NVIDIA_VISIBLE_DEVICES": uuid_of(device)},
         )
         sidecars = [Ctr(f"side{n}", env={"NVIDIA_VISIBLE_DEVICES": "void"}) for n in range(1, containers_per_pod)]
         scenario.add_pod(f"team-{number % 10}", f"job-{number}", first, *sidecars, labels={"team": f"t{number % 5}"})
-    # pods without a slice carry their processes on the host side instead, keeping the process count
-    leftover = sum(per_pod + (1 if n < extra else 0) for n in range(len(slices), pods))
-    for n in range(leftover):
-        scenario.add_host_gpu_process(slices[n % len(slices)], 32 << 20)
     return scenario
 
 
