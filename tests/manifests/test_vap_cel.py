@@ -1,0 +1,295 @@
+"""The ValidatingAdmissionPolicy's CEL agrees with the webhook's Python policy, rule by rule.
+
+The shipped policy text (rendered from overlays/vap) is compiled with cel-python and evaluated the way the API
+server does: ``variables`` in order, then each validation with ``object`` (the Pod as the API server serializes
+it: quantities as strings), ``oldObject`` and ``request``. For every fixture pod and every rule, CEL denies iff
+``webhook.policy.validate`` reports that rule. The few inputs where CEL must be stricter (paths it cannot clean)
+are listed separately and asserted to be stricter, not equal.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
+
+import celpy
+import pytest
+from celpy import celtypes
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from .conftest import one, render
+
+RULE_IDS = ("unpinned-container", "visible-devices-env", "privileged", "sys-admin-capability", "device-list-mount",
+            "cdi-annotation", "host-device-path", "mig-control-env")
+NVD = "NVIDIA_VISIBLE_DEVICES"
+VOID = {"name": NVD, "value": "void"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cheap_error_repr() -> Iterator[None]:
+    """cel-python evaluates both sides of ``||`` and, when both are errors, formats their repr into a TypeError;
+    that repr dumps the whole activation and dominates the run time. Only the text of that message changes."""
+
+    def short(error: celpy.CELEvalError) -> str:
+        first = error.args[0] if error.args else ""
+        return f"CELEvalError({first if isinstance(first, str) else type(first).__name__!s:.120})"
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(celpy.CELEvalError, "__repr__", short)
+        yield
+
+
+@cache
+def compiled() -> tuple[list[tuple[str, Any]], list[tuple[str, Any]], list[Any]]:
+    policy = one(render("overlays/vap"), "ValidatingAdmissionPolicy", "gpu-fence")["spec"]
+    env = celpy.Environment()
+    variables = [(v["name"], env.program(env.compile(v["expression"]))) for v in policy["variables"]]
+    validations = [(v["message"].split(":", 1)[0], env.program(env.compile(v["expression"])))
+                   for v in policy["validations"]]
+    conditions = [env.program(env.compile(c["expression"])) for c in policy["matchConditions"]]
+    return variables, validations, conditions
+
+
+def as_api_server_sends(pod: dict[str, Any]) -> dict[str, Any]:
+    """Quantities are strings once the API server has decoded and re-encoded the Pod."""
+    pod = copy.deepcopy(pod)
+    for field in ("initContainers", "containers"):
+        for container in pod["spec"].get(field, []):
+            for section in ("limits", "requests"):
+                amounts = container.get("resources", {}).get(section, {})
+                for key, value in amounts.items():
+                    amounts[key] = str(value)
+    return pod
+
+
+def cel_denials(pod: dict[str, Any]) -> set[str]:
+    """The rule ids whose validation evaluates to false (a CEL error fails the test: failurePolicy is Fail)."""
+    variables, validations, conditions = compiled()
+    activation: dict[str, Any] = {
+        "object": celpy.json_to_cel(as_api_server_sends(pod)),
+        "oldObject": None,
+        "request": celpy.json_to_cel({"operation": "CREATE", "namespace": "team-a"}),
+    }
+    if not all(bool(condition.evaluate(activation)) for condition in conditions):
+        return set()
+    values = celtypes.MapType()
+    for name, program in variables:
+        activation["variables"] = values
+        result = program.evaluate(activation)
+        assert not isinstance(result, celpy.CELEvalError), f"variable {name}: {result}"
+        values = celtypes.MapType({**values, celtypes.StringType(name): result})
+    activation["variables"] = values
+    denied: set[str] = set()
+    for rule, program in validations:
+        result = program.evaluate(activation)
+        assert isinstance(result, celtypes.BoolType), f"{rule}: CEL error {result!r}"
+        if not result:
+            denied.add(rule)
+    return denied
+
+
+def python_violations(pod: dict[str, Any]) -> set[str]:
+    from webhook.config import load_config
+    from webhook.policy import validate
+
+    return {violation.rule for violation in validate(pod, load_config(None)).violations}
+
+
+def container(name: str = "app", *env: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "image": "busybox:1.36", **fields}
+    if env:
+        body["env"] = list(env)
+    return body
+
+
+def gpu(name: str = "cuda", *env: dict[str, Any], resource: str = "nvidia.com/gpu", amount: Any = "1",
+        section: str = "limits", **fields: Any) -> dict[str, Any]:
+    return container(name, *env, resources={section: {resource: amount}}, **fields)
+
+
+def pod(*containers: dict[str, Any], annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "demo", "namespace": "team-a"}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"containers": list(containers), **spec}}
+
+
+def nvd(value: str) -> dict[str, Any]:
+    return {"name": NVD, "value": value}
+
+
+def host_path_pod(path: str) -> dict[str, Any]:
+    return pod(container("app", VOID, volumeMounts=[{"name": "host", "mountPath": "/host"}]),
+               volumes=[{"name": "host", "hostPath": {"path": path}}])
+
+
+def mount_pod(path: str) -> dict[str, Any]:
+    return pod(container("app", VOID, volumeMounts=[{"name": "data", "mountPath": path}]),
+               volumes=[{"name": "data", "emptyDir": {}}])
+
+
+def caps_pod(*capabilities: str) -> dict[str, Any]:
+    return pod(container("app", VOID, securityContext={"capabilities": {"add": list(capabilities)}}))
+
+
+def kai_pod(*containers: dict[str, Any], scheduler: str = "kai-scheduler", name: str | None = None) -> dict[str, Any]:
+    annotations = {"gpu-fraction": "0.5"}
+    if name is not None:
+        annotations["gpu-fraction-container-name"] = name
+    return pod(*containers, annotations=annotations, schedulerName=scheduler)
+
+
+KAI_ENV = {"name": NVD, "valueFrom": {"configMapKeyRef": {"name": "reservation", "key": "visible-devices"}}}
+
+FIXTURES: dict[str, dict[str, Any]] = {
+    "plain-unpinned": pod(container()),
+    "pinned-void": pod(container("app", VOID)),
+    "pinned-none": pod(container("app", nvd("none"))),
+    "pinned-empty": pod(container("app", nvd(""))),
+    "pinned-no-value": pod(container("app", {"name": NVD})),
+    "all": pod(container("app", nvd("all"))),
+    "index": pod(container("app", nvd("0"))),
+    "uuid": pod(container("app", nvd("GPU-6f2b1a1e-0000-4000-8000-000000000000"))),
+    "void-in-list": pod(container("app", nvd("0,void"))),
+    "all-then-void": pod(container("app", nvd("all, void"))),
+    "none-then-all": pod(container("app", nvd(" none ,all"))),
+    "all-then-none": pod(container("app", nvd("all,none"))),
+    "only-commas": pod(container("app", nvd(" , ,"))),
+    "upper-void": pod(container("app", nvd("VOID"))),
+    "allx-then-none": pod(container("app", nvd("allx,al,a l l,none"))),
+    "reference": pod(container("app", nvd("$(OTHER)"))),
+    "value-from-secret": pod(container("app", {"name": NVD, "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}})),
+    "value-from-field": pod(container("app", {"name": NVD, "valueFrom": {
+        "fieldRef": {"fieldPath": "metadata.annotations['x']"}}})),
+    "gpu-and-sidecar": pod(gpu(), container("sidecar")),
+    "gpu-and-pinned-sidecar": pod(gpu(), container("sidecar", VOID)),
+    "gpu-sets-nvd": pod(gpu("cuda", nvd("all"))),
+    "gpu-sets-void": pod(gpu("cuda", nvd("void"))),
+    "gpu-zero": pod(gpu(amount="0")),
+    "gpu-zero-decimal": pod(gpu(amount="0.0")),
+    "gpu-requests-only": pod(gpu(section="requests")),
+    "gpu-milli": pod(gpu(amount="500m")),
+    "gpu-shared": pod(gpu(resource="nvidia.com/gpu.shared", amount="2")),
+    "gpu-mig": pod(gpu(resource="nvidia.com/mig-1g.5gb")),
+    "gpu-lookalike": pod(gpu(resource="nvidia.com/gpux")),
+    "amd-gpu": pod(gpu(resource="amd.com/gpu")),
+    "dra-claim": pod(container("cuda", resources={"claims": [{"name": "gpu"}]}),
+                     resourceClaims=[{"name": "gpu", "resourceClaimName": "gpu"}]),
+    "kai-fraction": kai_pod(container("main", KAI_ENV), container("sidecar", VOID)),
+    "kai-fraction-named": kai_pod(container("sidecar", VOID), container("main", KAI_ENV), name="main"),
+    "kai-fraction-wrong-container": kai_pod(container("main", VOID), container("other", KAI_ENV)),
+    "kai-other-scheduler": kai_pod(container("main", KAI_ENV), scheduler="default-scheduler"),
+    "privileged": pod(container("app", VOID, securityContext={"privileged": True})),
+    "not-privileged": pod(container("app", VOID, securityContext={"privileged": False})),
+    "sys-admin": caps_pod("SYS_ADMIN"),
+    "cap-sys-admin-lower": caps_pod("cap_sys_admin"),
+    "cap-all": caps_pod("NET_ADMIN", "ALL"),
+    "net-admin": caps_pod("NET_ADMIN"),
+    "device-mount": mount_pod("/var/run/nvidia-container-devices/all"),
+    "device-mount-run": mount_pod("/run/nvidia-container-devices/0"),
+    "device-mount-no-boundary": mount_pod("/var/run/nvidia-container-devicesall"),
+    "device-mount-unclean": mount_pod("//var/./run//nvidia-container-devices/all"),
+    "device-mount-backstep": mount_pod("/var/run/../var/run/nvidia-container-devices/0"),
+    "device-mount-elsewhere": mount_pod("/data/nvidia-container-devices"),
+    "device-mount-lookalike": mount_pod("/data/my-nvidia-container-devices"),
+    "device-mount-relative": mount_pod("nvidia-container-devices/all"),
+    "cdi-annotation": pod(container("app", VOID), annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}),
+    "nri-annotation": pod(container("app", VOID), annotations={"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=0"}),
+    "harmless-annotation": pod(container("app", VOID), annotations={"example.com/cdi.k8s.io": "x"}),
+    "mirror-pod": pod(container(), annotations={"kubernetes.io/config.mirror": "abc"}),
+    "mig-config": pod(container("app", VOID, {"name": "NVIDIA_MIG_CONFIG_DEVICES", "value": "all"})),
+    "mig-monitor": pod(container("app", VOID, {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})),
+    "init-unpinned": pod(container("app", VOID), initContainers=[container("init")]),
+    "init-all": pod(container("app", VOID), initContainers=[container("init", nvd("all"))]),
+    "sidecar-gpu-init": pod(container("app", VOID), initContainers=[gpu("init-gpu", restartPolicy="Always")]),
+    "init-privileged": pod(container("app", VOID), initContainers=[
+        container("init", VOID, securityContext={"privileged": True})]),
+    "ephemeral-unpinned": pod(container("app", VOID), ephemeralContainers=[container("debug")]),
+    "ephemeral-all": pod(container("app", VOID), ephemeralContainers=[container("debug", nvd("all"))]),
+    "ephemeral-pinned": pod(container("app", VOID), ephemeralContainers=[container("debug", VOID)]),
+    "ephemeral-sys-admin": pod(container("app", VOID), ephemeralContainers=[
+        container("debug", VOID, securityContext={"capabilities": {"add": ["SYS_ADMIN"]}})]),
+    "ephemeral-device-mount": pod(container("app", VOID), ephemeralContainers=[
+        container("debug", VOID, volumeMounts=[{"name": "d", "mountPath": "/run/nvidia-container-devices/all"}])],
+        volumes=[{"name": "d", "emptyDir": {}}]),
+    "ephemeral-mig": pod(container("app", VOID), ephemeralContainers=[
+        container("debug", VOID, {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})]),
+    **{f"host-path {path}": host_path_pod(path) for path in (
+        "/", "/dev", "/dev/", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap1", "/dev/shm",
+        "/dev/fuse", "/dev/dri/card0", "/var", "/var/run", "/var/lib/kubelet", "/var/lib/kubelet/pods",
+        "/var/lib/kubelet/pod-resources/", "/run/nvidia/driver", "/run/nvidia-persistenced", "/etc/cdi",
+        "/etc/cdi/nvidia.yaml", "/etc", "/etc/ssl", "/var/run/docker.sock", "/run/containerd/containerd.sock",
+        "/run/crio", "/data", "/data/", "/opt/models", "/home/user/dev",
+    )},
+}
+
+#: Inputs the API server would pass but CEL cannot clean like the webhook does: the VAP denies them outright.
+CEL_STRICTER: dict[str, tuple[dict[str, Any], str]] = {
+    "host-path with a '.' segment": (host_path_pod("/data/./models"), "host-device-path"),
+    "host-path with '//'": (host_path_pod("/data//models"), "host-device-path"),
+    "host-path that is relative": (host_path_pod("data"), "host-device-path"),
+    "mount path with '..' naming the device dir": (mount_pod("/var/run/nvidia-container-devices/../x"),
+                                                   "device-list-mount"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_cel_denies_exactly_what_the_python_policy_reports(name: str) -> None:
+    fixture = FIXTURES[name]
+    expected = set() if name == "mirror-pod" else python_violations(fixture)  # mirror pods are exempt in both
+    assert cel_denials(fixture) == expected
+
+
+def test_fixtures_exercise_every_rule_both_ways() -> None:
+    denied = [cel_denials(fixture) for fixture in FIXTURES.values()]
+    for rule in RULE_IDS:
+        assert any(rule in d for d in denied), f"no fixture triggers {rule}"
+    assert any(not d for d in denied)
+
+
+@pytest.mark.parametrize("name", sorted(CEL_STRICTER))
+def test_cel_is_stricter_only_where_it_cannot_clean_paths(name: str) -> None:
+    fixture, rule = CEL_STRICTER[name]
+    assert rule in cel_denials(fixture)
+    assert rule not in python_violations(fixture)
+
+
+def test_every_validation_names_its_rule_id() -> None:
+    _, validations, _ = compiled()
+    assert [rule for rule, _ in validations] == list(RULE_IDS)
+
+
+def test_protected_host_paths_mirror_the_webhook_defaults() -> None:
+    from webhook.config import DEFAULT_HOST_DEVICE_PATHS
+
+    policy = one(render("overlays/vap"), "ValidatingAdmissionPolicy", "gpu-fence")["spec"]
+    (expression,) = [v["expression"] for v in policy["variables"] if v["name"] == "protectedHostPaths"]
+    env = celpy.Environment()
+    entries = env.program(env.compile(expression)).evaluate({})
+    listed = [str(e["path"]) + ("*" if str(e["mode"]) == "prefix" else "") for e in entries]
+    assert listed == list(DEFAULT_HOST_DEVICE_PATHS)
+
+
+# Property tests over the two places where CEL re-implements a parser with regular expressions.
+
+VALUE_ALPHABET = st.sampled_from(["void", "none", "all", "al", "alll", "0", "GPU-1", " ", ",", "\t", "a", "l", "v"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(VALUE_ALPHABET, max_size=7).map("".join))
+def test_visible_devices_value_parsing_agrees(value: str) -> None:
+    fixture = pod(container("app", nvd(value)))
+    assert ("visible-devices-env" in cel_denials(fixture)) == ("visible-devices-env" in python_violations(fixture))
+
+
+QUANTITY = st.from_regex(r"\A[+-]?[0-9]{0,3}(\.[0-9]{0,2})?([eE][+-]?[0-9]|[mkMG]i?|Ki)?\Z")
+
+
+@settings(max_examples=150, deadline=None)
+@given(QUANTITY)
+def test_gpu_quantity_recognition_agrees(amount: str) -> None:
+    fixture = pod(gpu(amount=amount))
+    assert ("unpinned-container" in cel_denials(fixture)) == ("unpinned-container" in python_violations(fixture))
