@@ -1,0 +1,115 @@
+"""The pure join of ``auditor.snapshot.assemble``: PodResources + NVML + /proc findings + the pod list."""
+
+from __future__ import annotations
+
+from auditor.model import Identity
+from auditor.nvml import NvmlDevice
+from auditor.podresources.client import ClaimDevice, ContainerAllocation, DeviceAllocation, DynamicResource
+from auditor.snapshot import DeviceIndex, RuntimeContainer, SnapshotOptions, assemble, gpus_from_nvml
+from tests.fakes.kubeapi_pods_events import make_pod
+
+G0 = "GPU-00000000-0000-4000-8000-000000000000"
+G1 = "GPU-00000001-0000-4000-8000-000000000001"
+M0 = "MIG-00000001-0000-4000-8000-000000000010"
+DEVICES = (
+    NvmlDevice(G0, 0, 0, "H100", 80 << 30),
+    NvmlDevice(G1, 1, 1, "H100", 80 << 30, mig_enabled=True),
+    NvmlDevice(M0, 1, None, "H100 MIG 3g.40gb", 40 << 30, parent_uuid=G1, mig_index=0, gpu_instance_id=2,
+               share=3 / 7, profile="3g.40gb"),
+)
+GPUS = gpus_from_nvml(DEVICES)
+INDEX = DeviceIndex.build(DEVICES)
+OPTIONS = SnapshotOptions(node="node-a", pod_label_keys=("team",))
+
+
+def alloc(ns, pod, name, *ids, resource="nvidia.com/gpu", dra=()):
+    devices = (DeviceAllocation(resource, tuple(ids)),) if ids else ()
+    return ContainerAllocation(ns, pod, name, devices, tuple(dra))
+
+
+def running(cid, uid, pid, *, minors=(), env=None, hostname=None, namespace=None):
+    return RuntimeContainer(cid, uid, pid, frozenset(minors), env, True, hostname=hostname, namespace_file=namespace)
+
+
+def build(allocations, runtime, pods, processes=(), identity="kubernetes"):
+    return assemble(
+        OPTIONS, now=0.0, gpus=GPUS, devices=INDEX, allocations=allocations,
+        runtime={r.container_id: r for r in runtime}, processes=list(processes),
+        pods=None if pods is None else {p["metadata"]["uid"]: p for p in pods}, identity_source=identity,
+    )
+
+
+def by_name(snapshot):
+    return {(c.pod, c.container): c for c in snapshot.containers}
+
+
+def test_mig_device_takes_its_cards_index_and_minor():
+    mig = next(g for g in GPUS if g.uuid == M0)
+    assert (mig.index, mig.minor, mig.parent_uuid, mig.profile) == (1, 1, G1, "3g.40gb")
+    assert next(g for g in GPUS if g.uuid == G1).mig_enabled
+
+
+def test_api_names_containers_and_normalises_allocations():
+    pods = [make_pod("ml", "train", "uid-1", "node-a", [("main", "c1"), ("side", "c2")], labels={"team": "a"})]
+    snapshot = build(
+        [alloc("ml", "train", "main", f"{G0}::3", "nvidia1/gi2", resource="nvidia.com/gpu.shared"),
+         alloc("ml", "train", "side")],
+        [running("c1", "uid-1", 10, minors=[0]), running("c2", "uid-1", 11), running("pause", "uid-1", 9)],
+        pods,
+    )
+    containers = by_name(snapshot)
+    main = containers[("train", "main")]
+    assert main.allocated == (G0, M0) and main.identity is Identity.KUBERNETES
+    assert main.visible == {G0} and main.labels == (("team", "a"),) and main.pid == 10
+    assert containers[("train", "side")].container_id == "c2"
+    assert len(snapshot.containers) == 2  # the sandbox (pause) container of a known pod is not a row
+
+
+def test_unresolvable_ids_and_dra_devices_are_kept_as_unresolved():
+    dra = DynamicResource("", "claim", "ml", (), (
+        ClaimDevice("gpu.nvidia.com", "node-a", "gpu-0", ()),
+        ClaimDevice("gpu.nvidia.com", "node-a", "gpu-0-mig-3g", ()),
+        ClaimDevice("nic.example.com", "node-a", "eth1", ()),
+    ))
+    snapshot = build([alloc("ml", "p", "c", "weird-id", dra=[dra])], [], [])
+    container = snapshot.containers[0]
+    assert container.allocated == (G0,) and container.identity is Identity.KUBELET
+    assert container.unresolved_allocations == ("nvidia.com/gpu:weird-id", "claim ml/claim: node-a/gpu-0-mig-3g")
+
+
+def test_fallback_names_by_evidence_then_by_elimination():
+    allocations = [alloc("ml", "train", "main", G0), alloc("ml", "train", "logger")]
+    runtime = [
+        running("c2", "uid-1", 11, hostname="train", namespace="ml"),
+        running("c1", "uid-1", 10, minors=[0], hostname="train", namespace="ml"),
+    ]
+    containers = by_name(build(allocations, runtime, None, identity="fallback"))
+    assert containers[("train", "main")].container_id == "c1"
+    assert containers[("train", "logger")].container_id == "c2"
+    assert {c.identity for c in containers.values()} == {Identity.FALLBACK}
+
+
+def test_unnamed_containers_are_rows_only_when_they_touch_a_gpu():
+    runtime = [running("c1", "uid-9", 10, minors=[0]), running("c2", "uid-9", 11), running("c3", "uid-9", 12)]
+    processes = [(12, G0, 1 << 20, "uid-9", "c3", None)]
+    snapshot = build([], runtime, None, processes, identity="fallback")
+    assert sorted(c.container_id for c in snapshot.containers) == ["c1", "c3"]
+    assert {c.identity for c in snapshot.containers} == {Identity.UID}
+    assert snapshot.processes[0].container_id == "c3"
+
+
+def test_kai_groups_go_to_the_reservation_and_the_fraction_container_only():
+    reservation = make_pod("kai-resource-reservation", "res", "uid-r", "node-a", [("resource-reservation", "r1")],
+                           labels={"runai-gpu-group": "g"})
+    fraction = make_pod("team", "frac", "uid-f", "node-a", [("init", "f0"), ("main", "f1")],
+                        labels={"runai-gpu-group": "g"},
+                        annotations={"gpu-fraction": "0.5", "gpu-fraction-container-name": "main"},
+                        scheduler_name="kai-scheduler")
+    snapshot = build(
+        [alloc("kai-resource-reservation", "res", "resource-reservation", G0), alloc("team", "frac", "init"),
+         alloc("team", "frac", "main")],
+        [running("r1", "uid-r", 1), running("f0", "uid-f", 2), running("f1", "uid-f", 3)],
+        [reservation, fraction],
+    )
+    groups = {(c.pod, c.container): c.kai_gpu_groups for c in snapshot.containers}
+    assert groups == {("res", "resource-reservation"): {"g"}, ("frac", "init"): frozenset(), ("frac", "main"): {"g"}}
