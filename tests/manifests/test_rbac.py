@@ -112,9 +112,11 @@ def test_certificate_job_writes_what_the_webhook_reads(target: str) -> None:
     cronjob = one(objects, "CronJob", "gpu-fence-certs")
     assert _certs_args(job) == _certs_args(cronjob)
     args = _certs_args(job)
-    configurations = {o["metadata"]["name"] for o in objects
-                      if o["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")}
-    assert set(_option(args, "--patch-webhooks")) == configurations
+    # Kind-qualified: a plain name is looked up as both kinds, and RBAC (by name) answers 403 for the other one.
+    kinds = {"MutatingWebhookConfiguration": "mutating", "ValidatingWebhookConfiguration": "validating"}
+    refs = {f"{kinds[o['kind']]}/{o['metadata']['name']}" for o in objects if o["kind"] in kinds}
+    assert set(_option(args, "--patch-webhooks")) == refs
+    configurations = {ref.split("/", 1)[1] for ref in refs}
     deployment = one(objects, "Deployment", "gpu-fence-webhook")
     secret = next(v for v in pod_spec(deployment)["volumes"] if v["name"] == "tls")["secret"]["secretName"]
     assert _option(args, "--secret") == [secret]
