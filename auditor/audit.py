@@ -109,6 +109,11 @@ def used_unallocated(
 ) -> list[Finding]:
     """A process of the container uses a GPU the container was not allocated: metering is skewed by its bytes."""
     found = []
+    unmapped = ""
+    if container.unresolved_allocations:
+        # A DRA device or plugin id we could not map may be this very GPU: say so rather than stay silent.
+        ids = ", ".join(container.unresolved_allocations)
+        unmapped = f" (its allocation also holds ids not mapped to a GPU: {ids})"
     for process in processes:
         if process.gpu_uuid in allowed:
             continue
@@ -122,7 +127,7 @@ def used_unallocated(
                 memory_bytes=process.used_memory_bytes,
                 message=(
                     f"process {process.pid} uses {size} on {_describe(process.gpu_uuid, gpus)}, which the container "
-                    "was not allocated; request the GPU (nvidia.com/gpu) or set NVIDIA_VISIBLE_DEVICES=void"
+                    f"was not allocated{unmapped}; request the GPU (nvidia.com/gpu) or set NVIDIA_VISIBLE_DEVICES=void"
                 ),
             )
         )

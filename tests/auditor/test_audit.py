@@ -175,3 +175,9 @@ def test_process_with_unknown_container_id_is_unattributed_and_names_its_cgroup(
 def test_container_without_a_live_process_has_unknown_visibility_and_no_visibility_findings():
     result = audit(node([Container("ns", "p", "c", allocated=(G0,))], []))
     assert result.rows[0].visible is None and result.findings == ()
+
+
+def test_used_unallocated_names_allocation_ids_that_could_not_be_mapped():
+    c = container("dra", "c1", unresolved_allocations=("claim ml/gpu: node-a/gpu-0-mig-3g",))
+    (finding,) = audit(node([c], [GpuProcess(1, G0, GIB, "uid-dra", "c1")])).findings
+    assert "not mapped to a GPU: claim ml/gpu: node-a/gpu-0-mig-3g" in finding.message
