@@ -1,0 +1,52 @@
+# gpu-fence: one image, both entry points.
+#
+#   docker build -t gpu-fence:0.1.0 .
+#   docker run --rm gpu-fence:0.1.0 --help                       # gpu-fence-webhook (the default ENTRYPOINT)
+#   docker run --rm --entrypoint gpu-fence-auditor gpu-fence:0.1.0 --help
+#
+# The manifests set `command:` explicitly for every container (gpu-fence-webhook serve / certs,
+# gpu-fence-auditor run), so the default ENTRYPOINT only matters for `docker run`.
+# No HEALTHCHECK: Kubernetes ignores it; the manifests probe /readyz, /healthz (webhook) and /healthz (auditor).
+#
+# Two stages: the first builds the project's wheel and installs it with its dependencies into a virtual
+# environment at /opt/gpu-fence; the second copies only that environment onto a fresh base image. The final image
+# has no pip, no wheel cache, no source tree and no compiler. Both stages use the same base image, so the
+# environment's interpreter link (/usr/local/bin/python3.11) is valid in the final one.
+
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY gpu_fence/ gpu_fence/
+COPY webhook/ webhook/
+COPY auditor/ auditor/
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
+# The environment gets no pip of its own: the build stage's pip installs into it (--python), so nothing that
+# can install packages ends up in the final image.
+RUN python -m venv --without-pip /opt/gpu-fence \
+    && pip --python /opt/gpu-fence/bin/python install --no-cache-dir --no-compile /wheels/*.whl \
+    && /opt/gpu-fence/bin/python -m compileall -q /opt/gpu-fence/lib
+
+FROM ${PYTHON_IMAGE}
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="gpu-fence" \
+      org.opencontainers.image.description="Keep Kubernetes GPU access equal to what the kubelet allocated: an admission webhook and a node auditor." \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="docker.io/library/python:3.11.13-slim-bookworm"
+# A fixed uid/gid, matching runAsUser/runAsGroup 10001 in the manifests. The auditor runs as root by its
+# manifest (it needs to read other processes' /proc entries); the webhook and the certificate Job never do.
+RUN groupadd --system --gid 10001 gpu-fence \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin gpu-fence
+# The base image's own installer is of no use at run time; remove it so nothing in the image can install code.
+RUN python -m pip uninstall --yes --quiet pip setuptools wheel \
+    && rm -rf /root/.cache
+COPY --from=build /opt/gpu-fence /opt/gpu-fence
+ENV PATH=/opt/gpu-fence/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+USER 10001:10001
+ENTRYPOINT ["gpu-fence-webhook"]
+CMD ["--help"]

@@ -1,0 +1,117 @@
+"""The Dockerfile's build steps work: replay them outside Docker (no engine here) and run both entry points.
+
+The build stage's COPY and RUN instructions are read from the Dockerfile itself and replayed in a temporary
+directory that stands for the image's filesystem (absolute paths the stage creates are moved under it), with a
+fresh virtual environment standing for the base image's Python. The final stage's COPY --from=build is replayed
+too, then ``gpu-fence-webhook --help`` and ``gpu-fence-auditor --help`` run from the copied environment.
+This needs PyPI (the wheel's dependencies), as a real image build does; it takes about a minute.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+DOCKERFILE = REPO / "Dockerfile"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", "\n".join(
+        line for line in DOCKERFILE.read_text(encoding="utf-8").splitlines() if not line.lstrip().startswith("#")
+    ))
+    found = []
+    for line in text.splitlines():
+        if line.strip():
+            keyword, _, rest = line.strip().partition(" ")
+            found.append((keyword.upper(), rest.strip()))
+    return found
+
+
+def stages() -> list[list[tuple[str, str]]]:
+    result: list[list[tuple[str, str]]] = []
+    for keyword, rest in instructions():
+        if keyword == "FROM":
+            result.append([])
+        if result:
+            result[-1].append((keyword, rest))
+    return result
+
+
+def test_dockerfile_shape() -> None:
+    steps = instructions()
+    froms = [rest for keyword, rest in steps if keyword == "FROM"]
+    assert froms == ["${PYTHON_IMAGE} AS build", "${PYTHON_IMAGE}"], "two stages on one pinned base"
+    (base,) = [rest for keyword, rest in steps if keyword == "ARG" and rest.startswith("PYTHON_IMAGE=")]
+    assert re.fullmatch(r"PYTHON_IMAGE=python:3\.11\.\d+-slim-bookworm", base), "pin the patch version"
+    keywords = [keyword for keyword, _ in steps]
+    assert "HEALTHCHECK" not in keywords
+    final = stages()[-1]
+    assert ("USER", "10001:10001") in final
+    assert any(k == "ENTRYPOINT" for k, _ in final)
+    labels = " ".join(rest for k, rest in final if k == "LABEL")
+    for key in ("title", "description", "version", "licenses", "base.name"):
+        assert f"org.opencontainers.image.{key}=" in labels
+    copies = [rest for k, rest in final if k == "COPY"]
+    assert copies == ["--from=build /opt/gpu-fence /opt/gpu-fence"], "only the environment reaches the final image"
+
+
+def _relocate(command: str, root: Path, created: set[str]) -> str:
+    """Move absolute paths under ``root`` when their first component is one the build stage creates."""
+    pattern = r"(?<![\w./-])/(" + "|".join(sorted(map(re.escape, created))) + r")(?=[/\s]|$)"
+    return re.sub(pattern, lambda m: f"{root}/{m.group(1)}", command)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_dockerfile_build_steps_install_both_entry_points(tmp_path: Path) -> None:
+    root = tmp_path / "image"
+    build_python = tmp_path / "base-python"
+    subprocess.run([sys.executable, "-m", "venv", str(build_python)], check=True)
+    env = {**os.environ, "PATH": f"{build_python / 'bin'}:{os.environ['PATH']}", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    build, final = stages()[0], stages()[-1]
+    created = {"src", "wheels", "opt"}
+    workdir = root
+    for keyword, rest in build:
+        if keyword == "WORKDIR":
+            workdir = Path(_relocate(rest, root, created))
+            workdir.mkdir(parents=True, exist_ok=True)
+        elif keyword == "COPY":
+            *sources, target = shlex.split(rest)
+            destination = workdir / target
+            for source in sources:
+                origin = REPO / source.rstrip("/")
+                if origin.is_dir():
+                    shutil.copytree(origin, destination if target.endswith("/") and len(sources) == 1
+                                    else destination / origin.name,
+                                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
+                else:
+                    destination.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(origin, destination / origin.name)
+        elif keyword == "RUN":
+            command = _relocate(rest, root, created)
+            result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=workdir, env=env,
+                                    capture_output=True, text=True, timeout=800, check=False)
+            assert result.returncode == 0, f"RUN {rest}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    (copy_step,) = [rest for keyword, rest in final if keyword == "COPY"]
+    _, source, target = copy_step.split()
+    final_root = tmp_path / "final"
+    environment = final_root / target.lstrip("/")
+    shutil.copytree(Path(_relocate(source, root, created)), environment, symlinks=True)
+    assert not (environment / "bin" / "pip").exists(), "no installer in the final environment"
+    assert not list(environment.rglob("*.whl")), "no wheel cache in the final environment"
+    for program in ("gpu-fence-webhook", "gpu-fence-auditor"):
+        result = subprocess.run([str(environment / "bin" / program), "--help"], capture_output=True, text=True,
+                                timeout=120, check=False, env={"PATH": "/usr/bin:/bin"})
+        assert result.returncode == 0, result.stderr
+        assert "usage:" in result.stdout and "examples:" in result.stdout
