@@ -1,0 +1,326 @@
+"""The webhook over HTTPS on loopback: throughput at saturation and latency at fixed offered loads.
+
+One run starts, with certificates from ``gpu-fence-webhook certs``, two servers: the real ``serve`` (gunicorn
+``gthread``, 2 workers × 4 threads, keep-alive) and the same with ``sync`` workers (``bench.server``, which also
+adds the no-op endpoint ``/noop`` to both). Then, repeat after repeat, side by side:
+
+* **saturation**: Debian's ``wrk`` (closed loop, ``bench/wrk/post.lua``) drives ``/mutate``, ``/validate`` and
+  ``/noop`` with the same 10-container pod; throughput and wrk's latency distribution. The throughput target is
+  the ratio of ``/mutate`` (and ``/validate``) to ``/noop`` on the same server stack.
+* **offered loads** 100, 200 and 500 reviews/s from ``bench.loadgen`` (open loop: latency counted from each
+  request's scheduled time), over kept-alive connections and, for ``gthread``, with a new TCP connection and a
+  full TLS handshake per request.
+* worker RSS of each server after the load.
+
+Figures are medians over ``--repeats``. Run: ``python -m bench.https_bench`` (``--help`` for sizes and durations).
+Loopback only; every step is bounded in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench import loadgen, machine, reviews
+from bench.server import NOOP_PATH
+from bench.stats import median_of_runs
+
+SERVICE, NAMESPACE = "gpu-fence-webhook", "gpu-fence"
+HOSTNAME = f"{SERVICE}.{NAMESPACE}.svc"
+WRK_SCRIPT = Path(__file__).parent / "wrk" / "post.lua"
+ENDPOINTS = ("/mutate", "/validate", NOOP_PATH)
+RATES = (100, 200, 500)
+READY_DEADLINE_S = 60.0
+TARGET_P99_MS = 5.0  # DESIGN: p99 at 200 reviews/s, keep-alive
+TARGET_RATE = 200
+TARGET_RATIO = 0.8  # DESIGN: throughput >= 0.8x the no-op endpoint on the same server stack
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run (a server did not start, a tool is missing); the message says why."""
+
+
+@dataclass
+class Server:
+    worker_class: str
+    port: int
+    process: subprocess.Popen
+    stderr_path: Path
+    target: loadgen.Target
+    workers: int
+    threads: int
+    notes: list[str] = field(default_factory=list)
+
+    def worker_rss(self) -> list[dict[str, int]]:
+        return [{"pid": pid, "rss_bytes": machine.rss_bytes(pid), "peak_rss_bytes": machine.peak_rss_bytes(pid)}
+                for pid in machine.children_of(self.process.pid)]
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        raise BenchError(f"{name} is not installed (Debian package {name!r}, or pip install -e . for the CLI)")
+    return found
+
+
+def make_certs(directory: Path) -> Path:
+    """``gpu-fence-webhook certs`` into ``directory``: ca.crt, tls.crt, tls.key for the Service DNS name."""
+    command = [tool("gpu-fence-webhook"), "certs", "--service", SERVICE, "--namespace", NAMESPACE,
+               "--out-dir", str(directory)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    if result.returncode != 0:
+        raise BenchError(f"gpu-fence-webhook certs failed: {result.stderr.strip()}")
+    return directory
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(tls: Path, workdir: Path, worker_class: str, *, workers: int = 2, threads: int = 4) -> Server:
+    port = free_port()
+    stderr_path = workdir / f"serve-{worker_class}.stderr"
+    command = [sys.executable, "-m", "bench.server", "--worker-class", worker_class, "serve",
+               "--cert-file", str(tls / "tls.crt"), "--key-file", str(tls / "tls.key"), "--bind", "127.0.0.1",
+               "--port", str(port), "--workers", str(workers), "--threads", str(threads), "--namespace", NAMESPACE]
+    env = {**os.environ, "TMPDIR": str(workdir), "PYTHONPATH": str(Path(__file__).parents[1])}
+    with stderr_path.open("wb") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    target = loadgen.Target("127.0.0.1", port, HOSTNAME, str(tls / "ca.crt"))
+    server = Server(worker_class, port, process, stderr_path, target, workers, 1 if worker_class == "sync" else threads)
+    try:
+        wait_ready(server)
+    except BaseException:
+        stop_server(server)
+        raise
+    return server
+
+
+def wait_ready(server: Server) -> None:
+    """Poll ``/readyz`` until it answers 200 on every worker we can reach, or fail with the server's stderr."""
+    context = server.target.context()
+    deadline = time.monotonic() + READY_DEADLINE_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise BenchError(f"the {server.worker_class} server exited with {server.process.returncode}: "
+                             f"{server.stderr_path.read_text(errors='replace')[-2000:]}")
+        connection = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=5)
+        connection.host = HOSTNAME  # verify for the Service name; connect to loopback
+        try:
+            connection.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", server.port), 5),
+                                                  server_hostname=HOSTNAME)
+            connection.request("GET", "/readyz")
+            if connection.getresponse().status == 200 and len(machine.children_of(server.process.pid)) >= 1:
+                return
+        except OSError:
+            pass
+        finally:
+            connection.close()
+        time.sleep(0.1)  # polling the readiness endpoint, bounded by the deadline
+    raise BenchError(f"the {server.worker_class} server was not ready within {READY_DEADLINE_S:.0f} s")
+
+
+def stop_server(server: Server) -> None:
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait(timeout=10)
+
+
+def wrk_saturation(server: Server, path: str, body_file: Path, *, seconds: int, connections: int) -> dict[str, Any]:
+    """Closed-loop saturation with wrk: requests/s and wrk's latency distribution."""
+    url = f"https://127.0.0.1:{server.port}"
+    command = [tool("wrk"), "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s", "-s", str(WRK_SCRIPT),
+               url, "--", path, str(body_file)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60, check=False)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        raise BenchError(f"wrk failed on {path} ({result.returncode}): {result.stderr.strip() or result.stdout}")
+    summary = json.loads(lines[-1])
+    errors = summary["errors"]
+    if errors["status"] or errors["connect"] or errors["timeout"] or not summary["requests"]:
+        raise BenchError(f"wrk on {path}: errors {errors} in {summary['requests']} requests")
+    latency = summary["latency_us"]
+    return {
+        "reviews_per_s": summary["requests"] / (summary["duration_us"] / 1e6),
+        "p50_ms": latency["p50"] / 1e3,
+        "p99_ms": latency["p99"] / 1e3,
+        "max_ms": latency["max"] / 1e3,
+        "requests": summary["requests"],
+        "read_errors": errors["read"],  # sync workers close after each answer; wrk counts some of those
+    }
+
+
+@contextmanager
+def servers(workdir: Path, worker_classes: Sequence[str]) -> Iterator[dict[str, Server]]:
+    tls = make_certs(workdir / "tls")
+    started: dict[str, Server] = {}
+    try:
+        for worker_class in worker_classes:
+            started[worker_class] = start_server(tls, workdir, worker_class)
+        yield started
+    finally:
+        for server in started.values():
+            stop_server(server)
+
+
+def plan(worker_classes: Sequence[str], rates: Sequence[int]) -> list[tuple[str, str, str, int | None]]:
+    """The (worker class, mode, endpoint, offered rate or None for saturation) points of one repeat."""
+    points: list[tuple[str, str, str, int | None]] = []
+    for worker_class in worker_classes:
+        points += [(worker_class, "saturation", endpoint, None) for endpoint in ENDPOINTS]
+        points += [(worker_class, "keep-alive", endpoint, rate) for rate in rates for endpoint in ENDPOINTS]
+        if worker_class == "gthread":  # sync closes every connection anyway: its keep-alive rows are this
+            points += [(worker_class, "new-connection", endpoint, rate)
+                       for rate in rates if rate <= 200 for endpoint in ("/mutate", NOOP_PATH)]
+    return points
+
+
+def run(*, worker_classes: Sequence[str], rates: Sequence[int], containers: int, repeats: int, seconds: float,
+        wrk_seconds: int, connections: int, workdir: Path) -> dict[str, Any]:
+    bodies = {"/mutate": reviews.mutate_body(containers), "/validate": reviews.validate_body(containers),
+              NOOP_PATH: reviews.mutate_body(containers)}
+    body_files = {}
+    for endpoint, body in bodies.items():
+        body_files[endpoint] = workdir / f"body{endpoint.replace('/', '-')}.json"
+        body_files[endpoint].write_bytes(body)
+    points = plan(worker_classes, rates)
+    samples: dict[tuple, list[dict[str, float]]] = {point: [] for point in points}
+    with servers(workdir, worker_classes) as running:
+        for server in running.values():  # warm up every worker: first requests pay imports and allocator growth
+            for endpoint in ENDPOINTS:
+                loadgen.open_loop(server.target, endpoint, bodies[endpoint], rate=200.0, seconds=0.5,
+                                  connections=connections)
+        for _ in range(repeats):
+            for point in points:
+                worker_class, mode, endpoint, rate = point
+                server = running[worker_class]
+                if mode == "saturation":
+                    figures = wrk_saturation(server, endpoint, body_files[endpoint], seconds=wrk_seconds,
+                                             connections=connections)
+                else:
+                    figures = loadgen.open_loop(server.target, endpoint, bodies[endpoint], rate=float(rate or 0),
+                                                seconds=seconds, connections=connections,
+                                                reuse=mode == "keep-alive")
+                samples[point].append(figures)
+        rss = {name: server.worker_rss() for name, server in running.items()}
+        config = {name: {"workers": server.workers, "threads": server.threads} for name, server in running.items()}
+    results = []
+    for point in points:
+        worker_class, mode, endpoint, rate = point
+        results.append({"worker_class": worker_class, "mode": mode, "endpoint": endpoint, "offered_per_s": rate,
+                        **median_of_runs(samples[point])})
+    add_ratios(results)
+    return {"benchmark": "https", "containers": containers, "body_bytes": len(bodies["/mutate"]),
+            "repeats": repeats, "seconds_per_point": seconds, "wrk_seconds": wrk_seconds,
+            "connections": connections, "servers": config, "worker_rss": rss, "results": results,
+            "targets": targets(results)}
+
+
+def add_ratios(results: list[dict[str, Any]]) -> None:
+    """Each row's throughput next to ``/noop``'s in the same worker class and mode (saturation rows only)."""
+    noop = {(row["worker_class"], row["mode"]): row["reviews_per_s"] for row in results
+            if row["endpoint"] == NOOP_PATH and row["mode"] == "saturation"}
+    for row in results:
+        floor = noop.get((row["worker_class"], row["mode"]))
+        if floor and row["mode"] == "saturation":
+            row["throughput_vs_noop"] = row["reviews_per_s"] / floor
+
+
+def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    judged = []
+    for row in results:
+        if row["worker_class"] != "gthread" or row["endpoint"] == NOOP_PATH:
+            continue
+        if row["mode"] == "keep-alive" and row["offered_per_s"] == TARGET_RATE:
+            judged.append({"target": f"p99 <= {TARGET_P99_MS} ms at {TARGET_RATE} reviews/s, keep-alive "
+                                     f"({row['endpoint']})",
+                           "measured": f"{row['p99_ms']:.2f} ms", "met": row["p99_ms"] <= TARGET_P99_MS})
+        if row["mode"] == "saturation" and "throughput_vs_noop" in row:
+            ratio = row["throughput_vs_noop"]
+            judged.append({"target": f"throughput >= {TARGET_RATIO}x no-op, same stack ({row['endpoint']})",
+                           "measured": f"{ratio:.2f}x ({row['reviews_per_s']:,.0f}/s)", "met": ratio >= TARGET_RATIO})
+    return judged
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = ["| workers | mode | endpoint | offered/s | achieved/s | p50 ms | p99 ms | vs noop |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for row in report["results"]:
+        achieved = row.get("achieved_per_s", row.get("reviews_per_s", 0))
+        ratio = f"{row['throughput_vs_noop']:.2f}" if "throughput_vs_noop" in row else ""
+        lines.append(f"| {row['worker_class']} | {row['mode']} | {int(row['offered_per_s'] or 0) or 'max'} "
+                     f"| {achieved:,.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {ratio} |")
+    lines += ["", "| server | worker RSS (MiB) |", "|---|---|"]
+    for name, workers in report["worker_rss"].items():
+        sizes = ", ".join(f"{worker['rss_bytes'] / 2**20:.1f}" for worker in workers)
+        lines.append(f"| {name} | {sizes} |")
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in report["targets"]]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.https_bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker-classes", default="gthread,sync", help="comma-separated (default: gthread,sync)")
+    parser.add_argument("--rates", default=",".join(map(str, RATES)), help="offered loads (default: 100,200,500)")
+    parser.add_argument("--containers", type=int, default=10, help="containers of the reviewed pod (default: 10)")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats; medians are reported (default: 3)")
+    parser.add_argument("--seconds", type=float, default=2.5, help="seconds per offered-load point (default: 2.5)")
+    parser.add_argument("--wrk-seconds", type=int, default=3, help="seconds per saturation point (default: 3)")
+    parser.add_argument("--connections", type=int, default=8, help="client connections (default: 8)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    args = parser.parse_args(argv)
+    try:
+        args.rates = [int(rate) for rate in args.rates.split(",")]
+    except ValueError:
+        parser.error(f"--rates {args.rates!r}: give whole numbers separated by commas, e.g. 100,200,500")
+    args.worker_classes = args.worker_classes.split(",")
+    unknown = set(args.worker_classes) - {"gthread", "sync"}
+    if unknown:
+        parser.error(f"--worker-classes: unknown {sorted(unknown)}; choose from gthread, sync")
+    if min(args.rates) < 1 or args.repeats < 1 or args.seconds <= 0 or args.wrk_seconds < 1 or args.connections < 1:
+        parser.error("--rates, --repeats, --wrk-seconds and --connections must be >= 1 and --seconds > 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="gpu-fence-https-bench-") as directory:
+        try:
+            report = run(worker_classes=args.worker_classes, rates=args.rates, containers=args.containers,
+                         repeats=args.repeats, seconds=args.seconds, wrk_seconds=args.wrk_seconds,
+                         connections=args.connections, workdir=Path(directory))
+        except (BenchError, loadgen.LoadError) as error:
+            print(f"https_bench: {error}", file=sys.stderr)
+            return 2
+    report["machine"] = machine.describe()
+    sys.stdout.write(markdown(report))
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

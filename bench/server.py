@@ -1,0 +1,86 @@
+"""``gpu-fence-webhook serve``, unchanged, plus a bench-only no-op endpoint and a choice of gunicorn worker class.
+
+Run as ``python -m bench.server [--worker-class gthread|sync] serve --cert-file ... --key-file ...``: the
+arguments after the options are the real CLI's, handed to ``webhook.cli.main``. Two things are changed, both in
+this process only and never in the product:
+
+* ``POST /noop`` answers a fixed allowed AdmissionReview after reading the body, from a three-line WSGI app
+  mounted in front of the real Flask app. Everything else (gunicorn settings, TLS context and certificate store,
+  workers, logging, metrics directory) is the real ``serve``, so ``/noop`` is the floor of the same server stack:
+  what the throughput target's "no-op endpoint" means.
+* ``--worker-class sync`` swaps gunicorn's worker class (``serve`` always runs ``gthread``), with one thread,
+  since gunicorn silently turns ``sync`` with threads into ``gthread``.
+
+Both hooks wrap internals of ``webhook.serving`` (``create_app`` as imported by ``_serve``, and
+``_gunicorn_application``); ``tests/bench`` starts this server so that a change there shows up at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+NOOP_PATH = "/noop"
+NOOP_RESPONSE = (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
+                 b'"response":{"uid":"00000000-0000-4000-8000-000000000000","allowed":true}}')
+WORKER_CLASSES = ("gthread", "sync")
+
+
+def noop_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    """Read the request body (the transport cost stays), answer a fixed allowed review."""
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    if length:
+        environ["wsgi.input"].read(length)
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(NOOP_RESPONSE)))])
+    return [NOOP_RESPONSE]
+
+
+def with_noop(app: Callable[..., Any]) -> Callable[..., Any]:
+    """``app`` with ``/noop`` answered in front of it; one string comparison per request for the rest."""
+
+    def dispatch(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == NOOP_PATH:
+            return noop_app(environ, start_response)
+        return app(environ, start_response)
+
+    return dispatch
+
+
+def install(worker_class: str) -> None:
+    """Hook the no-op endpoint and the worker class into ``webhook.serving`` for this process."""
+    from webhook import app as app_module
+    from webhook import serving
+
+    create_app = app_module.create_app
+
+    def create_app_with_noop(*args: Any, **kwargs: Any) -> Any:
+        return with_noop(create_app(*args, **kwargs))
+
+    app_module.create_app = create_app_with_noop  # type: ignore[assignment]
+    gunicorn_application = serving._gunicorn_application
+
+    def gunicorn_with_worker_class(app: Any, options: dict[str, Any]) -> Any:
+        options = {**options, "worker_class": worker_class}
+        if worker_class == "sync":
+            options["threads"] = 1
+        return gunicorn_application(app, options)
+
+    serving._gunicorn_application = gunicorn_with_worker_class
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.server", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker-class", choices=WORKER_CLASSES, default="gthread")
+    args, rest = parser.parse_known_args(argv)
+    if not rest or rest[0] != "serve":
+        parser.error("give the serve command and its arguments, e.g. serve --cert-file F --key-file F")
+    install(args.worker_class)
+    from webhook.cli import main as webhook_main
+
+    return webhook_main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
