@@ -270,7 +270,8 @@ def markdown(report: dict[str, Any]) -> str:
     for row in report["results"]:
         achieved = row.get("achieved_per_s", row.get("reviews_per_s", 0))
         ratio = f"{row['throughput_vs_noop']:.2f}" if "throughput_vs_noop" in row else ""
-        lines.append(f"| {row['worker_class']} | {row['mode']} | {int(row['offered_per_s'] or 0) or 'max'} "
+        offered = int(row["offered_per_s"] or 0) or "max"
+        lines.append(f"| {row['worker_class']} | {row['mode']} | {row['endpoint']} | {offered} "
                      f"| {achieved:,.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {ratio} |")
     lines += ["", "| server | worker RSS (MiB) |", "|---|---|"]
     for name, workers in report["worker_rss"].items():
