@@ -1,0 +1,323 @@
+"""The auditor's cycle on a synthetic dense node at 1×, 2× and 4× DESIGN's size: time per phase, RSS, scaling.
+
+DESIGN's dense node: 8 GPUs × 7 MIG slices, 110 pods × 4 containers, 2,000 GPU processes, 30,000 host processes.
+``tests.fakes.node_scenario.dense_node`` builds it (fake NVML library, PodResources gRPC server on a unix socket,
+host /proc tree with real device nodes, Kubernetes API fake); scale ``k`` multiplies every one of those sizes.
+
+The fakes run in this process; the auditor runs in a child process (``--child``), so that its RSS and CPU are its
+own, as on a node where the kubelet and the API server are other processes. The child drives the real
+``auditor.daemon.Auditor`` through ``--cycles`` cycles, timing each phase by wrapping the adapters' methods:
+
+``kubelet`` (PodResources ``List``), ``nvml`` (the NVML snapshot), ``proc_identity`` (the incremental /proc scan
+and cgroup reads), ``visibility`` (``/dev/nvidia*`` and environ of one pid per container), ``kube_cache`` (the pod
+cache's list/ensure), ``join`` (the rest of ``collect``: assembling the snapshot), ``audit`` (the pure audit),
+``outputs`` (JSON report, metrics update and exposition, deduplicated Events as ``run`` posts them).
+
+Warm cycles (second and later) are what a running DaemonSet pays; the first one reads every cgroup file once.
+Reported: first cycle, median of the warm cycles, per phase; peak RSS; kubelet calls per cycle counted by the
+client and by the fake kubelet; the log-log slope of warm cycle time over scale (1.0 = linear).
+Run: ``python -m bench.auditor_bench`` (``--help``). Needs root (device nodes via mknod), like the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench import machine
+from bench.stats import loglog_slope
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {"gpus": 8, "pods": 110, "containers_per_pod": 4, "gpu_processes": 2000, "host_processes": 30_000}
+PHASES = ("kubelet", "nvml", "proc_identity", "visibility", "kube_cache", "join", "audit", "outputs")
+TARGET_CYCLE_MS = 250.0  # DESIGN: dense node (scale 1), warm cycle
+TARGET_RSS_MB = 80.0
+CHILD_TIMEOUT_S = 300
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run; the message says why."""
+
+
+def sizes(scale: int, fraction: float) -> dict[str, int]:
+    """The dense node's sizes times ``scale`` (and ``fraction``, for tiny smoke runs); slices stay 7 per GPU."""
+    return {key: max(1, round(value * scale * fraction)) for key, value in BASE.items()}
+
+
+# --- child: the auditor, timed ---------------------------------------------------------------------------------
+
+
+class PhaseClock:
+    """Accumulates wall time per phase; ``wrap`` times every call of a bound method under one phase name."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+
+    def wrap(self, owner: Any, method: str, phase: str) -> None:
+        original = getattr(owner, method)
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[phase] += time.perf_counter() - started
+
+        setattr(owner, method, timed)
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+
+
+def child(auditor_args: Sequence[str], cycles: int) -> dict[str, Any]:
+    """Run ``cycles`` audit cycles with the real daemon code; per-cycle phase times, RSS and kubelet calls."""
+    # imported here, in the child only: the parent must not carry the auditor's libraries (nor its RSS)
+    from auditor import daemon
+    from auditor.cli import build_parser
+    from auditor.kube import EventRecorder
+    from auditor.metrics import AuditorMetrics
+    from auditor.report import render
+
+    args = build_parser().parse_args(list(auditor_args))
+    auditor = daemon.Auditor(args)
+    auditor.preflight()
+    clock = PhaseClock()
+    sources = auditor.sources()
+    clock.wrap(sources.podresources, "list", "kubelet")
+    clock.wrap(sources.nvml, "snapshot", "nvml")
+    clock.wrap(sources.hostproc, "container_pids", "proc_identity")
+    clock.wrap(sources.hostproc, "identities", "proc_identity")
+    clock.wrap(sources.hostproc, "visible_minors", "visibility")
+    clock.wrap(sources.hostproc, "environ", "visibility")
+    if sources.pods is not None:
+        clock.wrap(sources.pods, "ensure", "kube_cache")
+    collect_seconds = [0.0]
+    audit_seconds = [0.0]
+    original_collect, original_audit = daemon.collect, daemon.audit
+
+    def timed_collect(*call_args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original_collect(*call_args, **kwargs)
+        finally:
+            collect_seconds[0] += time.perf_counter() - started
+
+    def timed_audit(*call_args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original_audit(*call_args, **kwargs)
+        finally:
+            audit_seconds[0] += time.perf_counter() - started
+
+    daemon.collect, daemon.audit = timed_collect, timed_audit
+    metrics = AuditorMetrics(auditor.node, args.pod_label)
+    events = EventRecorder(auditor.api_client, auditor.node) if auditor.api_client is not None else None
+    rss_before_cycles = machine.rss_bytes()  # every library imported and every adapter open: the fixed cost
+    rows = []
+    try:
+        for _ in range(cycles):
+            clock.reset()
+            collect_seconds[0] = audit_seconds[0] = 0.0
+            calls_before = sum(sources.podresources.calls.values())
+            started = time.perf_counter()
+            snapshot, result = auditor.cycle()
+            cycle_seconds = time.perf_counter() - started
+            outputs_started = time.perf_counter()
+            render("json", snapshot, result)
+            metrics.observe(snapshot, result, cycle_seconds)
+            metrics.sync_kubelet_calls(sources.podresources.calls)
+            metrics.exposition()
+            if events is not None:
+                events.record(result.findings)
+            outputs = time.perf_counter() - outputs_started
+            phases = dict(clock.seconds)
+            phases["join"] = collect_seconds[0] - sum(
+                phases[name] for name in ("kubelet", "nvml", "proc_identity", "visibility", "kube_cache"))
+            phases["audit"] = audit_seconds[0]
+            phases["outputs"] = outputs
+            rows.append({
+                "cycle_ms": (cycle_seconds + outputs) * 1e3,
+                "phases_ms": {name: value * 1e3 for name, value in phases.items()},
+                "kubelet_calls": sum(sources.podresources.calls.values()) - calls_before,
+                "containers": len(result.rows),
+                "findings": len(result.findings),
+                "gpu_processes": len(snapshot.processes),
+                "identity": snapshot.identity_source,
+            })
+    finally:
+        auditor.close()
+    return {"cycles": rows, "rss_before_cycles_bytes": rss_before_cycles, "rss_bytes": machine.rss_bytes(),
+            "peak_rss_bytes": machine.peak_rss_bytes()}
+
+
+# --- parent: the node, and the child per scale ------------------------------------------------------------------
+
+
+def measure_scale(scale: int, fraction: float, cycles: int, workdir: Path) -> dict[str, Any]:
+    from tests.fakes.node_scenario import dense_node
+
+    size = sizes(scale, fraction)
+    root = workdir / f"node-{scale}x"
+    built = time.perf_counter()
+    scenario = dense_node(root, slots=7, **size)
+    scenario.start()
+    build_seconds = time.perf_counter() - built
+    try:
+        command = [sys.executable, "-m", "bench.auditor_bench", "--child", "--cycles", str(cycles), "--",
+                   *scenario.args("once")]
+        env = scenario.env({**os.environ, "PYTHONPATH": str(ROOT)})
+        result = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT, env=env,
+                                check=False)
+        if result.returncode != 0:
+            raise BenchError(f"the auditor child failed at scale {scale}: {result.stderr.strip()[-2000:]}")
+        measured = orjson.loads(result.stdout.strip().splitlines()[-1])
+        assert scenario.kubelet is not None
+        served = sum(scenario.kubelet.calls.values())
+    finally:
+        scenario.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return summarise(scale, size, measured, served, build_seconds)
+
+
+def summarise(scale: int, size: dict[str, int], measured: dict[str, Any], served_calls: int,
+              build_seconds: float) -> dict[str, Any]:
+    cycles = measured["cycles"]
+    first, warm = cycles[0], cycles[1:] or cycles[:1]
+    return {
+        "scale": scale,
+        "sizes": {**size, "mig_slices": size["gpus"] * 7, "containers": size["pods"] * size["containers_per_pod"]},
+        "first_cycle_ms": first["cycle_ms"],
+        "first_phases_ms": first["phases_ms"],
+        "warm_cycle_ms": statistics.median(c["cycle_ms"] for c in warm),
+        "warm_cycle_max_ms": max(c["cycle_ms"] for c in warm),
+        "warm_phases_ms": {name: statistics.median(c["phases_ms"][name] for c in warm) for name in PHASES},
+        "warm_cycles": len(warm),
+        "kubelet_calls_per_cycle": max(c["kubelet_calls"] for c in cycles),
+        "kubelet_calls_served": served_calls,
+        "cycles_run": len(cycles),
+        "containers_audited": cycles[-1]["containers"],
+        "findings": cycles[-1]["findings"],
+        "gpu_processes_seen": cycles[-1]["gpu_processes"],
+        "identity": cycles[-1]["identity"],
+        "rss_before_cycles_mb": measured["rss_before_cycles_bytes"] / 1e6,
+        "rss_mb": measured["rss_bytes"] / 1e6,
+        "peak_rss_mb": measured["peak_rss_bytes"] / 1e6,
+        "node_build_s": build_seconds,
+    }
+
+
+def run(scales: Sequence[int], fraction: float, cycles: int, workdir: Path) -> dict[str, Any]:
+    results = [measure_scale(scale, fraction, cycles, workdir) for scale in scales]
+    report: dict[str, Any] = {"benchmark": "auditor", "fraction": fraction, "cycles_per_scale": cycles,
+                              "results": results}
+    if len(scales) >= 2:
+        report["scaling_exponent"] = loglog_slope(scales, [r["warm_cycle_ms"] for r in results])
+        report["phase_scaling_exponents"] = {
+            name: loglog_slope(scales, [max(r["warm_phases_ms"][name], 1e-3) for r in results]) for name in PHASES}
+    report["targets"] = targets(report)
+    return report
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    judged = []
+    dense = next((r for r in report["results"] if r["scale"] == 1), None)
+    if dense is not None and report["fraction"] == 1.0:
+        judged.append({"target": f"warm cycle <= {TARGET_CYCLE_MS:.0f} ms on the dense node",
+                       "measured": f"{dense['warm_cycle_ms']:.0f} ms",
+                       "met": dense["warm_cycle_ms"] <= TARGET_CYCLE_MS})
+        judged.append({"target": f"RSS <= {TARGET_RSS_MB:.0f} MB on the dense node",
+                       "measured": f"{dense['peak_rss_mb']:.0f} MB peak",
+                       "met": dense["peak_rss_mb"] <= TARGET_RSS_MB})
+    judged.append({"target": "one kubelet call per cycle",
+                   "measured": ", ".join(f"{r['kubelet_calls_per_cycle']} at {r['scale']}x" for r in report["results"]),
+                   "met": all(r["kubelet_calls_per_cycle"] == 1 and r["kubelet_calls_served"] == r["cycles_run"]
+                              for r in report["results"])})
+    if "scaling_exponent" in report:
+        slope = report["scaling_exponent"]
+        judged.append({"target": "linear in the input (log-log slope ~1, <= 1.15)", "measured": f"{slope:.2f}",
+                       "met": slope <= 1.15})
+    return judged
+
+
+def markdown(report: dict[str, Any]) -> str:
+    header = "| scale | cycle | total ms | " + " | ".join(PHASES) + " |"
+    lines = [header, "|---|---|---:|" + "---:|" * len(PHASES)]
+    for row in report["results"]:
+        for label, total, phases in (("first", row["first_cycle_ms"], row["first_phases_ms"]),
+                                     ("warm (median)", row["warm_cycle_ms"], row["warm_phases_ms"])):
+            cells = " | ".join(f"{phases[name]:.1f}" for name in PHASES)
+            lines.append(f"| {row['scale']}x | {label} | {total:.1f} | {cells} |")
+    lines += ["", "| scale | containers | GPU processes | host processes | RSS before cycles MB | peak RSS MB "
+                  "| kubelet calls/cycle |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for row in report["results"]:
+        lines.append(f"| {row['scale']}x | {row['containers_audited']} | {row['gpu_processes_seen']} | "
+                     f"{row['sizes']['host_processes']} | {row['rss_before_cycles_mb']:.0f} | {row['peak_rss_mb']:.0f} "
+                     f"| {row['kubelet_calls_per_cycle']} |")
+    if "scaling_exponent" in report:
+        phases = ", ".join(f"{name} {value:.2f}" for name, value in report["phase_scaling_exponents"].items())
+        lines += ["", f"scaling exponent (warm cycle): {report['scaling_exponent']:.2f}; per phase: {phases}"]
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in report["targets"]]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.auditor_bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scales", default="1,2,4", help="multiples of the dense node (default: 1,2,4)")
+    parser.add_argument("--cycles", type=int, default=6, help="cycles per scale; the first is cold (default: 6)")
+    parser.add_argument("--fraction", type=float, default=1.0,
+                        help="shrink every size by this factor (smoke runs; targets are judged only at 1.0)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args(argv)
+    args.auditor_args = [arg for arg in rest if arg != "--"]
+    if args.child:
+        return args
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        args.scales = [int(scale) for scale in args.scales.split(",")]
+    except ValueError:
+        parser.error(f"--scales {args.scales!r}: give whole numbers separated by commas, e.g. 1,2,4")
+    if min(args.scales) < 1 or args.cycles < 2 or not 0 < args.fraction <= 1:
+        parser.error("--scales must be >= 1, --cycles >= 2 (one cold, the rest warm), 0 < --fraction <= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        sys.stdout.write(orjson.dumps(child(args.auditor_args, args.cycles)).decode() + "\n")
+        return 0
+    if os.geteuid() != 0:
+        print("auditor_bench: needs root to make the fake node's device nodes (mknod)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(ROOT))  # tests.fakes: the scenario builder lives with the tests
+    with tempfile.TemporaryDirectory(prefix="gpu-fence-auditor-bench-") as directory:
+        try:
+            report = run(args.scales, args.fraction, args.cycles, Path(directory))
+        except BenchError as error:
+            print(f"auditor_bench: {error}", file=sys.stderr)
+            return 2
+    report["machine"] = machine.describe()
+    sys.stdout.write(markdown(report))
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
