@@ -156,6 +156,8 @@ def child(auditor_args: Sequence[str], cycles: int) -> dict[str, Any]:
                 "findings": len(result.findings),
                 "gpu_processes": len(snapshot.processes),
                 "identity": snapshot.identity_source,
+                "rss_bytes": machine.rss_bytes(),
+                "peak_rss_bytes": machine.peak_rss_bytes(),
             })
     finally:
         auditor.close()
@@ -215,6 +217,8 @@ def summarise(scale: int, size: dict[str, int], measured: dict[str, Any], served
         "rss_before_cycles_mb": measured["rss_before_cycles_bytes"] / 1e6,
         "rss_mb": measured["rss_bytes"] / 1e6,
         "peak_rss_mb": measured["peak_rss_bytes"] / 1e6,
+        "peak_rss_after_first_cycle_mb": first["peak_rss_bytes"] / 1e6,
+        "warm_rss_mb": statistics.median(c["rss_bytes"] for c in warm) / 1e6,
         "node_build_s": build_seconds,
     }
 

@@ -210,7 +210,7 @@ def run(*, worker_classes: Sequence[str], rates: Sequence[int], containers: int,
     with servers(workdir, worker_classes) as running:
         for server in running.values():  # warm up every worker: first requests pay imports and allocator growth
             for endpoint in ENDPOINTS:
-                loadgen.open_loop(server.target, endpoint, bodies[endpoint], rate=200.0, seconds=0.5,
+                loadgen.open_loop(server.target, endpoint, bodies[endpoint], rate=200.0, seconds=min(seconds, 0.5),
                                   connections=connections)
         for _ in range(repeats):
             for point in points:
