@@ -68,3 +68,17 @@ def test_namespaced_objects_land_in_the_gpu_fence_namespace(target: str) -> None
 def test_no_two_objects_share_kind_namespace_and_name(target: str) -> None:
     keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in render(target)]
     assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize("target", KUSTOMIZATIONS)
+def test_service_monitors_select_a_service_port_that_exists(target: str) -> None:
+    objects = render(target)
+    services = [o for o in objects if o["kind"] == "Service"]
+    for monitor in (o for o in objects if o["kind"] == "ServiceMonitor"):
+        wanted = monitor["spec"]["selector"].get("matchLabels", {})
+        selected = [s for s in services
+                    if all(s["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
+        assert selected, f"ServiceMonitor {monitor['metadata']['name']} selects no Service"
+        ports = {p.get("name") for s in selected for p in s["spec"]["ports"]}
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert endpoint["port"] in ports, (monitor["metadata"]["name"], endpoint["port"])
