@@ -1,0 +1,62 @@
+"""The auditor benchmark at a tiny fraction of the dense node: the real daemon in a child process, every phase
+timed, one kubelet call per cycle, a scaling exponent, and the report's shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import auditor_bench
+
+
+def test_tiny_run_reports_phases_calls_and_scaling(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    output = tmp_path / "auditor.json"
+    assert auditor_bench.main(["--scales", "1,2", "--fraction", "0.02", "--cycles", "3", "--json", str(output)]) == 0
+    report = json.loads(output.read_text())
+    assert [row["scale"] for row in report["results"]] == [1, 2]
+    for row in report["results"]:
+        assert set(row["warm_phases_ms"]) == set(auditor_bench.PHASES) == set(row["first_phases_ms"])
+        assert all(value >= 0 for value in row["warm_phases_ms"].values())
+        assert row["warm_cycle_ms"] >= sum(v for k, v in row["warm_phases_ms"].items() if k != "join") * 0.99
+        assert row["kubelet_calls_per_cycle"] == 1 and row["kubelet_calls_served"] == row["cycles_run"] == 3
+        assert row["identity"] == "kubernetes"  # the pods were named through the API fake
+        assert row["containers_audited"] == row["sizes"]["containers"]
+        assert row["gpu_processes_seen"] == row["sizes"]["gpu_processes"]
+        assert row["peak_rss_mb"] >= row["rss_before_cycles_mb"] > 1
+    assert report["results"][1]["sizes"]["host_processes"] == 2 * report["results"][0]["sizes"]["host_processes"]
+    assert isinstance(report["scaling_exponent"], float)
+    assert set(report["phase_scaling_exponents"]) == set(auditor_bench.PHASES)
+    # at a fraction the cycle-time and RSS targets are not judged; the kubelet-call and scaling ones are
+    judged = [t["target"] for t in report["targets"]]
+    assert judged == ["one kubelet call per cycle", "linear in the input (log-log slope ~1, <= 1.15)"]
+    assert report["targets"][0]["met"] is True
+    assert "| 2x | warm (median) |" in capsys.readouterr().out
+
+
+def test_sizes_scale_every_dimension_and_never_reach_zero() -> None:
+    assert auditor_bench.sizes(1, 1.0) == auditor_bench.BASE
+    assert auditor_bench.sizes(4, 1.0)["host_processes"] == 120_000
+    assert min(auditor_bench.sizes(1, 0.0001).values()) == 1
+
+
+def test_phase_clock_times_a_wrapped_method() -> None:
+    class Adapter:
+        def list(self) -> list[int]:
+            return [1, 2]
+
+    adapter, clock = Adapter(), auditor_bench.PhaseClock()
+    clock.wrap(adapter, "list", "kubelet")
+    assert adapter.list() == [1, 2]
+    assert clock.seconds["kubelet"] > 0
+    clock.reset()
+    assert clock.seconds["kubelet"] == 0.0
+
+
+@pytest.mark.parametrize("argv", [["--scales", "x"], ["--cycles", "1"], ["--fraction", "2"], ["--bogus"]])
+def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        auditor_bench.main(argv)
+    assert exit_.value.code == 2
+    assert "--" in capsys.readouterr().err

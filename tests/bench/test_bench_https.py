@@ -1,0 +1,101 @@
+"""The HTTPS benchmark at a tiny size, and its parts against a real server: ``bench.server`` (the real ``serve``
+plus ``/noop``, worker class swap), the open-loop load generator, and wrk with ``bench/wrk/post.lua``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench import https_bench, loadgen, reviews
+from bench.server import NOOP_PATH, NOOP_RESPONSE
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, https_bench.Server]]:
+    with https_bench.servers(tmp_path_factory.mktemp("https"), ["gthread", "sync"]) as running:
+        yield running
+
+
+def test_noop_answers_the_fixed_review_and_the_real_endpoints_still_judge(servers) -> None:
+    target = servers["gthread"].target
+    client = loadgen.Client(target, target.context())
+    try:
+        client.connect()
+        request, _ = loadgen.request_bytes(target, NOOP_PATH, reviews.mutate_body(2), keep_alive=True)
+        assert client.exchange(request) == 200
+        request, _ = loadgen.request_bytes(target, "/mutate", b"not json", keep_alive=True)
+        assert client.exchange(request) == 400  # the real app behind the no-op: bad input is a clear 4xx
+        assert client.connects == 1  # gthread kept the connection alive through both
+    finally:
+        client.close()
+    assert NOOP_RESPONSE.startswith(b'{"apiVersion":"admission.k8s.io/v1"')
+
+
+def test_keep_alive_reuses_connections_and_new_connection_mode_handshakes_per_request(servers) -> None:
+    target, body = servers["gthread"].target, reviews.mutate_body(2)
+    kept = loadgen.open_loop(target, "/mutate", body, rate=100, seconds=0.2, connections=2, reuse=True)
+    assert kept["count"] == 20 and kept["connections_opened"] == 2
+    fresh = loadgen.open_loop(target, NOOP_PATH, body, rate=100, seconds=0.2, connections=2, reuse=False)
+    assert fresh["count"] == 20 and fresh["connections_opened"] == 20
+    for summary in (kept, fresh):
+        assert 0 < summary["p50_ms"] <= summary["p99_ms"] <= summary["max_ms"]
+        assert summary["service_p50_ms"] > 0 and summary["achieved_per_s"] > 0
+
+
+def test_sync_workers_close_every_connection(servers) -> None:
+    summary = loadgen.open_loop(servers["sync"].target, "/validate", reviews.validate_body(2), rate=100,
+                                seconds=0.1, connections=1, reuse=True)
+    assert summary["count"] == 10 and summary["connections_opened"] == 10
+
+
+def test_a_non_200_answer_fails_the_run(servers) -> None:
+    with pytest.raises(loadgen.LoadError, match="HTTP 404"):
+        loadgen.open_loop(servers["gthread"].target, "/nowhere", b"{}", rate=50, seconds=0.1, connections=1)
+
+
+def test_wrk_script_posts_reviews_and_reports_json(servers, tmp_path: Path) -> None:
+    body = tmp_path / "body.json"
+    body.write_bytes(reviews.mutate_body(2))
+    figures = https_bench.wrk_saturation(servers["gthread"], "/mutate", body, seconds=1, connections=2)
+    assert figures["requests"] > 0 and figures["reviews_per_s"] > 0
+    assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
+    wrong = tmp_path / "wrong.json"
+    wrong.write_bytes(b'{"apiVersion":"v1","request":{"uid":"00000000-0000-4000-8000-000000000000"}}')
+    with pytest.raises(https_bench.BenchError, match="errors"):  # 400s are counted by wrk, and refused here
+        https_bench.wrk_saturation(servers["gthread"], "/mutate", wrong, seconds=1, connections=1)
+
+
+def test_worker_rss_is_read_for_each_worker(servers) -> None:
+    workers = servers["gthread"].worker_rss()
+    assert len(workers) == 2
+    assert all(w["rss_bytes"] > 1 << 20 and w["peak_rss_bytes"] >= w["rss_bytes"] for w in workers)
+
+
+def test_tiny_run_reports_every_point(tmp_path: Path) -> None:
+    output = tmp_path / "https.json"
+    assert https_bench.main(["--rates", "50", "--repeats", "1", "--seconds", "0.2", "--wrk-seconds", "1",
+                             "--connections", "2", "--containers", "2", "--json", str(output)]) == 0
+    report = json.loads(output.read_text())
+    points = {(r["worker_class"], r["mode"], r["endpoint"]) for r in report["results"]}
+    for worker_class in ("gthread", "sync"):
+        for endpoint in https_bench.ENDPOINTS:
+            assert (worker_class, "saturation", endpoint) in points
+            assert (worker_class, "keep-alive", endpoint) in points
+    assert ("gthread", "new-connection", "/mutate") in points
+    saturation = [r for r in report["results"] if r["mode"] == "saturation"]
+    assert all(r["reviews_per_s"] > 0 and r["throughput_vs_noop"] > 0 for r in saturation)
+    assert {r["throughput_vs_noop"] for r in saturation if r["endpoint"] == NOOP_PATH} == {1.0}
+    assert set(report["worker_rss"]) == {"gthread", "sync"}
+    assert report["servers"]["sync"]["threads"] == 1
+    assert {t["target"].split(" (")[0] for t in report["targets"]} == {"throughput >= 0.8x no-op, same stack"}
+
+
+@pytest.mark.parametrize("argv", [["--rates", "fast"], ["--worker-classes", "gevent"], ["--connections", "0"]])
+def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        https_bench.main(argv)
+    assert exit_.value.code == 2
+    assert "--" in capsys.readouterr().err
