@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from auditor.cgroups import CONTAINERD, CRIO, CgroupIdentity
@@ -254,6 +254,8 @@ operations = st.lists(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(operations, st.integers(min_value=1, max_value=4))
+# a pid reused twice: a fake tree that freed the first directory's inode handed it back on the second reuse
+@example([("container", POD_A, C1), ("scan",), ("reuse", 0, C1), ("reuse", 0, C2)], 1)
 def test_incremental_scan_matches_a_full_scan(steps: list[tuple], recheck_every: int) -> None:
     with tempfile.TemporaryDirectory() as directory:
         tree = HostProcTree(Path(directory) / "proc")

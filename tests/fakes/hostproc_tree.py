@@ -11,7 +11,6 @@ Making device nodes needs CAP_MKNOD (root); the tests run as root in CI.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -49,6 +48,7 @@ class HostProcTree:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._exited = 0
         root.mkdir(parents=True, exist_ok=True)
         # entries every real /proc has that are not processes
         (root / "meminfo").write_text("MemTotal: 1 kB\n")
@@ -111,12 +111,20 @@ class HostProcTree:
         return self.root / str(pid)
 
     def remove(self, pid: int) -> None:
-        """The process exits."""
+        """The process exits.
+
+        Its directory is moved out of the tree rather than deleted: procfs never hands a new process the inode
+        number of an exited one soon after, but a disk file system would reuse the freed inode at once, and the
+        adapter's pid-reuse check (a changed inode) would then see a reused pid as unchanged.
+        """
         directory = self.root / str(pid)
         if directory.is_symlink():
             directory.unlink()
-        else:
-            shutil.rmtree(directory)
+            return
+        self._exited += 1
+        graveyard = self.root.parent / f".{self.root.name}-exited"
+        graveyard.mkdir(exist_ok=True)
+        directory.rename(graveyard / f"{pid}-{self._exited}")
 
     def write_cgroup(self, pid: int, text: str) -> None:
         (self.root / str(pid) / "cgroup").write_text(text)
