@@ -1,15 +1,17 @@
 """The webhook over HTTPS on loopback: throughput at saturation and latency at fixed offered loads.
 
-One run starts, with certificates from ``gpu-fence-webhook certs``, two servers: the real ``serve`` (gunicorn
-``gthread``, 2 workers × 4 threads, keep-alive) and the same with ``sync`` workers (``bench.server``, which also
-adds the no-op endpoint ``/noop`` to both). Then, repeat after repeat, side by side:
+One run starts, with certificates from ``gpu-fence-webhook certs``, three servers (``bench.server``: the real
+``serve`` plus the no-op endpoint ``/noop``): ``gthread`` (what ``serve`` runs: 2 workers × 4 threads, keep-alive,
+one JSON log line per review), ``sync`` (2 workers; they close every connection), and ``gthread-quiet``
+(``gthread`` with ``--log-level WARNING``: what the per-review log line costs). Then, repeat after repeat, side by
+side:
 
 * **saturation**: Debian's ``wrk`` (closed loop, ``bench/wrk/post.lua``) drives ``/mutate``, ``/validate`` and
   ``/noop`` with the same 10-container pod; throughput and wrk's latency distribution. The throughput target is
   the ratio of ``/mutate`` (and ``/validate``) to ``/noop`` on the same server stack.
 * **offered loads** 100, 200 and 500 reviews/s from ``bench.loadgen`` (open loop: latency counted from each
   request's scheduled time), over kept-alive connections and, for ``gthread``, with a new TCP connection and a
-  full TLS handshake per request.
+  full TLS handshake per request (``gthread-quiet`` runs saturation only).
 * worker RSS of each server after the load.
 
 Figures are medians over ``--repeats``. Run: ``python -m bench.https_bench`` (``--help`` for sizes and durations).
@@ -50,6 +52,8 @@ READY_DEADLINE_S = 60.0
 TARGET_P99_MS = 5.0  # DESIGN: p99 at 200 reviews/s, keep-alive
 TARGET_RATE = 200
 TARGET_RATIO = 0.8  # DESIGN: throughput >= 0.8x the no-op endpoint on the same server stack
+#: server name -> (gunicorn worker class, serve --log-level)
+VARIANTS = {"gthread": ("gthread", "INFO"), "sync": ("sync", "INFO"), "gthread-quiet": ("gthread", "WARNING")}
 
 
 class BenchError(RuntimeError):
@@ -58,6 +62,7 @@ class BenchError(RuntimeError):
 
 @dataclass
 class Server:
+    name: str
     worker_class: str
     port: int
     process: subprocess.Popen
@@ -95,17 +100,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(tls: Path, workdir: Path, worker_class: str, *, workers: int = 2, threads: int = 4) -> Server:
+def start_server(tls: Path, workdir: Path, name: str, *, workers: int = 2, threads: int = 4) -> Server:
+    worker_class, log_level = VARIANTS[name]
     port = free_port()
-    stderr_path = workdir / f"serve-{worker_class}.stderr"
-    command = [sys.executable, "-m", "bench.server", "--worker-class", worker_class, "serve",
+    stderr_path = workdir / f"serve-{name}.stderr"
+    command = [sys.executable, "-m", "bench.server", "--worker-class", worker_class, "serve", "--log-level", log_level,
                "--cert-file", str(tls / "tls.crt"), "--key-file", str(tls / "tls.key"), "--bind", "127.0.0.1",
                "--port", str(port), "--workers", str(workers), "--threads", str(threads), "--namespace", NAMESPACE]
     env = {**os.environ, "TMPDIR": str(workdir), "PYTHONPATH": str(Path(__file__).parents[1])}
     with stderr_path.open("wb") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     target = loadgen.Target("127.0.0.1", port, HOSTNAME, str(tls / "ca.crt"))
-    server = Server(worker_class, port, process, stderr_path, target, workers, 1 if worker_class == "sync" else threads)
+    server = Server(name, worker_class, port, process, stderr_path, target, workers,
+                    1 if worker_class == "sync" else threads)
     try:
         wait_ready(server)
     except BaseException:
@@ -120,7 +127,7 @@ def wait_ready(server: Server) -> None:
     deadline = time.monotonic() + READY_DEADLINE_S
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
-            raise BenchError(f"the {server.worker_class} server exited with {server.process.returncode}: "
+            raise BenchError(f"the {server.name} server exited with {server.process.returncode}: "
                              f"{server.stderr_path.read_text(errors='replace')[-2000:]}")
         connection = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=5)
         connection.host = HOSTNAME  # verify for the Service name; connect to loopback
@@ -135,7 +142,7 @@ def wait_ready(server: Server) -> None:
         finally:
             connection.close()
         time.sleep(0.1)  # polling the readiness endpoint, bounded by the deadline
-    raise BenchError(f"the {server.worker_class} server was not ready within {READY_DEADLINE_S:.0f} s")
+    raise BenchError(f"the {server.name} server was not ready within {READY_DEADLINE_S:.0f} s")
 
 
 def stop_server(server: Server) -> None:
@@ -173,31 +180,33 @@ def wrk_saturation(server: Server, path: str, body_file: Path, *, seconds: int, 
 
 
 @contextmanager
-def servers(workdir: Path, worker_classes: Sequence[str]) -> Iterator[dict[str, Server]]:
+def servers(workdir: Path, names: Sequence[str]) -> Iterator[dict[str, Server]]:
     tls = make_certs(workdir / "tls")
     started: dict[str, Server] = {}
     try:
-        for worker_class in worker_classes:
-            started[worker_class] = start_server(tls, workdir, worker_class)
+        for name in names:
+            started[name] = start_server(tls, workdir, name)
         yield started
     finally:
         for server in started.values():
             stop_server(server)
 
 
-def plan(worker_classes: Sequence[str], rates: Sequence[int]) -> list[tuple[str, str, str, int | None]]:
-    """The (worker class, mode, endpoint, offered rate or None for saturation) points of one repeat."""
+def plan(names: Sequence[str], rates: Sequence[int]) -> list[tuple[str, str, str, int | None]]:
+    """The (server, mode, endpoint, offered rate or None for saturation) points of one repeat."""
     points: list[tuple[str, str, str, int | None]] = []
-    for worker_class in worker_classes:
-        points += [(worker_class, "saturation", endpoint, None) for endpoint in ENDPOINTS]
-        points += [(worker_class, "keep-alive", endpoint, rate) for rate in rates for endpoint in ENDPOINTS]
-        if worker_class == "gthread":  # sync closes every connection anyway: its keep-alive rows are this
-            points += [(worker_class, "new-connection", endpoint, rate)
+    for name in names:
+        points += [(name, "saturation", endpoint, None) for endpoint in ENDPOINTS]
+        if name == "gthread-quiet":
+            continue  # there to price the log line at saturation only
+        points += [(name, "keep-alive", endpoint, rate) for rate in rates for endpoint in ENDPOINTS]
+        if name == "gthread":  # sync closes every connection anyway: its keep-alive rows are this
+            points += [(name, "new-connection", endpoint, rate)
                        for rate in rates if rate <= 200 for endpoint in ("/mutate", NOOP_PATH)]
     return points
 
 
-def run(*, worker_classes: Sequence[str], rates: Sequence[int], containers: int, repeats: int, seconds: float,
+def run(*, names: Sequence[str], rates: Sequence[int], containers: int, repeats: int, seconds: float,
         wrk_seconds: int, connections: int, workdir: Path) -> dict[str, Any]:
     bodies = {"/mutate": reviews.mutate_body(containers), "/validate": reviews.validate_body(containers),
               NOOP_PATH: reviews.mutate_body(containers)}
@@ -205,17 +214,17 @@ def run(*, worker_classes: Sequence[str], rates: Sequence[int], containers: int,
     for endpoint, body in bodies.items():
         body_files[endpoint] = workdir / f"body{endpoint.replace('/', '-')}.json"
         body_files[endpoint].write_bytes(body)
-    points = plan(worker_classes, rates)
+    points = plan(names, rates)
     samples: dict[tuple, list[dict[str, float]]] = {point: [] for point in points}
-    with servers(workdir, worker_classes) as running:
+    with servers(workdir, names) as running:
         for server in running.values():  # warm up every worker: first requests pay imports and allocator growth
             for endpoint in ENDPOINTS:
                 loadgen.open_loop(server.target, endpoint, bodies[endpoint], rate=200.0, seconds=min(seconds, 0.5),
                                   connections=connections)
         for _ in range(repeats):
             for point in points:
-                worker_class, mode, endpoint, rate = point
-                server = running[worker_class]
+                name, mode, endpoint, rate = point
+                server = running[name]
                 if mode == "saturation":
                     figures = wrk_saturation(server, endpoint, body_files[endpoint], seconds=wrk_seconds,
                                              connections=connections)
@@ -225,11 +234,12 @@ def run(*, worker_classes: Sequence[str], rates: Sequence[int], containers: int,
                                                 reuse=mode == "keep-alive")
                 samples[point].append(figures)
         rss = {name: server.worker_rss() for name, server in running.items()}
-        config = {name: {"workers": server.workers, "threads": server.threads} for name, server in running.items()}
+        config = {name: {"worker_class": server.worker_class, "log_level": VARIANTS[name][1],
+                         "workers": server.workers, "threads": server.threads} for name, server in running.items()}
     results = []
     for point in points:
-        worker_class, mode, endpoint, rate = point
-        results.append({"worker_class": worker_class, "mode": mode, "endpoint": endpoint, "offered_per_s": rate,
+        name, mode, endpoint, rate = point
+        results.append({"server": name, "mode": mode, "endpoint": endpoint, "offered_per_s": rate,
                         **median_of_runs(samples[point])})
     add_ratios(results)
     return {"benchmark": "https", "containers": containers, "body_bytes": len(bodies["/mutate"]),
@@ -239,11 +249,11 @@ def run(*, worker_classes: Sequence[str], rates: Sequence[int], containers: int,
 
 
 def add_ratios(results: list[dict[str, Any]]) -> None:
-    """Each row's throughput next to ``/noop``'s in the same worker class and mode (saturation rows only)."""
-    noop = {(row["worker_class"], row["mode"]): row["reviews_per_s"] for row in results
+    """Each row's throughput next to ``/noop``'s on the same server (saturation rows only)."""
+    noop = {(row["server"], row["mode"]): row["reviews_per_s"] for row in results
             if row["endpoint"] == NOOP_PATH and row["mode"] == "saturation"}
     for row in results:
-        floor = noop.get((row["worker_class"], row["mode"]))
+        floor = noop.get((row["server"], row["mode"]))
         if floor and row["mode"] == "saturation":
             row["throughput_vs_noop"] = row["reviews_per_s"] / floor
 
@@ -251,7 +261,7 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
 def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     judged = []
     for row in results:
-        if row["worker_class"] != "gthread" or row["endpoint"] == NOOP_PATH:
+        if row["server"] != "gthread" or row["endpoint"] == NOOP_PATH:
             continue
         if row["mode"] == "keep-alive" and row["offered_per_s"] == TARGET_RATE:
             judged.append({"target": f"p99 <= {TARGET_P99_MS} ms at {TARGET_RATE} reviews/s, keep-alive "
@@ -265,13 +275,13 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = ["| workers | mode | endpoint | offered/s | achieved/s | p50 ms | p99 ms | vs noop |",
+    lines = ["| server | mode | endpoint | offered/s | achieved/s | p50 ms | p99 ms | vs noop |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for row in report["results"]:
         achieved = row.get("achieved_per_s", row.get("reviews_per_s", 0))
         ratio = f"{row['throughput_vs_noop']:.2f}" if "throughput_vs_noop" in row else ""
         offered = int(row["offered_per_s"] or 0) or "max"
-        lines.append(f"| {row['worker_class']} | {row['mode']} | {row['endpoint']} | {offered} "
+        lines.append(f"| {row['server']} | {row['mode']} | {row['endpoint']} | {offered} "
                      f"| {achieved:,.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {ratio} |")
     lines += ["", "| server | worker RSS (MiB) |", "|---|---|"]
     for name, workers in report["worker_rss"].items():
@@ -284,7 +294,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.https_bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worker-classes", default="gthread,sync", help="comma-separated (default: gthread,sync)")
+    parser.add_argument("--servers", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)")
     parser.add_argument("--rates", default=",".join(map(str, RATES)), help="offered loads (default: 100,200,500)")
     parser.add_argument("--containers", type=int, default=10, help="containers of the reviewed pod (default: 10)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats; medians are reported (default: 3)")
@@ -297,10 +308,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.rates = [int(rate) for rate in args.rates.split(",")]
     except ValueError:
         parser.error(f"--rates {args.rates!r}: give whole numbers separated by commas, e.g. 100,200,500")
-    args.worker_classes = args.worker_classes.split(",")
-    unknown = set(args.worker_classes) - {"gthread", "sync"}
+    args.servers = args.servers.split(",")
+    unknown = set(args.servers) - set(VARIANTS)
     if unknown:
-        parser.error(f"--worker-classes: unknown {sorted(unknown)}; choose from gthread, sync")
+        parser.error(f"--servers: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
     if min(args.rates) < 1 or args.repeats < 1 or args.seconds <= 0 or args.wrk_seconds < 1 or args.connections < 1:
         parser.error("--rates, --repeats, --wrk-seconds and --connections must be >= 1 and --seconds > 0")
     return args
@@ -310,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gpu-fence-https-bench-") as directory:
         try:
-            report = run(worker_classes=args.worker_classes, rates=args.rates, containers=args.containers,
+            report = run(names=args.servers, rates=args.rates, containers=args.containers,
                          repeats=args.repeats, seconds=args.seconds, wrk_seconds=args.wrk_seconds,
                          connections=args.connections, workdir=Path(directory))
         except (BenchError, loadgen.LoadError) as error:

@@ -79,23 +79,32 @@ def test_tiny_run_reports_every_point(tmp_path: Path) -> None:
     assert https_bench.main(["--rates", "50", "--repeats", "1", "--seconds", "0.2", "--wrk-seconds", "1",
                              "--connections", "2", "--containers", "2", "--json", str(output)]) == 0
     report = json.loads(output.read_text())
-    points = {(r["worker_class"], r["mode"], r["endpoint"]) for r in report["results"]}
-    for worker_class in ("gthread", "sync"):
+    points = {(r["server"], r["mode"], r["endpoint"]) for r in report["results"]}
+    for name in ("gthread", "sync"):
         for endpoint in https_bench.ENDPOINTS:
-            assert (worker_class, "saturation", endpoint) in points
-            assert (worker_class, "keep-alive", endpoint) in points
+            assert (name, "saturation", endpoint) in points
+            assert (name, "keep-alive", endpoint) in points
     assert ("gthread", "new-connection", "/mutate") in points
+    assert {mode for name, mode, _ in points if name == "gthread-quiet"} == {"saturation"}
     saturation = [r for r in report["results"] if r["mode"] == "saturation"]
     assert all(r["reviews_per_s"] > 0 and r["throughput_vs_noop"] > 0 for r in saturation)
     assert {r["throughput_vs_noop"] for r in saturation if r["endpoint"] == NOOP_PATH} == {1.0}
-    assert set(report["worker_rss"]) == {"gthread", "sync"}
-    assert report["servers"]["sync"]["threads"] == 1
+    assert set(report["worker_rss"]) == set(https_bench.VARIANTS)
+    assert report["servers"]["sync"] == {"worker_class": "sync", "log_level": "INFO", "workers": 2, "threads": 1}
+    assert report["servers"]["gthread-quiet"]["log_level"] == "WARNING"
     assert {t["target"].split(" (")[0] for t in report["targets"]} == {"throughput >= 0.8x no-op, same stack"}
 
 
-@pytest.mark.parametrize("argv", [["--rates", "fast"], ["--worker-classes", "gevent"], ["--connections", "0"]])
+@pytest.mark.parametrize("argv", [["--rates", "fast"], ["--servers", "gevent"], ["--connections", "0"]])
 def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         https_bench.main(argv)
     assert exit_.value.code == 2
     assert "--" in capsys.readouterr().err
+
+
+def test_the_production_server_logs_every_review_as_measured(servers) -> None:
+    target = servers["gthread"].target
+    loadgen.open_loop(target, "/validate", reviews.validate_body(2), rate=50, seconds=0.1, connections=1)
+    lines = servers["gthread"].stderr_path.read_text().splitlines()
+    assert any('"event":"review"' in line and '"endpoint":"validate"' in line for line in lines)
