@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.fakes.kubeapi_pods import FakePodsApi, pod, write_kubeconfig
 from webhook import check, cli
 from webhook.config import PolicyConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared fakes package
-from fakes.kubeapi_pods import FakePodsApi, pod, write_kubeconfig
 
 CUDA = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 GPU = {"limits": {"nvidia.com/gpu": "1"}}
