@@ -342,7 +342,8 @@ def backoff(interval: float, failures_in_row: int, maximum: float) -> float:
     """Wait before the next cycle: the interval, doubled per consecutive failure, capped."""
     if failures_in_row <= 0:
         return interval
-    return min(interval * 2 ** (failures_in_row - 1), max(maximum, interval))
+    # The exponent is bounded: 2**n of a days-long outage would overflow a float and end the loop.
+    return min(interval * 2 ** min(failures_in_row - 1, 64), max(maximum, interval))
 
 
 def run_daemon(args: argparse.Namespace) -> int:

@@ -206,6 +206,12 @@ def test_backoff_doubles_per_failure_and_is_capped():
     assert backoff(600, 3, 300) == 600  # never shorter than the interval
 
 
+def test_backoff_after_a_very_long_outage_stays_capped():
+    """--interval is a float: 2**n past ~1024 failures in a row must not overflow and end the loop."""
+    assert backoff(30.0, 1100, 300.0) == 300.0
+    assert backoff(30.0, 10**6, 300.0) == 300.0
+
+
 def test_health_window():
     now = [100.0]
     health = Health(interval=10, unhealthy_after=3, clock=lambda: now[0])
