@@ -79,3 +79,21 @@ def test_typical_pods_are_json_of_the_advertised_shape() -> None:
                    for c in pinned["spec"]["containers"] if c not in gpu)
     with pytest.raises(ValueError, match="at least one container"):
         reviews.typical_pod(0)
+
+
+def test_policy_profile_times_every_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from bench import policy_profile
+    from webhook.policy import RULE_CHECKS
+
+    allowed = os.sched_getaffinity(0)
+    try:
+        assert policy_profile.main(["--containers", "2", "--number", "5"]) == 0
+    finally:
+        os.sched_setaffinity(0, allowed)
+    table = capsys.readouterr().out
+    for rule, _ in RULE_CHECKS:
+        assert f"| rule {rule.id} |" in table
+    steps = policy_profile.breakdown(2, 3)
+    assert all(microseconds > 0 for _, microseconds in steps)

@@ -1,0 +1,66 @@
+"""Where the time of one 10-container review goes: JSON parse, reading the pod, each rule, serialising.
+
+A breakdown, not a benchmark: each step is timed alone with ``timeit`` (best of 5, one core) on the same typical
+pod ``bench.policy_bench`` uses, so the steps of ``/validate`` can be compared with each other and with the
+parse floor. Run: ``python -m bench.policy_profile [--containers N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import timeit
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from bench import machine, reviews
+
+
+def best_microseconds(function: Callable[[], Any], number: int) -> float:
+    return min(timeit.repeat(function, number=number, repeat=5)) / number * 1e6
+
+
+def breakdown(containers: int, number: int) -> list[tuple[str, float]]:
+    """(step, µs) for the steps of a ``/validate`` review of the pinned pod, in the order the server runs them."""
+    from webhook import policy
+    from webhook.config import load_config
+    from webhook.review import Endpoint, parse, review
+
+    config = load_config(None)
+    body = reviews.validate_body(containers)
+    document = orjson.loads(body)
+    pod = document["request"]["object"]
+    view = policy._read_pod(pod, config, None)
+    outcome = review(document, Endpoint.VALIDATE, config, policy)
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("orjson.loads (body)", lambda: orjson.loads(body)),
+        ("review.parse (envelope)", lambda: parse(document)),
+        ("policy._read_pod", lambda: policy._read_pod(pod, config, None)),
+    ]
+    steps += [(f"rule {rule.id}", lambda check=check: check(view)) for rule, check in policy.RULE_CHECKS]
+    steps += [
+        ("policy.validate (all of the above but parse)", lambda: policy.validate(pod, config)),
+        ("review.review (/validate, parsed body)", lambda: review(document, Endpoint.VALIDATE, config, policy)),
+        ("orjson.dumps (response)", lambda: orjson.dumps(outcome.response)),
+    ]
+    return [(label, best_microseconds(function, number)) for label, function in steps]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.policy_profile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--containers", type=int, default=10, help="containers of the typical pod (default: 10)")
+    parser.add_argument("--number", type=int, default=2000, help="calls per timing (default: 2000)")
+    args = parser.parse_args(argv)
+    if args.containers < 1 or args.number < 1:
+        parser.error("--containers and --number must be at least 1")
+    machine.pin_to_one_core()
+    sys.stdout.write("| step | µs |\n|---|---:|\n")
+    for label, microseconds in breakdown(args.containers, args.number):
+        sys.stdout.write(f"| {label} | {microseconds:.1f} |\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
