@@ -101,7 +101,7 @@ class NvmlProcess:
     pid: int
     device_uuid: str
     used_memory_bytes: int | None  # None: NVML_VALUE_NOT_AVAILABLE
-    kind: str  # "compute" | "graphics" | "mps"
+    kind: str  # "compute" | "graphics" | "mps", or the lists it is in joined by "+" ("compute+graphics")
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,7 @@ class _Reader:
         self.max_slices_cache = max_slices_cache
         self.devices: list[NvmlDevice] = []
         self.problems: list[NvmlProblem] = []
-        self.processes: dict[tuple[int, str, str], int | None] = {}
+        self.processes: dict[tuple[int, str], tuple[set[str], int | None]] = {}  # (pid, device) → kinds, bytes
 
     def read(self) -> NvmlSnapshot:
         try:
@@ -270,8 +270,8 @@ class _Reader:
             raise NvmlError(first, f"none of the {count} GPUs could be read: {details}")
         order = {device.uuid: position for position, device in enumerate(self.devices)}
         processes = sorted(
-            (NvmlProcess(pid, uuid, used, kind) for (pid, uuid, kind), used in self.processes.items()),
-            key=lambda process: (order.get(process.device_uuid, len(order)), process.pid, process.kind),
+            (NvmlProcess(pid, uuid, used, _kind(kinds)) for (pid, uuid), (kinds, used) in self.processes.items()),
+            key=lambda process: (order.get(process.device_uuid, len(order)), process.pid),
         )
         return NvmlSnapshot(tuple(self.devices), tuple(processes), tuple(self.problems), self._driver_version())
 
@@ -325,8 +325,9 @@ class _Reader:
             return
         self.devices += reader.devices
         self.problems += reader.problems
-        for key, used in reader.processes.items():
-            self._add_process(*key, used)
+        for (pid, uuid), (kinds, used) in reader.processes.items():
+            for kind in kinds:
+                self._add_process(pid, uuid, kind, used)
 
     def _read_gpu_device(self, index: int, handle: Any, uuid: str) -> None:
         nv = self.nv
@@ -475,10 +476,12 @@ class _Reader:
         The parent's list is the aggregate, with each process's GPU/compute instance ids, and only for a
         privileged caller: NO_PERMISSION there is expected. Both views are merged.
         """
+        placed: set[int] = set()  # pids a MIG device handle already listed
         for mig in migs:
             for kind, functions in _PROCESS_CALLS:
                 for process in self._list(mig.device.uuid, mig.handle, kind, functions):
                     self._add_process(int(process.pid), mig.device.uuid, kind, process.usedGpuMemory)
+                    placed.add(int(process.pid))
         by_ids = {(m.device.gpu_instance_id, m.device.compute_instance_id): m.device.uuid for m in migs}
         by_gi: dict[int | None, str | None] = {}
         for m in migs:
@@ -488,6 +491,8 @@ class _Reader:
             for process in self._list(gpu.uuid, handle, kind, functions, quiet=[_NO_PERMISSION]):
                 gi, ci = int(process.gpuInstanceId), int(process.computeInstanceId)
                 target = by_ids.get((gi, ci)) or by_gi.get(gi)
+                if target is None and int(process.pid) in placed:
+                    continue  # the MIG device's own list placed it: the same memory, whatever ids the parent shows
                 if target is None:
                     target = gpu.uuid
                     self._problem(
@@ -499,14 +504,22 @@ class _Reader:
                 self._add_process(int(process.pid), target, kind, process.usedGpuMemory)
 
     def _add_process(self, pid: int, uuid: str, kind: str, used: int | None) -> None:
-        """One entry per (pid, device, kind). Seen twice (parent and MIG view), it is the same memory: keep the
-        larger reading rather than adding them."""
+        """One entry per (pid, device). Seen twice (parent and MIG view; or in two lists, as nvidia-smi's C+G and
+        M+C processes are), it is the same memory: usedGpuMemory is all the process holds on the device. Keep
+        the larger reading rather than adding them."""
         used = None if used is None else int(used)
-        key = (pid, uuid, kind)
+        key = (pid, uuid)
+        kinds: set[str] = {kind}
         if key in self.processes:
-            previous = self.processes[key]
+            previous_kinds, previous = self.processes[key]
+            kinds |= previous_kinds
             used = previous if used is None else used if previous is None else max(previous, used)
-        self.processes[key] = used
+        self.processes[key] = (kinds, used)
+
+
+def _kind(kinds: set[str]) -> str:
+    """``compute``, ``graphics``, ``mps``, or several joined by ``+`` in that order (``compute+graphics``)."""
+    return "+".join(kind for kind, _ in _PROCESS_CALLS if kind in kinds)
 
 
 def _instance(value: int) -> str:

@@ -286,6 +286,37 @@ def test_process_in_no_known_mig_device_counts_on_the_card_with_a_problem(open_n
     assert problem.device == GPU1 and "240" in problem.message and "GPU instance 13" in problem.message
 
 
+def test_process_in_several_lists_of_one_device_is_one_entry(open_nvml: OpenNvml) -> None:
+    """nvidia-smi's C+G and M+C: one process in two lists of a device. usedGpuMemory is the process's whole memory
+    on the device in each list, so adding the lists would bill it twice."""
+    config = FakeNvmlConfig(
+        gpus=(FakeGpu(0), FakeGpu(1)),
+        processes=(
+            FakeProcess(0, pid=260, used_memory_bytes=2 * GIB),
+            FakeProcess(0, pid=260, used_memory_bytes=2 * GIB, kind="graphics"),
+            FakeProcess(GPU1, pid=261, used_memory_bytes=None),
+            FakeProcess(GPU1, pid=261, used_memory_bytes=GIB, kind="mps"),
+        ),
+    )
+    snapshot = open_nvml(config).snapshot()
+
+    assert process_set(snapshot) == {(260, GPU0, 2 * GIB, "compute+graphics"), (261, GPU1, GIB, "compute+mps")}
+
+
+def test_process_of_a_mig_device_with_odd_ids_in_the_parent_view_is_not_counted_twice(open_nvml: OpenNvml) -> None:
+    """The MIG handle already placed the process; the parent's aggregate entry with ids that match no MIG device
+    is the same memory, not a second process on the whole card."""
+    config = FakeNvmlConfig(
+        gpus=MIXED_NODE.gpus,
+        migs=MIXED_NODE.migs,
+        processes=(FakeProcess(MIG10, pid=262, used_memory_bytes=GIB, gpu_instance_id=13, compute_instance_id=0),),
+    )
+    snapshot = open_nvml(config).snapshot()
+
+    assert process_set(snapshot) == {(262, MIG10, GIB, "compute")}
+    assert snapshot.problems == ()
+
+
 def test_instance_ids_are_none_on_gpus_without_mig(fake_lib: Path, open_nvml: OpenNvml) -> None:
     """nvml.h: 0xFFFFFFFF without MIG; the adapter must not read that as a GPU instance id."""
     config = FakeNvmlConfig(gpus=(FakeGpu(0),), processes=(FakeProcess(0, pid=250, gpu_instance_id=1),))
