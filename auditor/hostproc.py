@@ -1,6 +1,6 @@
 """Host ``/proc`` adapter: which container each process is in, what GPU device nodes it sees, its environment.
 
-The auditor runs with ``hostPID`` and reads the host's /proc (``--proc-root``, normally ``/proc``). Processes come
+The auditor runs with ``hostPID`` and reads the host's /proc (``--host-proc``, normally ``/proc``). Processes come
 and go while it reads: a pid that vanishes, or turns unreadable because it is exiting, is skipped and never fails
 the cycle. Every OS error is therefore an answer ("unknown"), not an exception.
 
@@ -67,7 +67,7 @@ class HostProc:
     def pids(self) -> list[int]:
         """Every process id under the proc root, ascending.
 
-        Raises ``OSError`` only when the proc root itself cannot be listed (not mounted, wrong ``--proc-root``):
+        Raises ``OSError`` only when the proc root itself cannot be listed (not mounted, wrong ``--host-proc``):
         that is a configuration error, unlike a single process going away.
         """
         return sorted(self._listing())
@@ -88,13 +88,21 @@ class HostProc:
     def identities(self, pids: Iterable[int]) -> dict[int, CgroupIdentity]:
         """Identities of the given pids that are in a pod (others are left out).
 
-        Uses what the latest :meth:`container_pids` scan learnt where it placed the pid in a container, and reads
-        the rest: a GPU process that started since then, or one the scan found outside any pod.
+        Uses what the latest :meth:`container_pids` scan learnt where it placed the pid in a container and the
+        pid's ``/proc`` inode is still the one the scan saw (one ``stat``, cheaper than a read), and reads the
+        rest: a GPU process that started since then, a pid reused since, or one the scan found outside any pod.
         """
         found: dict[int, CgroupIdentity] = {}
         for pid in pids:
             seen = self._seen.get(pid)
-            identity = seen.identity if seen is not None and seen.identity is not None else self.identity(pid)
+            if seen is not None and seen.identity is not None:
+                try:
+                    same = os.stat(f"{self.root}/{pid}").st_ino == seen.inode
+                except OSError:  # exited since the scan
+                    continue
+                identity = seen.identity if same else self.identity(pid)
+            else:
+                identity = self.identity(pid)
             if identity is not None:
                 found[pid] = identity
         return found

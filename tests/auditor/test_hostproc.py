@@ -166,6 +166,18 @@ def test_a_reused_pid_is_read_again(tree: HostProcTree) -> None:
     assert proc.identities([100]) == {100: CgroupIdentity(POD_B, C2, CONTAINERD)}
 
 
+def test_identities_does_not_trust_the_scan_for_a_pid_reused_since(tree: HostProcTree) -> None:
+    """A cycle asks for the identities of NVML's pids before it rescans: a pid the last scan placed in one container,
+    reused since by a process of another, must not be billed to the first."""
+    tree.add_container_process(100, POD_A, C1)
+    proc = HostProc(str(tree), recheck_every=1_000_000)
+    assert proc.container_pids() == {C1: 100}
+    tree.reuse_pid(100, cgroup=cgroup_text(POD_B, C2))
+    assert proc.identities([100]) == {100: CgroupIdentity(POD_B, C2, CONTAINERD)}
+    tree.remove(100)
+    assert proc.identities([100]) == {}  # exited since the scan: unknown, not the old container
+
+
 def test_a_process_seen_outside_a_pod_is_rechecked(tree: HostProcTree) -> None:
     """Caught during ``runc init``, before it joined its container's cgroup."""
     tree.add_process(7, cgroup="0::/system.slice/containerd.service\n")
