@@ -29,8 +29,13 @@ MAX_POINTS_PER_QUERY = 10_000
 
 INFO = "max by (node, gpu_uuid, parent_uuid, model, mig_profile) (gpu_fence_gpu_info)"
 SHARE = "max by (node, gpu_uuid) (gpu_fence_gpu_share_ratio)"
-MEMORY = "max by (node, namespace, pod, container, gpu_uuid, allocated) (gpu_fence_container_gpu_memory_bytes)"
-ALLOCATED = "max by (node, namespace, pod, container, gpu_uuid) (gpu_fence_container_allocated_gpus)"
+# A scrape without honor_labels keeps the auditor pod's own namespace/pod/container and renames the workload's to
+# exported_*: the queries keep exported_namespace so such series are refused instead of billed to the auditor.
+RENAMED = "exported_namespace"
+MEMORY = (
+    f"max by (node, namespace, pod, container, gpu_uuid, allocated, {RENAMED}) (gpu_fence_container_gpu_memory_bytes)"
+)
+ALLOCATED = f"max by (node, namespace, pod, container, gpu_uuid, {RENAMED}) (gpu_fence_container_allocated_gpus)"
 UNATTRIBUTED = "max by (node, gpu_uuid) (gpu_fence_unattributed_gpu_memory_bytes)"
 
 
@@ -141,6 +146,16 @@ def intervals_from_series(
     group_of: Callable[[str, str], str],
 ) -> tuple[list[Interval], list[str]]:
     """Regroup per-series samples into one :class:`Interval` per instant. Pure; returns notes beside them."""
+    for name, items in (("gpu_fence_container_gpu_memory_bytes", memory),
+                        ("gpu_fence_container_allocated_gpus", allocated)):
+        renamed = next((item.labels for item in items if item.labels.get(RENAMED)), None)
+        if renamed is not None:
+            raise PrometheusError(
+                f"{name} carries {RENAMED}={renamed[RENAMED]!r}: Prometheus scraped the auditor without honor_labels "
+                f"and replaced the workload's namespace/pod/container with the auditor pod's own "
+                f"({renamed.get('namespace', '')}/{renamed.get('pod', '')}); scrape it with honor_labels: true "
+                "(honorLabels in a ServiceMonitor, see docs/metrics.md)"
+            )
     notes: list[str] = []
     slots = {_key(instant): instant for instant in instants}
     devices: dict[int, list[Device]] = defaultdict(list)

@@ -52,7 +52,7 @@ class Window:
 
 
 WINDOWS = {name: Window(BASE + index * 3 * HOUR, BASE + index * 3 * HOUR + HOUR) for index, name in enumerate(
-    ["exclusive", "timeslice", "mig", "overreach"]
+    ["exclusive", "timeslice", "mig", "overreach", "renamed"]
 )}
 
 
@@ -137,6 +137,15 @@ def scenarios() -> str:
     container(om, w, "over", "GPU-o", namespace="sneaky", pod="miner", gib=1, allocated=False)
     om.series("gpu_fence_unattributed_gpu_memory_bytes", {"node": "over", "gpu_uuid": "GPU-o"}, 4 * GIB,
               w.start, w.end)
+
+    # Scraped without honor_labels: Prometheus kept the auditor pod's own namespace/pod/container target labels
+    # and renamed the workload's to exported_*. Billing it would charge everything to the auditor's namespace.
+    w = WINDOWS["renamed"]
+    card(om, w, "renamed", "GPU-r", T4)
+    om.series("gpu_fence_container_gpu_memory_bytes", {
+        "node": "renamed", "namespace": "gpu-fence", "pod": "gpu-fence-auditor-x7k2p", "container": "auditor",
+        "exported_namespace": "ml", "exported_pod": "train", "exported_container": "main", "gpu_uuid": "GPU-r",
+        "allocated": "true"}, 2 * GIB, w.start, w.end)
     return om.text()
 
 

@@ -74,6 +74,12 @@ def test_unknown_label(prometheus):
 
 
 @pytest.mark.e2e
+def test_series_scraped_without_honor_labels(prometheus):
+    result = run_chargeback("--prometheus", prometheus.url, *window_args("renamed"), "--price-per-gpu-hour", "1")
+    assert_one_line_error(result, "exported_namespace", "honor_labels")
+
+
+@pytest.mark.e2e
 def test_model_without_price(prometheus, tmp_path: Path):
     prices = tmp_path / "prices.yaml"
     prices.write_text('models:\n  "Tesla T4": 0.35\n', encoding="utf-8")

@@ -121,3 +121,12 @@ def test_text_renderers_agree():
     assert document["groups"][0]["difference"] == -1.0
     assert "-1.00" in render_table(bill, "namespace", 60)
     assert "| **TOTAL** |" in render_markdown(bill, "namespace", 60)
+
+
+def test_series_renamed_by_a_scrape_without_honor_labels_are_refused():
+    renamed = Series({"node": "n", "gpu_uuid": "GPU-1", "namespace": "gpu-fence", "pod": "gpu-fence-auditor-1",
+                      "container": "auditor", "exported_namespace": "ml"}, ((60.0, 1.0),))
+    for field in ("memory", "allocated"):
+        arguments = {"info": [], "share": [], "memory": [], "allocated": [], "unattributed": [], field: [renamed]}
+        with pytest.raises(ChargebackError, match=r"exported_namespace='ml'.*honor_labels: true"):
+            intervals_from_series([60.0], 60.0, group_of=lambda namespace, pod: namespace, **arguments)
