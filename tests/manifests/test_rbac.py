@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,14 +14,12 @@ from .conftest import KUSTOMIZATIONS, NAMESPACE, find, one, pod_spec, render
 #: listed and not rendered.
 AUDITOR_GRANTS = {
     ("gpu-fence-auditor", "cluster", "", "pods", "list", "*"),
-    ("gpu-fence-auditor", "cluster", "", "pods", "watch", "*"),
     ("gpu-fence-auditor", "cluster", "", "events", "create", "*"),
     ("gpu-fence-auditor", "cluster", "", "events", "patch", "*"),
 }
 CERTS_GRANTS = {
     ("gpu-fence-certs", NAMESPACE, "", "secrets", "get", "gpu-fence-webhook-tls"),
     ("gpu-fence-certs", NAMESPACE, "", "secrets", "update", "gpu-fence-webhook-tls"),
-    ("gpu-fence-certs", NAMESPACE, "", "secrets", "patch", "gpu-fence-webhook-tls"),
     # "create" cannot be limited by name; namespace-bound (see certs-rbac.yaml and docs/operations.md).
     ("gpu-fence-certs", NAMESPACE, "", "secrets", "create", "*"),
     ("gpu-fence-certs", "cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get",
@@ -135,3 +134,85 @@ def test_cert_manager_overlay_issues_the_certificate_the_webhook_reads() -> None
     for obj in objects:
         if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             assert obj["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/gpu-fence-webhook"
+
+
+# -- what the code really calls ------------------------------------------------------------------------------------
+# The allowlists above say what the manifests grant; the tests below say what the programs use, by running them with
+# the manifests' own arguments against the API fakes and turning every request into (resource, verb, name). A grant
+# that nothing uses is excess privilege; a call that nothing grants is a 403 in the cluster.
+
+_VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def _request_grant(method: str, path: str, query: dict[str, list[str]] | None = None) -> tuple[str, str, str, str]:
+    """(API group, resource, verb, name or "*") that the API server authorizes for one request."""
+    parts = [p for p in path.split("/") if p]
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[2:] if parts[0] == "api" else parts[3:]
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    resource, name = rest[0], (rest[1] if len(rest) > 1 else "*")
+    verb = _VERBS[method]
+    if method == "GET" and name == "*":
+        verb = "watch" if (query or {}).get("watch", ["false"])[0] in ("true", "1") else "list"
+    return group, resource, verb, name
+
+
+def _covered(used: set[tuple[str, str, str, str]], granted: set[tuple[str, str, str, str, str, str]],
+             account: str) -> None:
+    mine = {(g[2], g[3], g[4], g[5]) for g in granted if g[0] == account}
+    for call in used:
+        assert call in mine or (*call[:3], "*") in mine, f"{account} calls {call} but no Role grants it"
+    unused = {grant for grant in mine
+              if grant not in used and not (grant[3] == "*" and any(c[:3] == grant[:3] for c in used))}
+    assert not unused, f"{account} is granted {sorted(unused)} but never makes that call"
+
+
+def test_certificate_job_is_granted_exactly_the_calls_certs_makes(tmp_path: Path) -> None:
+    from tests.fakes.kubeapi_webhooks import FakeKubeApi, FakeKubeApiServer
+    from webhook import cli
+
+    objects = render("base")
+    args = [a.replace("$(POD_NAMESPACE)", NAMESPACE) for a in _certs_args(one(objects, "Job", "gpu-fence-certs"))]
+    api = FakeKubeApi()
+    for obj in objects:
+        if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            kind = obj["kind"].removesuffix("WebhookConfiguration").lower()
+            api.add_webhooks(kind, obj["metadata"]["name"], [hook["name"] for hook in obj["webhooks"]])
+    with FakeKubeApiServer(api) as server:
+        argv = ["certs", *args[1:], "--kubeconfig", str(server.kubeconfig(tmp_path))]
+        assert cli.main(argv) == 0  # first run: creates the Secret
+        assert cli.main(argv) == 0  # nothing to do
+        secret = api.secrets[(NAMESPACE, "gpu-fence-webhook-tls")]
+        secret["data"]["tls.crt"] = ""  # a broken serving certificate: renewed in place
+        assert cli.main(argv) == 0
+    used = {_request_grant(method, path) for method, path in api.log}
+    assert ("", "secrets", "update", "gpu-fence-webhook-tls") in used, "the renewal path was exercised"
+    _covered(used, grants(objects), "gpu-fence-certs")
+
+
+def test_auditor_is_granted_exactly_the_calls_it_makes(tmp_path: Path) -> None:
+    from auditor.kube import EventRecorder, PodCache, load_api_client
+    from auditor.model import Finding, FindingKind
+    from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
+
+    now = [1000.0]
+    fake = FakeKubeApi().start()
+    try:
+        fake.add_pod(make_pod("ml", "train", "uid-1", "gpu-node-1", [("main", "a" * 64)]))
+        client = load_api_client(str(fake.write_kubeconfig(tmp_path / "kubeconfig")))
+        pods = PodCache(client, "gpu-node-1", clock=lambda: now[0])
+        assert pods.refresh()
+        events = EventRecorder(client, "gpu-node-1", reemit_after=60, clock=lambda: now[0])
+        finding = Finding(FindingKind.USED_UNALLOCATED, "ml", "train", "main", "GPU-1", pid=1, memory_bytes=1,
+                          message="m", pod_uid="uid-1")
+        assert events.record([finding]) == 1  # create
+        now[0] += 61
+        assert events.record([finding]) == 1  # re-emit: patch
+        fake.events.clear()
+        now[0] += 61
+        assert events.record([finding]) == 1  # the Event expired meanwhile: patch answers 404, then create
+    finally:
+        fake.stop()
+    used = {_request_grant(method, path, query) for method, path, query in fake.requests}
+    _covered(used, grants(render("base")), "gpu-fence-auditor")
