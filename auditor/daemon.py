@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -160,6 +161,8 @@ class Auditor:
         self.api_client: Any = None
         self.api_problem: str | None = None
         self._sources: Sources | None = None
+        #: PodResources RPCs made, by method, over every client this auditor built (one is rebuilt per outage).
+        self.kubelet_calls: Counter[str] = Counter()
 
     def preflight(self) -> None:
         """Fail fast, with what to fix, on what no cycle could ever get past."""
@@ -200,7 +203,7 @@ class Auditor:
             )
         from auditor.podresources.client import PodResourcesClient
 
-        return PodResourcesClient(socket_path)
+        return PodResourcesClient(socket_path, calls=self.kubelet_calls)
 
     def _nvml(self) -> Any:
         from auditor.nvml import Nvml, NvmlError
@@ -385,6 +388,7 @@ def run_daemon(args: argparse.Namespace) -> int:
             failures_in_row += 1
             health.last_error = error.reason
             metrics.failed(error.source)
+            metrics.sync_kubelet_calls(auditor.kubelet_calls)
             log("cycle-failed", reason=error.source, message=error.reason, failures_in_row=failures_in_row)
         except Exception as error:
             failures_in_row += 1
@@ -396,9 +400,7 @@ def run_daemon(args: argparse.Namespace) -> int:
             failures_in_row = 0
             duration = time.monotonic() - started
             metrics.observe(snapshot, result, duration)
-            sources = auditor._sources
-            if sources is not None and sources.podresources is not None:
-                metrics.sync_kubelet_calls(getattr(sources.podresources, "calls", {}))
+            metrics.sync_kubelet_calls(auditor.kubelet_calls)
             health.last_success = time.time()
             _count_degraded(snapshot, metrics)
             written = 0

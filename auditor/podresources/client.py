@@ -140,13 +140,16 @@ def _container_allocations(pod: api_pb2.PodResources) -> list[ContainerAllocatio
 class PodResourcesClient:
     """One kubelet's PodResources API over its unix socket. Not thread-safe: one auditor cycle at a time."""
 
-    def __init__(self, socket_path: str = DEFAULT_SOCKET, *, timeout: float = 5.0) -> None:
+    def __init__(
+        self, socket_path: str = DEFAULT_SOCKET, *, timeout: float = 5.0, calls: collections.Counter[str] | None = None
+    ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self.socket_path = socket_path
         self.timeout = timeout
-        #: RPCs made, by method name ("List", "GetAllocatableResources", "Get").
-        self.calls: collections.Counter[str] = collections.Counter()
+        #: RPCs made (failed ones too), by method name ("List", "GetAllocatableResources", "Get"). Pass ``calls`` to
+        #: keep counting in one Counter across the clients a long-running caller rebuilds after kubelet restarts.
+        self.calls: collections.Counter[str] = calls if calls is not None else collections.Counter()
         self._channel: grpc.Channel | None = None
         self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
 

@@ -136,6 +136,9 @@ def test_run_survives_kubelet_restart_and_outage_and_reports_health(scenario):
         scenario.kubelet.restart()
         done = daemon.cycles()
         wait_for(lambda: daemon.cycles() >= done + 2, "cycles after a kubelet restart")
+        # every successful cycle made a List, also those on the client rebuilt after the restart
+        done = daemon.cycles()
+        assert value(daemon.metrics(), "gpu_fence_audit_kubelet_calls_total", method="List") >= done
 
         scenario.kubelet.stop()
         wait_for(lambda: daemon.get("/healthz")[0] == 503, "healthz to fail while the kubelet is down", limit=60)
@@ -146,6 +149,10 @@ def test_run_survives_kubelet_restart_and_outage_and_reports_health(scenario):
 
         scenario.kubelet.start()
         wait_for(lambda: daemon.get("/healthz")[0] == 200, "healthz to recover", limit=60)
+        done = daemon.cycles()
+        wait_for(lambda: daemon.cycles() >= done + 3, "cycles after the outage")
+        done = daemon.cycles()
+        assert value(daemon.metrics(), "gpu_fence_audit_kubelet_calls_total", method="List") >= done
     finally:
         assert daemon.stop() == 0
     assert all(line.startswith("{") for line in daemon.raw)  # JSON lines only, gRPC's own logging included
