@@ -26,6 +26,8 @@ from auditor.chargeback.times import iso, parse_duration, parse_time
 FORMATS = ("table", "csv", "json", "markdown", "html")
 # Default resolution: at most this many instants over the range, and never finer than a minute.
 TARGET_POINTS = 2000
+# Finer steps only repeat the same scraped sample, and a tiny one would make billions of instants.
+MIN_STEP = 1.0
 
 EPILOG = """\
 examples:
@@ -55,7 +57,10 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--start", required=True, metavar="T", help="start of the range")
     parser.add_argument("--end", default="now", metavar="T", help="end of the range (default: now)")
     parser.add_argument(
-        "--step", metavar="S", help=f"resolution, e.g. 60s or 5m (default: range / {TARGET_POINTS}, at least 60 s)"
+        "--step",
+        metavar="S",
+        help=f"resolution, at least {MIN_STEP:g} s, e.g. 60s or 5m "
+        f"(default: range / {TARGET_POINTS} rounded up to whole minutes, at least 60 s)",
     )
     parser.add_argument(
         "--by", default="namespace", metavar="namespace|label:KEY", help="group by namespace or a pod label"
@@ -86,17 +91,27 @@ def _validate_by(by: str) -> str:
     raise ChargebackError(f"--by {by!r}: expected namespace or label:KEY (e.g. label:team)")
 
 
+def _milliseconds(seconds: float) -> float:
+    return round(seconds * 1000) / 1000
+
+
 def default_step(seconds: float) -> float:
     return max(60.0, math.ceil(seconds / TARGET_POINTS / 60.0) * 60.0)
 
 
 def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, str, float]:
     """Everything but the writing; returns (bill, by, step). Raises ChargebackError with a fix-it message."""
-    start = parse_time(args.start, now, "--start")
-    end = parse_time(args.end, now, "--end")
+    # Prometheus keeps time in whole milliseconds and evaluates a range query at start + k × step in them: the
+    # instants computed here must be the same numbers, or samples miss their interval and are dropped.
+    start = _milliseconds(parse_time(args.start, now, "--start"))
+    end = _milliseconds(parse_time(args.end, now, "--end"))
     if start >= end:
         raise ChargebackError(f"--start ({iso(start)}) must be before --end ({iso(end)})")
-    step = parse_duration(args.step) if args.step else default_step(end - start)
+    step = _milliseconds(parse_duration(args.step)) if args.step else default_step(end - start)
+    if step < MIN_STEP:
+        raise ChargebackError(
+            f"--step {args.step!r}: must be at least {MIN_STEP:g} s (auditor samples are scrape intervals apart)"
+        )
     count = int((end - start) // step)
     if count < 1:
         raise ChargebackError(f"the range {iso(start)} .. {iso(end)} is shorter than one --step ({step:g} s)")

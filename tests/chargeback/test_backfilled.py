@@ -159,6 +159,19 @@ def test_flat_price_and_relative_times_and_output_file(prometheus, tmp_path):
     assert document["currency"] == "USD"
 
 
+def test_step_with_sub_millisecond_digits_keeps_every_sample(prometheus):
+    # Prometheus counts time in milliseconds: a step of 600.0004 s is evaluated as 600 s, and every instant must
+    # still find its samples (they used to be dropped from the second instant on, billing a fraction of the hour).
+    window = window_args("exclusive")[:4]
+    result = run_chargeback("--prometheus", prometheus.url, *window, "--step", "600.0004", "--price-per-gpu-hour", "1",
+                            "--format", "json")
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["range"]["step_seconds"] == 600
+    assert document["total_gpu_cost"] == pytest.approx(2 * 1.0)  # two cards × 1 h × 1.00
+    assert groups(document)["team-a"]["usage_cost"] == pytest.approx(1.0)
+
+
 def test_console_script(prometheus, prices_file):
     """The installed entry point, as an operator runs it (``--start -30d`` style values reach the subcommand)."""
     script = Path(sys.executable).with_name("gpu-fence-auditor")

@@ -128,6 +128,8 @@ def test_missing_price_file(tmp_path: Path):
         (["--start", "2026-01-01T00:00:00"], ("add a time zone offset",)),
         (["--start", "-1h", "--step", "0"], ("--step '0'", "greater than zero")),
         (["--start", "-1h", "--step", "fast"], ("--step 'fast'",)),
+        (["--start", "-1h", "--step", "0.0001"], ("--step '0.0001'", "at least 1 s")),
+        (["--start", "-1h", "--step", "500ms"], ("--step '500ms'",)),
         (["--start", "-1h", "--by", "pod"], ("--by 'pod'", "label:KEY")),
         (["--start", "-1h", "--by", "label:"], ("--by 'label:'",)),
         (["--start", "-1h", "--by", "label:a b"], ("not a Kubernetes label key",)),
