@@ -5,9 +5,10 @@ never raise on malformed input and never modify it: what cannot be read is treat
 whose ``env`` is not a list cannot be pinned, so it is a violation) and a decision is always returned.
 
 Reading order: the values returned, the rule table, how a pod is read, one function per rule (named after its
-rule id), then ``mutate``, ``validate``, ``exemption`` and ``evaluate``, which chains them as the offline check
-does. The GPU vocabulary (what is a GPU request, what a ``NVIDIA_VISIBLE_DEVICES`` value means) lives in
-``gpu_fence.vocabulary``; the rule ids and their vectors are those of the design and of ``docs/policy.md``.
+rule id), then ``mutate``, ``validate``, ``validate_update`` (a plain pod UPDATE), ``exemption`` and ``evaluate``,
+which chains them as the offline check does. The GPU vocabulary (what is a GPU request, what a
+``NVIDIA_VISIBLE_DEVICES`` value means) lives in ``gpu_fence.vocabulary``; the rule ids and their vectors are
+those of the design and of ``docs/policy.md``.
 """
 
 from __future__ import annotations
@@ -505,6 +506,26 @@ def validate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = N
         return NO_VIOLATIONS
     return Validation(violations=tuple(violations), warnings=tuple(warnings))
 
+
+
+def _annotations(pod: Any) -> Mapping[str, Any]:
+    return _mapping(_mapping(pod.get("metadata")).get("annotations")) if isinstance(pod, dict) else _EMPTY
+
+
+def validate_update(pod: Any, old_pod: Any, config: PolicyConfig) -> Validation:
+    """Judge a plain pod UPDATE: the CDI annotations it adds or changes, nothing else.
+
+    Containers, volumes and runtime class are immutable once a pod exists, but annotations are not: one added
+    while the pod waits for its sandbox (a scheduling gate, a pending pod) reaches the runtime like one set at
+    CREATE. Annotations that were already there were judged at CREATE (or let through in warn mode); judging
+    them again would deny every later update of the pod, finalizer removal included.
+    """
+    old = _annotations(old_pod)
+    added = {key: value for key, value in _annotations(pod).items() if key not in old or old[key] != value}
+    if not added:
+        return NO_VIOLATIONS
+    violations = cdi_annotation(_Pod({"annotations": added}, _EMPTY, (), (), config, True))
+    return Validation(violations=tuple(violations), warnings=()) if violations else NO_VIOLATIONS
 
 def exemption(pod: Any, config: PolicyConfig, *, namespace: str) -> str | None:
     """Why the pod is admitted untouched, or None. Only cluster-controlled facts count: no label or annotation

@@ -58,13 +58,15 @@ class BadReview(ValueError):
 
 
 class Policy(Protocol):
-    """The three policy calls the envelope needs (``webhook.policy`` provides them as module functions)."""
+    """The four policy calls the envelope needs (``webhook.policy`` provides them as module functions)."""
 
     def exemption(self, pod: dict, config: Any, *, namespace: str) -> str | None: ...
 
     def mutate(self, pod: dict, config: Any, *, only: Collection[str] | None = None) -> Any: ...
 
     def validate(self, pod: dict, config: Any, *, only: Collection[str] | None = None) -> Any: ...
+
+    def validate_update(self, pod: dict, old_pod: dict | None, config: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,10 @@ def _judge(request: Request, endpoint: Endpoint, config: Any, policy: Policy) ->
     reason = policy.exemption(pod, config, namespace=request.namespace)
     if reason:
         return _answer(request, allowed=True, verdict=Verdict.EXEMPT, audit={"exempt": reason})
+    if request.operation == "UPDATE" and request.sub_resource == "":
+        if endpoint is Endpoint.MUTATE:  # containers are immutable: nothing to pin
+            return _answer(request, allowed=True, verdict=Verdict.ALLOWED)
+        return _validated(request, endpoint, policy.validate_update(pod, request.old_obj, config))
     only = new_container_names(request)
     if only is not None and not only:
         return _answer(request, allowed=True, verdict=Verdict.ALLOWED)  # no new ephemeral container
@@ -210,7 +216,10 @@ def _judge(request: Request, endpoint: Endpoint, config: Any, policy: Policy) ->
             patch=list(mutation.patch),
             audit={"pinned": ",".join(mutation.pinned)},
         )
-    validation = policy.validate(pod, config, only=only)
+    return _validated(request, endpoint, policy.validate(pod, config, only=only))
+
+
+def _validated(request: Request, endpoint: Endpoint, validation: Any) -> Outcome:
     warnings = [truncate_warning(text) for text in validation.warnings]
     violations = tuple(validation.violations)
     if not violations:
@@ -267,9 +276,10 @@ def truncate_warning(text: str, limit: int = MAX_WARNING_CHARS) -> str:
 
 
 def _is_judged(request: Request) -> bool:
-    if request.operation == "CREATE" and request.sub_resource == "":
-        return True
-    return request.operation == "UPDATE" and request.sub_resource == "ephemeralcontainers"
+    if request.operation == "CREATE":
+        return request.sub_resource == ""
+    # UPDATE of the pod itself can add annotations; of pods/ephemeralcontainers, containers
+    return request.operation == "UPDATE" and request.sub_resource in ("", "ephemeralcontainers")
 
 
 def _ephemeral_names(pod: dict | None) -> set[str]:

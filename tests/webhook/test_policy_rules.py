@@ -16,7 +16,7 @@ from pods import (
 
 from gpu_fence.vocabulary import parse_visible_devices
 from webhook.config import PolicyConfig
-from webhook.policy import RULES, Violation, validate
+from webhook.policy import RULES, Violation, validate, validate_update
 
 
 def broken(document, config, **kwargs) -> list[tuple[str, str | None]]:
@@ -342,6 +342,21 @@ def test_cdi_annotations(config, key):
 def test_other_annotations_are_fine(config, key):
     assert broken(pod(gpu_container(), annotations={key: "x"}), config) == []
 
+
+
+def test_update_judges_the_cdi_annotations_it_adds_or_changes(config):
+    before = pod(container(), annotations={"cdi.k8s.io/old": "nvidia.com/gpu=0", "team": "a"})
+    after = pod(container(), annotations={"cdi.k8s.io/old": "nvidia.com/gpu=0", "team": "b",
+                                          "nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=all"})
+    [violation] = validate_update(after, before, config).violations
+    assert violation.rule == "cdi-annotation" and "nvidia.cdi.k8s.io/container.app" in violation.message
+    changed = pod(container(), annotations={"cdi.k8s.io/old": "nvidia.com/gpu=all"})
+    assert [v.rule for v in validate_update(changed, before, config).violations] == ["cdi-annotation"]
+    # unchanged annotations and the (immutable) containers are not judged again: the pod is unpinned here
+    assert validate_update(before, before, config).violations == ()
+    for garbage in (None, [], "x", {"metadata": []}, {"metadata": {"annotations": ["x"]}}):
+        assert validate_update(garbage, before, config).violations == ()
+        assert [v.rule for v in validate_update(after, garbage, config).violations] == ["cdi-annotation"] * 2
 
 # --- host-device-path ---------------------------------------------------------------------------------------------
 

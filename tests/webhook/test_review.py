@@ -124,6 +124,12 @@ class StandInPolicy:
                                            "request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"))
         return Validation(tuple(found), self.warnings)
 
+    def validate_update(self, pod, old_pod, config):
+        self.calls.append(("validate_update", None))
+        if self.fail:
+            raise self.fail
+        return Validation((), self.warnings)
+
 
 def mutated(body: dict, policy: StandInPolicy | None = None) -> dict:
     """The pod after applying what /mutate returned."""
@@ -272,13 +278,24 @@ def test_other_operations_and_kinds_are_allowed_without_evaluation(name):
     assert policy.calls == []
 
 
-def test_plain_pod_update_and_status_subresource_are_not_judged():
+def test_status_and_other_subresource_updates_are_not_judged():
     body = load("pod-update-ephemeralcontainers")
     policy = StandInPolicy()
-    for sub_resource in ("", "status"):
+    for sub_resource in ("status", "resize", "binding"):
         body["request"]["subResource"] = sub_resource
         assert review(body, Endpoint.VALIDATE, None, policy).verdict is Verdict.ALLOWED
     assert policy.calls == []
+
+
+def test_plain_pod_update_is_judged_by_validate_update_only():
+    body = load("pod-update-ephemeralcontainers")
+    body["request"]["subResource"] = ""
+    policy = StandInPolicy()
+    assert review(body, Endpoint.MUTATE, None, policy).verdict is Verdict.ALLOWED
+    assert review(body, Endpoint.VALIDATE, None, policy).verdict is Verdict.ALLOWED
+    assert [call[0] for call in policy.calls] == ["exemption", "exemption", "validate_update"]
+    failing = StandInPolicy(fail=RuntimeError("boom"))
+    assert review(body, Endpoint.VALIDATE, None, failing).response["response"]["allowed"] is False
 
 
 def test_exempt_pods_are_allowed_untouched_with_an_audit_annotation():
@@ -465,3 +482,51 @@ def test_real_policy_ephemeral_update_pins_only_the_new_container():
     denied = review(body, Endpoint.VALIDATE, REAL_CONFIG, real_policy).response["response"]
     assert denied["allowed"] is False and "debugger-abc12" in denied["status"]["message"]
     assert "log-shipper" not in denied["status"]["message"]
+
+
+# -- a plain pod UPDATE can still add annotations ----------------------------------------------------------------
+
+
+def _annotation_update(old: dict | None, new: dict | None) -> dict:
+    """A plain (no subresource) Pod UPDATE that changes only the annotations, as `kubectl annotate` sends it."""
+    body = load("pod-update-ephemeralcontainers")
+    request = body["request"]
+    request["subResource"] = request["requestSubResource"] = ""
+    request["object"] = copy.deepcopy(request["oldObject"])
+    for target, wanted in ((request["oldObject"], old), (request["object"], new)):
+        if wanted is not None:
+            target["metadata"]["annotations"] = wanted
+    return body
+
+
+def test_plain_pod_update_adding_a_cdi_annotation_is_denied():
+    # A pod held by a scheduling gate (or still pending) gets its sandbox only later: an annotation added by an
+    # UPDATE reaches the runtime (NRI plugin, V9) exactly like one set at CREATE.
+    body = _annotation_update(None, {"nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=all"})
+    denied = review(body, Endpoint.VALIDATE, REAL_CONFIG, real_policy)
+    assert denied.verdict is Verdict.DENIED and denied.rules == ("cdi-annotation",)
+    assert "nvidia.cdi.k8s.io/pod" in denied.response["response"]["status"]["message"]
+    warned = review(body, Endpoint.VALIDATE_WARN, REAL_CONFIG, real_policy)
+    assert warned.verdict is Verdict.WARNED and warned.response["response"]["allowed"] is True
+    mutate = review(body, Endpoint.MUTATE, REAL_CONFIG, real_policy)
+    assert mutate.verdict is Verdict.ALLOWED and "patch" not in mutate.response["response"]
+
+
+def test_plain_pod_update_judges_only_annotations_it_adds_or_changes():
+    # An annotation that was already there was judged at CREATE (or let through in warn mode): denying it now
+    # would block every later update of the pod, finalizer removal included.
+    kept = {"cdi.k8s.io/x": "nvidia.com/gpu=0"}
+    assert review(_annotation_update(kept, {**kept, "team": "a"}), Endpoint.VALIDATE, REAL_CONFIG,
+                  real_policy).verdict is Verdict.ALLOWED
+    changed = review(_annotation_update(kept, {"cdi.k8s.io/x": "nvidia.com/gpu=all"}), Endpoint.VALIDATE,
+                     REAL_CONFIG, real_policy)
+    assert changed.verdict is Verdict.DENIED
+    # the containers of an existing pod are not re-judged on a plain update (their env cannot change)
+    unpinned = _annotation_update(None, {"team": "a"})
+    assert review(unpinned, Endpoint.VALIDATE, REAL_CONFIG, real_policy).verdict is Verdict.ALLOWED
+
+
+def test_plain_pod_update_in_an_exempt_namespace_is_exempt():
+    body = _annotation_update(None, {"nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=all"})
+    body["request"]["namespace"] = "kube-system"
+    assert review(body, Endpoint.VALIDATE, REAL_CONFIG, real_policy).verdict is Verdict.EXEMPT
