@@ -356,6 +356,10 @@ def run_daemon(args: argparse.Namespace) -> int:
     # gRPC's C core logs to stderr in its own format (a kubelet restart prints a GOAWAY line); our JSON lines say
     # what matters, so silence it unless the operator asks for it.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    clash = _label_clash(args.pod_label)
+    if clash:
+        print(f"gpu-fence-auditor run: {clash}", file=sys.stderr)
+        return 2
     auditor = Auditor(args)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -423,6 +427,19 @@ def run_daemon(args: argparse.Namespace) -> int:
     server.server_close()
     auditor.close()
     return 0
+
+
+def _label_clash(keys: list[str]) -> str | None:
+    """Two ``--pod-label`` keys that export as one Prometheus label name, said in one line; None when all differ."""
+    from auditor.metrics import label_name
+
+    seen: dict[str, str] = {}
+    for key in keys:
+        other = seen.setdefault(label_name(key), key)
+        if other != key:
+            return (f"--pod-label {other} and --pod-label {key} both become the metric label {label_name(key)}; "
+                    "keep one of them")
+    return None
 
 
 def _count_degraded(snapshot: NodeSnapshot, metrics: Any) -> None:

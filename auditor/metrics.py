@@ -42,7 +42,7 @@ class _LatestAudit(Collector):
 
     def __init__(self, node: str, pod_label_keys: Iterable[str]) -> None:
         self.node = node
-        self.pod_label_keys = tuple(pod_label_keys)
+        self.pod_label_keys = tuple(dict.fromkeys(pod_label_keys))  # a key given twice is one label
         self._lock = threading.Lock()
         self._latest: tuple[NodeSnapshot, AuditResult] | None = None
 

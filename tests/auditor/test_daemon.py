@@ -257,6 +257,14 @@ def test_bad_flags_are_usage_errors(bad, capsys):
     assert "gpu-fence-auditor run: error:" in capsys.readouterr().err
 
 
+def test_pod_labels_that_become_one_metric_label_are_refused(tmp_path, capsys):
+    """``a.b`` and ``a_b`` both export as ``label_a_b``: one value would silently replace the other on every pod."""
+    assert main(["run", "--no-kubernetes", "--host-proc", str(tmp_path), "--pod-label", "team.name",
+                 "--pod-label", "team_name"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "team.name" in err and "team_name" in err and "label_team_name" in err
+
+
 def test_missing_host_proc_is_a_one_line_reason(tmp_path, capsys):
     assert main(["once", "--no-kubernetes", "--host-proc", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
