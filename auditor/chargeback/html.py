@@ -30,8 +30,11 @@ h1 { font-size: 1.6rem; margin-bottom: .2rem; } h2 { font-size: 1.2rem; margin-t
 table { border-collapse: collapse; margin: .5rem 0; font-variant-numeric: tabular-nums; }
 th, td { border-bottom: 1px solid #e4e4e4; padding: .3rem .6rem; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
-tr.total td { font-weight: bold; border-top: 2px solid #999; }
-tr.special td:first-child { font-style: italic; }
+tbody th { font-weight: normal; }
+caption { caption-side: top; text-align: left; color: #555; padding-bottom: .3rem; }
+tr.total td, tr.total th { font-weight: bold; border-top: 2px solid #999; }
+tr.special th { font-style: italic; }
+svg { max-width: 100%; height: auto; }
 .legend span { display: inline-block; margin-right: 1rem; }
 .legend i { display: inline-block; width: .8rem; height: .8rem; margin-right: .3rem; vertical-align: -1px; }
 .neg { color: #1a7f37; } .pos { color: #b42318; }
@@ -54,8 +57,11 @@ def _layers(bill: Bill) -> list[str]:
     return [*layers, OVERREACH, UNATTRIBUTED, IDLE]
 
 
-def _buckets(timeline: tuple[TimePoint, ...], layers: list[str]) -> list[tuple[float, float, dict[str, float]]]:
-    """Consecutive intervals merged into at most MAX_BARS bars: (first end, last end, cost per layer)."""
+def _buckets(
+    timeline: tuple[TimePoint, ...], layers: list[str], step: float
+) -> list[tuple[float, float, dict[str, float]]]:
+    """Consecutive intervals merged into at most MAX_BARS bars: (start, end, cost per layer), where a bar starts
+    one step before its first instant (each instant stands for the step before it)."""
     if not timeline:
         return []
     size = -(-len(timeline) // MAX_BARS)
@@ -67,7 +73,7 @@ def _buckets(timeline: tuple[TimePoint, ...], layers: list[str]) -> list[tuple[f
         for point in chunk:
             for name, cost in point.costs.items():
                 costs[name if name in known else OTHER] += cost
-        result.append((chunk[0].end, chunk[-1].end, dict(costs)))
+        result.append((chunk[0].end - step, chunk[-1].end, dict(costs)))
     return result
 
 
@@ -75,16 +81,17 @@ def _colour(layer: str, layers: list[str]) -> str:
     return FIXED_COLOURS.get(layer) or PALETTE[layers.index(layer) % len(PALETTE)]
 
 
-def _timeline_svg(bill: Bill) -> str:
+def _timeline_svg(bill: Bill, step: float) -> str:
     layers = _layers(bill)
-    bars = _buckets(bill.timeline, layers)
+    bars = _buckets(bill.timeline, layers, step)
     width, height, left, bottom, top = 960, 300, 70, 40, 10
     plot_w, plot_h = width - left - 10, height - bottom - top
     peak = max((sum(costs.values()) for _, _, costs in bars), default=0.0) or 1.0
     bar_w = plot_w / max(1, len(bars))
     parts = [
         f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="GPU cost over time, stacked by group">'
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="GPU cost over time, stacked by group">',
+        f"<title>GPU cost over time, stacked by group, {iso(bill.start)} to {iso(bill.end)}</title>",
     ]
     for fraction in (0.0, 0.5, 1.0):
         y = top + plot_h * (1 - fraction)
@@ -105,11 +112,8 @@ def _timeline_svg(bill: Bill) -> str:
                 f'fill="{_colour(layer, layers)}" data-layer="{html.escape(layer)}"><title>{label}</title></rect>'
             )
     if bars:
-        for anchor, (first, _, _), x in (
-            ("start", bars[0], left),
-            ("end", bars[-1], width - 10),
-        ):
-            parts.append(f'<text x="{x}" y="{height - 12}" text-anchor="{anchor}">{iso(first)}</text>')
+        for anchor, moment, x in (("start", bill.start, left), ("end", bill.end, width - 10)):
+            parts.append(f'<text x="{x}" y="{height - 12}" text-anchor="{anchor}">{iso(moment)}</text>')
     parts.append(f'<path d="M{left},{top} V{top + plot_h} H{width - 10}" stroke="#888" fill="none"/>')
     parts.append("</svg>")
     legend = "".join(
@@ -128,7 +132,8 @@ def _comparison_svg(bill: Bill) -> str:
     scale = (width - left - 120) / peak
     parts = [
         f'<svg id="comparison" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="request-based versus usage-based cost per group">'
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="request-based versus usage-based cost per group">',
+        "<title>Request-based versus usage-based cost per group</title>",
     ]
     for index, group in enumerate(groups):
         y = 10 + index * row_h
@@ -149,8 +154,8 @@ def _comparison_svg(bill: Bill) -> str:
     return "\n".join(parts) + "\n" + legend
 
 
-def _groups_table(bill: Bill) -> str:
-    head = "".join(f"<th>{html.escape(title)}</th>" for _, title in COLUMNS)
+def _groups_table(bill: Bill, by: str) -> str:
+    head = "".join(f'<th scope="col">{html.escape(title)}</th>' for _, title in COLUMNS)
     body = []
     for row in rows(bill):
         cells = []
@@ -164,23 +169,36 @@ def _groups_table(bill: Bill) -> str:
                 text = _money(value)
                 css = ' class="neg"' if key == "difference" and value < -0.005 else ""
                 css = ' class="pos"' if key == "difference" and value > 0.005 else css
-            cells.append(f'<td data-key="{key}"{css}>{text}</td>')
+            cell = '<th scope="row"' if key == "group" else "<td"
+            cells.append(f'{cell} data-key="{key}"{css}>{text}</{cell[1:3]}>')
         kind = {"group": "group", "total": "total"}.get(row.kind, "special")
         body.append(f'<tr class="{kind}" data-kind="{row.kind}">{"".join(cells)}</tr>')
-    return f'<table id="groups"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    caption = (
+        f"GPU cost per {html.escape(by)} in {html.escape(bill.currency)}; overreach is listed apart and is not part "
+        "of the total"
+    )
+    return (
+        f'<table id="groups"><caption>{caption}</caption><thead><tr>{head}</tr></thead>'
+        f'<tbody>{"".join(body)}</tbody></table>'
+    )
 
 
 def _overreach_table(bill: Bill) -> str:
     if not bill.overreach:
         return '<p id="no-overreach">No container used GPU memory on a GPU it was not allocated.</p>'
     lines = [
-        '<table id="overreach"><thead><tr><th>namespace</th><th>pod</th><th>container</th><th>node</th>'
-        "<th>GPU</th><th>memory GiB-h</th><th>cost</th></tr></thead><tbody>"
+        f'<table id="overreach"><caption>Containers that held memory on a GPU or MIG slice they were not '
+        f"allocated, cost in {html.escape(bill.currency)}</caption><thead><tr>"
+        + "".join(
+            f'<th scope="col">{title}</th>'
+            for title in ("namespace", "pod", "container", "node", "GPU", "memory GiB-h", "cost")
+        )
+        + "</tr></thead><tbody>"
     ]
     for item in bill.overreach:
-        cells = (item.owner.namespace, item.owner.pod, item.owner.container, item.node, item.gpu_uuid)
+        cells = (item.owner.pod, item.owner.container, item.node, item.gpu_uuid)
         lines.append(
-            "<tr>"
+            f'<tr><th scope="row">{html.escape(item.owner.namespace)}</th>'
             + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells)
             + f'<td>{item.gib_hours:,.1f}</td><td data-key="cost">{_money(item.cost)}</td></tr>'
         )
@@ -239,13 +257,13 @@ resolution {step:g} s · {bill.gpu_hours:,.1f} card-hours · amounts in {html.es
 <div class="cards">{card_html}</div>
 {notes}
 <h2>Cost per group</h2>
-{_groups_table(bill)}
+{_groups_table(bill, by)}
 <p>The unattributed row is GPU memory of processes outside any known container (for example host processes).
 The platform row is idle capacity nobody was charged for.</p>
 <h2>Cost over time</h2>
 <p>What each interval's GPU cost went to, stacked: groups (by memory share), overreach, unattributed memory and
 idle capacity.</p>
-{_timeline_svg(bill)}
+{_timeline_svg(bill, step)}
 <h2>Request-based versus usage-based</h2>
 <p>Request-based tools bill the GPUs a pod was allocated for as long as it held them. Usage-based billing
 splits what the GPUs cost by the memory each group actually held. A shared (time-sliced) GPU is billed once

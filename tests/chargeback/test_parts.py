@@ -130,3 +130,46 @@ def test_series_renamed_by_a_scrape_without_honor_labels_are_refused():
         arguments = {"info": [], "share": [], "memory": [], "allocated": [], "unattributed": [], field: [renamed]}
         with pytest.raises(ChargebackError, match=r"exported_namespace='ml'.*honor_labels: true"):
             intervals_from_series([60.0], 60.0, group_of=lambda namespace, pod: namespace, **arguments)
+
+
+def hour_bill():
+    """One card used by namespace a for one hour, billed in six 10-minute intervals from 1_800_000_000."""
+    from auditor.chargeback.compute import Device, Interval, Memory
+
+    start, step = 1_800_000_000.0, 600.0
+    a = ContainerRef("a", "p", "c", "a")
+    intervals = [
+        Interval(end=start + step * k, seconds=step, devices=(Device("n", "GPU-1", "", "T4"),),
+                 memory=(Memory("n", "GPU-1", a, True, 1 << 30),))
+        for k in range(1, 7)
+    ]
+    return compute_bill(intervals, lambda node, model: 1.0, IdlePolicy.PLATFORM)
+
+
+def test_html_time_axis_and_bar_titles_span_the_range():
+    import re
+
+    from auditor.chargeback.times import iso
+
+    page = render_html(hour_bill(), "namespace", 600)
+    timeline = page[page.index('<svg id="timeline"'):page.index("</svg>")]
+    axis = re.findall(r'<text x="[^"]+" y="288" text-anchor="(?:start|end)">([^<]+)</text>', timeline)
+    assert axis == [iso(1_800_000_000), iso(1_800_003_600)]  # the range's own start and end
+    titles = re.findall(r"<title>a: [^,]+, ([^<]+)</title>", timeline)
+    # Each bar covers the 10 minutes before its instant.
+    assert titles[0] == f"{iso(1_800_000_000)} .. {iso(1_800_000_600)}"
+    assert titles[-1] == f"{iso(1_800_003_000)} .. {iso(1_800_003_600)}"
+
+
+def test_html_tables_and_charts_are_labelled_for_screen_readers():
+    import re
+
+    page = render_html(hostile_bill(), "namespace", 60)
+    for table in re.findall(r"<table.*?</table>", page, flags=re.S):
+        assert "<caption>" in table
+        head = table[table.index("<thead>"):table.index("</thead>")]
+        assert len(re.findall(r"<th[ >]", head)) == head.count('<th scope="col"') > 0
+        for row in re.findall(r"<tbody>.*?</tbody>", table, flags=re.S)[0].split("<tr")[1:]:
+            assert re.match(r'[^>]*><th scope="row"', row), row  # the group name heads its row
+    for svg in re.findall(r"<svg.*?</svg>", page, flags=re.S):
+        assert re.match(r'<svg[^>]*role="img"[^>]*>\s*<title>[^<]+</title>', svg)
