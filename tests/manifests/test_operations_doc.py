@@ -31,7 +31,20 @@ def code_block_after(marker: str) -> list[str]:
     block = re.search(r"```sh\n(.*?)```", text[start:], re.S)
     assert block, f"no sh block after {marker!r}"
     joined = block.group(1).replace("\\\n", " ")
-    return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+    commands: list[str] = []
+    pending = ""
+    for line in joined.splitlines():
+        if not pending and (not line.strip() or line.strip().startswith("#")):
+            continue
+        pending = f"{pending}\n{line}" if pending else line.strip()
+        try:
+            shlex.split(pending)
+        except ValueError:  # a quote continues on the next line
+            continue
+        commands.append(pending)
+        pending = ""
+    assert not pending, f"unbalanced quotes in the block after {marker!r}"
+    return commands
 
 
 class Cluster:
@@ -156,3 +169,65 @@ def test_dropping_the_old_ca_after_a_ca_key_leak_leaves_only_the_current_ca_trus
     assert current == x509.load_pem_x509_certificates(rotated["ca.crt"])[0]
     assert cluster.trusted(final["tls.crt"])
     assert not cluster.trusted(old["tls.crt"]), "the leaked CA is no longer trusted"
+
+
+# -- lockout recovery ----------------------------------------------------------------------------------------------
+
+
+def _admitted_while_webhook_is_down(objects: list[dict[str, Any]], pod: dict[str, Any]) -> bool:
+    """What the API server decides for a pod in an unlabelled namespace when no webhook replica answers."""
+    from .selectors import namespace_labels, selector_matches
+    from .test_vap_cel import cel_denials
+
+    labels = namespace_labels(pod["metadata"]["namespace"])
+    for obj in objects:
+        if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            for hook in obj["webhooks"]:
+                if selector_matches(hook.get("namespaceSelector"), labels) and hook["failurePolicy"] == "Fail":
+                    return False  # unreachable, fails closed; with Ignore the call is skipped, nothing is mutated
+    policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    for binding in (o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"):
+        spec = binding["spec"]
+        if (spec["policyName"] in policies and "Deny" in spec["validationActions"]
+                and selector_matches(spec["matchResources"].get("namespaceSelector"), labels) and cel_denials(pod)):
+            return False
+    return True
+
+
+def _replay(objects: list[dict[str, Any]], commands: list[str]) -> list[dict[str, Any]]:
+    kinds = {"validatingwebhookconfiguration": "ValidatingWebhookConfiguration",
+             "mutatingwebhookconfiguration": "MutatingWebhookConfiguration",
+             "validatingadmissionpolicybinding": "ValidatingAdmissionPolicyBinding"}
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == "kubectl" and argv[2] in kinds, command
+        kind, names = kinds[argv[2]], [a for a in argv[3:] if not a.startswith("-")]
+        if argv[1] == "delete":
+            objects = [o for o in objects if not (o["kind"] == kind and o["metadata"]["name"] in names)]
+        elif argv[1] == "patch":
+            assert "--type=json" in argv
+            patch = json.loads(argv[argv.index("-p") + 1])
+            objects = [jsonpatch.apply_patch(o, patch) if o["kind"] == kind and o["metadata"]["name"] == names[0]
+                       else o for o in objects]
+        else:
+            raise AssertionError(f"the replay does not know: {command}")
+    return objects
+
+
+PLAIN_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "team-a"},
+             "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}
+FAIL_OPEN = "3. **Fail open cluster-wide**"
+EMERGENCY = "4. **Emergency**"
+VAP_TOO = "With the `vap` overlay, steps 3 and 4"
+
+
+def test_lockout_recovery_steps_let_pods_through_with_and_without_the_vap_overlay() -> None:
+    base = render("base")
+    assert not _admitted_while_webhook_is_down(base, PLAIN_POD), "the enforcing entry fails closed"
+    for step in (FAIL_OPEN, EMERGENCY):
+        assert _admitted_while_webhook_is_down(_replay(base, code_block_after(step)), PLAIN_POD), step
+    vap = render("overlays/vap")
+    for step in (FAIL_OPEN, EMERGENCY):
+        after = _replay(vap, code_block_after(step))
+        assert not _admitted_while_webhook_is_down(after, PLAIN_POD), "the policy denies the unpinned pod"
+        assert _admitted_while_webhook_is_down(_replay(after, code_block_after(VAP_TOO)), PLAIN_POD), step
