@@ -11,6 +11,12 @@ Why these choices:
   (in-flight or keep-alive) keep the context they were accepted with, so nothing is dropped, and new ones get
   the new certificate. A half-written pair (key and certificate do not match yet) keeps the old context and is
   retried. Kubernetes updates mounted Secrets by an atomic symlink swap, which changes the inode.
+* **Silent clients time out.** gthread reads a request on a blocking socket with no timeout, so a client that
+  sends one byte of a ClientHello (or of a second request on a kept-alive connection) and then nothing would
+  hold a worker thread for good; a handful of them would starve every review. Sockets from our context give
+  each read and write ``IO_TIMEOUT_SECONDS``, longer than the API server's whole webhook timeout, after which
+  the connection is dropped. Idle kept-alive connections wait in gunicorn's poller, not in a read, and are
+  not affected.
 * **Metrics across workers**: ``PROMETHEUS_MULTIPROC_DIR`` is set, to a fresh temporary directory, before
   prometheus_client is imported; each worker writes its values there and ``/metrics`` merges them. The
   container's root filesystem is read-only, so ``/tmp`` (``TMPDIR``) must be a writable ``emptyDir``.
@@ -46,6 +52,27 @@ log = logging.getLogger("gpu_fence.webhook")
 #: Longer than the API server's idle-connection timeout (Go's http.Transport: 90 s).
 KEEPALIVE_SECONDS = 120
 RELOAD_CHECK_SECONDS = 1.0
+#: Longest silence allowed within a handshake, a request or a response; the webhooks' timeoutSeconds is 3.
+IO_TIMEOUT_SECONDS = 5.0
+
+
+class _TimedSSLSocket(ssl.SSLSocket):
+    """An SSL socket whose blocking mode always has a timeout: gunicorn switches a connection between
+    non-blocking (in its poller) and blocking (in a worker thread) with ``setblocking``, which would otherwise
+    clear any timeout set before."""
+
+    io_timeout: float = IO_TIMEOUT_SECONDS
+
+    def setblocking(self, flag: bool) -> None:
+        self.settimeout(self.io_timeout if flag else 0.0)
+
+
+class _ServerContext(ssl.SSLContext):
+    """A server context whose sockets time out (see :class:`_TimedSSLSocket`), the handshake included."""
+
+    def wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> ssl.SSLSocket:  # type: ignore[override]
+        sock.settimeout(self.sslsocket_class.io_timeout)  # the handshake reads before any setblocking call
+        return super().wrap_socket(sock, *args, **kwargs)
 
 
 class ServeError(Exception):
@@ -65,11 +92,13 @@ class CertificateStore:
         *,
         on_load: Callable[[float], None] | None = None,
         check_interval: float = RELOAD_CHECK_SECONDS,
+        io_timeout: float = IO_TIMEOUT_SECONDS,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self.on_load = on_load
         self.check_interval = check_interval
+        self._socket_class = type("TimedSSLSocket", (_TimedSSLSocket,), {"io_timeout": io_timeout})
         self._lock = threading.Lock()
         self._context: ssl.SSLContext | None = None
         self._signature: tuple | None = None
@@ -129,7 +158,8 @@ class CertificateStore:
     def _build(self) -> tuple[ssl.SSLContext, float]:
         from cryptography import x509  # noqa: PLC0415 - only to read notAfter for the expiry metric
 
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context = _ServerContext(ssl.PROTOCOL_TLS_SERVER)
+        context.sslsocket_class = self._socket_class
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
         try:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import socket
 import ssl
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -279,3 +282,62 @@ def test_certificate_store_refuses_to_start_on_bad_files(tmp_path):
     with pytest.raises(ServeError, match="not a matching PEM certificate and key"):
         store.load()
     assert not store.is_loaded()
+
+
+def _served_in_thread(action) -> list[BaseException | None]:
+    """Run ``action`` in a thread; the list gets its exception (or None) once it returns."""
+    result: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            action()
+            result.append(None)
+        except BaseException as error:  # handed to the test
+            result.append(error)
+
+    threading.Thread(target=target, daemon=True).start()
+    return result
+
+
+def _wait_for(result: list, seconds: float = 20.0) -> BaseException | None:
+    deadline = time.monotonic() + seconds
+    while not result and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling a thread's result with a deadline, not waiting for a fixed time
+    assert result, "the server side is still blocked on a silent client"
+    return result[0]
+
+
+def test_a_silent_client_cannot_hold_a_server_thread(tmp_path):
+    # gunicorn's gthread worker reads each request on a blocking socket with no timeout: one byte of a
+    # ClientHello, or of a second request on a kept-alive connection, then silence, held a worker thread for
+    # good (all threads of a replica: every review times out). Sockets from the store's context time out.
+    ca = new_ca(common_name="ca", now=dt.datetime.now(dt.UTC), days=30)
+    _write_pair(tmp_path, new_serving_cert(ca, NAMES, now=dt.datetime.now(dt.UTC), days=10))
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    store = CertificateStore(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), io_timeout=0.2)
+    store.load()
+
+    # 1. a handshake that never completes
+    server_side, client_side = socket.socketpair()
+    client_side.send(b"\x16")
+    server_side.setblocking(True)  # what gthread does before wrapping
+    tls = store.context().wrap_socket(server_side, server_side=True, do_handshake_on_connect=False)
+    tls.setblocking(True)
+    assert isinstance(_wait_for(_served_in_thread(tls.do_handshake)), TimeoutError)
+    tls.close()
+    client_side.close()
+
+    # 2. a kept-alive connection that goes silent mid-request: gthread calls setblocking(True) again
+    server_side, client_side = socket.socketpair()
+    client_context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    tls = store.context().wrap_socket(server_side, server_side=True, do_handshake_on_connect=False)
+    handshake = _served_in_thread(tls.do_handshake)
+    client = client_context.wrap_socket(client_side, server_hostname=NAMES[2])
+    assert _wait_for(handshake) is None
+    tls.setblocking(False)  # back to the poller between requests
+    client.send(b"P")
+    tls.setblocking(True)  # picked up by a thread for the next request
+    assert tls.recv(1) == b"P"
+    assert isinstance(_wait_for(_served_in_thread(lambda: tls.recv(1))), TimeoutError)
+    tls.close()
+    client.close()
