@@ -210,6 +210,7 @@ def compute_bill(
     card_parties: dict[tuple[str, str], dict[Party, float]] = defaultdict(lambda: defaultdict(float))
     unpriced: set[tuple[str, str]] = set()
     unknown_devices: set[tuple[str, str]] = set()
+    partitioned_cards: set[tuple[str, str]] = set()  # memory booked on a MIG card's own UUID, outside its slices
     timeline: list[TimePoint] = []
 
     for interval in intervals:
@@ -278,7 +279,12 @@ def compute_bill(
                         unattributed += cost
                         unattributed_gib_hours += gib_hours
                         layer[UNATTRIBUTED] += cost
-        unknown_devices.update(consumers)
+        for key in consumers:
+            device = devices.get(key)
+            if device is not None and slices.get(device.card):
+                partitioned_cards.add(key)
+            else:
+                unknown_devices.add(key)
 
         for allocation in interval.allocations:
             device = devices.get((allocation.node, allocation.gpu_uuid))
@@ -342,6 +348,13 @@ def compute_bill(
         notes.append(
             f"{len(unknown_devices)} device(s) had memory or allocations but no gpu_fence_gpu_info series "
             f"at the same instant, so they were not priced (e.g. {sample})"
+        )
+    if partitioned_cards:
+        sample = ", ".join(f"{node}/{gpu}" for node, gpu in sorted(partitioned_cards)[:3])
+        notes.append(
+            f"{len(partitioned_cards)} MIG-partitioned card(s) had memory booked on the card itself, outside any slice "
+            f"(processes NVML could not place in a MIG device); a MIG card is priced by its slices, so that memory "
+            f"was not priced (e.g. {sample})"
         )
     start = intervals[0].end - intervals[0].seconds if intervals else 0.0
     end = intervals[-1].end if intervals else 0.0

@@ -209,3 +209,18 @@ def test_idle_policies_differ_only_in_who_pays_for_idle(intervals):
         assert math.isclose(group.request, by_group(platform)[group.group].request, abs_tol=1e-9)
     assert all(group.idle == 0.0 for group in platform.groups)
     assert sum(p.costs.get(OVERREACH, 0.0) for p in platform.timeline) <= sum(g.overreach for g in spread.groups) + 1e-9
+
+
+def test_memory_on_a_mig_partitioned_card_itself_is_noted_as_such():
+    # The auditor books a process NVML could not place in a slice on the card's own UUID. The card is priced by
+    # its slices, so that memory is not priced, and the note must say why (the card's info series does exist).
+    card = Device("n1", "GPU-m", "", "A100")
+    s3 = Device("n1", "MIG-3", "GPU-m", "A100 MIG 3g.40gb", 3 / 7)
+    x = owner("x")
+    interval = Interval(end=HOUR, seconds=HOUR, devices=(card, s3),
+                        memory=(Memory("n1", "MIG-3", x, True, GIB), Memory("n1", "GPU-m", x, True, GIB)))
+    bill = compute_bill([interval], flat(7.0), IdlePolicy.PLATFORM)
+    assert math.isclose(by_group(bill)["x"].usage, 3.0)
+    assert not any("no gpu_fence_gpu_info" in note for note in bill.notes), bill.notes
+    [note] = bill.notes
+    assert "n1/GPU-m" in note and "MIG" in note and "outside any slice" in note
