@@ -145,3 +145,24 @@ def test_auditor_daemonset_reaches_what_it_audits(target: str) -> None:
         assert mounts["/run/nvidia/driver"]["readOnly"] is True
         args = container["args"]
         assert args[args.index("--nvml-lib") + 1].startswith("/run/nvidia/driver/")
+
+
+@pytest.mark.parametrize("target", KUSTOMIZATIONS)
+def test_critical_priority_pods_have_a_quota_that_admits_them(target: str) -> None:
+    """Clusters may limit the system-*-critical priority classes to namespaces with a matching ResourceQuota (GKE
+    does, by default: "insufficient quota to match these scopes"); without one the webhook pods are never created."""
+    objects = render(target)
+    for workload in workloads(objects):
+        priority = pod_spec(workload).get("priorityClassName", "")
+        if not priority.startswith("system-"):
+            continue
+        spec = workload["spec"]
+        surge = spec.get("strategy", {}).get("rollingUpdate", {}).get("maxSurge", 0)
+        needed = spec.get("replicas", 1) + (surge if isinstance(surge, int) else 1)
+        quotas = [q for q in find(objects, "ResourceQuota")
+                  if q["metadata"].get("namespace") == workload["metadata"].get("namespace")
+                  and any(e["scopeName"] == "PriorityClass" and e["operator"] == "In" and priority in e["values"]
+                          for e in q["spec"].get("scopeSelector", {}).get("matchExpressions", []))]
+        assert quotas, f"{workload['metadata']['name']}: no ResourceQuota admits priority class {priority}"
+        for quota in quotas:
+            assert int(quota["spec"]["hard"]["pods"]) >= needed, "room for every replica and the rollout surge"
