@@ -240,8 +240,15 @@ def _resolve_entry(entry: str, gpus: Mapping[str, Gpu]) -> frozenset[str]:
         card, slot = (int(part) for part in entry.split(":"))
         return frozenset(u for u, g in gpus.items() if g.is_mig and g.index == card and g.mig_index == slot)
     if form is DeviceIdForm.MIG_LEGACY:
-        parent = entry[len("MIG-") :].split("/", 1)[0]
-        return frozenset({parent}) if parent in gpus else frozenset()
+        # ``MIG-<card uuid>/<gi>/<ci>`` (drivers before R470) names a slice, never its card. Those drivers' NVML
+        # reports the slice's UUID in this very form; otherwise find the slice by card and GPU instance.
+        if entry in gpus:
+            return frozenset({entry})
+        parts = entry[len("MIG-") :].split("/")
+        if len(parts) != 3 or not parts[1].isdigit():
+            return frozenset()
+        parent, gi = parts[0], int(parts[1])
+        return frozenset(u for u, g in gpus.items() if g.parent_uuid == parent and g.gpu_instance_id == gi)
     return frozenset()
 
 

@@ -42,6 +42,7 @@ class Gpu:
     memory_total_bytes: int = 0
     parent_uuid: str | None = None  # set for a MIG device
     mig_index: int | None = None  # position of a MIG device on its card ("<index>:<mig_index>")
+    gpu_instance_id: int | None = None  # a MIG device's GPU instance (the "<gi>" of "MIG-GPU-<card>/<gi>/<ci>")
     mig_enabled: bool = False  # a physical card in MIG mode: its compute lives in its MIG devices
     profile: str = ""  # MIG profile, e.g. "3g.40gb"
     share: float = 1.0  # share of the physical card this device stands for (see docs/metrics.md)

@@ -105,6 +105,7 @@ def gpus_from_nvml(devices: Iterable[Any]) -> tuple[Gpu, ...]:
                 memory_total_bytes=int(device.memory_total_bytes or 0),
                 parent_uuid=device.parent_uuid or None,
                 mig_index=device.mig_index if device.parent_uuid else None,
+                gpu_instance_id=device.gpu_instance_id if device.parent_uuid else None,
                 mig_enabled=bool(device.mig_enabled) and not device.parent_uuid,
                 profile=device.profile or "",
                 share=float(device.share) if device.share is not None else 1.0,

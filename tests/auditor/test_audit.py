@@ -18,8 +18,10 @@ GPUS = (
 )
 MIG_GPUS = (
     Gpu(CARD, 0, 0, "A100", 40 * GIB, mig_enabled=True),
-    Gpu(MIG_A, 0, 0, "A100", 20 * GIB, parent_uuid=CARD, mig_index=0, profile="3g.20gb", share=3 / 7),
-    Gpu(MIG_B, 0, 0, "A100", 20 * GIB, parent_uuid=CARD, mig_index=1, profile="3g.20gb", share=3 / 7),
+    Gpu(MIG_A, 0, 0, "A100", 20 * GIB, parent_uuid=CARD, mig_index=0, profile="3g.20gb", share=3 / 7,
+        gpu_instance_id=1),
+    Gpu(MIG_B, 0, 0, "A100", 20 * GIB, parent_uuid=CARD, mig_index=1, profile="3g.20gb", share=3 / 7,
+        gpu_instance_id=2),
 )
 
 
@@ -132,10 +134,21 @@ def test_env_all_on_a_container_holding_every_gpu_is_fine():
 def test_named_devices_forms():
     gpus = {g.uuid: g for g in MIG_GPUS}
     assert named_devices("0:1", gpus) == {MIG_B}
-    assert named_devices(f"MIG-{CARD}/1/0", gpus) == {CARD}
+    # the pre-R470 MIG form names the slice in GPU instance 1 of the card, not the card
+    assert named_devices(f"MIG-{CARD}/1/0", gpus) == {MIG_A}
+    assert named_devices(f"MIG-{CARD}/5/0", gpus) == set()  # no such GPU instance here
+    assert named_devices(f"MIG-{CARD}/1,MIG-{CARD}/x/0,MIG-{CARD}//", gpus) == set()  # malformed: names nothing
+    legacy = f"MIG-{CARD}/2/0"  # drivers before R470 also report MIG UUIDs in this form
+    assert named_devices(legacy, {**gpus, legacy: Gpu(legacy, 0, 0, parent_uuid=CARD, gpu_instance_id=7)}) == {legacy}
     assert named_devices("all", gpus) == {MIG_A, MIG_B}
     assert named_devices("GPU-not-here,7,weird", gpus) == frozenset()
     assert named_devices("/var/run/nvidia-container-devices", gpus) == frozenset()
+
+
+def test_legacy_mig_form_of_the_containers_own_slice_is_no_env_mismatch():
+    own = container("m", "c1", allocated=(MIG_A,), visible_devices_env=f"MIG-{CARD}/1/0", env_read=True)
+    sibling = container("s", "c2", allocated=(MIG_A,), visible_devices_env=f"MIG-{CARD}/2/0", env_read=True)
+    assert kinds(audit(node([own, sibling], [], MIG_GPUS))) == [("env-mismatch", "s", MIG_B)]
 
 
 def test_exempt_namespace_gets_rows_but_no_findings():

@@ -46,6 +46,7 @@ def by_name(snapshot):
 def test_mig_device_takes_its_cards_index_and_minor():
     mig = next(g for g in GPUS if g.uuid == M0)
     assert (mig.index, mig.minor, mig.parent_uuid, mig.profile) == (1, 1, G1, "3g.40gb")
+    assert mig.gpu_instance_id == 2  # what the pre-R470 "MIG-<card>/<gi>/<ci>" form is resolved by
     assert next(g for g in GPUS if g.uuid == G1).mig_enabled
 
 
