@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from auditor.chargeback.compute import Allocation, ContainerRef, Device, Interval, Memory, Unattributed
 from auditor.chargeback.errors import ChargebackError
 from auditor.chargeback.times import iso
+from auditor.metrics import label_name  # the name the auditor exports --pod-label KEY under
 
 NO_LABEL = "(none)"
 # Prometheus refuses more than 11,000 points per series in one range query; stay well below.
@@ -47,11 +47,6 @@ class PrometheusError(ChargebackError):
 class Series:
     labels: Mapping[str, str]
     values: tuple[tuple[float, float], ...]
-
-
-def label_name(key: str) -> str:
-    """The label the auditor exports a pod label KEY under, sanitised the way Prometheus sanitises names."""
-    return "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
 class PrometheusClient:

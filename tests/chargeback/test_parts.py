@@ -66,6 +66,13 @@ def test_price_lookup_order():
     assert Prices(models=(("x", 1.0),)).per_hour("n", "y") is None
 
 
+def test_label_names_are_the_exporters_own():
+    # --by label:KEY must find the label under exactly the name the auditor exports it as: one function, not a copy.
+    from auditor import metrics
+
+    assert label_name is metrics.label_name
+
+
 def test_label_names_are_sanitised_like_prometheus():
     assert label_name("team") == "label_team"
     assert label_name("app.kubernetes.io/part-of") == "label_app_kubernetes_io_part_of"
