@@ -13,7 +13,7 @@
 # has no pip, no wheel cache, no source tree and no compiler. Both stages use the same base image, so the
 # environment's interpreter link (/usr/local/bin/python3.11) is valid in the final one.
 
-ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+ARG PYTHON_IMAGE=docker.io/library/python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
@@ -29,12 +29,14 @@ RUN python -m venv --without-pip /opt/gpu-fence \
     && /opt/gpu-fence/bin/python -m compileall -q /opt/gpu-fence/lib
 
 FROM ${PYTHON_IMAGE}
+# Declared again so that the base.name label below names the image this build really used.
+ARG PYTHON_IMAGE
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="gpu-fence" \
       org.opencontainers.image.description="Keep Kubernetes GPU access equal to what the kubelet allocated: an admission webhook and a node auditor." \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="docker.io/library/python:3.11.13-slim-bookworm"
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 # A fixed uid/gid, matching runAsUser/runAsGroup 10001 in the manifests. The auditor runs as root by its
 # manifest (it needs to read other processes' /proc entries); the webhook and the certificate Job never do.
 RUN groupadd --system --gid 10001 gpu-fence \

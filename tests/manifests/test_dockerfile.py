@@ -52,7 +52,8 @@ def test_dockerfile_shape() -> None:
     froms = [rest for keyword, rest in steps if keyword == "FROM"]
     assert froms == ["${PYTHON_IMAGE} AS build", "${PYTHON_IMAGE}"], "two stages on one pinned base"
     (base,) = [rest for keyword, rest in steps if keyword == "ARG" and rest.startswith("PYTHON_IMAGE=")]
-    assert re.fullmatch(r"PYTHON_IMAGE=python:3\.11\.\d+-slim-bookworm", base), "pin the patch version"
+    assert re.fullmatch(r"PYTHON_IMAGE=docker\.io/library/python:3\.11\.\d+-slim-bookworm", base), \
+        "a fully qualified base image with the patch version pinned"
     keywords = [keyword for keyword, _ in steps]
     assert "HEALTHCHECK" not in keywords
     final = stages()[-1]
@@ -61,6 +62,9 @@ def test_dockerfile_shape() -> None:
     labels = " ".join(rest for k, rest in final if k == "LABEL")
     for key in ("title", "description", "version", "licenses", "base.name"):
         assert f"org.opencontainers.image.{key}=" in labels
+    # the label names the image the build really used, also when --build-arg PYTHON_IMAGE=... overrides it
+    assert ("ARG", "PYTHON_IMAGE") in final
+    assert 'org.opencontainers.image.base.name="${PYTHON_IMAGE}"' in labels
     copies = [rest for k, rest in final if k == "COPY"]
     assert copies == ["--from=build /opt/gpu-fence /opt/gpu-fence"], "only the environment reaches the final image"
 
