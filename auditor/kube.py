@@ -150,9 +150,14 @@ class PodCache:
         )
         document = json.loads(response.data)
         self.lists += 1
+        items = document.get("items") if isinstance(document, dict) else None
+        if not isinstance(items, list):
+            raise ValueError("the pod list has no items array")
         pods: dict[str, dict[str, Any]] = {}
-        for pod in document.get("items") or []:
-            uid = (pod.get("metadata") or {}).get("uid")
+        for pod in items:
+            # One pod we cannot read must not cost the node its identity: keep only objects with a uid.
+            metadata = pod.get("metadata") if isinstance(pod, dict) else None
+            uid = metadata.get("uid") if isinstance(metadata, dict) else None
             if isinstance(uid, str):
                 pods[uid] = pod
         return pods
@@ -169,9 +174,12 @@ def strip_runtime(container_id: str) -> str:
 def container_names_by_id(pod: Mapping[str, Any]) -> dict[str, str]:
     """container id → container name, over init, regular and ephemeral container statuses."""
     names: dict[str, str] = {}
-    status = pod.get("status") or {}
+    status = pod.get("status")
+    if not isinstance(status, Mapping):
+        return names
     for field in STATUS_FIELDS:
-        for entry in status.get(field) or []:
+        entries = status.get(field)
+        for entry in entries if isinstance(entries, list) else ():
             if isinstance(entry, Mapping) and entry.get("containerID") and entry.get("name"):
                 names[strip_runtime(str(entry["containerID"]))] = str(entry["name"])
     return names

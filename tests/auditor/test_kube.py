@@ -76,6 +76,39 @@ def test_pod_cache_keeps_the_last_list_while_the_api_is_down(api):
     assert cache.refresh() and cache.state == "kubernetes"
 
 
+def test_pod_cache_skips_malformed_pods_instead_of_failing_every_cycle(api):
+    """One pod the cache cannot read (a status that is not an object) must not take the whole node's identity
+    down: refresh never raises, the other pods stay named."""
+    fake, client = api
+    junk = make_pod("ml", "junk", "uid-junk", "node-a", [("main", "d" * 64)])
+    junk["status"] = ["not", "an", "object"]
+    odd = make_pod("ml", "odd", "uid-odd", "node-a", [("main", "e" * 64)])
+    odd["metadata"]["labels"] = ["not-a-map"]
+    fake.add_pod(junk)
+    fake.add_pod(odd)
+    with fake._lock:
+        fake.pods["uid-meta"] = {"metadata": "not-an-object", "spec": {"nodeName": "node-a"}}
+    cache = PodCache(client, "node-a")
+    assert cache.refresh() and cache.state == "kubernetes"
+    assert set(cache.pods) == {"uid-1", "uid-junk", "uid-odd"}  # a pod without readable metadata is left out
+    assert container_names_by_id(cache.pods["uid-junk"]) == {}
+    assert container_names_by_id(cache.pods["uid-odd"]) == {"e" * 64: "main"}
+
+
+def test_pod_cache_treats_a_pod_list_that_is_not_json_as_the_api_being_down(api):
+    fake, client = api
+    clock = Clock()
+    cache = PodCache(client, "node-a", min_relist_interval=1, clock=clock)
+    assert cache.refresh()
+    fake.raw_pod_list = b"<html>proxy error</html>"
+    clock.now += 100
+    assert not cache.refresh()
+    assert cache.state == "kubernetes-stale" and cache.last_error and "uid-1" in cache.pods
+    fake.raw_pod_list = b'{"items": {"not": "a list"}}'
+    clock.now += 100
+    assert not cache.refresh() and "uid-1" in cache.pods
+
+
 def test_pod_cache_that_never_reached_the_api_is_unavailable(tmp_path):
     fake = FakeKubeApi().start()
     kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
@@ -127,6 +160,18 @@ def test_unattributed_findings_get_no_event_and_a_down_api_is_retried_next_cycle
     fake.down = False
     assert recorder.record([host, finding()]) == 1
     assert len(fake.events) == 1
+
+
+def test_forbidden_events_are_counted_and_never_raise(api):
+    """RBAC without events/create: each cycle tries once (no burst of 403s), counts it, and keeps auditing."""
+    fake, client = api
+    fake.forbid_events = True
+    recorder = EventRecorder(client, "node-a")
+    assert recorder.record([finding(pod="p1"), finding(pod="p2")]) == 0
+    assert recorder.failures == 1 and "403" in recorder.last_error
+    assert len(fake.event_posts()) == 1
+    fake.forbid_events = False
+    assert recorder.record([finding(pod="p1"), finding(pod="p2")]) == 2
 
 
 def test_event_cache_is_bounded_and_an_existing_event_is_not_duplicated(api):

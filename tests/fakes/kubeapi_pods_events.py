@@ -5,8 +5,10 @@
 - ``POST /api/v1/namespaces/NS/events`` (409 when the name exists) and
   ``PATCH /api/v1/namespaces/NS/events/NAME`` (merge, 404 when missing).
 
-``down = True`` answers 503 to everything (an API server that is there but failing); ``stop()`` refuses
-connections. Every request is recorded in ``requests`` as ``(method, path, query)``.
+``down = True`` answers 503 to everything (an API server that is there but failing); ``forbid_events = True``
+answers 403 to Event writes (RBAC without events); ``raw_pod_list`` serves those bytes as the pod list (a proxy's
+HTML page, JSON of the wrong shape); ``stop()`` refuses connections. Every request is recorded in ``requests`` as
+``(method, path, query)``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class FakeKubeApi:
         self.events: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
         self.down = False
+        self.forbid_events = False  # answer 403 to Event writes (RBAC without events create/patch)
+        self.raw_pod_list: bytes | None = None  # serve these bytes as the pod list (a proxy page, broken JSON)
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -146,9 +150,14 @@ class FakeKubeApi:
             return self._send(handler, 503, _status(503, "ServiceUnavailable", "the API server is down (fake)"))
         segments = [s for s in parts.path.split("/") if s]
         if method == "GET" and parts.path == "/api/v1/pods":
+            if self.raw_pod_list is not None:
+                return self._send_raw(handler, 200, self.raw_pod_list, "application/json")
             return self._list_pods(handler, query)
         if segments[:3] == ["api", "v1", "namespaces"] and len(segments) >= 5 and segments[4] == "events":
             namespace = segments[3]
+            if self.forbid_events:
+                message = f'events is forbidden: User "system:serviceaccount:gpu-fence:auditor" cannot {method} events'
+                return self._send(handler, 403, _status(403, "Forbidden", message))
             try:
                 document = json.loads(body or b"{}")
             except ValueError:
