@@ -254,6 +254,7 @@ class _Reader:
         self.devices: list[NvmlDevice] = []
         self.problems: list[NvmlProblem] = []
         self.processes: dict[tuple[int, str], tuple[set[str], int | None]] = {}  # (pid, device) → kinds, bytes
+        self.totals: dict[str, int] = {}  # device → memory, to tell a process's size from garbage
 
     def read(self) -> NvmlSnapshot:
         try:
@@ -341,6 +342,7 @@ class _Reader:
         mig_enabled = bool(mode and mode[0])
         gpu = NvmlDevice(uuid, index, minor, name, total, mig_enabled=mig_enabled)
         self.devices.append(gpu)
+        self.totals[uuid] = total
         if not mig_enabled:
             for kind, functions in _PROCESS_CALLS:
                 for process in self._list(uuid, handle, kind, functions):
@@ -378,6 +380,7 @@ class _Reader:
                 )
                 continue
             migs.append(_Mig(device, mig_handle))
+            self.totals[device.uuid] = device.memory_total_bytes
         return migs
 
     def _read_mig(self, gpu: NvmlDevice, slot: int, uuid: str, handle: Any, max_slices: int | None) -> NvmlDevice:
@@ -508,6 +511,11 @@ class _Reader:
         M+C processes are), it is the same memory: usedGpuMemory is all the process holds on the device. Keep
         the larger reading rather than adding them."""
         used = None if used is None else int(used)
+        total = self.totals.get(uuid)
+        if used is not None and total and used > total:
+            self._problem(uuid, "unknown", f"{kind} process {pid} reported {used} bytes, more than the device's "
+                                           f"{total}; its memory is counted as unknown")
+            used = None
         key = (pid, uuid)
         kinds: set[str] = {kind}
         if key in self.processes:

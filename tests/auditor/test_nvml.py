@@ -317,6 +317,26 @@ def test_process_of_a_mig_device_with_odd_ids_in_the_parent_view_is_not_counted_
     assert snapshot.problems == ()
 
 
+def test_a_process_size_larger_than_its_device_is_unknown_with_a_problem(open_nvml: OpenNvml) -> None:
+    """A reading past the device's memory is garbage (a driver bug, a torn read): billing it would put exabytes on
+    one container, so it counts as unknown and says so."""
+    config = FakeNvmlConfig(
+        gpus=MIXED_NODE.gpus,
+        migs=MIXED_NODE.migs,
+        processes=(
+            FakeProcess(0, pid=270, used_memory_bytes=2**63),
+            FakeProcess(MIG12, pid=271, used_memory_bytes=11 * GIB),  # a 10 GiB slice
+            FakeProcess(0, pid=272, used_memory_bytes=80 * GIB),  # the whole card: fine
+        ),
+    )
+    snapshot = open_nvml(config).snapshot()
+
+    assert process_set(snapshot) == {(270, GPU0, None, "compute"), (271, MIG12, None, "compute"),
+                                     (272, GPU0, 80 * GIB, "compute")}
+    assert {(p.device, p.reason) for p in snapshot.problems} == {(GPU0, "unknown"), (MIG12, "unknown")}
+    assert any("270" in p.message and "more than" in p.message for p in snapshot.problems)
+
+
 def test_instance_ids_are_none_on_gpus_without_mig(fake_lib: Path, open_nvml: OpenNvml) -> None:
     """nvml.h: 0xFFFFFFFF without MIG; the adapter must not read that as a GPU instance id."""
     config = FakeNvmlConfig(gpus=(FakeGpu(0),), processes=(FakeProcess(0, pid=250, gpu_instance_id=1),))
