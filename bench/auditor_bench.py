@@ -52,8 +52,14 @@ class BenchError(RuntimeError):
 
 
 def sizes(scale: int, fraction: float) -> dict[str, int]:
-    """The dense node's sizes times ``scale`` (and ``fraction``, for tiny smoke runs); slices stay 7 per GPU."""
-    return {key: max(1, round(value * scale * fraction)) for key, value in BASE.items()}
+    """The dense node's sizes times ``scale`` (and ``fraction``, for tiny smoke runs).
+
+    Counts scale; shapes do not: a GPU keeps 7 MIG slices and a pod keeps 4 containers, so 2× is twice the GPUs,
+    pods, containers and processes of the dense node, not bigger pods.
+    """
+    scaled = {key: max(1, round(value * scale * fraction)) for key, value in BASE.items()}
+    scaled["containers_per_pod"] = BASE["containers_per_pod"]
+    return scaled
 
 
 # --- child: the auditor, timed ---------------------------------------------------------------------------------

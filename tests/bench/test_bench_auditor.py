@@ -35,9 +35,11 @@ def test_tiny_run_reports_phases_calls_and_scaling(tmp_path: Path, capsys: pytes
     assert "| 2x | warm (median) |" in capsys.readouterr().out
 
 
-def test_sizes_scale_every_dimension_and_never_reach_zero() -> None:
+def test_sizes_scale_every_count_and_never_reach_zero() -> None:
     assert auditor_bench.sizes(1, 1.0) == auditor_bench.BASE
-    assert auditor_bench.sizes(4, 1.0)["host_processes"] == 120_000
+    four = auditor_bench.sizes(4, 1.0)
+    assert (four["host_processes"], four["pods"], four["gpus"], four["gpu_processes"]) == (120_000, 440, 32, 8000)
+    assert four["containers_per_pod"] == 4  # more pods, not bigger ones
     assert min(auditor_bench.sizes(1, 0.0001).values()) == 1
 
 
