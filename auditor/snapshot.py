@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -250,13 +251,19 @@ def assemble(
     # 2. runtime containers the API did not name: fall back to the container's own files, matching first by
     #    evidence (its NVIDIA_VISIBLE_DEVICES or its GPU nodes equal an allocation), then by elimination.
     unnamed = [found for cid, found in runtime.items() if cid not in by_id and found.pod_uid not in (pods or {})]
-    if identity_source != "kubernetes":
-        cards = {gpu.minor: gpu.uuid for gpu in gpus if not gpu.is_mig and gpu.minor is not None}
+    cards = {gpu.minor: gpu.uuid for gpu in gpus if not gpu.is_mig and gpu.minor is not None}
+    if identity_source != "kubernetes" and unnamed:
+        # Candidates by pod, built once: matching each unnamed container against every kubelet container would be
+        # quadratic on a dense node.
+        unclaimed: dict[tuple[str | None, str | None], list[_Draft]] = defaultdict(list)
+        for (namespace, pod, _), draft in drafts.items():
+            if draft.in_kubelet and draft.container_id is None:
+                unclaimed[(namespace, pod)].append(draft)
         for by_evidence in (True, False):
             for found in unnamed:
                 if found.container_id in by_id:
                     continue
-                draft = _fallback_match(found, drafts, devices, cards, by_evidence=by_evidence)
+                draft = _fallback_match(found, unclaimed, devices, cards, by_evidence=by_evidence)
                 if draft is not None:
                     draft.identity = Identity.FALLBACK
                     draft.pod_uid, draft.container_id, draft.runtime = found.pod_uid, found.container_id, found
@@ -276,7 +283,7 @@ def assemble(
         drafts[(namespace or "", name or "", container_id)] = draft
         by_id[container_id] = draft
 
-    containers = tuple(_freeze(draft, gpus) for draft in drafts.values())
+    containers = tuple(_freeze(draft, cards) for draft in drafts.values())
     gpu_processes = tuple(
         GpuProcess(pid, uuid, used, pod_uid=pod_uid, container_id=cid, identity_error=error)
         for pid, uuid, used, pod_uid, cid, error in processes
@@ -286,18 +293,21 @@ def assemble(
 
 def _fallback_match(
     found: RuntimeContainer,
-    drafts: Mapping[tuple, _Draft],
+    unclaimed: Mapping[tuple[str | None, str | None], list[_Draft]],
     devices: DeviceIndex,
     cards: Mapping[int, str],
     *,
     by_evidence: bool,
 ) -> _Draft | None:
-    """Without the API: the PodResources container this runtime container most likely is, or None."""
+    """Without the API: the PodResources container this runtime container most likely is, or None.
+
+    ``unclaimed`` holds the kubelet's containers by (namespace, pod) that no runtime container had claimed
+    when the fallback started; those claimed since have a container id.
+    """
     if not found.namespace_file or not found.hostname:
         return None
     candidates = [
-        d for (ns, pod, _), d in drafts.items()
-        if d.in_kubelet and d.container_id is None and ns == found.namespace_file and pod == found.hostname
+        d for d in unclaimed.get((found.namespace_file, found.hostname), ()) if d.container_id is None
     ]
     if not by_evidence:
         return candidates[0] if len(candidates) == 1 else None
@@ -307,13 +317,13 @@ def _fallback_match(
     return matching[0] if len(matching) == 1 else None
 
 
-def _freeze(draft: _Draft, gpus: Sequence[Gpu]) -> Container:
+def _freeze(draft: _Draft, cards: Mapping[int, str]) -> Container:
+    """The frozen container; ``cards`` maps a card's minor to its UUID (built once per cycle)."""
     found = draft.runtime
     visible = None
     env, env_read = None, False
     if found is not None:
         if found.visible_minors is not None:
-            cards = {gpu.minor: gpu.uuid for gpu in gpus if not gpu.is_mig and gpu.minor is not None}
             visible = frozenset(cards[minor] for minor in found.visible_minors if minor in cards)
         env, env_read = found.visible_devices_env, found.env_read
     return Container(
