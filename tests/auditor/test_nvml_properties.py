@@ -72,11 +72,13 @@ def nodes(draw: st.DrawFn) -> FakeNvmlConfig:
     if devices:
         pids = draw(st.lists(st.integers(1, 4_000_000), unique=True, max_size=25))
         for pid in pids:
+            device = draw(st.sampled_from(devices))
+            most = GIB if device.startswith("MIG-") else 80 * GIB  # no more than the device has (else: garbage)
             processes.append(
                 FakeProcess(
-                    device=draw(st.sampled_from(devices)),
+                    device=device,
                     pid=pid,
-                    used_memory_bytes=draw(st.none() | st.integers(0, 80 * GIB)),
+                    used_memory_bytes=draw(st.none() | st.integers(0, most)),
                     kind=draw(st.sampled_from(["compute", "graphics", "mps"])),
                 )
             )
