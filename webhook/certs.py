@@ -47,8 +47,10 @@ EXAMPLES = """\
 examples:
   gpu-fence-webhook certs --service gpu-fence-webhook --namespace gpu-fence --out-dir ./tls
   gpu-fence-webhook certs --service gpu-fence-webhook --namespace gpu-fence \\
-      --secret gpu-fence-webhook-tls --patch-webhooks gpu-fence-mutate gpu-fence-validate
-  (a CONFIG may be kind-qualified: mutating/NAME or validating/NAME; a plain NAME is looked up as both)
+      --secret gpu-fence-webhook-tls \\
+      --patch-webhooks mutating/gpu-fence-mutating validating/gpu-fence-validating
+  (a CONFIG is mutating/NAME or validating/NAME, as the manifests pass it; a plain NAME is looked up as
+  both kinds, which needs RBAC on both)
 """
 
 

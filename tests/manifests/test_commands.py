@@ -57,3 +57,22 @@ def test_manifest_command_lines_parse_with_the_real_cli(where: str, program: str
 def test_every_workload_runs_one_of_the_two_entry_points() -> None:
     programs = {program for _, program, _ in command_lines()}
     assert programs == {"gpu-fence-webhook", "gpu-fence-auditor"}
+
+
+def test_certs_help_example_names_the_webhook_configurations_the_manifests_ship() -> None:
+    # A copy-pasted example that names configurations which do not exist fails with 404 in the cluster.
+    import shlex
+
+    from webhook.certs import EXAMPLES
+    from webhook.cli import build_parser
+
+    text = EXAMPLES.replace("\\\n", " ")
+    (line,) = [line for line in text.splitlines() if "--patch-webhooks" in line]
+    argv = shlex.split(line.strip())
+    assert argv[0] == "gpu-fence-webhook"
+    args = build_parser().parse_args(argv[1:])
+    kinds = {"MutatingWebhookConfiguration": "mutating", "ValidatingWebhookConfiguration": "validating"}
+    shipped = {f"{kinds[o['kind']]}/{o['metadata']['name']}" for o in render("base") if o["kind"] in kinds}
+    assert set(args.patch_webhooks) == shipped
+    (certs_job,) = [w for w in workloads(render("base")) if w["kind"] == "Job"]
+    assert args.secret in pod_spec(certs_job)["containers"][0]["args"]
