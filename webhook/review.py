@@ -13,7 +13,7 @@ webhook name).
 from __future__ import annotations
 
 import base64
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
@@ -23,6 +23,17 @@ import orjson
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 MAX_WARNING_CHARS = 120
+#: The API server keeps at most 4096 characters of warnings per request, from every webhook, policy and its own
+#: checks together; past that it cuts each warning to 256 characters and then drops the rest without a word
+#: (``truncateAtTotalRunes = 4 * 1024`` in k8s.io/apiserver/pkg/endpoints/filters/warning.go; the docs: "If more
+#: than 4096 characters of warning messages are added (from all sources), additional warning messages are
+#: ignored"). gpu-fence spends at most half of it, leaving room for the others, and says what it left out.
+WARNING_BUDGET_CHARS = 2048
+#: A denial's message lists violations up to this length and counts the rest: the message becomes the client's
+#: error, a controller's FailedCreate event and an audit log entry, all read by people. ``check`` lists all.
+MAX_DENY_MESSAGE_CHARS = 2048
+#: One violation's clause in a denial (a hostPath or annotation key can be long); the rest of it is cut.
+MAX_DENY_CLAUSE_CHARS = 400
 #: The API server accepts annotation values of any length, but audit events are read by people.
 MAX_AUDIT_VALUE_CHARS = 1024
 
@@ -220,10 +231,10 @@ def _judge(request: Request, endpoint: Endpoint, config: Any, policy: Policy) ->
 
 
 def _validated(request: Request, endpoint: Endpoint, validation: Any) -> Outcome:
-    warnings = [truncate_warning(text) for text in validation.warnings]
+    advice = [str(text) for text in validation.warnings]
     violations = tuple(validation.violations)
     if not violations:
-        return _answer(request, allowed=True, verdict=Verdict.ALLOWED, warnings=warnings)
+        return _answer(request, allowed=True, verdict=Verdict.ALLOWED, warnings=budget_warnings((), advice))
     rules = tuple(dict.fromkeys(violation.rule for violation in violations))
     audit = {"rules": ",".join(rules)}
     lines = [describe(violation) for violation in violations]
@@ -233,19 +244,79 @@ def _validated(request: Request, endpoint: Endpoint, validation: Any) -> Outcome
             allowed=True,
             verdict=Verdict.WARNED,
             rules=rules,
-            warnings=[truncate_warning(line) for line in lines] + warnings,
+            warnings=budget_warnings(lines, advice),
             audit=audit,
         )
-    message = f"gpu-fence: {len(lines)} violation(s): " + "; ".join(lines)
     return _answer(
         request,
         allowed=False,
         verdict=Verdict.DENIED,
         rules=rules,
-        warnings=warnings,
+        warnings=budget_warnings((), advice),
         audit=audit,
-        status={"code": 403, "reason": "Forbidden", "status": "Failure", "message": message},
+        status={"code": 403, "reason": "Forbidden", "status": "Failure",
+                "message": deny_message(lines, [violation.rule for violation in violations])},
     )
+
+
+def budget_warnings(
+    violation_lines: Sequence[str], advice: Sequence[str], budget: int = WARNING_BUDGET_CHARS
+) -> list[str]:
+    """The warnings to return: one per violation, then the policy's advice, in order, within ``budget``.
+
+    When they do not all fit, the first ones that do are kept and a last warning counts the rest, so that a pod
+    with many violations is told it has more, instead of the API server dropping the tail silently. The rule
+    ids of all violations stay in the ``rules`` audit annotation.
+    """
+    warnings = [truncate_warning(line) for line in [*violation_lines, *advice]]
+    if sum(map(len, warnings)) <= budget:
+        return warnings
+    room = budget - MAX_WARNING_CHARS  # the summary is one warning, at most MAX_WARNING_CHARS long
+    kept: list[str] = []
+    used = 0
+    for warning in warnings:
+        if used + len(warning) > room:
+            break
+        kept.append(warning)
+        used += len(warning)
+    more_violations = max(0, len(violation_lines) - len(kept))
+    more_advice = len(warnings) - len(kept) - more_violations
+    counts = [_count(more_violations, "violation"), _count(more_advice, "warning")]
+    summary = (f"gpu-fence: … and {', '.join(c for c in counts if c)} "
+               "(see the audit annotation or gpu-fence-webhook check)")
+    return [*kept, truncate_warning(summary)]
+
+
+def deny_message(lines: Sequence[str], rules: Sequence[str], limit: int = MAX_DENY_MESSAGE_CHARS) -> str:
+    """``gpu-fence: N violation(s): <first clauses>; and M more (<their rule ids>)``, at most ``limit`` long.
+
+    The first violation is always listed (cut to ``MAX_DENY_CLAUSE_CHARS`` if need be); later ones while they
+    fit with room left for the closing count. ``rules[i]`` is the rule id of ``lines[i]``.
+    """
+    head = f"gpu-fence: {len(lines)} violation(s): "
+    # room for "; and N more violation(s) (" + every rule id, which is what the tail can grow to
+    reserve = len("; and  more violation(s) ()") + len(str(len(lines))) + len(", ".join(dict.fromkeys(rules)))
+    clauses: list[str] = []
+    used = len(head)
+    for index, line in enumerate(lines):
+        clause = truncate_warning(line, MAX_DENY_CLAUSE_CHARS)
+        last = index == len(lines) - 1
+        needed = (2 if clauses else 0) + len(clause) + (0 if last else reserve)
+        if clauses and used + needed > limit:
+            break
+        clauses.append(clause)
+        used += (2 if len(clauses) > 1 else 0) + len(clause)
+    message = head + "; ".join(clauses)
+    rest = len(lines) - len(clauses)
+    if rest:
+        message += f"; and {rest} more violation(s) ({', '.join(dict.fromkeys(rules[len(clauses):]))})"
+    return message[:limit]
+
+
+def _count(number: int, noun: str) -> str:
+    if number <= 0:
+        return ""
+    return f"{number} more {noun}" + ("" if number == 1 else "s")
 
 
 def describe(violation: Any) -> str:

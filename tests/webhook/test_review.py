@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from pods import mangled_pods, pods
 
 from webhook import policy as real_policy
+from webhook import review as review_module
 from webhook.config import PolicyConfig
 from webhook.review import (
     MAX_WARNING_CHARS,
@@ -236,6 +237,120 @@ def test_policy_warnings_come_back_on_allowed_validations():
     outcome = review(body, Endpoint.VALIDATE, None, StandInPolicy(warnings=("runtimeClassName nvidia on a CPU pod",)))
     assert outcome.response["response"]["allowed"] is True
     assert outcome.response["response"]["warnings"] == ["runtimeClassName nvidia on a CPU pod"]
+
+
+# -- the warning budget and the length of a denial ---------------------------------------------------------------
+
+#: The API server keeps at most 4096 characters of warnings per request, from all webhooks and policies together,
+#: and drops what comes after (k8s.io/apiserver/pkg/endpoints/filters/warning.go, truncateAtTotalRunes).
+API_SERVER_WARNING_CHARS = 4096
+
+
+def crowded(containers: int, *, privileged: bool = False) -> dict:
+    """A Pod CREATE with many unpinned containers: one violation each (two when privileged)."""
+    body = load("pod-create-minimal")
+    spec = body["request"]["object"]["spec"]
+    spec["containers"] = [{"name": f"worker-{index:03d}", "image": "busybox:1.36",
+                           **({"securityContext": {"privileged": True}} if privileged else {})}
+                          for index in range(containers)]
+    return body
+
+
+def _more(summary: str) -> int:
+    found = re.search(r"and (\d+) more violations?", summary)
+    assert found, summary
+    return int(found.group(1))
+
+
+def test_warn_mode_keeps_warnings_within_budget_and_counts_the_rest():
+    outcome = review(crowded(80), Endpoint.VALIDATE_WARN, None, StandInPolicy())
+    warnings = outcome.response["response"]["warnings"]
+    assert outcome.verdict is Verdict.WARNED and outcome.response["response"]["allowed"] is True
+    assert sum(len(w) for w in warnings) <= review_module.WARNING_BUDGET_CHARS < API_SERVER_WARNING_CHARS
+    assert all(len(w) <= MAX_WARNING_CHARS for w in warnings)
+    *shown, summary = warnings
+    # the first violations, in order, then one line that says how many were left out and where to find them
+    assert shown == [f"unpinned-container: container 'worker-{i:03d}': request nvidia.com/gpu, or set "
+                     "NVIDIA_VISIBLE_DEVICES=void" for i in range(len(shown))]
+    assert summary.startswith("gpu-fence: ") and "audit annotation" in summary and "check" in summary
+    assert len(shown) + _more(summary) == 80
+    # every rule stays in the audit annotation, whatever was cut
+    assert outcome.response["response"]["auditAnnotations"] == {"rules": "unpinned-container"}
+
+
+def test_policy_warnings_after_a_full_budget_are_counted_not_lost_silently():
+    advice = tuple(f"container 'worker-{i:03d}' requests a GPU and uses envFrom" for i in range(5))
+    outcome = review(crowded(80), Endpoint.VALIDATE_WARN, None, StandInPolicy(warnings=advice))
+    *_, summary = outcome.response["response"]["warnings"]
+    assert "5 more warnings" in summary and len(summary) <= MAX_WARNING_CHARS
+
+
+def test_a_denial_keeps_its_advisory_warnings_within_budget():
+    advice = tuple(f"advice {i:03d}: " + "x" * 100 for i in range(60))
+    outcome = review(crowded(3), Endpoint.VALIDATE, None, StandInPolicy(warnings=advice))
+    warnings = outcome.response["response"]["warnings"]
+    assert outcome.verdict is Verdict.DENIED
+    assert sum(len(w) for w in warnings) <= review_module.WARNING_BUDGET_CHARS
+    assert warnings[0].startswith("advice 000") and "more warnings" in warnings[-1]
+
+
+def test_few_warnings_come_back_whole_without_a_summary():
+    outcome = review(crowded(3), Endpoint.VALIDATE_WARN, None, StandInPolicy(warnings=("envFrom advice",)))
+    warnings = outcome.response["response"]["warnings"]
+    assert len(warnings) == 4 and warnings[-1] == "envFrom advice"
+    assert not any("more violation" in w for w in warnings)
+
+
+def test_a_denial_lists_the_first_violations_then_counts_the_rest():
+    outcome = review(crowded(80, privileged=True), Endpoint.VALIDATE, None, StandInPolicy())
+    message = outcome.response["response"]["status"]["message"]
+    assert outcome.verdict is Verdict.DENIED and outcome.rules == ("privileged", "unpinned-container")
+    assert len(message) <= review_module.MAX_DENY_MESSAGE_CHARS
+    assert message.startswith("gpu-fence: 160 violation(s): privileged: container 'worker-000'")
+    listed = message.count("container 'worker-")
+    assert listed >= 2 and listed + _more(message) == 160
+    # the rules of what was left out are named, so nobody has to guess what else is wrong
+    assert message.rstrip(")").endswith("privileged, unpinned-container")
+
+
+def test_one_huge_violation_is_cut_not_dropped():
+    huge = Violation("host-device-path", "", "host-device-path: volume 'v' mounts host path '/" + "d/" * 3000
+                     + "', which exposes /dev; remove the hostPath volume")
+
+    class OneHuge(StandInPolicy):
+        def validate(self, pod, config, *, only=None):
+            return Validation((huge,))
+
+    denied = review(crowded(1), Endpoint.VALIDATE, None, OneHuge()).response["response"]["status"]["message"]
+    assert len(denied) <= review_module.MAX_DENY_MESSAGE_CHARS
+    assert denied.startswith("gpu-fence: 1 violation(s): host-device-path: volume 'v'") and "more" not in denied
+    warned = review(crowded(1), Endpoint.VALIDATE_WARN, None, OneHuge()).response["response"]["warnings"]
+    assert len(warned) == 1 and len(warned[0]) == MAX_WARNING_CHARS
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(min_value=1, max_value=400), max_size=120),
+       advice=st.lists(st.text(min_size=1, max_size=200), max_size=30))
+def test_any_number_and_size_of_violations_fits_and_is_accounted_for(lengths, advice):
+    violations = tuple(Violation("privileged", f"c{i}", "privileged: " + "x" * n) for i, n in enumerate(lengths))
+
+    class Many(StandInPolicy):
+        def validate(self, pod, config, *, only=None):
+            return Validation(violations, tuple(advice))
+
+    warned = review(crowded(1), Endpoint.VALIDATE_WARN, None, Many()).response["response"]
+    warnings = warned.get("warnings", [])
+    assert sum(len(w) for w in warnings) <= review_module.WARNING_BUDGET_CHARS
+    assert all(len(w) <= MAX_WARNING_CHARS for w in warnings)
+    if len(warnings) < len(violations) + len(advice):
+        summary = warnings[-1]
+        shown = len(warnings) - 1
+        counted = sum(int(n) for n in re.findall(r"(\d+) more (?:violation|warning)s?", summary))
+        assert shown + counted == len(violations) + len(advice)
+    if violations:
+        denied = review(crowded(1), Endpoint.VALIDATE, None, Many()).response["response"]
+        assert len(denied["status"]["message"]) <= review_module.MAX_DENY_MESSAGE_CHARS
+        assert sum(len(w) for w in denied.get("warnings", [])) <= review_module.WARNING_BUDGET_CHARS
 
 
 # -- scoping: which requests are judged, and on what -------------------------------------------------------------
