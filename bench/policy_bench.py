@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from bench import machine, reviews
-from bench.stats import latency_summary, median_of_runs
+from bench.stats import latency_summary, median_of_runs, percentile
 
 TARGET_PODS_PER_SECOND = 20_000  # DESIGN: policy evaluation, typical pods, one core
 TARGET_P99_MS = 0.2  # DESIGN: p99 for a 10-container pod
@@ -75,18 +75,28 @@ def check_cases(cases: dict[str, Callable[[], Any]], containers: int) -> None:
 
 
 def time_path(function: Callable[[], Any], seconds: float) -> dict[str, float]:
-    """Call ``function`` back to back for ``seconds``; per-call latency summary and calls per second."""
+    """Call ``function`` back to back for ``seconds``; per-call latency summary and calls per second.
+
+    Each call is timed twice: wall clock (what a caller waits) and this thread's CPU time (what the code costs).
+    On a shared machine the wall-clock tail includes the times the scheduler gave the pinned CPU to another
+    process; the CPU-time tail does not, which tells the policy's own tail from its neighbours'.
+    """
     samples: list[float] = []
-    append, clock = samples.append, time.perf_counter
+    cpu: list[float] = []
+    append, append_cpu = samples.append, cpu.append
+    clock, cpu_clock = time.perf_counter, time.thread_time
     started = clock()
     deadline = started + seconds
     now = started
     while now < deadline:
-        before = clock()
+        before, cpu_before = clock(), cpu_clock()
         function()
-        now = clock()
+        cpu_after, now = cpu_clock(), clock()
         append(now - before)
+        append_cpu(cpu_after - cpu_before)
     summary = latency_summary(samples)
+    summary["cpu_p50_ms"] = percentile(cpu, 0.50) * 1e3
+    summary["cpu_p99_ms"] = percentile(cpu, 0.99) * 1e3
     summary["reviews_per_s"] = len(samples) / (now - started)
     return summary
 
@@ -127,19 +137,20 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if (10, path) in by_key:
             p99 = by_key[(10, path)]["p99_ms"]
             what = "policy only" if path == "evaluate" else f"/{path}, full review"
+            cpu_p99 = by_key[(10, path)]["cpu_p99_ms"]
             judged.append({"target": f"p99 <= {TARGET_P99_MS} ms for a 10-container pod ({what})",
-                           "measured": f"{p99:.3f} ms", "met": p99 <= TARGET_P99_MS})
+                           "measured": f"{p99:.3f} ms (CPU time p99 {cpu_p99:.3f} ms)", "met": p99 <= TARGET_P99_MS})
     return judged
 
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        "| containers | path | reviews/s | p50 ms | p99 ms | vs floor |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| containers | path | reviews/s | p50 ms | p99 ms | CPU p99 ms | vs floor |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in report["results"]:
         lines.append(f"| {row['containers']} | {row['path']} | {row['reviews_per_s']:,.0f} | {row['p50_ms']:.3f} "
-                     f"| {row['p99_ms']:.3f} | {row['throughput_vs_floor']:.2f} |")
+                     f"| {row['p99_ms']:.3f} | {row['cpu_p99_ms']:.3f} | {row['throughput_vs_floor']:.2f} |")
     lines += ["", "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in report["targets"]]
     return "\n".join(lines) + "\n"

@@ -21,6 +21,7 @@ def test_tiny_run_reports_every_path_and_size(tmp_path: Path, capsys: pytest.Cap
     for row in rows.values():
         assert row["reviews_per_s"] > 0
         assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
+        assert 0 <= row["cpu_p50_ms"] <= row["cpu_p99_ms"]
         assert row["count"] >= 1
     assert all(rows[(size, "floor")]["throughput_vs_floor"] == 1.0 for size in (1, 3))
     assert [t["target"].split(" ")[0] for t in report["targets"]] == ["policy"]  # no 10-container size was run
