@@ -369,8 +369,9 @@ def run_daemon(args: argparse.Namespace) -> int:
     except CollectError as error:
         print(f"gpu-fence-auditor run: cannot start: {error.reason}", file=sys.stderr)
         return 2
-    metrics = AuditorMetrics(auditor.node, args.pod_label)
     health = Health(args.interval, args.unhealthy_after)
+    # The per-container series go stale with /healthz: an audit older than the health window is no measurement.
+    metrics = AuditorMetrics(auditor.node, args.pod_label, stale_after=health.window)
     try:
         server = serve_http(args.metrics_bind, args.metrics_port, metrics, health)
     except OSError as error:

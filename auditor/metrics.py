@@ -1,8 +1,12 @@
 """The auditor's Prometheus metrics, declared once here; names and labels as in ``docs/metrics.md``.
 
 Per-container series come from the latest audit only: a collector renders the last result at scrape time, so
-a container that went away stops being exported at the next cycle (no stale series to clear by hand). Cycle
-health (duration, last success, failures, kubelet calls) uses ordinary prometheus_client metrics.
+a container that went away stops being exported at the next cycle (no stale series to clear by hand). When cycles
+keep failing (kubelet down, NVML gone), the latest result grows old: past ``stale_after`` seconds (the health
+window, ``--interval`` × ``--unhealthy-after``) none of its series are exported, so that Prometheus and chargeback
+see the outage as missing data rather than bill the last good cycle's memory for as long as the outage lasts.
+Cycle health (duration, last success, failures, kubelet calls) uses ordinary prometheus_client metrics and is
+always exported.
 
 A private ``CollectorRegistry`` per auditor keeps tests independent and the process's default metrics out.
 """
@@ -11,8 +15,9 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import Counter as Tally
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -38,21 +43,39 @@ def _container_label(container: str | None, container_id: str | None) -> str:
 
 
 class _LatestAudit(Collector):
-    """Renders the per-container and per-GPU series of the latest audit."""
+    """Renders the per-container and per-GPU series of the latest audit, while it is younger than ``stale_after``."""
 
-    def __init__(self, node: str, pod_label_keys: Iterable[str]) -> None:
+    def __init__(
+        self,
+        node: str,
+        pod_label_keys: Iterable[str],
+        *,
+        stale_after: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.node = node
         self.pod_label_keys = tuple(dict.fromkeys(pod_label_keys))  # a key given twice is one label
+        self.stale_after = stale_after
+        self._clock = clock
         self._lock = threading.Lock()
         self._latest: tuple[NodeSnapshot, AuditResult] | None = None
+        self._updated_at = 0.0
 
     def update(self, snapshot: NodeSnapshot, result: AuditResult) -> None:
         with self._lock:
             self._latest = (snapshot, result)
+            self._updated_at = self._clock()
+
+    def current(self) -> tuple[NodeSnapshot, AuditResult] | None:
+        """The latest audit, or None when there is none yet or it is older than ``stale_after``."""
+        with self._lock:
+            latest, updated_at = self._latest, self._updated_at
+        if latest is not None and self.stale_after is not None and self._clock() - updated_at > self.stale_after:
+            return None
+        return latest
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        with self._lock:
-            latest = self._latest
+        latest = self.current()
         container_labels = ["node", "namespace", "pod", "container"]
         memory = GaugeMetricFamily(
             "gpu_fence_container_gpu_memory_bytes",
@@ -142,9 +165,17 @@ class _LatestAudit(Collector):
 class AuditorMetrics:
     """Every metric of one auditor, in its own registry."""
 
-    def __init__(self, node: str, pod_label_keys: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        node: str,
+        pod_label_keys: Iterable[str] = (),
+        *,
+        stale_after: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``stale_after``: seconds after which the latest audit's series stop being exported (None: never)."""
         self.registry = CollectorRegistry(auto_describe=True)
-        self.latest = _LatestAudit(node, pod_label_keys)
+        self.latest = _LatestAudit(node, pod_label_keys, stale_after=stale_after, clock=clock)
         self.registry.register(self.latest)
         self.cycle_duration = Histogram(
             "gpu_fence_audit_cycle_duration_seconds",

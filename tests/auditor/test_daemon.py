@@ -143,12 +143,17 @@ def test_run_survives_kubelet_restart_and_outage_and_reports_health(scenario):
         scenario.kubelet.stop()
         wait_for(lambda: daemon.get("/healthz")[0] == 503, "healthz to fail while the kubelet is down", limit=60)
         assert "PodResources" in daemon.get("/healthz")[1]
-        assert value(daemon.metrics(), "gpu_fence_audit_cycle_failures_total", reason="kubelet") >= 1
+        outage = daemon.metrics()
+        assert value(outage, "gpu_fence_audit_cycle_failures_total", reason="kubelet") >= 1
+        # the last good cycle's memory is not exported (and billed) for the length of the outage
+        assert not any(name.startswith("gpu_fence_container_") for name, _ in outage)
+        assert value(outage, "gpu_fence_audit_last_success_timestamp_seconds") > 0
         failed = [e for e in daemon.lines if e["event"] == "cycle-failed"]
         assert failed and failed[-1]["reason"] == "kubelet"
 
         scenario.kubelet.start()
         wait_for(lambda: daemon.get("/healthz")[0] == 200, "healthz to recover", limit=60)
+        assert value(daemon.metrics(), "gpu_fence_container_gpu_memory_bytes", pod="train") == 4 * GIB
         done = daemon.cycles()
         wait_for(lambda: daemon.cycles() >= done + 3, "cycles after the outage")
         done = daemon.cycles()

@@ -1,0 +1,81 @@
+"""The auditor's metrics rendered from a hand-written audit: what is exported, and when it stops being exported."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from auditor.audit import audit
+from auditor.metrics import AuditorMetrics
+from auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
+
+G0, G1 = "GPU-0", "GPU-1"
+GIB = 2**30
+GPUS = (Gpu(G0, 0, 0, "H100", 80 * GIB), Gpu(G1, 1, 1, "H100", 80 * GIB))
+ATTRIBUTION = (
+    "gpu_fence_container_gpu_memory_bytes",
+    "gpu_fence_container_allocated_gpus",
+    "gpu_fence_overreach_findings",
+    "gpu_fence_unattributed_gpu_memory_bytes",
+    "gpu_fence_gpu_info",
+    "gpu_fence_gpu_memory_total_bytes",
+    "gpu_fence_gpu_share_ratio",
+    "gpu_fence_pod_labels",
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def names(metrics: AuditorMetrics) -> set[str]:
+    """Sample names present in one scrape."""
+    return {
+        sample.name
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+    }
+
+
+def busy_node() -> NodeSnapshot:
+    train = Container("ml", "train", "main", "uid-1", "c1", allocated=(G0,), labels=(("team", "vision"),))
+    return NodeSnapshot(
+        "n",
+        0.0,
+        GPUS,
+        (train, Container("web", "cuda", "app", "uid-2", "c2")),
+        (GpuProcess(1, G0, GIB, "uid-1", "c1"), GpuProcess(2, G1, GIB, "uid-2", "c2"), GpuProcess(3, G1, GIB)),
+    )
+
+
+def test_attribution_series_vanish_once_the_latest_audit_is_older_than_the_health_window():
+    """Cycles failing (kubelet down) must not leave the last good cycle's memory on /metrics to be billed again."""
+    clock = Clock()
+    metrics = AuditorMetrics("n", ["team"], stale_after=90.0, clock=clock)
+    snapshot = busy_node()
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    metrics.sync_kubelet_calls({"List": 1})
+    assert set(ATTRIBUTION) <= names(metrics)
+    clock.now += 90  # exactly the window: still fresh
+    assert set(ATTRIBUTION) <= names(metrics)
+    clock.now += 1
+    metrics.failed("kubelet")
+    present = names(metrics)
+    assert not present & set(ATTRIBUTION)
+    # health, failures and cycle metrics stay: they are how the outage is seen
+    assert {"gpu_fence_audit_last_success_timestamp_seconds", "gpu_fence_audit_cycle_failures_total",
+            "gpu_fence_audit_cycle_duration_seconds_count", "gpu_fence_audit_kubelet_calls_total"} - present == set()
+    metrics.observe(snapshot, audit(snapshot), 0.01)  # a cycle succeeds again
+    assert set(ATTRIBUTION) <= names(metrics)
+
+
+def test_without_a_window_the_latest_audit_never_goes_stale():
+    clock = Clock()
+    metrics = AuditorMetrics("n", clock=clock)
+    snapshot = busy_node()
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    clock.now += 10**6
+    assert "gpu_fence_container_gpu_memory_bytes" in names(metrics)
