@@ -257,8 +257,11 @@ def _resolve_entry(entry: str, gpus: Mapping[str, Gpu]) -> frozenset[str]:
 
 def _row(container: Container, entitled: frozenset[str], processes: list[GpuProcess], exempt: bool) -> Row:
     memory: Counter[str] = Counter()
+    unknown: Counter[str] = Counter()
     for process in processes:
         memory[process.gpu_uuid] += process.used_memory_bytes or 0
+        if process.used_memory_bytes is None:
+            unknown[process.gpu_uuid] += 1  # NVML gave no size: counted, so that a 0 is not read as "idle"
     return Row(
         namespace=container.namespace,
         pod=container.pod,
@@ -273,6 +276,7 @@ def _row(container: Container, entitled: frozenset[str], processes: list[GpuProc
         exempt=exempt,
         identity=container.identity,
         labels=container.labels,
+        unknown_memory_processes=tuple(sorted(unknown.items())),
     )
 
 

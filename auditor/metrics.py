@@ -88,6 +88,12 @@ class _LatestAudit(Collector):
             "Kubelet allocation ids the container holds on that GPU or MIG device (a replica counts 1).",
             labels=[*container_labels, "gpu_uuid"],
         )
+        unknown = GaugeMetricFamily(
+            "gpu_fence_container_gpu_processes_unknown_memory",
+            "Processes of the container on that GPU or MIG device whose memory NVML did not report (their bytes are "
+            "missing from gpu_fence_container_gpu_memory_bytes, not zero).",
+            labels=[*container_labels, "gpu_uuid"],
+        )
         findings = GaugeMetricFamily(
             "gpu_fence_overreach_findings",
             "Findings of the latest cycle per container and kind.",
@@ -121,6 +127,7 @@ class _LatestAudit(Collector):
             gpus = {gpu.uuid: gpu for gpu in snapshot.gpus}
             memory_values: Tally[tuple[str, ...]] = Tally()
             allocated_values: Tally[tuple[str, ...]] = Tally()
+            unknown_values: Tally[tuple[str, ...]] = Tally()
             finding_values: Tally[tuple[str, ...]] = Tally()
             labelled_pods: dict[tuple[str, str], tuple[str, ...]] = {}
             for row in result.rows:
@@ -130,6 +137,8 @@ class _LatestAudit(Collector):
                     memory_values[(*who, uuid, "true" if uuid in allowed else "false")] += size
                 for uuid, count in row.allocation_counts:
                     allocated_values[(*who, uuid)] += count
+                for uuid, count in row.unknown_memory_processes:
+                    unknown_values[(*who, uuid)] += count
                 if self.pod_label_keys and row.namespace and row.pod:
                     values = dict(row.labels)
                     labelled_pods[(row.namespace, row.pod)] = tuple(values.get(k, "") for k in self.pod_label_keys)
@@ -147,6 +156,8 @@ class _LatestAudit(Collector):
                 memory.add_metric(list(labels), value)
             for labels, value in allocated_values.items():
                 allocated.add_metric(list(labels), value)
+            for labels, value in unknown_values.items():
+                unknown.add_metric(list(labels), value)
             for labels, value in finding_values.items():
                 findings.add_metric(list(labels), value)
             unattributed_bytes = dict(result.unattributed_memory_bytes)
@@ -159,7 +170,7 @@ class _LatestAudit(Collector):
                 unattributed.add_metric([self.node, uuid], size)
             for (namespace, pod), values in labelled_pods.items():
                 pod_labels.add_metric([namespace, pod, *values], 1)
-        yield from (memory, allocated, findings, unattributed, info, total, share, pod_labels)
+        yield from (memory, allocated, unknown, findings, unattributed, info, total, share, pod_labels)
 
 
 class AuditorMetrics:

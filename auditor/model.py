@@ -135,10 +135,12 @@ class Row:
     allocation_counts: tuple[tuple[str, int], ...]  # UUID → allocation ids held (replicas count 1 each)
     visible: tuple[str, ...] | None
     used: tuple[str, ...]
-    memory_bytes: tuple[tuple[str, int], ...]  # UUID → bytes used by the container's processes
+    memory_bytes: tuple[tuple[str, int], ...]  # UUID → bytes used by the container's processes (known sizes only)
     exempt: bool = False
     identity: Identity = Identity.KUBERNETES
     labels: tuple[tuple[str, str], ...] = ()
+    # UUID → processes whose memory NVML did not report: their bytes are missing from memory_bytes, not zero
+    unknown_memory_processes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

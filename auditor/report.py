@@ -79,6 +79,7 @@ def _row_json(row: Row) -> dict[str, Any]:
         "exempt": row.exempt,
         "identity": row.identity.value,
         "labels": dict(row.labels),
+        "unknown_memory_processes": dict(row.unknown_memory_processes),
     }
 
 
@@ -109,6 +110,18 @@ def _short(uuids: tuple[str, ...] | None) -> str:
     return ",".join(uuid[:12] for uuid in uuids) or "-"
 
 
+def _memory_text(row: Row) -> str:
+    """The row's memory, saying "unknown" instead of 0 for processes NVML gave no size for."""
+    unknown = sum(count for _, count in row.unknown_memory_processes)
+    memory = sum(size for _, size in row.memory_bytes)
+    if unknown and not memory:
+        return "unknown"
+    text = f"{memory / 2**20:.0f} MiB"
+    if unknown:
+        text += f" + {unknown} process{'es' if unknown > 1 else ''} unknown"
+    return text
+
+
 def to_text(snapshot: NodeSnapshot, result: AuditResult) -> str:
     lines = [
         f"node {snapshot.node} at {rfc3339(snapshot.time)}: {len(result.rows)} containers, "
@@ -121,12 +134,11 @@ def to_text(snapshot: NodeSnapshot, result: AuditResult) -> str:
         lines.append("")
         lines.append(f"{'CONTAINER':<48} {'ALLOCATED':<26} {'VISIBLE':<26} {'USED':<26} MEMORY")
         for row in gpu_rows:
-            memory = sum(size for _, size in row.memory_bytes)
             flag = " (exempt)" if row.exempt else ""
             lines.append(
                 f"{_who(row.namespace, row.pod, row.container, row.container_id)[:48]:<48} "
                 f"{_short(row.allocated)[:26]:<26} {_short(row.visible)[:26]:<26} {_short(row.used)[:26]:<26} "
-                f"{memory / 2**20:.0f} MiB{flag}"
+                f"{_memory_text(row)}{flag}"
             )
     lines.append("")
     if not result.findings:

@@ -194,3 +194,18 @@ def test_used_unallocated_names_allocation_ids_that_could_not_be_mapped():
     c = container("dra", "c1", unresolved_allocations=("claim ml/gpu: node-a/gpu-0-mig-3g",))
     (finding,) = audit(node([c], [GpuProcess(1, G0, GIB, "uid-dra", "c1")])).findings
     assert "not mapped to a GPU: claim ml/gpu: node-a/gpu-0-mig-3g" in finding.message
+
+
+def test_processes_whose_memory_nvml_does_not_report_are_counted_per_gpu_not_taken_as_zero():
+    result = audit(
+        node(
+            [container("a", "c1", allocated=(G0, G1))],
+            [GpuProcess(1, G0, None, "uid-a", "c1"), GpuProcess(2, G0, GIB, "uid-a", "c1"),
+             GpuProcess(3, G1, None, "uid-a", "c1"), GpuProcess(4, G1, None, "uid-a", "c1")],
+        )
+    )
+    (row,) = result.rows
+    assert dict(row.memory_bytes) == {G0: GIB, G1: 0}  # the contract's key keeps what is known
+    assert dict(row.unknown_memory_processes) == {G0: 1, G1: 2}
+    clean = audit(node([container("b", "c2", allocated=(G0,))], [GpuProcess(5, G0, GIB, "uid-b", "c2")]))
+    assert clean.rows[0].unknown_memory_processes == ()

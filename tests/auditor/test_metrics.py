@@ -14,6 +14,7 @@ GPUS = (Gpu(G0, 0, 0, "H100", 80 * GIB), Gpu(G1, 1, 1, "H100", 80 * GIB))
 ATTRIBUTION = (
     "gpu_fence_container_gpu_memory_bytes",
     "gpu_fence_container_allocated_gpus",
+    "gpu_fence_container_gpu_processes_unknown_memory",
     "gpu_fence_overreach_findings",
     "gpu_fence_unattributed_gpu_memory_bytes",
     "gpu_fence_gpu_info",
@@ -47,7 +48,8 @@ def busy_node() -> NodeSnapshot:
         0.0,
         GPUS,
         (train, Container("web", "cuda", "app", "uid-2", "c2")),
-        (GpuProcess(1, G0, GIB, "uid-1", "c1"), GpuProcess(2, G1, GIB, "uid-2", "c2"), GpuProcess(3, G1, GIB)),
+        (GpuProcess(1, G0, GIB, "uid-1", "c1"), GpuProcess(2, G1, GIB, "uid-2", "c2"), GpuProcess(3, G1, GIB),
+         GpuProcess(4, G0, None, "uid-1", "c1")),
     )
 
 
@@ -79,3 +81,30 @@ def test_without_a_window_the_latest_audit_never_goes_stale():
     metrics.observe(snapshot, audit(snapshot), 0.01)
     clock.now += 10**6
     assert "gpu_fence_container_gpu_memory_bytes" in names(metrics)
+
+
+def test_processes_of_unknown_memory_are_counted_beside_the_memory_gauge():
+    snapshot = NodeSnapshot(
+        "n",
+        0.0,
+        GPUS,
+        (Container("ml", "train", "main", "uid-1", "c1", allocated=(G0,)),),
+        (GpuProcess(1, G0, None, "uid-1", "c1"), GpuProcess(2, G0, None, "uid-1", "c1"),
+         GpuProcess(3, G1, GIB, "uid-1", "c1")),
+    )
+    metrics = AuditorMetrics("n")
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    found = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+    }
+
+    def key(name: str, **labels: str) -> tuple:
+        who = {"node": "n", "namespace": "ml", "pod": "train", "container": "main"}
+        return (name, tuple(sorted((who | labels).items())))
+
+    unknown = "gpu_fence_container_gpu_processes_unknown_memory"
+    assert found[key(unknown, gpu_uuid=G0)] == 2
+    assert key(unknown, gpu_uuid=G1) not in found  # every process there is measured
+    assert found[key("gpu_fence_container_gpu_memory_bytes", gpu_uuid=G0, allocated="true")] == 0

@@ -75,3 +75,33 @@ def test_junit_has_one_case_per_container_and_a_failure_per_finding():
 def test_unknown_format_is_a_clear_error():
     with pytest.raises(ValueError, match="use one of text, json, junit"):
         render("yaml", SNAPSHOT, RESULT)
+
+
+UNKNOWN = NodeSnapshot(
+    "node-a",
+    1_780_000_000.0,
+    SNAPSHOT.gpus,
+    (
+        Container("ml", "blind", "main", "uid-3", "c3", allocated=(G0,)),
+        Container("ml", "half", "main", "uid-4", "c4", allocated=(G1,)),
+    ),
+    (GpuProcess(20, G0, None, "uid-3", "c3"), GpuProcess(21, G1, 2 << 20, "uid-4", "c4"),
+     GpuProcess(22, G1, None, "uid-4", "c4")),
+)
+
+
+def test_json_report_counts_processes_of_unknown_memory_beside_the_contract_keys():
+    report = json.loads(render("json", UNKNOWN, audit(UNKNOWN)))
+    rows = {row["pod"]: row for row in report["containers"]}
+    assert rows["blind"]["memory_bytes"] == {G0: 0} and rows["blind"]["unknown_memory_processes"] == {G0: 1}
+    assert rows["half"]["memory_bytes"] == {G1: 2 << 20} and rows["half"]["unknown_memory_processes"] == {G1: 1}
+    train = json.loads(render("json", SNAPSHOT, RESULT))["containers"][0]
+    assert train["unknown_memory_processes"] == {}
+
+
+def test_text_report_says_unknown_rather_than_zero_memory():
+    lines = render("text", UNKNOWN, audit(UNKNOWN)).splitlines()
+    blind = next(line for line in lines if line.startswith("ml/blind/main"))
+    half = next(line for line in lines if line.startswith("ml/half/main"))
+    assert blind.endswith("unknown") and "0 MiB" not in blind
+    assert half.endswith("2 MiB + 1 process unknown")
