@@ -60,7 +60,8 @@ def audit(snapshot: NodeSnapshot, policy: AuditPolicy | None = None) -> AuditRes
         findings.extend(used_unallocated(container, processes, allowed, gpus))
         findings.extend(visible_unallocated(container, allowed, gpus))
         findings.extend(env_mismatch(container, entitled, gpus))
-    findings.extend(unattributed_process(process, gpus) for process in unattributed)
+    pods = {c.pod_uid: f"{c.namespace}/{c.pod}" for c in snapshot.containers if c.pod_uid and c.pod}
+    findings.extend(unattributed_process(process, gpus, pods) for process in unattributed)
 
     unattributed_memory: Counter[str] = Counter()
     for process in unattributed:
@@ -175,12 +176,25 @@ def env_mismatch(container: Container, entitled: frozenset[str], gpus: Mapping[s
     ]
 
 
-def unattributed_process(process: GpuProcess, gpus: Mapping[str, Gpu]) -> Finding:
-    """A GPU process outside every known container: a host process, an unknown cgroup, or one that just exited."""
+def unattributed_process(
+    process: GpuProcess, gpus: Mapping[str, Gpu], pods: Mapping[str, str] | None = None
+) -> Finding:
+    """A GPU process outside every known container: a host process, an unknown cgroup, or one that just exited.
+
+    ``pods`` (pod uid → ``namespace/name`` of the node's known pods) names the pod whose cgroup holds the process.
+    """
+    pod_name = (pods or {}).get(process.pod_uid or "")
+    pod = f"pod {pod_name} (uid {process.pod_uid})" if pod_name else f"pod uid {process.pod_uid}"
+    elsewhere = "" if pod_name else " (no pod with that uid is known on this node)"
     if process.identity_error:
         why = f"its identity could not be read ({process.identity_error})"
-    elif process.container_id or process.pod_uid:
-        why = f"its cgroup names pod uid {process.pod_uid} container {process.container_id}, which is not on this node"
+    elif process.pod_uid and not process.container_id:
+        # A process placed in the pod-level cgroup itself (by a runtime hook, or moved there by hand).
+        why = f"it is in the cgroup of {pod} but in none of its containers{elsewhere}"
+    elif process.pod_uid:
+        why = f"its cgroup names container {process.container_id} of {pod}, which is not a container on this node"
+    elif process.container_id:
+        why = f"its cgroup names container {process.container_id} of no Kubernetes pod"
     else:
         why = "it runs outside any Kubernetes pod (a host process)"
     return Finding(

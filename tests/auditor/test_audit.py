@@ -209,3 +209,22 @@ def test_processes_whose_memory_nvml_does_not_report_are_counted_per_gpu_not_tak
     assert dict(row.unknown_memory_processes) == {G0: 1, G1: 2}
     clean = audit(node([container("b", "c2", allocated=(G0,))], [GpuProcess(5, G0, GIB, "uid-b", "c2")]))
     assert clean.rows[0].unknown_memory_processes == ()
+
+
+def test_process_in_a_pods_cgroup_but_in_no_container_is_said_so_naming_the_pod():
+    """A process placed in the pod-level cgroup has a pod uid and no container id: 'container None' said nothing."""
+    known = container("a", "c1", allocated=(G0,))
+    result = audit(node([known], [GpuProcess(3, G0, GIB, "uid-a", None), GpuProcess(4, G0, GIB, "uid-x", None)]))
+    messages = sorted(f.message for f in result.findings)
+    assert all(f.kind is FindingKind.UNATTRIBUTED_PROCESS for f in result.findings)
+    assert "None" not in " ".join(messages)
+    ours = next(m for m in messages if m.startswith("process 3"))
+    assert "in the cgroup of pod team/a-pod (uid uid-a) but in none of its containers" in ours
+    other = next(m for m in messages if m.startswith("process 4"))
+    assert "in the cgroup of pod uid uid-x but in none of its containers" in other
+    assert "not on this node" in other
+
+
+def test_process_with_a_container_id_but_no_pod_names_the_container():
+    (finding,) = audit(node([], [GpuProcess(5, G0, GIB, None, "f" * 64)])).findings
+    assert "None" not in finding.message and "container " + "f" * 64 in finding.message
