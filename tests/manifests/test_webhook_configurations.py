@@ -6,6 +6,9 @@ from typing import Any
 
 import celpy
 import pytest
+from celpy import celtypes
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from .conftest import KUSTOMIZATIONS, NAMESPACE, find, one, render
 from .selectors import namespace_labels, selector_matches
@@ -15,6 +18,13 @@ EXPECTED_RULES = [
     {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
      "scope": "Namespaced"},
     {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods/ephemeralcontainers"],
+     "scope": "Namespaced"},
+]
+#: Validation also sees plain pod UPDATEs (a CDI annotation added after creation, V9/V10); a matchCondition
+#: narrows them to the ones that add or change such an annotation.
+EXPECTED_VALIDATING_RULES = [
+    *EXPECTED_RULES,
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"],
      "scope": "Namespaced"},
 ]
 
@@ -53,9 +63,10 @@ def test_webhooks_never_match_their_own_namespace_or_kube_system(target: str) ->
 
 
 @pytest.mark.parametrize("target", KUSTOMIZATIONS)
-def test_every_webhook_covers_pod_create_and_ephemeral_container_update_only(target: str) -> None:
-    for _, hook in webhooks(render(target)):
-        assert hook["rules"] == EXPECTED_RULES, hook["name"]
+def test_webhooks_cover_pod_create_ephemeral_container_and_for_validation_pod_update_only(target: str) -> None:
+    for kind, hook in webhooks(render(target)):
+        expected = EXPECTED_RULES if kind == "MutatingWebhookConfiguration" else EXPECTED_VALIDATING_RULES
+        assert hook["rules"] == expected, hook["name"]
         assert hook["admissionReviewVersions"] == ["v1"]
         assert hook["sideEffects"] == "None"
         assert 1 <= hook["timeoutSeconds"] <= 5, "a short timeout bounds the latency added to pod creation"
@@ -105,24 +116,109 @@ def test_gpu_operator_overlay_leaves_the_operator_namespace_alone() -> None:
     assert calls_for(objects, namespace_labels("team-a")) == {"mutate", "/validate"}
 
 
-def _mirror_condition_allows(expression: str, pod: dict[str, Any]) -> bool:
+def calls_webhook(hook: dict[str, Any], *, operation: str = "CREATE", obj: dict[str, Any],
+                  old: dict[str, Any] | None = None, sub_resource: str = "") -> bool:
+    """Whether the API server calls this webhook for the request, by its matchConditions (all must be true).
+
+    The CEL variables are those the API server provides: ``object``, ``oldObject`` (null on CREATE) and
+    ``request``, whose ``subResource`` is omitted when empty (``omitempty`` in admission/v1). An evaluation error
+    fails the test: under failurePolicy Fail the API server would reject the request outright.
+    """
+    request: dict[str, Any] = {"operation": operation, "namespace": "team-a",
+                               "userInfo": {"username": "alice", "groups": ["system:authenticated"]}}
+    if sub_resource:
+        request["subResource"] = sub_resource
+    activation = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
+                  "request": celpy.json_to_cel(request)}
     env = celpy.Environment()
-    program = env.program(env.compile(expression))
-    return bool(program.evaluate({"object": celpy.json_to_cel(pod)}))
+    for condition in hook.get("matchConditions", []):
+        result = env.program(env.compile(condition["expression"])).evaluate(activation)
+        assert isinstance(result, celtypes.BoolType), f"{hook['name']} {condition['name']}: {result!r}"
+        if not result:
+            return False
+    return True
+
+
+def pod_with(annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "demo", "namespace": "team-a"}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    if labels is not None:
+        metadata["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+            "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]}}
+
+
+MIRROR = {"kubernetes.io/config.mirror": "abc"}
 
 
 @pytest.mark.parametrize("target", KUSTOMIZATIONS)
-def test_match_conditions_skip_mirror_pods_and_nothing_else(target: str) -> None:
-    mirror = {"metadata": {"annotations": {"kubernetes.io/config.mirror": "abc"}}, "spec": {}}
-    annotated = {"metadata": {"annotations": {"team": "a"}}, "spec": {}}
-    bare = {"metadata": {}, "spec": {}}
-    for _, hook in webhooks(render(target)):
-        conditions = hook.get("matchConditions", [])
-        assert [c["name"] for c in conditions] == ["not-a-mirror-pod"]
-        expression = conditions[0]["expression"]
-        assert not _mirror_condition_allows(expression, mirror)
-        assert _mirror_condition_allows(expression, annotated)
-        assert _mirror_condition_allows(expression, bare)
+def test_match_conditions_skip_mirror_pods_and_nothing_else_on_create(target: str) -> None:
+    for kind, hook in webhooks(render(target)):
+        names = [c["name"] for c in hook.get("matchConditions", [])]
+        if kind == "MutatingWebhookConfiguration":
+            assert names == ["not-a-mirror-pod"]
+        else:
+            assert names == ["not-a-mirror-pod", "create-or-cdi-annotation-change"]
+        assert not calls_webhook(hook, obj=pod_with(MIRROR))
+        assert calls_webhook(hook, obj=pod_with({"team": "a"}))
+        assert calls_webhook(hook, obj=pod_with())
+        assert calls_webhook(hook, obj=pod_with({"nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=all"}))
+        # kubectl debug: always judged, whatever happens to the annotations (the new container is what counts)
+        debugged = pod_with({"team": "a"})
+        assert calls_webhook(hook, operation="UPDATE", sub_resource="ephemeralcontainers", obj=debugged, old=debugged)
+        assert not calls_webhook(hook, operation="UPDATE", sub_resource="ephemeralcontainers",
+                                 obj=pod_with(MIRROR), old=pod_with(MIRROR))
+
+
+def validating_hooks(target: str) -> list[dict[str, Any]]:
+    hooks = [hook for kind, hook in webhooks(render(target)) if kind == "ValidatingWebhookConfiguration"]
+    assert [h["name"] for h in hooks] == ["enforce.gpu-fence.io", "warn.gpu-fence.io"]
+    return hooks
+
+
+@pytest.mark.parametrize("target", KUSTOMIZATIONS)
+def test_plain_pod_updates_reach_validation_only_when_they_add_or_change_a_cdi_annotation(target: str) -> None:
+    from webhook.policy import CDI_ANNOTATION_PREFIXES
+
+    for hook in validating_hooks(target):
+        def update(old: dict[str, Any], new: dict[str, Any], hook: dict[str, Any] = hook) -> bool:
+            return calls_webhook(hook, operation="UPDATE", obj=new, old=old)
+
+        # the updates every controller makes all day: labels, finalizers, unrelated annotations
+        assert not update(pod_with(), pod_with(labels={"app": "a"}))
+        assert not update(pod_with({"team": "a"}), pod_with({"team": "b"}))
+        assert not update(pod_with(), pod_with({"example.com/cdi.k8s.io": "x", "cdi.k8s.io": "no slash"}))
+        for prefix in CDI_ANNOTATION_PREFIXES:
+            key = prefix + ("gpu" if prefix.endswith("/") else "/pod")
+            assert update(pod_with(), pod_with({key: "nvidia.com/gpu=all"})), key  # added, no annotations before
+            assert update(pod_with({"team": "a"}), pod_with({"team": "a", key: "nvidia.com/gpu=all"})), key
+            assert update(pod_with({key: "nvidia.com/gpu=0"}), pod_with({key: "nvidia.com/gpu=all"})), key  # changed
+            kept = {key: "nvidia.com/gpu=0"}  # already there at CREATE: judged then, not again
+            assert not update(pod_with(kept), pod_with({**kept, "team": "a"}, labels={"x": "y"})), key
+            assert not update(pod_with({**kept, "team": "a"}), pod_with({"team": "a"})), key  # removed
+        assert update(pod_with(), pod_with({"nvidia.cdi.k8s.io": "nvidia.com/gpu=all"}))  # no '/' boundary
+        # a mirror pod stays skipped, even when its update adds one
+        assert not update(pod_with(MIRROR), pod_with({**MIRROR, "cdi.k8s.io/gpu": "nvidia.com/gpu=all"}))
+
+
+ANNOTATION_KEYS = st.sampled_from(["cdi.k8s.io/gpu", "cdi.k8s.io/other", "nvidia.cdi.k8s.io", "nvidia.cdi.k8s.io/pod",
+                                   "nvidia.cdi.k8s.io.x", "team", "example.com/cdi.k8s.io", "cdi.k8s.io"])
+ANNOTATIONS = st.none() | st.dictionaries(ANNOTATION_KEYS, st.sampled_from(["", "nvidia.com/gpu=0", "all"]),
+                                          max_size=4)
+
+
+@settings(max_examples=80, deadline=None)
+@given(old=ANNOTATIONS, new=ANNOTATIONS)
+def test_the_update_condition_skips_only_updates_the_webhook_would_allow(old, new) -> None:
+    """The condition is the webhook's own update rule in CEL: called iff validate_update reports something."""
+    from webhook.config import load_config
+    from webhook.policy import validate_update
+
+    hook = validating_hooks("base")[0]
+    old_pod, new_pod = pod_with(old), pod_with(new)
+    denied = bool(validate_update(new_pod, old_pod, load_config(None)).violations)
+    assert calls_webhook(hook, operation="UPDATE", obj=new_pod, old=old_pod) == denied
 
 
 @pytest.mark.parametrize("target", KUSTOMIZATIONS)
