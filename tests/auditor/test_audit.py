@@ -222,7 +222,7 @@ def test_process_in_a_pods_cgroup_but_in_no_container_is_said_so_naming_the_pod(
     assert "in the cgroup of pod team/a-pod (uid uid-a) but in none of its containers" in ours
     other = next(m for m in messages if m.startswith("process 4"))
     assert "in the cgroup of pod uid uid-x but in none of its containers" in other
-    assert "not on this node" in other
+    assert "no pod with that uid is known on this node" in other
 
 
 def test_process_with_a_container_id_but_no_pod_names_the_container():
