@@ -314,6 +314,7 @@ def _finding(
         message=message,
         pod_uid=container.pod_uid,
         container_id=container.container_id,
+        container_field=container.spec_field,
     )
 
 

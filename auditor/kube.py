@@ -29,6 +29,12 @@ from auditor.model import Finding
 KAI_GPU_GROUP_LABEL = "runai-gpu-group"
 KAI_MULTI_GROUP_PREFIX = KAI_GPU_GROUP_LABEL + "/"
 STATUS_FIELDS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
+#: The pod spec list each status list describes: an Event's fieldPath must name the list the container is in.
+SPEC_FIELDS = {
+    "initContainerStatuses": "initContainers",
+    "containerStatuses": "containers",
+    "ephemeralContainerStatuses": "ephemeralContainers",
+}
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 EVENT_REASON = "GPUOverreach"
 COMPONENT = "gpu-fence-auditor"
@@ -171,18 +177,24 @@ def strip_runtime(container_id: str) -> str:
     return container_id.split("://", 1)[-1]
 
 
-def container_names_by_id(pod: Mapping[str, Any]) -> dict[str, str]:
-    """container id → container name, over init, regular and ephemeral container statuses."""
-    names: dict[str, str] = {}
+def containers_by_id(pod: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """container id → (container name, spec list: ``containers``, ``initContainers`` or ``ephemeralContainers``),
+    over init, regular and ephemeral container statuses."""
+    found: dict[str, tuple[str, str]] = {}
     status = pod.get("status")
     if not isinstance(status, Mapping):
-        return names
+        return found
     for field in STATUS_FIELDS:
         entries = status.get(field)
         for entry in entries if isinstance(entries, list) else ():
             if isinstance(entry, Mapping) and entry.get("containerID") and entry.get("name"):
-                names[strip_runtime(str(entry["containerID"]))] = str(entry["name"])
-    return names
+                found[strip_runtime(str(entry["containerID"]))] = (str(entry["name"]), SPEC_FIELDS[field])
+    return found
+
+
+def container_names_by_id(pod: Mapping[str, Any]) -> dict[str, str]:
+    """container id → container name, over init, regular and ephemeral container statuses."""
+    return {container_id: name for container_id, (name, _) in containers_by_id(pod).items()}
 
 
 def pod_labels(pod: Mapping[str, Any]) -> dict[str, str]:
@@ -207,6 +219,14 @@ def kai_gpu_groups(pod: Mapping[str, Any]) -> frozenset[str]:
 
 def _now_rfc3339(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _field_path(finding: Finding) -> str | None:
+    """Where in the pod the finding points. Without the pod list (fallback identity) the container's list is
+    unknown; ``spec.containers`` is then the likeliest, as PodResources lists regular containers and sidecars."""
+    if not finding.container:
+        return None
+    return f"spec.{finding.container_field or 'containers'}{{{finding.container}}}"
 
 
 class EventRecorder:
@@ -289,7 +309,7 @@ class EventRecorder:
                 "namespace": finding.namespace,
                 "name": finding.pod,
                 "uid": finding.pod_uid,
-                "fieldPath": f"spec.containers{{{finding.container}}}" if finding.container else None,
+                "fieldPath": _field_path(finding),
             },
             "reason": EVENT_REASON,
             "type": "Warning",

@@ -92,6 +92,9 @@ class Container:
     labels: tuple[tuple[str, str], ...] = ()
     identity: Identity = Identity.KUBERNETES
     pid: int | None = None  # the live process inspected for visibility
+    # the pod spec list the container is in ("containers", "initContainers", "ephemeralContainers"); None when
+    # only PodResources and /proc named it
+    spec_field: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -155,6 +158,7 @@ class Finding:
     message: str = ""
     pod_uid: str | None = None
     container_id: str | None = None
+    container_field: str | None = None  # the container's pod spec list (see Container.spec_field)
 
 
 @dataclass(frozen=True)

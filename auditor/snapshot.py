@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from auditor.deviceids import is_gpu_resource, normalize_device_id
-from auditor.kube import container_names_by_id, kai_gpu_groups, pod_labels
+from auditor.kube import containers_by_id, kai_gpu_groups, pod_labels
 from auditor.model import Container, Gpu, GpuProcess, Identity, NodeSnapshot
 from gpu_fence.vocabulary import VISIBLE_DEVICES_ENV, kai_fraction_container, parse_visible_devices
 
@@ -84,6 +84,7 @@ class _Draft:
     labels: tuple[tuple[str, str], ...] = ()
     identity: Identity = Identity.KUBELET
     in_kubelet: bool = False
+    spec_field: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -234,7 +235,7 @@ def assemble(
         chosen = tuple((key, labels[key]) for key in options.pod_label_keys if key in labels)
         groups = kai_gpu_groups(pod)
         fraction = kai_fraction_container(pod, options.kai_scheduler_names) if groups else None
-        for container_id, container_name in container_names_by_id(pod).items():
+        for container_id, (container_name, spec_field) in containers_by_id(pod).items():
             draft = drafts.get((namespace, name, container_name))
             if draft is None:
                 if container_id not in runtime:
@@ -242,7 +243,7 @@ def assemble(
                 draft = _Draft(namespace, name, container_name)
                 drafts[(namespace, name, container_name)] = draft
             draft.pod_uid, draft.container_id, draft.labels = uid, container_id, chosen
-            draft.identity = Identity.KUBERNETES
+            draft.identity, draft.spec_field = Identity.KUBERNETES, spec_field
             if namespace == options.kai_reservation_namespace or container_name == fraction:
                 draft.kai_groups = groups
             draft.runtime = runtime.get(container_id)
@@ -341,6 +342,7 @@ def _freeze(draft: _Draft, cards: Mapping[int, str]) -> Container:
         labels=draft.labels,
         identity=draft.identity,
         pid=found.pid if found is not None else None,
+        spec_field=draft.spec_field,
     )
 
 

@@ -137,3 +137,18 @@ def test_kai_groups_go_to_the_reservation_and_the_fraction_container_only():
     )
     groups = {(c.pod, c.container): c.kai_gpu_groups for c in snapshot.containers}
     assert groups == {("res", "resource-reservation"): {"g"}, ("frac", "init"): frozenset(), ("frac", "main"): {"g"}}
+
+
+def test_the_pod_list_tells_init_and_ephemeral_containers_from_regular_ones():
+    pod = make_pod("ml", "train", "uid-1", "node-a", [("main", "c1")])
+    pod["status"]["initContainerStatuses"] = [{"name": "proxy", "containerID": "containerd://c2"}]
+    pod["status"]["ephemeralContainerStatuses"] = [{"name": "debugger", "containerID": "containerd://c3"}]
+    snapshot = build([alloc("ml", "train", "main"), alloc("ml", "train", "proxy")],
+                     [running("c1", "uid-1", 10), running("c2", "uid-1", 11), running("c3", "uid-1", 12)], [pod])
+    containers = by_name(snapshot)
+    assert containers[("train", "main")].spec_field == "containers"
+    assert containers[("train", "proxy")].spec_field == "initContainers"
+    assert containers[("train", "debugger")].spec_field == "ephemeralContainers"
+    fallback = build([alloc("ml", "train", "main")], [running("c1", "uid-1", 10, hostname="train", namespace="ml")],
+                     None, identity="fallback")
+    assert by_name(fallback)[("train", "main")].spec_field is None  # PodResources does not say which list

@@ -182,3 +182,30 @@ def test_event_cache_is_bounded_and_an_existing_event_is_not_duplicated(api):
     again = EventRecorder(client, "node-a")  # a restarted auditor: the API answers 409, no second Event
     assert again.record([finding(pod="p0")]) == 1
     assert len(fake.events) == 10
+
+
+@pytest.mark.parametrize(
+    ("field", "path"),
+    [("initContainers", "spec.initContainers{main}"), ("ephemeralContainers", "spec.ephemeralContainers{main}"),
+     ("containers", "spec.containers{main}"), (None, "spec.containers{main}")],
+)
+def test_event_points_at_the_containers_own_spec_list(api, field, path):
+    """kubectl describe and the UI resolve fieldPath against the pod spec: an init or ephemeral container is not
+    in spec.containers."""
+    fake, client = api
+    overreach = Finding(FindingKind.VISIBLE_UNALLOCATED, "ml", "train", "main", "GPU-1", message="m",
+                        pod_uid="uid-train", container_field=field)
+    assert EventRecorder(client, "node-a").record([overreach]) == 1
+    (event,) = fake.events.values()
+    assert event["involvedObject"]["fieldPath"] == path
+
+
+def test_audit_findings_carry_the_containers_spec_list():
+    from auditor.audit import audit
+    from auditor.model import Container, Gpu, NodeSnapshot
+
+    debugger = Container("ml", "train", "debug", "uid-1", "c9", visible=frozenset({"GPU-1"}),
+                         spec_field="ephemeralContainers")
+    snapshot = NodeSnapshot("n", 0.0, (Gpu("GPU-1", 0, 0),), (debugger,), ())
+    (found,) = audit(snapshot).findings
+    assert found.container_field == "ephemeralContainers"
