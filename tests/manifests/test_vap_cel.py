@@ -65,15 +65,25 @@ def as_api_server_sends(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-def cel_denials(pod: dict[str, Any]) -> set[str]:
-    """The rule ids whose validation evaluates to false (a CEL error fails the test: failurePolicy is Fail)."""
+def cel_denials(pod: dict[str, Any], old: dict[str, Any] | None = None, *, operation: str = "CREATE",
+                sub_resource: str = "") -> set[str]:
+    """The rule ids whose validation evaluates to false (a CEL error fails the test: failurePolicy is Fail).
+
+    ``oldObject`` is null on CREATE; ``request.subResource`` is omitted when empty, as the API server sends it.
+    A request that a matchCondition excludes is not evaluated at all: no denials.
+    """
     variables, validations, conditions = compiled()
+    request: dict[str, Any] = {"operation": operation, "namespace": "team-a"}
+    if sub_resource:
+        request["subResource"] = sub_resource
     activation: dict[str, Any] = {
         "object": celpy.json_to_cel(as_api_server_sends(pod)),
-        "oldObject": None,
-        "request": celpy.json_to_cel({"operation": "CREATE", "namespace": "team-a"}),
+        "oldObject": None if old is None else celpy.json_to_cel(as_api_server_sends(old)),
+        "request": celpy.json_to_cel(request),
     }
-    if not all(bool(condition.evaluate(activation)) for condition in conditions):
+    matched = [condition.evaluate(activation) for condition in conditions]
+    assert all(isinstance(result, celtypes.BoolType) for result in matched), f"matchCondition error: {matched}"
+    if not all(matched):
         return set()
     values = celtypes.MapType()
     for name, program in variables:
@@ -96,6 +106,16 @@ def python_violations(pod: dict[str, Any]) -> set[str]:
     from webhook.policy import validate
 
     return {violation.rule for violation in validate(pod, load_config(None)).violations}
+
+
+def python_update_violations(pod: dict[str, Any], old: dict[str, Any]) -> set[str]:
+    from webhook.config import load_config
+    from webhook.policy import exemption, validate_update
+
+    config = load_config(None)
+    if exemption(pod, config, namespace="team-a"):
+        return set()
+    return {violation.rule for violation in validate_update(pod, old, config).violations}
 
 
 def container(name: str = "app", *env: dict[str, Any], **fields: Any) -> dict[str, Any]:
@@ -293,3 +313,98 @@ QUANTITY = st.from_regex(r"\A[+-]?[0-9]{0,3}(\.[0-9]{0,2})?([eE][+-]?[0-9]|[mkMG
 def test_gpu_quantity_recognition_agrees(amount: str) -> None:
     fixture = pod(gpu(amount=amount))
     assert ("unpinned-container" in cel_denials(fixture)) == ("unpinned-container" in python_violations(fixture))
+
+
+# Plain pod UPDATEs: only CDI annotations that are new or have a new value are judged, as webhook.policy.
+# validate_update judges them; the rest of an existing pod was judged at CREATE and cannot have changed.
+
+def annotated(base: dict[str, Any], annotations: dict[str, str] | None) -> dict[str, Any]:
+    updated = copy.deepcopy(base)
+    if annotations is None:
+        updated["metadata"].pop("annotations", None)
+    else:
+        updated["metadata"]["annotations"] = annotations
+    return updated
+
+
+NRI = "nvidia.cdi.k8s.io/pod"
+#: (old annotations, new annotations) applied to a pod that would break every other rule on CREATE.
+UPDATES: dict[str, tuple[dict[str, str] | None, dict[str, str] | None]] = {
+    "label-like annotation added": (None, {"team": "a"}),
+    "nothing changed": ({"team": "a"}, {"team": "a"}),
+    "cdi annotation added": (None, {NRI: "nvidia.com/gpu=all"}),
+    "cdi annotation added beside others": ({"team": "a"}, {"team": "a", "cdi.k8s.io/gpu": "nvidia.com/gpu=0"}),
+    "cdi annotation value changed": ({NRI: "nvidia.com/gpu=0"}, {NRI: "nvidia.com/gpu=all"}),
+    "cdi annotation kept, other added": ({NRI: "nvidia.com/gpu=0"}, {NRI: "nvidia.com/gpu=0", "team": "a"}),
+    "cdi annotation removed": ({NRI: "nvidia.com/gpu=0", "team": "a"}, {"team": "a"}),
+    "lookalike added": (None, {"example.com/cdi.k8s.io": "x", "cdi.k8s.io": "x"}),
+    "no-boundary key added": (None, {"nvidia.cdi.k8s.io": "nvidia.com/gpu=all"}),
+    "mirror pod gets a cdi annotation": ({"kubernetes.io/config.mirror": "a"},
+                                         {"kubernetes.io/config.mirror": "a", NRI: "nvidia.com/gpu=all"}),
+}
+#: Unpinned, privileged, SYS_ADMIN, a device-list mount, a protected hostPath, MIG env: everything but CDI.
+EVERYTHING_ELSE_WRONG = pod(
+    container("app", nvd("all"), {"name": "NVIDIA_MIG_CONFIG_DEVICES", "value": "all"},
+              securityContext={"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}},
+              volumeMounts=[{"name": "host", "mountPath": "/var/run/nvidia-container-devices/all"}]),
+    container("sidecar"),
+    volumes=[{"name": "host", "hostPath": {"path": "/dev"}}],
+)
+
+
+def test_the_update_base_pod_breaks_every_other_rule_on_create() -> None:
+    assert cel_denials(EVERYTHING_ELSE_WRONG) == set(RULE_IDS) - {"cdi-annotation"}
+
+
+@pytest.mark.parametrize("name", sorted(UPDATES))
+def test_cel_judges_a_pod_update_as_validate_update_does(name: str) -> None:
+    old_annotations, new_annotations = UPDATES[name]
+    old = annotated(EVERYTHING_ELSE_WRONG, old_annotations)
+    new = annotated(EVERYTHING_ELSE_WRONG, new_annotations)
+    expected = python_update_violations(new, old)
+    assert cel_denials(new, old, operation="UPDATE") == expected
+    # and the request form with an explicit empty subResource reads the same
+    assert cel_denials(new, old, operation="UPDATE", sub_resource="") == expected
+
+
+def test_update_fixtures_deny_and_allow() -> None:
+    outcomes = {name: cel_denials(annotated(EVERYTHING_ELSE_WRONG, new), annotated(EVERYTHING_ELSE_WRONG, old),
+                                  operation="UPDATE") for name, (old, new) in UPDATES.items()}
+    assert outcomes["cdi annotation added"] == {"cdi-annotation"}
+    assert outcomes["cdi annotation value changed"] == {"cdi-annotation"}
+    assert outcomes["cdi annotation kept, other added"] == set()
+    assert outcomes["mirror pod gets a cdi annotation"] == set()
+
+
+def test_an_ephemeral_container_update_is_still_judged_on_the_whole_pod() -> None:
+    """kubectl debug goes through pods/ephemeralcontainers: the podUpdate shortcut must not apply to it."""
+    debugged = pod(container("app", VOID), ephemeralContainers=[container("debug", nvd("all"))])
+    assert "visible-devices-env" in cel_denials(debugged, pod(container("app", VOID)), operation="UPDATE",
+                                                sub_resource="ephemeralcontainers")
+
+
+UPDATE_ANNOTATIONS = st.none() | st.dictionaries(
+    st.sampled_from(["cdi.k8s.io/gpu", "cdi.k8s.io/x", "nvidia.cdi.k8s.io", NRI, "nvidia.cdi.k8s.io.other", "team",
+                     "example.com/cdi.k8s.io", "cdi.k8s.io"]),
+    st.sampled_from(["", "nvidia.com/gpu=0", "nvidia.com/gpu=all"]), max_size=4)
+
+
+@settings(max_examples=80, deadline=None)
+@given(old=UPDATE_ANNOTATIONS, new=UPDATE_ANNOTATIONS)
+def test_pod_update_judgement_agrees_on_any_annotation_change(old, new) -> None:
+    before, after = annotated(EVERYTHING_ELSE_WRONG, old), annotated(EVERYTHING_ELSE_WRONG, new)
+    assert cel_denials(after, before, operation="UPDATE") == python_update_violations(after, before)
+
+
+def test_the_policy_matches_what_the_validating_webhooks_match() -> None:
+    objects = render("overlays/vap")
+    policy = one(objects, "ValidatingAdmissionPolicy", "gpu-fence")["spec"]
+    assert policy["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods/ephemeralcontainers"]},
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]},
+    ]
+    # one condition text, in the policy and in both validating webhook entries: they must not drift apart
+    hooks = one(objects, "ValidatingWebhookConfiguration", "gpu-fence-validating")["webhooks"]
+    for hook in hooks:
+        assert hook["matchConditions"] == policy["matchConditions"], hook["name"]
