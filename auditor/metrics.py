@@ -19,7 +19,14 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -185,6 +192,9 @@ class AuditorMetrics:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``stale_after``: seconds after which the latest audit's series stop being exported (None: never)."""
+        # prometheus_client would add a ``_created`` series to every counter and histogram: undocumented, and
+        # useless to Prometheus (it reads counter resets itself). The switch is process-wide and read at scrape time.
+        disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
         self.latest = _LatestAudit(node, pod_label_keys, stale_after=stale_after, clock=clock)
         self.registry.register(self.latest)

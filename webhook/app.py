@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 from flask import Flask, Response, request
+from prometheus_client import disable_created_metrics
 from werkzeug.exceptions import HTTPException
 
 from webhook.metrics import CONTENT_TYPE, WebhookMetrics
@@ -48,6 +49,9 @@ def create_app(
 
         policy = policy_module  # type: ignore[assignment]
     assert policy is not None
+    # No ``_created`` series beside each counter and histogram: undocumented, and Prometheus does not need them.
+    # Process-wide and read at scrape time, so gunicorn workers forked from this process inherit it.
+    disable_created_metrics()
     metrics = metrics if metrics is not None else WebhookMetrics()
     app = Flask("gpu_fence_webhook")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES

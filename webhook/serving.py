@@ -269,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
         metrics_dir.mkdir()
         # must precede the first import of prometheus_client (it picks its value storage at import)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+        # likewise read at import: no undocumented ``_created`` series, in the master and every worker
+        os.environ["PROMETHEUS_DISABLE_CREATED_SERIES"] = "True"
         return _serve(args, config, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -108,3 +108,18 @@ def test_processes_of_unknown_memory_are_counted_beside_the_memory_gauge():
     assert found[key(unknown, gpu_uuid=G0)] == 2
     assert key(unknown, gpu_uuid=G1) not in found  # every process there is measured
     assert found[key("gpu_fence_container_gpu_memory_bytes", gpu_uuid=G0, allocated="true")] == 0
+
+
+def test_no_created_series_are_exposed():
+    """prometheus_client adds a ``_created`` series per counter and histogram; docs/metrics.md documents none."""
+    import prometheus_client
+
+    prometheus_client.enable_created_metrics()  # as in a fresh process, whatever other tests did
+    metrics = AuditorMetrics("n")
+    snapshot = busy_node()
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    metrics.failed("kubelet")
+    metrics.sync_kubelet_calls({"List": 1})
+    present = names(metrics)
+    assert "gpu_fence_audit_cycle_failures_total" in present
+    assert not [name for name in present if name.endswith("_created")]

@@ -148,6 +148,23 @@ def test_health_readiness_and_metrics_endpoints(metrics):
     assert b"gpu_fence_webhook_certificate_expiry_timestamp_seconds" in scrape.data
 
 
+def test_metrics_expose_no_created_series():
+    """prometheus_client adds a ``_created`` series per counter and histogram; docs/metrics.md documents none."""
+    import prometheus_client
+
+    prometheus_client.enable_created_metrics()  # as in a fresh process, whatever other tests did
+    client = create_app(None, policy=StandInPolicy(), metrics=WebhookMetrics()).test_client()
+    post(client, "/validate", body())
+    client.get("/nope")
+    names = {
+        sample.name
+        for family in text_string_to_metric_families(client.get("/metrics").data.decode())
+        for sample in family.samples
+    }
+    assert "gpu_fence_webhook_reviews_total" in names and "gpu_fence_webhook_bad_requests_total" in names
+    assert not [name for name in names if name.endswith("_created")]
+
+
 def test_every_bad_request_reason_is_documented():
     """The reasons are metric label values: docs/metrics.md and docs/webhook.md must list each one the code uses."""
     import re
