@@ -198,3 +198,44 @@ def test_json_lines_formatter_renders_fields_and_exceptions():
         failed = logging.LogRecord("gpu_fence.webhook", logging.ERROR, __file__, 1, "oops", None, sys.exc_info())
     rendered = json.loads(JsonLinesFormatter().format(failed))
     assert "ValueError: boom" in rendered["exception"]
+
+
+def test_a_crowded_pod_in_warn_mode_gets_a_bounded_list_of_warnings_over_http(metrics):
+    from webhook.config import PolicyConfig
+    from webhook.review import MAX_WARNING_CHARS, WARNING_BUDGET_CHARS
+
+    review = json.loads(body("pod-create-minimal"))
+    review["request"]["object"]["spec"]["containers"] = [
+        {"name": f"worker-{index:03d}", "image": "busybox:1.36", "securityContext": {"privileged": True}}
+        for index in range(60)
+    ]
+    client = create_app(PolicyConfig(), metrics=metrics).test_client()  # the real policy
+    response = post(client, "/validate/warn", orjson.dumps(review))
+    assert response.status_code == 200
+    warnings = response.json["response"]["warnings"]
+    assert sum(len(w) for w in warnings) <= WARNING_BUDGET_CHARS
+    assert all(len(w) <= MAX_WARNING_CHARS for w in warnings)
+    assert warnings[-1].startswith("gpu-fence: … and ") and "more violations" in warnings[-1]
+    assert response.json["response"]["auditAnnotations"]["rules"] == "unpinned-container,privileged"
+    denied = post(client, "/validate", orjson.dumps(review)).json["response"]
+    assert denied["allowed"] is False and "more violation(s) (" in denied["status"]["message"]
+
+
+def test_plain_pod_update_through_the_app_is_judged_for_cdi_annotations_only(metrics):
+    from webhook.config import PolicyConfig
+
+    review = json.loads(body("pod-update-ephemeralcontainers"))
+    request = review["request"]
+    request["subResource"] = request["requestSubResource"] = ""
+    request["object"] = json.loads(json.dumps(request["oldObject"]))
+    request["object"]["metadata"].setdefault("annotations", {})["nvidia.cdi.k8s.io/pod"] = "nvidia.com/gpu=all"
+    client = create_app(PolicyConfig(), metrics=metrics).test_client()
+    denied = post(client, "/validate", orjson.dumps(review)).json["response"]
+    assert denied["allowed"] is False and denied["auditAnnotations"] == {"rules": "cdi-annotation"}
+    assert "nvidia.cdi.k8s.io/pod" in denied["status"]["message"]
+    key = ("gpu_fence_webhook_reviews_total", (("endpoint", "validate"), ("rule", "cdi-annotation"),
+                                               ("verdict", "denied")))
+    assert samples(metrics)[key] == 1
+    del request["object"]["metadata"]["annotations"]["nvidia.cdi.k8s.io/pod"]
+    request["object"]["metadata"]["labels"] = {"changed": "yes"}
+    assert post(client, "/validate", orjson.dumps(review)).json["response"]["allowed"] is True
