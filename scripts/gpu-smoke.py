@@ -331,17 +331,18 @@ def _device_check(gpu: str | None, own: Mapping[str, Any], facts: Facts, by_uuid
     problems, sources = [], ["NVML"]
     if gpu != own["device_uuid"]:
         problems.append(f"the finding names {gpu}, NVML {own['device_uuid']}")
+    # On a MIG device, CUDA (before cuDeviceGetUuid_v2) and nvidia-smi's process list may name the card instead.
+    device = by_uuid.get(own["device_uuid"]) or {}
+    allowed = [uuid for uuid in (own["device_uuid"], device.get("parent_uuid")) if uuid]
     if facts.holder_uuid:
         sources.append("CUDA")
-        if match_uuid(facts.holder_uuid, [own["device_uuid"]]) is None:
+        if match_uuid(facts.holder_uuid, allowed) is None:
             problems.append(f"CUDA says its device is {facts.holder_uuid}")
     if facts.smi_apps:
         row = next((r for r in facts.smi_apps if r.get("pid") == str(own["pid"])), None)
         if row is not None:
             sources.append("nvidia-smi")
-            device = by_uuid.get(own["device_uuid"]) or {}
-            allowed = {own["device_uuid"], device.get("parent_uuid")} - {None}
-            if row.get("gpu_uuid") not in allowed:  # nvidia-smi names a MIG process by its card
+            if match_uuid(row.get("gpu_uuid"), allowed) is None:
                 problems.append(f"nvidia-smi lists it on {row.get('gpu_uuid')}")
     if problems:
         return Check("finding-device", FAIL, "; ".join(problems))
@@ -425,10 +426,15 @@ def _hold_torch(nbytes: int, _fake_uuid: str | None) -> tuple[dict[str, Any], Ca
     except Exception as error:
         raise HolderFailed(f"PyTorch could not allocate {nbytes} bytes: {error}") from None
     properties = torch.cuda.get_device_properties(0)
-    uuid = getattr(properties, "uuid", None)
+    raw_uuid = getattr(properties, "uuid", None)  # PyTorch 2.x; its text form has varied between releases
+    uuid = str(raw_uuid) if raw_uuid is not None and uuid_body(str(raw_uuid)) else None
+    uuid_bytes = getattr(raw_uuid, "bytes", None)
+    if uuid is None and isinstance(uuid_bytes, bytes | bytearray) and len(uuid_bytes) == 16:
+        uuid = format_cuda_uuid(bytes(uuid_bytes))
     info = {
         "allocated_bytes": nbytes,
-        "device_uuid": str(uuid) if uuid is not None else None,
+        "device_uuid": uuid,
+        "device_uuid_raw": repr(raw_uuid),
         "device_name": properties.name,
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
@@ -810,6 +816,7 @@ def smoke(
     nvidia_smi = args.nvidia_smi if args.nvidia_smi is not None else (None if dry_run else shutil.which("nvidia-smi"))
     allocated = args.alloc_mib * MIB
     record["mode"] = "dry-run" if dry_run else "real"
+    record["workdir"] = str(workdir)
     record["nvml_lib"] = lib
     record["allocated_bytes"] = allocated
     try:

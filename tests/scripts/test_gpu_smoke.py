@@ -1,0 +1,481 @@
+"""scripts/gpu-smoke.py on a machine without a GPU: the whole flow against the fake NVML (``--dry-run-fake-nvml``),
+the failing and cannot-run paths, signals and the time limit, and the pure helpers the checks are built from.
+
+The dry run is the real flow with two stand-ins: the C fake ``libnvidia-ml.so.1`` (loaded by the real pynvml) and a
+sleeping child in place of the CUDA process. Everything else is real: the fake kubelet's gRPC server on a unix
+socket, ``gpu-fence-auditor once`` as a subprocess, the host's ``/proc``. A fake ``nvidia-smi`` (a shell script)
+answers from the same fake configuration, as the real one answers from the same driver.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.fakes.nvml import CONFIG_ENV, FakeGpu, FakeNvmlConfig, build_fake_nvml, fake_gpu_uuid
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu-smoke.py"
+MIB = 1 << 20
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_smoke"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+smoke = load_script()
+
+FAKE_NVIDIA_SMI = r"""#!/bin/sh
+# A stand-in for nvidia-smi that answers from the fake NVML's configuration ($FAKE_NVML_CONFIG).
+case "$1" in
+  -L) mode=list ;;
+  --query-gpu=*) mode=gpus ;;
+  --query-compute-apps=*) mode=apps ;;
+  *) echo "fake nvidia-smi: $* is not supported" >&2; exit 2 ;;
+esac
+exec awk -v mode="$mode" -v driver_override="$FAKE_SMI_DRIVER" '
+  $1 == "driver" { driver = driver_override != "" ? driver_override : $2 }
+  $1 == "gpu" {
+    uuid[$2] = $3
+    name = ""
+    for (i = 6; i <= NF; i++) if ($i !~ /^(mig|max_slices)=/) name = name (name == "" ? "" : " ") $i
+    if (mode == "list") printf "GPU %s: %s (UUID: %s)\n", $2, name, $3
+    if (mode == "gpus") printf "%s, %s, %s, 00000000:%02X:00.0, %s, %d, 0, [N/A]\n", $2, $3, name, $2 + 24,
+                               driver, $5 / 1048576
+  }
+  $1 == "proc" && mode == "apps" { d = ($2 in uuid) ? uuid[$2] : $2; printf "%s, %s, %d\n", $4, d, $5 / 1048576 }
+' "$FAKE_NVML_CONFIG"
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_fake_nvml(tmp_path_factory.getbasetemp() / "fake-nvml")
+
+
+@pytest.fixture(scope="module")
+def fake_smi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bin") / "nvidia-smi"
+    path.write_text(FAKE_NVIDIA_SMI)
+    path.chmod(0o755)
+    return path
+
+
+def base_env() -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key != CONFIG_ENV}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def run_smoke(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env=env or base_env(), check=False)
+
+
+def results(out: Path) -> dict:
+    return json.loads((out / "gpu-smoke.json").read_text())
+
+
+def checks_by_name(record: dict) -> dict[str, dict]:
+    return {check["name"]: check for check in record["checks"]}
+
+
+def assert_gone(pid: int) -> None:
+    # The smoke reaps its child, so the pid is gone from /proc (not left as a zombie).
+    assert not Path(f"/proc/{pid}").exists(), f"the CUDA stand-in {pid} is still there"
+
+
+# --- the whole flow ------------------------------------------------------------------------------------------
+
+
+def test_dry_run_passes_and_records_everything(fake_lib: Path, fake_smi: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_smoke("--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--nvidia-smi", str(fake_smi),
+                     "--alloc-mib", "256")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    record = results(out)
+    assert record["status"] == "pass" and record["exit_code"] == 0 and record["mode"] == "dry-run"
+
+    checks = checks_by_name(record)
+    assert list(checks) == [
+        "nvml-lists-process", "nvml-memory", "pid-namespace", "auditor-exit", "auditor-finding", "finding-memory",
+        "finding-device", "summary-gpus", "repeatable", "nvidia-smi-agrees", "instance-ids", "process-gone",
+    ]
+    assert {check["status"] for check in checks.values()} == {"pass"}
+    assert "nvidia-smi" in checks["finding-device"]["detail"]  # the compute-apps row was found and compared
+
+    allocated = 256 * MIB
+    cuda = record["cuda_process"]
+    assert cuda["backend"] == "fake" and cuda["recognised_by"] == "pid"
+    assert cuda["nvml_pid"] == cuda["pid"]
+    assert cuda["nvml_device"] == fake_gpu_uuid(0) == cuda["device_uuid"]
+    assert cuda["nvml_memory_bytes"] == allocated + smoke.FAKE_CONTEXT_BYTES
+    assert cuda["overhead_bytes"] == smoke.FAKE_CONTEXT_BYTES
+    assert cuda["expected_kind"] == "unattributed-process"
+    assert_gone(cuda["pid"])
+
+    report = record["auditor"]["report"]
+    assert report["node"] == "smoke"
+    assert report["summary"]["gpus"] == smoke.FAKE_GPU_COUNT
+    by_pid = {finding["pid"]: finding for finding in report["findings"]}
+    assert by_pid[cuda["pid"]]["kind"] == "unattributed-process"
+    assert by_pid[cuda["pid"]]["memory_bytes"] == allocated + smoke.FAKE_CONTEXT_BYTES
+    assert by_pid[1]["gpu"] == fake_gpu_uuid(smoke.FAKE_GPU_COUNT - 1)  # the process that was there before
+    assert record["auditor"]["finding"] == by_pid[cuda["pid"]]
+    assert record["auditor"]["command"][1:4] == ["-m", "auditor.cli", "once"]
+    assert record["auditor"]["kubelet_calls"] == {"List": 5 + 6}  # 5 `once` runs, 1 + 5 in-process cycles
+    assert [run["exit_code"] for run in record["auditor"]["runs"]] == [1] * 5
+
+    timing = record["timing"]
+    assert len(timing["once_seconds"]) == 5 and len(timing["cycle_seconds"]) == 5
+    assert timing["once_median_seconds"] in timing["once_seconds"]
+    assert timing["cycle_median_seconds"] in timing["cycle_seconds"]
+
+    env = record["environment"]
+    assert env["driver_version"] == "550.163.01"
+    assert env["nvidia_smi"]["list"]["stdout"].startswith(f"GPU 0: {smoke.FAKE_GPU_NAME} (UUID: {fake_gpu_uuid(0)})")
+    assert [m["mig_enabled"] for m in env["mig"]] == [False] * smoke.FAKE_GPU_COUNT
+    assert env["nvidia_ml_py"]
+    raw = [row for row in record["nvml_raw_compute_processes"] if row.get("pid") == cuda["pid"]]
+    assert raw and raw[0]["gpu_instance_id"] == smoke.NO_INSTANCE
+
+    summary = (out / "gpu-smoke.md").read_text()
+    assert "**PASS** (exit 0)" in summary
+    for name in checks:
+        assert f"| {name} | pass |" in summary
+
+
+@pytest.mark.parametrize(
+    ("fault", "failing"),
+    [
+        ("short-memory", {"nvml-memory", "finding-memory"}),
+        ("unlisted", {"nvml-lists-process", "auditor-finding", "repeatable"}),
+    ],
+)
+def test_a_fake_that_misreports_fails_the_checks_it_breaks(
+    fake_lib: Path, tmp_path: Path, fault: str, failing: set[str]
+) -> None:
+    out = tmp_path / "out"
+    done = run_smoke("--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--dry-run-fault", fault,
+                     "--runs", "1", "--alloc-mib", "64")
+    assert done.returncode == 1, done.stderr
+    record = results(out)
+    assert record["status"] == "fail"
+    failed = {name for name, check in checks_by_name(record).items() if check["status"] == "fail"}
+    assert failed == failing
+    first_failure = next(line for line in done.stderr.splitlines() if "FAILED" in line)
+    assert all(name in first_failure for name in failing)
+    assert "**FAIL** (exit 1)" in (out / "gpu-smoke.md").read_text()
+    assert_gone(record["cuda_process"]["pid"])
+
+
+def test_nvidia_smi_that_disagrees_with_nvml_fails(fake_lib: Path, fake_smi: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = base_env() | {"FAKE_SMI_DRIVER": "999.1"}
+    done = run_smoke("--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--nvidia-smi", str(fake_smi),
+                     "--runs", "1", "--alloc-mib", "64", env=env)
+    assert done.returncode == 1, done.stderr
+    check = checks_by_name(results(out))["nvidia-smi-agrees"]
+    assert check["status"] == "fail"
+    assert "999.1" in check["detail"] and "550.163.01" in check["detail"]
+
+
+# --- cannot run ----------------------------------------------------------------------------------------------
+
+
+def assert_one_line_cannot_run(done: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpu-smoke: cannot run: ")
+    for fragment in fragments:
+        assert fragment in last
+    return last
+
+
+def test_no_nvml_library_exits_2_naming_the_flag(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_smoke("--out", str(out), "--nvml-lib", str(tmp_path / "missing" / "libnvidia-ml.so.1"))
+    assert_one_line_cannot_run(done, "no usable NVIDIA driver (library-missing)", "--nvml-lib")
+    record = results(out)
+    assert record["status"] == "cannot-run" and record["exit_code"] == 2
+    assert "library-missing" in record["reason"]
+    assert "cuda_process" not in record  # nothing was started
+    assert "Could not run" in (out / "gpu-smoke.md").read_text()
+
+
+def test_driver_not_loaded_exits_2(fake_lib: Path, tmp_path: Path) -> None:
+    # The fake answers DRIVER_NOT_LOADED without a configuration, as NVML does on a node without the kernel module.
+    done = run_smoke("--out", str(tmp_path / "out"), "--nvml-lib", str(fake_lib))
+    assert_one_line_cannot_run(done, "driver-not-loaded", "kernel driver is not loaded")
+
+
+@pytest.mark.parametrize(
+    ("choice", "fragments"),
+    [
+        ("driver", ("could not start a CUDA process", "driver: cannot load libcuda.so.1")),
+        ("auto", ("could not start a CUDA process", "torch: ", "driver: cannot load libcuda.so.1")),
+    ],
+)
+def test_no_cuda_exits_2_with_every_backend_tried(
+    fake_lib: Path, tmp_path: Path, choice: str, fragments: tuple[str, ...]
+) -> None:
+    # A driver NVML can talk to, but no CUDA: this machine has neither libcuda.so.1 nor a CUDA build of PyTorch.
+    if importlib.util.find_spec("torch") is not None or os.path.exists("/dev/nvidiactl"):
+        pytest.skip("this machine has CUDA pieces; the no-CUDA path needs a machine without them")
+    config = FakeNvmlConfig(gpus=(FakeGpu(0),)).write(tmp_path / "nvml.conf")
+    env = base_env() | {CONFIG_ENV: str(config)}
+    done = run_smoke("--out", str(tmp_path / "out"), "--nvml-lib", str(fake_lib), "--cuda", choice, env=env)
+    assert_one_line_cannot_run(done, *fragments)
+    assert results(tmp_path / "out")["environment"]["driver_version"] == "550.163.01"
+
+
+def test_sigterm_stops_the_cuda_process_and_the_kubelet(fake_lib: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--runs", "200"],
+        stderr=subprocess.PIPE, text=True, cwd=REPO, env=base_env(),
+    )
+    try:
+        pid = wait_for_line(process, "auditing ")  # the CUDA stand-in and the kubelet are both up
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2, stderr
+    assert stderr.strip().splitlines()[-1] == "gpu-smoke: cannot run: stopped by SIGTERM"
+    record = results(out)
+    assert record["status"] == "cannot-run"
+    assert_gone(record["cuda_process"]["pid"])
+    assert pid == record["cuda_process"]["pid"]
+    assert "auditor" not in record  # stopped during the `once` runs
+    assert not Path(record["workdir"]).exists()  # the kubelet's socket and the fake's configuration went with it
+
+
+def wait_for_line(process: subprocess.Popen, marker: str, limit: float = 60) -> int:
+    """Read the smoke's progress lines until ``marker``; the CUDA pid it announced."""
+    assert process.stderr is not None
+    end = time.monotonic() + limit
+    pid = None
+    while time.monotonic() < end:
+        readable, _, _ = select.select([process.stderr], [], [], max(0.0, end - time.monotonic()))
+        if not readable:
+            continue
+        line = process.stderr.readline()
+        if not line:
+            break
+        if "CUDA process pid" in line:
+            pid = int(line.split("CUDA process pid", 1)[1].split()[0])
+        if marker in line:
+            assert pid is not None
+            return pid
+    raise AssertionError(f"the smoke never printed {marker!r}")
+
+
+def test_time_limit_stops_everything_and_exits_2(fake_lib: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_smoke("--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--runs", "200", "--seconds", "2")
+    assert_one_line_cannot_run(done, "passed its --seconds limit")
+    record = results(out)
+    assert_gone(record["cuda_process"]["pid"])
+
+
+@pytest.mark.parametrize(
+    ("arguments", "fragment"),
+    [
+        ((), "--out DIR is required"),
+        (("--out", "x", "--seconds", "0"), "--seconds"),
+        (("--out", "x", "--alloc-mib", "lots"), "--alloc-mib"),
+        (("--out", "x", "--dry-run-fault", "unlisted"), "--dry-run-fault needs --dry-run-fake-nvml"),
+        (("--out", "x", "--dry-run-fake-nvml", "/nonexistent/libnvidia-ml.so.1"), "build_fake_nvml"),
+        (("--out", "x", "--cuda", "opencl"), "--cuda"),
+    ],
+)
+def test_usage_errors_exit_2_with_what_to_fix(tmp_path: Path, arguments: tuple[str, ...], fragment: str) -> None:
+    done = run_smoke(*(str(tmp_path / a) if a == "x" else a for a in arguments))
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert fragment in done.stderr.strip().splitlines()[-1]
+
+
+def test_unwritable_out_exits_2(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = run_smoke("--out", str(blocker / "out"))
+    assert_one_line_cannot_run(done, f"cannot write to --out {blocker / 'out'}")
+
+
+# --- pure helpers --------------------------------------------------------------------------------------------
+
+
+@given(st.binary(min_size=16, max_size=16))
+def test_cuda_uuid_bytes_format_as_nvml_writes_them(raw: bytes) -> None:
+    text = smoke.format_cuda_uuid(raw)
+    assert text == f"GPU-{uuid.UUID(bytes=raw)}"
+    assert smoke.uuid_body(text) == str(uuid.UUID(bytes=raw))
+    assert smoke.match_uuid(str(uuid.UUID(bytes=raw)).upper(), ["GPU-x", text]) == text
+
+
+def test_cuda_uuid_needs_16_bytes() -> None:
+    with pytest.raises(ValueError, match="16 bytes"):
+        smoke.format_cuda_uuid(b"\x00" * 15)
+
+
+@pytest.mark.parametrize("text", [None, "", "GPU-", "not-a-uuid", "GPU-0000"])
+def test_uuid_body_refuses_what_is_no_uuid(text: str | None) -> None:
+    assert smoke.uuid_body(text) is None
+    assert smoke.match_uuid(text, [fake_gpu_uuid(0)]) is None
+
+
+def test_nvidia_smi_list_with_mig_devices() -> None:
+    text = (
+        "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5e4b8c2a-1111-2222-3333-444455556666)\n"
+        "  MIG 3g.20gb     Device  0: (UUID: MIG-0a1b2c3d-1111-2222-3333-444455556666)\n"
+        "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-5e4b8c2a-1111-2222-3333-444455557777)\n"
+        "Failed to query something\n"
+    )
+    entries = smoke.parse_smi_list(text)
+    assert [(e["kind"], e["uuid"]) for e in entries] == [
+        ("gpu", "GPU-5e4b8c2a-1111-2222-3333-444455556666"),
+        ("mig", "MIG-0a1b2c3d-1111-2222-3333-444455556666"),
+        ("gpu", "GPU-5e4b8c2a-1111-2222-3333-444455557777"),
+    ]
+
+
+def test_nvidia_smi_csv_keeps_rows_of_the_right_width() -> None:
+    text = "12, GPU-a, 1536\nWARNING: something\n13, GPU-b, 20\n"
+    assert smoke.parse_smi_csv(text, smoke.NVIDIA_SMI_APP_FIELDS) == [
+        {"pid": "12", "gpu_uuid": "GPU-a", "used_memory": "1536"},
+        {"pid": "13", "gpu_uuid": "GPU-b", "used_memory": "20"},
+    ]
+
+
+def process(pid: int, device: str = "GPU-a", used: int | None = 2 * MIB, kind: str = "compute") -> dict:
+    return {"pid": pid, "device_uuid": device, "used_memory_bytes": used, "kind": kind}
+
+
+def test_own_process_by_pid_else_the_one_new_process_holding_the_allocation() -> None:
+    old = process(7, used=10 * MIB)
+    assert smoke.find_own_process([old, process(42)], 42, [(7, "GPU-a")], MIB) == (process(42), "pid")
+    # Another PID namespace: NVML says 9001 for our 42.
+    assert smoke.find_own_process([old, process(9001)], 42, [(7, "GPU-a")], MIB) == (process(9001), "new-process")
+    assert smoke.find_own_process([old, process(9001, used=MIB // 2)], 42, [(7, "GPU-a")], MIB) == (None, "absent")
+    assert smoke.find_own_process([old, process(9001), process(9002)], 42, [(7, "GPU-a")], MIB) == (None, "ambiguous")
+
+
+def facts(**overrides) -> object:
+    own = process(42, device="GPU-00000000-0000-4000-8000-000000000000", used=3 * MIB)
+    report = {
+        "summary": {"gpus": 1, "devices": 1},
+        "findings": [{"kind": "unattributed-process", "pid": 42, "gpu": own["device_uuid"],
+                      "memory_bytes": 3 * MIB, "message": "m"}],
+    }
+    values = {
+        "allocated_bytes": 2 * MIB,
+        "holder_pid": 42,
+        "holder_uuid": None,
+        "devices": ({"uuid": own["device_uuid"], "parent_uuid": None, "mig_enabled": False},),
+        "driver_version": "580.1",
+        "own": own,
+        "own_how": "pid",
+        "expected_kind": "unattributed-process",
+        "expected_why": "its cgroup names no pod",
+        "runs": ({"exit_code": 1, "report": report, "stderr": ""},),
+        "smi_gpus": None,
+        "smi_list": None,
+        "smi_apps": None,
+        "raw_own": None,
+        "gone": True,
+    }
+    values.update(overrides)
+    return smoke.Facts(**values)
+
+
+def statuses(checks: list) -> dict[str, str]:
+    return {check.name: check.status for check in checks}
+
+
+def test_evaluate_all_good() -> None:
+    result = statuses(smoke.evaluate(facts()))
+    assert set(result.values()) == {"pass", "skip"}
+    assert result["nvidia-smi-agrees"] == "skip"
+
+
+def test_evaluate_other_pid_namespace_is_a_skip_not_a_failure() -> None:
+    own = process(9001, device="GPU-00000000-0000-4000-8000-000000000000", used=3 * MIB)
+    report = {"summary": {"gpus": 1, "devices": 1},
+              "findings": [{"kind": "unattributed-process", "pid": 9001, "gpu": own["device_uuid"],
+                            "memory_bytes": 3 * MIB}]}
+    result = smoke.evaluate(facts(own=own, own_how="new-process", runs=({"exit_code": 1, "report": report},)))
+    by_name = {check.name: check for check in result}
+    assert by_name["pid-namespace"].status == "skip" and "9001" in by_name["pid-namespace"].detail
+    assert by_name["auditor-finding"].status == "pass"
+
+
+def test_evaluate_wrong_kind_names_the_expected_one() -> None:
+    checks = smoke.evaluate(facts(expected_kind="used-unallocated", expected_why="its cgroup names container abc"))
+    failed = [check for check in checks if check.status == "fail"]
+    assert [check.name for check in failed] == ["auditor-finding"]
+    assert "expected used-unallocated" in failed[0].detail and "container abc" in failed[0].detail
+
+
+def test_evaluate_auditor_that_could_not_audit() -> None:
+    runs = ({"exit_code": 2, "report": None, "stderr": "gpu-fence-auditor once: cannot audit: kubelet gone\n"},)
+    checks = {check.name: check for check in smoke.evaluate(facts(runs=runs))}
+    assert checks["auditor-exit"].status == "fail" and "kubelet gone" in checks["auditor-exit"].detail
+    assert checks["auditor-finding"].status == "fail"
+    assert checks["repeatable"].status == "fail"
+
+
+def test_evaluate_device_against_cuda_and_nvidia_smi_on_a_mig_device() -> None:
+    card, mig = "GPU-00000000-0000-4000-8000-000000000000", "MIG-00000000-0001-4000-8000-000000000010"
+    own = process(42, device=mig, used=3 * MIB)
+    report = {"summary": {"gpus": 1, "devices": 2},
+              "findings": [{"kind": "unattributed-process", "pid": 42, "gpu": mig, "memory_bytes": 3 * MIB}]}
+    devices = ({"uuid": card, "parent_uuid": None, "mig_enabled": True}, {"uuid": mig, "parent_uuid": card})
+    base = {"own": own, "devices": devices, "runs": ({"exit_code": 1, "report": report},),
+            "raw_own": {"gpu_instance_id": 7, "compute_instance_id": 0}}
+    good = {c.name: c for c in smoke.evaluate(facts(
+        **base, holder_uuid=mig[4:], smi_apps=({"pid": "42", "gpu_uuid": card, "used_memory": "3"},)))}
+    assert good["finding-device"].status == "pass"
+    assert good["finding-device"].detail.endswith("NVML, CUDA, nvidia-smi report")
+    assert good["instance-ids"].status == "info"
+    bad = {c.name: c for c in smoke.evaluate(facts(**base, holder_uuid="GPU-99999999-0000-4000-8000-000000000000"))}
+    assert bad["finding-device"].status == "fail" and "CUDA says" in bad["finding-device"].detail
+
+
+def test_evaluate_counts_and_nvidia_smi() -> None:
+    listed = ({"kind": "gpu", "uuid": "GPU-00000000-0000-4000-8000-000000000000"},
+              {"kind": "gpu", "uuid": "GPU-00000001-0000-4000-8000-000000000001"})
+    checks = {c.name: c for c in smoke.evaluate(facts(smi_list=listed, smi_gpus=({"driver_version": "580.1"},)))}
+    assert checks["summary-gpus"].status == "fail" and "nvidia-smi -L 2" in checks["summary-gpus"].detail
+    assert checks["nvidia-smi-agrees"].status == "fail" and "GPU UUIDs differ" in checks["nvidia-smi-agrees"].detail
+
+
+def test_evaluate_process_that_stays_listed_after_exit() -> None:
+    assert statuses(smoke.evaluate(facts(gone=False)))["process-gone"] == "fail"
+
+
+def test_markdown_of_a_cannot_run_record() -> None:
+    record = {"status": "cannot-run", "exit_code": 2, "started": "t0", "finished": "t1", "duration_seconds": 0.1,
+              "reason": "no usable NVIDIA driver (driver-not-loaded): ...", "checks": []}
+    text = smoke.summary_markdown(record)
+    assert "**CANNOT-RUN** (exit 2)" in text and "Could not run: no usable NVIDIA driver" in text
