@@ -14,7 +14,8 @@ side:
   full TLS handshake per request (``gthread-quiet`` runs saturation only).
 * worker RSS of each server after the load.
 
-Figures are medians over ``--repeats``. Run: ``python -m bench.https_bench`` (``--help`` for sizes and durations).
+Figures are medians over repeats; a ratio to ``/noop`` is taken within each repeat, then its median.
+Run: ``python -m bench.https_bench`` (``--help`` for sizes and durations).
 Loopback only; every step is bounded in time.
 """
 
@@ -206,8 +207,8 @@ def plan(names: Sequence[str], rates: Sequence[int]) -> list[tuple[str, str, str
     return points
 
 
-def run(*, names: Sequence[str], rates: Sequence[int], containers: int, repeats: int, seconds: float,
-        wrk_seconds: int, connections: int, workdir: Path) -> dict[str, Any]:
+def run(*, names: Sequence[str], rates: Sequence[int], containers: int, repeats: int, saturation_repeats: int,
+        seconds: float, wrk_seconds: int, connections: int, workdir: Path) -> dict[str, Any]:
     bodies = {"/mutate": reviews.mutate_body(containers), "/validate": reviews.validate_body(containers),
               NOOP_PATH: reviews.mutate_body(containers)}
     body_files = {}
@@ -221,18 +222,24 @@ def run(*, names: Sequence[str], rates: Sequence[int], containers: int, repeats:
             for endpoint in ENDPOINTS:
                 loadgen.open_loop(server.target, endpoint, bodies[endpoint], rate=200.0, seconds=min(seconds, 0.5),
                                   connections=connections)
+        for number in range(saturation_repeats):
+            for name, server in running.items():
+                # the three endpoints of one server back to back, so each ratio to /noop compares neighbours in
+                # time; the order flips every repeat so that a drifting machine favours no endpoint
+                order = ENDPOINTS if number % 2 == 0 else ENDPOINTS[::-1]
+                measured = {endpoint: wrk_saturation(server, endpoint, body_files[endpoint], seconds=wrk_seconds,
+                                                     connections=connections) for endpoint in order}
+                for endpoint, figures in measured.items():
+                    figures["throughput_vs_noop"] = figures["reviews_per_s"] / measured[NOOP_PATH]["reviews_per_s"]
+                    samples[(name, "saturation", endpoint, None)].append(figures)
         for _ in range(repeats):
             for point in points:
                 name, mode, endpoint, rate = point
-                server = running[name]
                 if mode == "saturation":
-                    figures = wrk_saturation(server, endpoint, body_files[endpoint], seconds=wrk_seconds,
-                                             connections=connections)
-                else:
-                    figures = loadgen.open_loop(server.target, endpoint, bodies[endpoint], rate=float(rate or 0),
-                                                seconds=seconds, connections=connections,
-                                                reuse=mode == "keep-alive")
-                samples[point].append(figures)
+                    continue
+                samples[point].append(loadgen.open_loop(running[name].target, endpoint, bodies[endpoint],
+                                                        rate=float(rate or 0), seconds=seconds,
+                                                        connections=connections, reuse=mode == "keep-alive"))
         rss = {name: server.worker_rss() for name, server in running.items()}
         config = {name: {"worker_class": server.worker_class, "log_level": VARIANTS[name][1],
                          "workers": server.workers, "threads": server.threads} for name, server in running.items()}
@@ -241,21 +248,11 @@ def run(*, names: Sequence[str], rates: Sequence[int], containers: int, repeats:
         name, mode, endpoint, rate = point
         results.append({"server": name, "mode": mode, "endpoint": endpoint, "offered_per_s": rate,
                         **median_of_runs(samples[point])})
-    add_ratios(results)
     return {"benchmark": "https", "containers": containers, "body_bytes": len(bodies["/mutate"]),
-            "repeats": repeats, "seconds_per_point": seconds, "wrk_seconds": wrk_seconds,
+            "repeats": repeats, "saturation_repeats": saturation_repeats, "seconds_per_point": seconds,
+            "wrk_seconds": wrk_seconds,
             "connections": connections, "servers": config, "worker_rss": rss, "results": results,
             "targets": targets(results)}
-
-
-def add_ratios(results: list[dict[str, Any]]) -> None:
-    """Each row's throughput next to ``/noop``'s on the same server (saturation rows only)."""
-    noop = {(row["server"], row["mode"]): row["reviews_per_s"] for row in results
-            if row["endpoint"] == NOOP_PATH and row["mode"] == "saturation"}
-    for row in results:
-        floor = noop.get((row["server"], row["mode"]))
-        if floor and row["mode"] == "saturation":
-            row["throughput_vs_noop"] = row["reviews_per_s"] / floor
 
 
 def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -298,9 +295,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)")
     parser.add_argument("--rates", default=",".join(map(str, RATES)), help="offered loads (default: 100,200,500)")
     parser.add_argument("--containers", type=int, default=10, help="containers of the reviewed pod (default: 10)")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats; medians are reported (default: 3)")
-    parser.add_argument("--seconds", type=float, default=2.5, help="seconds per offered-load point (default: 2.5)")
-    parser.add_argument("--wrk-seconds", type=int, default=3, help="seconds per saturation point (default: 3)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="repeats of the offered loads; medians are reported (default: 3)")
+    parser.add_argument("--saturation-repeats", type=int, default=5,
+                        help="repeats of the saturation runs; medians of throughput and of the ratio to /noop "
+                             "within each repeat are reported (default: 5)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per offered-load point (default: 2)")
+    parser.add_argument("--wrk-seconds", type=int, default=2, help="seconds per saturation point (default: 2)")
     parser.add_argument("--connections", type=int, default=8, help="client connections (default: 8)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)
@@ -312,8 +313,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = set(args.servers) - set(VARIANTS)
     if unknown:
         parser.error(f"--servers: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
-    if min(args.rates) < 1 or args.repeats < 1 or args.seconds <= 0 or args.wrk_seconds < 1 or args.connections < 1:
-        parser.error("--rates, --repeats, --wrk-seconds and --connections must be >= 1 and --seconds > 0")
+    if (min(args.rates) < 1 or min(args.repeats, args.saturation_repeats) < 1 or args.seconds <= 0
+            or args.wrk_seconds < 1 or args.connections < 1):
+        parser.error("--rates, --repeats, --saturation-repeats, --wrk-seconds and --connections must be >= 1 and "
+                     "--seconds > 0")
     return args
 
 
@@ -322,7 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-fence-https-bench-") as directory:
         try:
             report = run(names=args.servers, rates=args.rates, containers=args.containers,
-                         repeats=args.repeats, seconds=args.seconds, wrk_seconds=args.wrk_seconds,
+                         repeats=args.repeats, saturation_repeats=args.saturation_repeats, seconds=args.seconds,
+                         wrk_seconds=args.wrk_seconds,
                          connections=args.connections, workdir=Path(directory))
         except (BenchError, loadgen.LoadError) as error:
             print(f"https_bench: {error}", file=sys.stderr)

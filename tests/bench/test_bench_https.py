@@ -76,7 +76,8 @@ def test_worker_rss_is_read_for_each_worker(servers) -> None:
 
 def test_tiny_run_reports_every_point(tmp_path: Path) -> None:
     output = tmp_path / "https.json"
-    assert https_bench.main(["--rates", "50", "--repeats", "1", "--seconds", "0.2", "--wrk-seconds", "1",
+    assert https_bench.main(["--rates", "50", "--repeats", "1", "--saturation-repeats", "1", "--seconds", "0.2",
+                             "--wrk-seconds", "1",
                              "--connections", "2", "--containers", "2", "--json", str(output)]) == 0
     report = json.loads(output.read_text())
     points = {(r["server"], r["mode"], r["endpoint"]) for r in report["results"]}
