@@ -19,6 +19,7 @@ from flask import Flask, Response, request
 from prometheus_client import disable_created_metrics
 from werkzeug.exceptions import HTTPException
 
+from gpu_fence import logs
 from webhook.metrics import CONTENT_TYPE, WebhookMetrics
 from webhook.review import BadReview, Endpoint, Outcome, Policy, review
 
@@ -64,8 +65,8 @@ def create_app(
             outcome = review(body, endpoint, config, policy)
         except BadReview as bad:
             metrics.bad_requests.labels(bad.reason).inc()
-            log.warning("bad request", extra={"fields": {"event": "bad-request", "endpoint": endpoint.value,
-                                                          "reason": bad.reason, "message": bad.message}})
+            logs.event(log, "bad-request", bad.message, level=logging.WARNING, endpoint=endpoint.value,
+                       reason=bad.reason)
             return _error(bad.status, bad.reason, bad.message)
         payload = orjson.dumps(outcome.response)
         seconds = time.perf_counter() - started
@@ -108,7 +109,8 @@ def create_app(
         # Unreachable by input (review() catches policy errors); kept so that a bug in this layer still
         # answers JSON, is logged and is counted rather than leaking a traceback page.
         metrics.internal_errors.labels(request.path.strip("/").replace("/", "-") or "root").inc()
-        log.exception("internal error", extra={"fields": {"event": "internal-error", "path": request.path}})
+        logs.event(log, "internal-error", f"internal error: {type(error).__name__}", level=logging.ERROR,
+                   exc_info=error, path=request.path)
         return _error(500, "internal-error", f"internal error: {type(error).__name__}")
 
     return app
@@ -154,7 +156,6 @@ def _discard_body(length: int) -> None:
 def _log_outcome(endpoint: Endpoint, outcome: Outcome, seconds: float) -> None:
     req = outcome.request
     fields: dict[str, Any] = {
-        "event": "review",
         "endpoint": endpoint.value,
         "verdict": outcome.verdict.value,
         "duration_ms": round(seconds * 1000, 3),
@@ -169,9 +170,11 @@ def _log_outcome(endpoint: Endpoint, outcome: Outcome, seconds: float) -> None:
         fields["rules"] = list(outcome.rules)
     if outcome.error:
         fields["error"] = outcome.error
-        log.error("internal error", extra={"fields": fields})
+        logs.event(log, "review", f"internal error: {outcome.error}", level=logging.ERROR, **fields)
         return
-    log.info("review", extra={"fields": fields})
+    if log.isEnabledFor(logging.INFO):
+        who = f"{req.kind} {req.namespace}/{req.name}" if req is not None else "a request"
+        logs.event(log, "review", f"{endpoint.value}: {outcome.verdict.value} {who}", **fields)
 
 
 def _json(status: int, document: dict) -> Response:

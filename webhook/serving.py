@@ -22,8 +22,8 @@ Why these choices:
   container's root filesystem is read-only, so ``/tmp`` (``TMPDIR``) must be a writable ``emptyDir``.
 * **Fast start** (< 2 s to ready): the app is imported once in the master (``preload_app``) and forked; nothing
   here imports the ``kubernetes`` client.
-* **Logs** are JSON lines on stderr: our review events and gunicorn's own messages alike; no access log (the
-  review events carry more).
+* **Logs** are JSON lines on stderr in the shape both deployables share (``gpu_fence.logs``): our review events
+  and gunicorn's own messages alike; no access log (the review events carry more).
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from gpu_fence import logs
 
 EXAMPLES = """\
 examples:
@@ -138,14 +140,14 @@ class CertificateStore:
                 context, not_after = self._build()
             except ServeError as error:
                 self._rejected = signature  # log once per change, retry when the files change again
-                log.warning("certificate reload failed, keeping the current one",
-                            extra={"fields": {"event": "certificate-reload-failed", "reason": str(error)}})
+                logs.event(log, "certificate-reload-failed", "certificate reload failed, keeping the current one",
+                           level=logging.WARNING, reason=str(error))
                 return False
             self._context, self.not_after, self._signature = context, not_after, signature
         if self.on_load is not None:
             self.on_load(not_after)
-        log.info("certificate reloaded", extra={"fields": {
-            "event": "certificate-reloaded", "not_after": dt.datetime.fromtimestamp(not_after, dt.UTC).isoformat()}})
+        logs.event(log, "certificate-reloaded", "certificate reloaded",
+                   not_after=dt.datetime.fromtimestamp(not_after, dt.UTC).isoformat())
         return True
 
     def _stat(self) -> tuple:
@@ -179,40 +181,13 @@ class CertificateStore:
 # -- logs ----------------------------------------------------------------------------------------------------------
 
 
-class JsonLinesFormatter(logging.Formatter):
-    """One JSON object per line: ``ts``, ``level``, ``logger``, ``message`` and the record's ``fields``."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        import orjson  # noqa: PLC0415 - cheap; keeps this module's import light for the CLI
-
-        document: dict[str, Any] = {
-            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            document.update(fields)
-        if record.exc_info:
-            document["exception"] = self.formatException(record.exc_info)
-        return orjson.dumps(document, default=str).decode()
-
-
 def logging_config(level: str) -> dict:
-    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {"json": {"()": JsonLinesFormatter}},
-        "handlers": {"stderr": handler},
-        "root": {"level": "WARNING", "handlers": ["stderr"]},
-        "loggers": {
-            "gpu_fence": {"level": level, "handlers": ["stderr"], "propagate": False},
-            "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
-            "gunicorn.access": {"level": "CRITICAL", "handlers": [], "propagate": False},
-        },
-    }
+    """The shared JSON-lines configuration, plus gunicorn's own loggers: its messages as JSON lines too (event
+    ``log``), and no access log."""
+    return logs.logging_config(level, {
+        "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
+        "gunicorn.access": {"level": "CRITICAL", "handlers": [], "propagate": False},
+    })
 
 
 # -- gunicorn ------------------------------------------------------------------------------------------------------
@@ -296,8 +271,8 @@ def _serve(args: argparse.Namespace, config: Any, workdir: str) -> int:
         multiprocess.mark_process_dead(worker.pid)
 
     def when_ready(server: Any) -> None:
-        log.info("ready", extra={"fields": {"event": "ready", "bind": f"{host}:{args.port}", "workers": args.workers,
-                                            "threads": args.threads, "pid": os.getpid()}})
+        logs.event(log, "ready", f"serving on {host}:{args.port}", bind=f"{host}:{args.port}", workers=args.workers,
+                   threads=args.threads, pid=os.getpid())
 
     options = {
         "bind": [f"{host}:{args.port}"],

@@ -180,62 +180,37 @@ def test_every_bad_request_reason_is_documented():
         assert f"| `{reason}` |" in webhook_doc, reason
 
 
-def test_json_lines_formatter_renders_fields_and_exceptions():
-    from webhook.serving import JsonLinesFormatter
+def test_log_lines_have_the_shared_shape(client, caplog):
+    """serve formats with gpu_fence.logs: the review line carries the shared keys, then the review's fields."""
+    from gpu_fence.logs import JsonLinesFormatter
+    from webhook.serving import logging_config
 
-    record = logging.LogRecord("gpu_fence.webhook", logging.INFO, __file__, 1, "review", None, None)
-    record.fields = {"event": "review", "uid": "u-1", "rules": ["privileged"], "path": Path("/x")}
-    line = JsonLinesFormatter().format(record)
-    assert "\n" not in line
-    document = json.loads(line)
-    assert document["level"] == "info" and document["message"] == "review" and document["uid"] == "u-1"
-    assert document["rules"] == ["privileged"] and document["path"] == "/x" and document["ts"].endswith("+00:00")
-    try:
-        raise ValueError("boom")
-    except ValueError:
-        import sys
-
-        failed = logging.LogRecord("gpu_fence.webhook", logging.ERROR, __file__, 1, "oops", None, sys.exc_info())
-    rendered = json.loads(JsonLinesFormatter().format(failed))
-    assert "ValueError: boom" in rendered["exception"]
-
-
-def test_a_crowded_pod_in_warn_mode_gets_a_bounded_list_of_warnings_over_http(metrics):
-    from webhook.config import PolicyConfig
-    from webhook.review import MAX_WARNING_CHARS, WARNING_BUDGET_CHARS
-
-    review = json.loads(body("pod-create-minimal"))
-    review["request"]["object"]["spec"]["containers"] = [
-        {"name": f"worker-{index:03d}", "image": "busybox:1.36", "securityContext": {"privileged": True}}
-        for index in range(60)
-    ]
-    client = create_app(PolicyConfig(), metrics=metrics).test_client()  # the real policy
-    response = post(client, "/validate/warn", orjson.dumps(review))
-    assert response.status_code == 200
-    warnings = response.json["response"]["warnings"]
-    assert sum(len(w) for w in warnings) <= WARNING_BUDGET_CHARS
-    assert all(len(w) <= MAX_WARNING_CHARS for w in warnings)
-    assert warnings[-1].startswith("gpu-fence: … and ") and "more violations" in warnings[-1]
-    assert response.json["response"]["auditAnnotations"]["rules"] == "unpinned-container,privileged"
-    denied = post(client, "/validate", orjson.dumps(review)).json["response"]
-    assert denied["allowed"] is False and "more violation(s) (" in denied["status"]["message"]
+    assert logging_config("INFO")["formatters"]["json"]["()"] is JsonLinesFormatter
+    with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
+        post(client, "/validate", body("pod-create-dryrun"))
+        post(client, "/validate", b"")
+    lines = [json.loads(JsonLinesFormatter().format(r)) for r in caplog.records]
+    review, bad = lines
+    assert list(review)[:5] == ["time", "level", "logger", "event", "message"]
+    assert review["event"] == "review" and review["level"] == "info" and review["logger"] == "gpu_fence.webhook"
+    assert review["message"] == "validate: denied Pod default/trainer-7d9f8c6b5d-*"
+    assert review["rules"] == ["unpinned-container"] and review["dry_run"] is True and review["time"].endswith("Z")
+    assert bad["event"] == "bad-request" and bad["level"] == "warning" and bad["reason"] == "empty-body"
+    assert bad["message"] == "body is empty; send an AdmissionReview as JSON" and bad["endpoint"] == "validate"
 
 
-def test_plain_pod_update_through_the_app_is_judged_for_cdi_annotations_only(metrics):
-    from webhook.config import PolicyConfig
+def test_unexpected_error_is_logged_with_its_traceback_as_a_string(metrics, caplog):
+    from gpu_fence.logs import JsonLinesFormatter
 
-    review = json.loads(body("pod-update-ephemeralcontainers"))
-    request = review["request"]
-    request["subResource"] = request["requestSubResource"] = ""
-    request["object"] = json.loads(json.dumps(request["oldObject"]))
-    request["object"]["metadata"].setdefault("annotations", {})["nvidia.cdi.k8s.io/pod"] = "nvidia.com/gpu=all"
-    client = create_app(PolicyConfig(), metrics=metrics).test_client()
-    denied = post(client, "/validate", orjson.dumps(review)).json["response"]
-    assert denied["allowed"] is False and denied["auditAnnotations"] == {"rules": "cdi-annotation"}
-    assert "nvidia.cdi.k8s.io/pod" in denied["status"]["message"]
-    key = ("gpu_fence_webhook_reviews_total", (("endpoint", "validate"), ("rule", "cdi-annotation"),
-                                               ("verdict", "denied")))
-    assert samples(metrics)[key] == 1
-    del request["object"]["metadata"]["annotations"]["nvidia.cdi.k8s.io/pod"]
-    request["object"]["metadata"]["labels"] = {"changed": "yes"}
-    assert post(client, "/validate", orjson.dumps(review)).json["response"]["allowed"] is True
+    app = create_app(None, policy=StandInPolicy(), metrics=metrics)
+
+    @app.get("/boom")
+    def boom():
+        raise RuntimeError("layer bug")
+
+    with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
+        response = app.test_client().get("/boom")
+    assert response.status_code == 500 and response.json["error"] == "internal-error"
+    (line,) = [json.loads(JsonLinesFormatter().format(r)) for r in caplog.records]
+    assert line["event"] == "internal-error" and line["level"] == "error" and line["path"] == "/boom"
+    assert "RuntimeError: layer bug" in line["exception"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
+import logging
 import socket
 import ssl
 import stat
@@ -17,6 +19,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from gpu_fence.logs import JsonLinesFormatter
 from tests.fakes.kubeapi_webhooks import FakeKubeApi, FakeKubeApiServer
 from webhook import cli
 from webhook.certs import (
@@ -244,7 +247,7 @@ def _write_pair(directory: Path, pair: KeyPair) -> None:
         staging.replace(directory / name)
 
 
-def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_written_pair(tmp_path):
+def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_written_pair(tmp_path, caplog):
     ca = new_ca(common_name="ca", now=dt.datetime.now(dt.UTC), days=30)
     first = new_serving_cert(ca, NAMES, now=dt.datetime.now(dt.UTC), days=10)
     second = new_serving_cert(ca, NAMES, now=dt.datetime.now(dt.UTC), days=20)
@@ -259,16 +262,26 @@ def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_wr
     assert store.context() is original  # unchanged files: the same context, no rebuild
 
     (tmp_path / "tls.key").write_bytes(second.key_pem)  # key renewed, certificate not yet: a mismatched pair
-    assert store.reload_if_changed() is False
+    with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
+        assert store.reload_if_changed() is False
+        assert store.reload_if_changed() is False  # the same rejected pair is logged once
     assert store.context() is original
+    (failed,) = [json.loads(JsonLinesFormatter().format(record)) for record in caplog.records]
+    assert failed["event"] == "certificate-reload-failed" and failed["level"] == "warning"
+    assert "not a matching PEM certificate and key" in failed["reason"]
+    caplog.clear()
 
     (tmp_path / "tls.crt").unlink()  # mid-swap: a file briefly missing
     assert store.reload_if_changed() is False
     assert store.context() is original
 
     _write_pair(tmp_path, second)
-    assert store.reload_if_changed() is True
+    with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
+        assert store.reload_if_changed() is True
     assert store.context() is not original
+    (reloaded,) = [json.loads(JsonLinesFormatter().format(record)) for record in caplog.records]
+    assert reloaded["event"] == "certificate-reloaded" and reloaded["level"] == "info"
+    assert reloaded["not_after"] == second.cert.not_valid_after_utc.isoformat()
     assert loaded[-1] == second.cert.not_valid_after_utc.timestamp()
     assert store.not_after == loaded[-1]
 
