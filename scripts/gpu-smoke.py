@@ -33,6 +33,7 @@ import contextlib
 import csv
 import ctypes
 import importlib.metadata
+import importlib.util
 import io
 import json
 import os
@@ -50,6 +51,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -650,12 +652,41 @@ def environment(nvidia_smi: str | None, deadline: Deadline) -> dict[str, Any]:
 
 
 def nvml_snapshot(lib: str | None) -> dict[str, Any]:
-    """One NVML adapter snapshot as plain data (opened and closed here, so a fake re-reads its configuration)."""
-    from auditor.nvml import Nvml
+    """One NVML adapter snapshot as plain data (opened and closed here, so a fake re-reads its configuration).
 
-    with Nvml(lib) as nvml:
-        snapshot = nvml.snapshot()
+    NVML failing after the first snapshot worked (a GPU lost mid-run, the driver unloaded) ends the run.
+    """
+    from auditor.nvml import Nvml, NvmlError
+
+    try:
+        with Nvml(lib) as nvml:
+            snapshot = nvml.snapshot()
+    except NvmlError as error:
+        raise CannotRun(f"NVML failed during the run ({error.reason}): {error.message}") from None
     return asdict(snapshot)
+
+
+def load_fake(name: str) -> ModuleType:
+    """A module of the test suite's fakes (``podresources_server`` or ``nvml``), loaded from this checkout's file.
+
+    Not imported as ``tests.fakes...``: ``tests`` is a namespace package here, and any installed distribution that
+    ships a top-level ``tests`` package (some do) would win the import on a machine with many packages.
+    """
+    path = REPO / "tests" / "fakes" / (f"{name}.py" if name != "nvml" else "nvml/__init__.py")
+    module_name = f"_gpu_smoke_fake_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise CannotRun(f"cannot load {path}: run the smoke from a checkout of the repository")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses look their module up while the class is built
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
 
 
 def raw_compute_processes(lib: str | None) -> list[dict[str, Any]]:
@@ -695,22 +726,18 @@ class FakeNode:
     """The fake NVML's configuration, rewritten as the holder starts and stops (what a driver would show)."""
 
     def __init__(self, workdir: Path, allocated: int, fault: str | None) -> None:
-        from tests.fakes.nvml import CONFIG_ENV
-
         self.path = workdir / "fake-nvml.conf"
         self.allocated = allocated
         self.fault = fault
-        os.environ[CONFIG_ENV] = str(self.path)  # the in-process Nvml and every child read it
+        os.environ[load_fake("nvml").CONFIG_ENV] = str(self.path)  # the in-process Nvml and every child read it
 
     @staticmethod
     def gpu_uuid(index: int) -> str:
-        from tests.fakes.nvml import fake_gpu_uuid
-
-        return fake_gpu_uuid(index)
+        return load_fake("nvml").fake_gpu_uuid(index)
 
     def write(self, holder_pid: int | None) -> None:
-        from tests.fakes.nvml import FakeGpu, FakeNvmlConfig, FakeProcess
-
+        fakes = load_fake("nvml")
+        FakeGpu, FakeNvmlConfig, FakeProcess = fakes.FakeGpu, fakes.FakeNvmlConfig, fakes.FakeProcess
         # pid 1 exists on every Linux host and runs in no pod: a GPU process that was there before the smoke.
         processes = [FakeProcess(device=self.gpu_uuid(FAKE_GPU_COUNT - 1), pid=1,
                                  used_memory_bytes=FAKE_OTHER_PROCESS_BYTES)]
@@ -821,7 +848,10 @@ def smoke(
     record["allocated_bytes"] = allocated
     try:
         import auditor.nvml  # noqa: F401 - fail here, with the package named, if the project is not importable
-        import tests.fakes.podresources_server  # noqa: F401 - grpc and the generated PodResources stubs
+
+        load_fake("podresources_server")  # grpc and the generated PodResources stubs
+    except CannotRun:
+        raise
     except Exception as error:  # ImportError, or protobuf's VersionError for stubs newer than its runtime
         raise CannotRun(f"cannot import the project ({type(error).__name__}: {error}); run from a checkout with its "
                         "dependencies installed (pip install -e .)") from None
@@ -831,12 +861,14 @@ def smoke(
         fake.write(None)  # before anything reads NVML or runs nvidia-smi: both see the fake node
     record["environment"] = environment(nvidia_smi, deadline)
 
-    from auditor.nvml import NvmlError
+    from auditor.nvml import Nvml, NvmlError
 
     try:
-        before = nvml_snapshot(lib)
+        with Nvml(lib):  # the first contact: its failure means there is no driver to smoke-test
+            pass
     except NvmlError as error:
         raise CannotRun(f"no usable NVIDIA driver ({error.reason}): {error.message}") from None
+    before = nvml_snapshot(lib)
     record["environment"]["driver_version"] = before["driver_version"]
     record["environment"]["mig"] = [
         {"uuid": d["uuid"], "mig_enabled": d["mig_enabled"]} for d in before["devices"] if d["parent_uuid"] is None
@@ -884,10 +916,8 @@ def smoke(
     kind, why = expected_finding(own["pid"]) if own else ("unattributed-process", "")
     record["cuda_process"].update(expected_kind=kind, expected_why=why)
 
-    from tests.fakes.podresources_server import FakeKubelet
-
     socket_path = workdir / "kubelet.sock"
-    kubelet = FakeKubelet(socket_path).start()
+    kubelet = load_fake("podresources_server").FakeKubelet(socket_path).start()
     stack.callback(kubelet.stop)
     flags = auditor_flags(socket_path, lib)
     progress(f"auditing {args.runs} times: python -m auditor.cli once {' '.join(flags)}")
@@ -1098,7 +1128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu-smoke: cannot run: cannot write to --out {out}: {error.strerror}", file=sys.stderr)
         return EXIT_CANNOT_RUN
     if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))  # tests.fakes and, in a checkout that is not installed, the project
+        sys.path.insert(0, str(REPO))  # a checkout that is not installed still imports the project
 
     started = time.monotonic()
     record: dict[str, Any] = {"tool": "gpu-smoke", "schema": SCHEMA, "started": _now(), "argv": sys.argv[1:]}

@@ -199,6 +199,16 @@ def test_nvidia_smi_that_disagrees_with_nvml_fails(fake_lib: Path, fake_smi: Pat
     assert "999.1" in check["detail"] and "550.163.01" in check["detail"]
 
 
+def test_an_installed_tests_package_does_not_hide_the_fakes(fake_lib: Path, tmp_path: Path) -> None:
+    # Some distributions ship a top-level ``tests`` package; a regular package beats this checkout's namespace one.
+    shadow = tmp_path / "site" / "tests"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")
+    env = base_env() | {"PYTHONPATH": os.pathsep.join([str(REPO), str(shadow.parent)])}
+    done = run_smoke("--out", str(tmp_path / "out"), "--dry-run-fake-nvml", str(fake_lib), "--runs", "1", env=env)
+    assert done.returncode == 0, done.stderr
+
+
 # --- cannot run ----------------------------------------------------------------------------------------------
 
 
