@@ -5,9 +5,10 @@ Pure: no Flask, no sockets, no clock, no logging. The web layer (``webhook.app``
 
 The contract followed here (see ``docs/webhook.md``): the response echoes ``apiVersion``/``kind``/``uid``;
 ``patchType`` appears only together with a patch; a denial carries ``status.code`` 403 (500 for an internal
-error) and a message naming the rule, the container and the fix; each warning is at most 120 characters;
-``auditAnnotations`` keys are short, valid qualified-name parts (the API server prefixes them with the
-webhook name).
+error) and a message naming the rule, the container and the fix, bounded in length (the first violations,
+then a count of the rest); each warning is at most 120 characters and all of them together stay within
+``WARNING_BUDGET_CHARS``, ending with a count of what did not fit; ``auditAnnotations`` keys are short, valid
+qualified-name parts (the API server prefixes them with the webhook name).
 """
 
 from __future__ import annotations
