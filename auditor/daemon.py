@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import logging
 import os
 import signal
 import socket
 import sys
 import threading
 import time
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +31,7 @@ from auditor.audit import audit
 from auditor.model import AuditPolicy, AuditResult, NodeSnapshot
 from auditor.report import FORMATS, render
 from auditor.snapshot import CollectError, SnapshotOptions, Sources, collect
+from gpu_fence import logs
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULTS = {
@@ -282,11 +282,7 @@ def run_once(args: argparse.Namespace) -> int:
 # --- run -------------------------------------------------------------------------------------------------
 
 
-def log(event: str, **fields: Any) -> None:
-    """One JSON line on stderr."""
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}
-    sys.stderr.write(json.dumps(record, default=str) + "\n")
-    sys.stderr.flush()
+log = logging.getLogger("gpu_fence.auditor")
 
 
 class Health:
@@ -356,6 +352,7 @@ def run_daemon(args: argparse.Namespace) -> int:
     # gRPC's C core logs to stderr in its own format (a kubelet restart prints a GOAWAY line); our JSON lines say
     # what matters, so silence it unless the operator asks for it.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    logs.configure("INFO")  # JSON lines on stderr, the shape the webhook's serve writes too
     clash = _label_clash(args.pod_label)
     if clash:
         print(f"gpu-fence-auditor run: {clash}", file=sys.stderr)
@@ -381,8 +378,10 @@ def run_daemon(args: argparse.Namespace) -> int:
     events = None
     if auditor.api_client is not None and not args.no_events:
         events = EventRecorder(auditor.api_client, auditor.node, reemit_after=args.event_interval * 60)
-    log("started", node=auditor.node, port=server.server_address[1], interval=args.interval,
-        kubernetes=auditor.api_client is not None, problem=auditor.api_problem)
+    port = server.server_address[1]
+    logs.event(log, "started", f"auditing node {auditor.node}, serving /metrics and /healthz on port {port}",
+               node=auditor.node, port=port, interval=args.interval, kubernetes=auditor.api_client is not None,
+               problem=auditor.api_problem)
 
     failures_in_row = 0
     while not stop.is_set():
@@ -394,13 +393,14 @@ def run_daemon(args: argparse.Namespace) -> int:
             health.last_error = error.reason
             metrics.failed(error.source)
             metrics.sync_kubelet_calls(auditor.kubelet_calls)
-            log("cycle-failed", reason=error.source, message=error.reason, failures_in_row=failures_in_row)
+            logs.event(log, "cycle-failed", error.reason, level=logging.WARNING, reason=error.source,
+                       failures_in_row=failures_in_row)
         except Exception as error:
             failures_in_row += 1
             health.last_error = f"internal error: {error}"
             metrics.failed("internal")
-            log("cycle-failed", reason="internal", message=str(error),
-                traceback=traceback.format_exc() if args.debug else None, failures_in_row=failures_in_row)
+            logs.event(log, "cycle-failed", f"internal error: {error}", level=logging.ERROR,
+                       exc_info=error if args.debug else None, reason="internal", failures_in_row=failures_in_row)
         else:
             failures_in_row = 0
             duration = time.monotonic() - started
@@ -414,16 +414,18 @@ def run_daemon(args: argparse.Namespace) -> int:
                 written = events.record(result.findings)
                 if events.failures > failures_before:
                     metrics.failed("kubernetes-api")
-            log("cycle", node=snapshot.node, duration_seconds=round(duration, 4), containers=len(result.rows),
-                findings=len(result.findings), identity=snapshot.identity_source, events=written,
-                notes=list(snapshot.notes) or None)
+            logs.event(log, "cycle", f"audited {len(result.rows)} containers: {len(result.findings)} findings",
+                       node=snapshot.node, duration_seconds=round(duration, 4), containers=len(result.rows),
+                       findings=len(result.findings), identity=snapshot.identity_source, events=written,
+                       notes=list(snapshot.notes) or None)
             for finding in result.findings:
-                log("finding", kind=finding.kind.value, namespace=finding.namespace, pod=finding.pod,
-                    container=finding.container, gpu=finding.gpu, pid=finding.pid, memory_bytes=finding.memory_bytes)
+                logs.event(log, "finding", finding.message, level=logging.WARNING, kind=finding.kind.value,
+                           namespace=finding.namespace, pod=finding.pod, container=finding.container,
+                           gpu=finding.gpu, pid=finding.pid, memory_bytes=finding.memory_bytes)
         delay = backoff(args.interval, failures_in_row, args.max_backoff)
         stop.wait(max(0.0, delay - (time.monotonic() - started)))
 
-    log("stopping", reason="signal")
+    logs.event(log, "stopping", "stopping on a signal", reason="signal")
     server.shutdown()
     server.server_close()
     auditor.close()

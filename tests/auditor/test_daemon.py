@@ -128,6 +128,16 @@ def test_run_serves_metrics_health_and_deduplicated_events_then_stops_on_sigterm
         assert daemon.stop() == 0
     assert daemon.lines[-1]["event"] == "stopping"
     assert all(line.startswith("{") for line in daemon.raw)
+    # the shape the webhook writes too (gpu_fence.logs): the same keys first on every line
+    assert all(list(line)[:5] == ["time", "level", "logger", "event", "message"] for line in daemon.lines)
+    assert all(line["time"].endswith("Z") and line["logger"] == "gpu_fence.auditor" for line in daemon.lines)
+    started = daemon.lines[0]
+    assert started["event"] == "started" and started["level"] == "info" and started["node"] == scenario.node
+    cycle = next(line for line in daemon.lines if line["event"] == "cycle")
+    assert {"duration_seconds", "containers", "findings", "identity", "events", "notes"} <= cycle.keys()
+    finding = next(line for line in daemon.lines if line["event"] == "finding" and line["kind"] == "used-unallocated")
+    assert finding["level"] == "warning" and finding["pod"] == "cuda" and finding["memory_bytes"] == 2 * GIB
+    assert finding["message"].startswith(f"process {finding['pid']} uses")
 
 
 def test_run_survives_kubelet_restart_and_outage_and_reports_health(scenario):
@@ -150,7 +160,8 @@ def test_run_survives_kubelet_restart_and_outage_and_reports_health(scenario):
         assert not any(name.startswith("gpu_fence_container_") for name, _ in outage)
         assert value(outage, "gpu_fence_audit_last_success_timestamp_seconds") > 0
         failed = [e for e in daemon.lines if e["event"] == "cycle-failed"]
-        assert failed and failed[-1]["reason"] == "kubelet"
+        assert failed and failed[-1]["reason"] == "kubelet" and failed[-1]["level"] == "warning"
+        assert "PodResources" in failed[-1]["message"] and failed[-1]["failures_in_row"] >= 1
 
         scenario.kubelet.start()
         wait_for(lambda: daemon.get("/healthz")[0] == 200, "healthz to recover", limit=60)
