@@ -262,3 +262,21 @@ def test_scaled_down_dense_node_is_clean_with_one_kubelet_call(tmp_path, monkeyp
         assert row(report, "job-0", "main")["labels"] == {"team": "t0"}
     finally:
         scenario.stop()
+
+
+def test_memory_nvml_does_not_report_is_counted_as_unknown_not_zero(node, monkeypatch, capsys):
+    """NVML_VALUE_NOT_AVAILABLE through the real pynvml: the row keeps 0 known bytes and counts the process."""
+    scenario = node(gpus=2)
+    scenario.add_pod("ml", "blind", Ctr("main", allocated=[0], visible=[0], processes=[(0, None)]))
+    scenario.add_pod("ml", "half", Ctr("main", allocated=[1], visible=[1], processes=[(1, 2 * GIB), (1, None)]))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 0, report["findings"]
+    assert row(report, "blind")["memory_bytes"] == {uuid_of(0): 0}
+    assert row(report, "blind")["unknown_memory_processes"] == {uuid_of(0): 1}
+    assert row(report, "half")["memory_bytes"] == {uuid_of(1): 2 * GIB}
+    assert row(report, "half")["unknown_memory_processes"] == {uuid_of(1): 1}
+    assert main(scenario.args("once")) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert next(line for line in text if line.startswith("ml/blind/main")).endswith(" unknown")
+    assert next(line for line in text if line.startswith("ml/half/main")).endswith("2048 MiB + 1 process unknown")
+
