@@ -123,3 +123,19 @@ def test_no_created_series_are_exposed():
     present = names(metrics)
     assert "gpu_fence_audit_cycle_failures_total" in present
     assert not [name for name in present if name.endswith("_created")]
+
+
+def test_every_exported_family_is_documented():
+    """docs/metrics.md is the names contract: each family the auditor exports has its row there."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
+    metrics = AuditorMetrics("n", ["team"])
+    snapshot = busy_node()
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    metrics.sync_kubelet_calls({"List": 1})
+    families = {family.name for family in text_string_to_metric_families(metrics.exposition().decode())}
+    assert len(families) >= 13
+    for family in families:
+        documented = f"`{family}_total`" if f"{family}_total" in names(metrics) else f"`{family}`"
+        assert f"| {documented} |" in doc, family
