@@ -50,12 +50,17 @@ def event(
     logger: logging.Logger,
     name: str,
     message: str,
+    /,
     *,
     level: int = logging.INFO,
     exc_info: Any = None,
     **fields: Any,
 ) -> None:
-    """Log the event ``name`` with a human ``message`` and its ``fields``, as one JSON line once formatted."""
+    """Log the event ``name`` with a human ``message`` and its ``fields``, as one JSON line once formatted.
+
+    The first three are positional-only, so that fields may be called ``name`` or ``message`` (a field ``message``
+    is written as ``field_message``, see :class:`JsonLinesFormatter`).
+    """
     if logger.isEnabledFor(level):
         logger.log(level, "%s", message, exc_info=exc_info, extra={"fields": {"event": name, **fields}})
 

@@ -104,8 +104,12 @@ def test_event_helper_puts_name_and_fields_on_the_record_and_respects_the_level(
     with caplog.at_level(logging.WARNING, logger="gpu_fence.test.helper"):
         event(logger, "cycle", "audit cycle completed", containers=3)  # info: below the level, not even built
         event(logger, "cycle-failed", "100% of the kubelet is down", level=logging.WARNING, reason="kubelet")
-    (made,) = caplog.records
-    assert made.fields == {"event": "cycle-failed", "reason": "kubelet"}
+        event(logger, "review", "denied", level=logging.ERROR, name="trainer-*", logger="x")  # fields, not params
+    first, second = caplog.records
+    assert first.fields == {"event": "cycle-failed", "reason": "kubelet"}
+    assert second.fields == {"event": "review", "name": "trainer-*", "logger": "x"}
+    assert render(second)["logger"] == "gpu_fence.test.helper" and render(second)["field_logger"] == "x"
+    made = first
     assert render(made)["message"] == "100% of the kubelet is down"
 
 
