@@ -4,6 +4,9 @@ timed, one kubelet call per cycle, a scaling exponent, and the report's shape.""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,9 +14,18 @@ import pytest
 from bench import auditor_bench
 
 
-def test_tiny_run_reports_phases_calls_and_scaling(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    output = tmp_path / "auditor.json"
-    assert auditor_bench.main(["--scales", "1,2", "--fraction", "0.02", "--cycles", "3", "--json", str(output)]) == 0
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path: the fake kubelet's unix socket path must stay under 108 bytes."""
+    directory = Path(tempfile.mkdtemp(prefix="gfb-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_tiny_run_reports_phases_calls_and_scaling(short_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    output = short_dir / "auditor.json"
+    assert auditor_bench.main(["--scales", "1,2", "--fraction", "0.02", "--cycles", "3", "--json", str(output),
+                               "--node-dir", str(short_dir)]) == 0
     report = json.loads(output.read_text())
     assert [row["scale"] for row in report["results"]] == [1, 2]
     for row in report["results"]:
@@ -33,6 +45,8 @@ def test_tiny_run_reports_phases_calls_and_scaling(tmp_path: Path, capsys: pytes
     assert judged == ["one kubelet call per cycle", "linear in the input (log-log slope ~1, <= 1.15)"]
     assert report["targets"][0]["met"] is True
     assert "| 2x | warm (median) |" in capsys.readouterr().out
+    assert report["node_dir"] == str(short_dir)
+    assert list(short_dir.iterdir()) == [output]  # the node tree was built there and removed
 
 
 def test_sizes_scale_every_count_and_never_reach_zero() -> None:
