@@ -209,6 +209,137 @@ def test_an_installed_tests_package_does_not_hide_the_fakes(fake_lib: Path, tmp_
     assert done.returncode == 0, done.stderr
 
 
+# --- the CUDA driver API path, against a fake libcuda.so.1 ---------------------------------------------------
+
+# The smoke's ctypes code against a C library with the CUDA driver API's signatures. Like the real driver, an
+# allocation makes the process show up in NVML: the fake appends a `proc` line to the fake NVML's configuration, and
+# cuMemFree_v2 removes it. FAKE_CUDA_FAIL=<function> makes that function answer CUDA_ERROR_OUT_OF_MEMORY (2).
+FAKE_LIBCUDA = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int CUresult;
+#define CONTEXT_BYTES (300ull << 20)
+static int initialised;
+static void *current;
+static int context_storage;
+
+static int failing(const char *name) {
+    const char *fail = getenv("FAKE_CUDA_FAIL");
+    return fail != NULL && strcmp(fail, name) == 0;
+}
+
+CUresult cuInit(unsigned int flags) { (void)flags; if (failing("cuInit")) return 2; initialised = 1; return 0; }
+CUresult cuDriverGetVersion(int *version) { *version = 13000; return 0; }
+CUresult cuDeviceGetCount(int *count) { if (!initialised) return 3; *count = 1; return 0; }
+CUresult cuDeviceGet(int *device, int ordinal) { if (ordinal != 0) return 101; *device = 0; return 0; }
+CUresult cuDeviceGetName(char *name, int length, int device) {
+    (void)device; snprintf(name, (size_t)length, "NVIDIA H200"); return 0;
+}
+CUresult cuDeviceGetUuid_v2(unsigned char *uuid, int device) {
+    const char *text = getenv("FAKE_CUDA_UUID");
+    int n = 0;
+    (void)device;
+    if (text == NULL) return 999;
+    for (text += 4; *text && n < 16; text++) {
+        if (*text == '-') continue;
+        sscanf(text, "%2hhx", &uuid[n++]);
+        text++;
+    }
+    return n == 16 ? 0 : 999;
+}
+CUresult cuDevicePrimaryCtxRetain(void **context, int device) { (void)device; *context = &context_storage; return 0; }
+CUresult cuCtxSetCurrent(void *context) { current = context; return 0; }
+CUresult cuMemAlloc_v2(unsigned long long *pointer, size_t bytes) {
+    FILE *config;
+    if (failing("cuMemAlloc_v2")) return 2;
+    if (current == NULL) return 201;
+    config = fopen(getenv("FAKE_NVML_CONFIG"), "a");
+    if (config == NULL) return 999;
+    fprintf(config, "proc %s compute %d %llu\n", getenv("FAKE_CUDA_UUID"), (int)getpid(),
+            (unsigned long long)bytes + CONTEXT_BYTES);
+    fclose(config);
+    *pointer = 0x7f0000000000ull;
+    return 0;
+}
+CUresult cuMemsetD8_v2(unsigned long long pointer, unsigned char value, size_t bytes) {
+    (void)value; (void)bytes; return pointer == 0x7f0000000000ull ? 0 : 1;
+}
+CUresult cuCtxSynchronize(void) { return current != NULL ? 0 : 201; }
+CUresult cuMemFree_v2(unsigned long long pointer) {
+    char lines[64][256], kind[32], device[128];
+    int count = 0, pid;
+    const char *path = getenv("FAKE_NVML_CONFIG");
+    FILE *config = fopen(path, "r");
+    (void)pointer;
+    if (config == NULL) return 999;
+    while (count < 64 && fgets(lines[count], sizeof lines[count], config) != NULL) {
+        if (sscanf(lines[count], "proc %127s %31s %d", device, kind, &pid) == 3 && pid == (int)getpid()) continue;
+        count++;
+    }
+    fclose(config);
+    config = fopen(path, "w");
+    if (config == NULL) return 999;
+    for (int i = 0; i < count; i++) fputs(lines[i], config);
+    fclose(config);
+    return 0;
+}
+CUresult cuGetErrorString(CUresult error, const char **text) {
+    *text = error == 2 ? "out of memory" : "unknown error";
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_libcuda(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("libcuda")
+    source = directory / "fake_libcuda.c"
+    source.write_text(FAKE_LIBCUDA)
+    subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1",
+                    "-o", str(directory / "libcuda.so.1"), str(source)], check=True, capture_output=True)
+    return directory
+
+
+def cuda_env(fake_libcuda: Path, config: Path, **extra: str) -> dict[str, str]:
+    env = base_env() | {CONFIG_ENV: str(config), "FAKE_CUDA_UUID": fake_gpu_uuid(0), **extra}
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(fake_libcuda), env.get("LD_LIBRARY_PATH")]))
+    return env
+
+
+def test_driver_api_holder_passes_every_check(fake_lib: Path, fake_libcuda: Path, tmp_path: Path) -> None:
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("PyTorch is installed: auto would use it instead of the driver API")
+    config = FakeNvmlConfig(gpus=(FakeGpu(0), FakeGpu(1))).write(tmp_path / "nvml.conf")
+    out = tmp_path / "out"
+    # Not a dry run: --cuda auto tries PyTorch (absent), then the driver API, as on a GPU machine without PyTorch.
+    done = run_smoke("--out", str(out), "--nvml-lib", str(fake_lib), "--alloc-mib", "128", "--runs", "2",
+                     env=cuda_env(fake_libcuda, config))
+    assert done.returncode == 0, done.stderr
+    assert "CUDA through torch failed: PyTorch is not importable" in done.stderr
+    record = results(out)
+    assert record["mode"] == "real"
+    assert {check["status"] for check in record["checks"]} == {"pass", "skip"}
+    cuda = record["cuda_process"]
+    assert cuda["backend"] == "driver"
+    assert cuda["device_uuid"] == fake_gpu_uuid(0)  # cuDeviceGetUuid_v2's bytes, formatted
+    assert cuda["device_name"] == "NVIDIA H200" and cuda["cuda_driver_version"] == 13000
+    assert cuda["overhead_bytes"] == 300 * MIB
+    assert "CUDA" in checks_by_name(record)["finding-device"]["detail"]
+    assert checks_by_name(record)["process-gone"]["status"] == "pass"  # cuMemFree_v2 ran on release
+    assert "proc " not in config.read_text()
+    assert_gone(cuda["pid"])
+
+
+def test_a_cuda_error_is_named_with_its_text(fake_lib: Path, fake_libcuda: Path, tmp_path: Path) -> None:
+    config = FakeNvmlConfig(gpus=(FakeGpu(0),)).write(tmp_path / "nvml.conf")
+    done = run_smoke("--out", str(tmp_path / "out"), "--nvml-lib", str(fake_lib), "--cuda", "driver",
+                     env=cuda_env(fake_libcuda, config, FAKE_CUDA_FAIL="cuMemAlloc_v2"))
+    assert_one_line_cannot_run(done, "driver: cuMemAlloc_v2 failed: CUDA error 2 (out of memory)")
+
+
 # --- cannot run ----------------------------------------------------------------------------------------------
 
 
