@@ -176,9 +176,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    described = machine.describe()  # before pinning, so that it shows every CPU the machine offers
     cpu = None if args.no_pin else machine.pin_to_one_core()
     report = run(args.sizes, args.repeats, args.seconds)
-    report["machine"] = {**machine.describe(), "pinned_cpu": cpu}
+    report["machine"] = {**described, "pinned_cpu": cpu}
     sys.stdout.write(markdown(report))
     if args.json:
         Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))

@@ -40,6 +40,7 @@ def test_pinning_restricts_the_process_to_one_cpu(tmp_path: Path) -> None:
                                   "--json", str(tmp_path / "p.json")]) == 0
         report = json.loads((tmp_path / "p.json").read_text())
         assert os.sched_getaffinity(0) == {report["machine"]["pinned_cpu"]}
+        assert report["machine"]["cpus_allowed"] == sorted(allowed)
     finally:
         os.sched_setaffinity(0, allowed)
 
