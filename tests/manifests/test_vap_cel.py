@@ -376,11 +376,79 @@ def test_update_fixtures_deny_and_allow() -> None:
     assert outcomes["mirror pod gets a cdi annotation"] == set()
 
 
-def test_an_ephemeral_container_update_is_still_judged_on_the_whole_pod() -> None:
-    """kubectl debug goes through pods/ephemeralcontainers: the podUpdate shortcut must not apply to it."""
-    debugged = pod(container("app", VOID), ephemeralContainers=[container("debug", nvd("all"))])
-    assert "visible-devices-env" in cel_denials(debugged, pod(container("app", VOID)), operation="UPDATE",
-                                                sub_resource="ephemeralcontainers")
+# kubectl debug: an UPDATE of pods/ephemeralcontainers is judged on the ephemeral containers it adds (and the
+# hostPath volumes they mount), as the webhook judges it (webhook.review.new_container_names + validate(only=)).
+
+def python_debug_violations(pod: dict[str, Any], old: dict[str, Any]) -> set[str]:
+    from webhook.config import load_config
+    from webhook.policy import exemption, validate
+
+    config = load_config(None)
+    if exemption(pod, config, namespace="team-a"):
+        return set()
+    before = {c["name"] for c in old["spec"].get("ephemeralContainers", [])}
+    new = {c["name"] for c in pod["spec"].get("ephemeralContainers", [])} - before
+    if not new:
+        return set()
+    return {violation.rule for violation in validate(pod, config, only=new).violations}
+
+
+def debugged(base: dict[str, Any], *ephemeral: dict[str, Any], volumes: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    pod_copy = copy.deepcopy(base)
+    pod_copy["spec"].setdefault("ephemeralContainers", []).extend(copy.deepcopy(list(ephemeral)))
+    pod_copy["spec"].setdefault("volumes", []).extend(copy.deepcopy(list(volumes)))
+    return pod_copy
+
+
+BROKEN_POD = annotated(EVERYTHING_ELSE_WRONG, {NRI: "nvidia.com/gpu=all"})
+OLD_DEBUG = container("old-debug", nvd("all"), securityContext={"privileged": True})
+HOST_DEV = {"name": "host-dev", "hostPath": {"path": "/dev/nvidia0"}}
+DEBUG_UPDATES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "clean pinned debugger on a broken pod": (BROKEN_POD, debugged(BROKEN_POD, container("debug", VOID))),
+    "unpinned debugger": (BROKEN_POD, debugged(BROKEN_POD, container("debug"))),
+    "debugger asks for all GPUs": (BROKEN_POD, debugged(BROKEN_POD, container("debug", nvd("all")))),
+    "privileged debugger": (BROKEN_POD, debugged(BROKEN_POD, container("debug", VOID,
+                                                                       securityContext={"privileged": True}))),
+    "SYS_ADMIN debugger": (BROKEN_POD, debugged(BROKEN_POD, container("debug", VOID, securityContext={
+        "capabilities": {"add": ["SYS_ADMIN"]}}))),
+    "debugger mounts the device list": (BROKEN_POD, debugged(BROKEN_POD, container("debug", VOID, volumeMounts=[
+        {"name": "host", "mountPath": "/run/nvidia-container-devices/all"}]))),
+    "debugger sets MIG env": (BROKEN_POD, debugged(BROKEN_POD, container(
+        "debug", VOID, {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}))),
+    "debugger mounts the pod's /dev hostPath": (BROKEN_POD, debugged(BROKEN_POD, container(
+        "debug", VOID, volumeMounts=[{"name": "host", "mountPath": "/host"}]))),
+    "clean debugger beside an old bad one": (debugged(BROKEN_POD, OLD_DEBUG),
+                                             debugged(BROKEN_POD, OLD_DEBUG, container("debug", VOID))),
+    "no new debugger": (debugged(BROKEN_POD, OLD_DEBUG), debugged(BROKEN_POD, OLD_DEBUG)),
+    "clean pod, debugger mounts a device hostPath": (
+        debugged(pod(container("app", VOID)), volumes=[HOST_DEV]),
+        debugged(pod(container("app", VOID)), container("debug", VOID, volumeMounts=[
+            {"name": "host-dev", "mountPath": "/gpu"}]), volumes=[HOST_DEV])),
+    "clean pod, device hostPath not mounted by the debugger": (
+        debugged(pod(container("app", VOID)), volumes=[HOST_DEV]),
+        debugged(pod(container("app", VOID)), container("debug", VOID), volumes=[HOST_DEV])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEBUG_UPDATES))
+def test_cel_judges_kubectl_debug_as_the_webhook_does(name: str) -> None:
+    old, new = DEBUG_UPDATES[name]
+    expected = python_debug_violations(new, old)
+    assert cel_denials(new, old, operation="UPDATE", sub_resource="ephemeralcontainers") == expected
+
+
+def test_debug_fixtures_deny_and_allow() -> None:
+    outcomes = {name: cel_denials(new, old, operation="UPDATE", sub_resource="ephemeralcontainers")
+                for name, (old, new) in DEBUG_UPDATES.items()}
+    assert outcomes["clean pinned debugger on a broken pod"] == set()
+    assert outcomes["clean debugger beside an old bad one"] == set()
+    assert outcomes["debugger asks for all GPUs"] == {"visible-devices-env"}
+    assert outcomes["privileged debugger"] == {"privileged"}
+    assert outcomes["debugger mounts the pod's /dev hostPath"] == {"host-device-path"}
+    assert outcomes["clean pod, debugger mounts a device hostPath"] == {"host-device-path"}
+    assert outcomes["clean pod, device hostPath not mounted by the debugger"] == set()
+    # the same pods as a CREATE are judged whole
+    assert cel_denials(DEBUG_UPDATES["clean pinned debugger on a broken pod"][1]) == set(RULE_IDS)
 
 
 UPDATE_ANNOTATIONS = st.none() | st.dictionaries(
