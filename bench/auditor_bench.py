@@ -14,8 +14,9 @@ cache's list/ensure), ``join`` (the rest of ``collect``: assembling the snapshot
 ``outputs`` (JSON report, metrics update and exposition, deduplicated Events as ``run`` posts them).
 
 Warm cycles (second and later) are what a running DaemonSet pays; the first one reads every cgroup file once.
-Reported: first cycle, median of the warm cycles, per phase; peak RSS; kubelet calls per cycle counted by the
-client and by the fake kubelet; the log-log slope of warm cycle time over scale (1.0 = linear).
+Every scale's node is built first; then ``--rounds`` rounds start one auditor process per scale, interleaved.
+Reported: median of the first cycles and of all warm cycles, per phase; the worst peak RSS; kubelet calls per
+cycle counted by the client and by the fake kubelet; the log-log slope of warm cycle time over scale (1.0 = linear).
 Run: ``python -m bench.auditor_bench`` (``--help``). Needs root (device nodes via mknod), like the tests.
 """
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -181,65 +181,83 @@ def child(auditor_args: Sequence[str], cycles: int) -> dict[str, Any]:
 # --- parent: the node, and the child per scale ------------------------------------------------------------------
 
 
-def measure_scale(scale: int, fraction: float, cycles: int, workdir: Path) -> dict[str, Any]:
+def build_node(scale: int, fraction: float, workdir: Path) -> tuple[Any, dict[str, int], float]:
+    """The scaled dense node, started: (scenario, sizes, seconds it took to build)."""
     from tests.fakes.node_scenario import dense_node
 
     size = sizes(scale, fraction)
-    root = workdir / f"node-{scale}x"
     built = time.perf_counter()
-    scenario = dense_node(root, slots=7, **size)
+    scenario = dense_node(workdir / f"node-{scale}x", slots=7, **size)
     scenario.start()
-    build_seconds = time.perf_counter() - built
-    try:
-        command = [sys.executable, "-m", "bench.auditor_bench", "--child", "--cycles", str(cycles), "--",
-                   *scenario.args("once")]
-        env = scenario.env({**os.environ, "PYTHONPATH": str(ROOT)})
-        result = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT, env=env,
-                                check=False)
-        if result.returncode != 0:
-            raise BenchError(f"the auditor child failed at scale {scale}: {result.stderr.strip()[-2000:]}")
-        measured = orjson.loads(result.stdout.strip().splitlines()[-1])
-        assert scenario.kubelet is not None
-        served = sum(scenario.kubelet.calls.values())
-    finally:
-        scenario.stop()
-        shutil.rmtree(root, ignore_errors=True)
-    return summarise(scale, size, measured, served, build_seconds)
+    return scenario, size, time.perf_counter() - built
 
 
-def summarise(scale: int, size: dict[str, int], measured: dict[str, Any], served_calls: int,
+def run_child(scenario: Any, scale: int, cycles: int) -> dict[str, Any]:
+    """One auditor process on ``scenario`` for ``cycles`` cycles (the first cold); what the child reported."""
+    command = [sys.executable, "-m", "bench.auditor_bench", "--child", "--cycles", str(cycles), "--",
+               *scenario.args("once")]
+    env = scenario.env({**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT, env=env,
+                            check=False)
+    if result.returncode != 0:
+        raise BenchError(f"the auditor child failed at scale {scale}: {result.stderr.strip()[-2000:]}")
+    return orjson.loads(result.stdout.strip().splitlines()[-1])
+
+
+def summarise(scale: int, size: dict[str, int], runs: list[dict[str, Any]], served_calls: int,
               build_seconds: float) -> dict[str, Any]:
-    cycles = measured["cycles"]
-    first, warm = cycles[0], cycles[1:] or cycles[:1]
+    """One scale's figures over every child run: medians of the cold cycles and of all warm cycles; worst RSS."""
+    firsts = [run["cycles"][0] for run in runs]
+    warm = [cycle for run in runs for cycle in run["cycles"][1:]] or firsts
+    cycles = [cycle for run in runs for cycle in run["cycles"]]
+    last = runs[-1]["cycles"][-1]
     return {
         "scale": scale,
         "sizes": {**size, "mig_slices": size["gpus"] * 7, "containers": size["pods"] * size["containers_per_pod"]},
-        "first_cycle_ms": first["cycle_ms"],
-        "first_phases_ms": first["phases_ms"],
+        "first_cycle_ms": statistics.median(c["cycle_ms"] for c in firsts),
+        "first_phases_ms": {name: statistics.median(c["phases_ms"][name] for c in firsts) for name in PHASES},
         "warm_cycle_ms": statistics.median(c["cycle_ms"] for c in warm),
+        "warm_cycle_min_ms": min(c["cycle_ms"] for c in warm),
         "warm_cycle_max_ms": max(c["cycle_ms"] for c in warm),
         "warm_phases_ms": {name: statistics.median(c["phases_ms"][name] for c in warm) for name in PHASES},
         "warm_cycles": len(warm),
+        "auditor_processes": len(runs),
         "kubelet_calls_per_cycle": max(c["kubelet_calls"] for c in cycles),
         "kubelet_calls_served": served_calls,
         "cycles_run": len(cycles),
-        "containers_audited": cycles[-1]["containers"],
-        "findings": cycles[-1]["findings"],
-        "gpu_processes_seen": cycles[-1]["gpu_processes"],
-        "identity": cycles[-1]["identity"],
-        "rss_before_cycles_mb": measured["rss_before_cycles_bytes"] / 1e6,
-        "rss_mb": measured["rss_bytes"] / 1e6,
-        "peak_rss_mb": measured["peak_rss_bytes"] / 1e6,
-        "peak_rss_after_first_cycle_mb": first["peak_rss_bytes"] / 1e6,
+        "containers_audited": last["containers"],
+        "findings": last["findings"],
+        "gpu_processes_seen": last["gpu_processes"],
+        "identity": last["identity"],
+        "rss_before_cycles_mb": statistics.median(run["rss_before_cycles_bytes"] for run in runs) / 1e6,
+        "peak_rss_mb": max(run["peak_rss_bytes"] for run in runs) / 1e6,
+        "peak_rss_after_first_cycle_mb": max(c["peak_rss_bytes"] for c in firsts) / 1e6,
         "warm_rss_mb": statistics.median(c["rss_bytes"] for c in warm) / 1e6,
         "node_build_s": build_seconds,
     }
 
 
-def run(scales: Sequence[int], fraction: float, cycles: int, workdir: Path) -> dict[str, Any]:
-    results = [measure_scale(scale, fraction, cycles, workdir) for scale in scales]
-    report: dict[str, Any] = {"benchmark": "auditor", "fraction": fraction, "cycles_per_scale": cycles,
-                              "results": results}
+def run(scales: Sequence[int], fraction: float, cycles: int, rounds: int, workdir: Path) -> dict[str, Any]:
+    """Build every scale's node, then run ``rounds`` rounds of one auditor process per scale, interleaved, so
+    that a busy spell of a shared machine lands on every scale rather than on one."""
+    nodes: dict[int, tuple[Any, dict[str, int], float]] = {}
+    try:
+        for scale in scales:
+            nodes[scale] = build_node(scale, fraction, workdir)
+        runs: dict[int, list[dict[str, Any]]] = {scale: [] for scale in scales}
+        for _ in range(rounds):
+            for scale in scales:
+                runs[scale].append(run_child(nodes[scale][0], scale, cycles))
+        results = []
+        for scale in scales:
+            scenario, size, build_seconds = nodes[scale]
+            served = sum(scenario.kubelet.calls.values())
+            results.append(summarise(scale, size, runs[scale], served, build_seconds))
+    finally:
+        for scenario, _, _ in nodes.values():
+            scenario.stop()
+    report: dict[str, Any] = {"benchmark": "auditor", "fraction": fraction, "cycles_per_process": cycles,
+                              "rounds": rounds, "results": results}
     if len(scales) >= 2:
         report["scaling_exponent"] = loglog_slope(scales, [r["warm_cycle_ms"] for r in results])
         report["phase_scaling_exponents"] = {
@@ -294,7 +312,10 @@ def markdown(report: dict[str, Any]) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.auditor_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scales", default="1,2,4", help="multiples of the dense node (default: 1,2,4)")
-    parser.add_argument("--cycles", type=int, default=6, help="cycles per scale; the first is cold (default: 6)")
+    parser.add_argument("--cycles", type=int, default=6,
+                        help="cycles per auditor process; the first is cold (default: 6)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="auditor processes per scale, started in interleaved rounds (default: 3)")
     parser.add_argument("--fraction", type=float, default=1.0,
                         help="shrink every size by this factor (smoke runs; targets are judged only at 1.0)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
@@ -311,8 +332,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.scales = [int(scale) for scale in args.scales.split(",")]
     except ValueError:
         parser.error(f"--scales {args.scales!r}: give whole numbers separated by commas, e.g. 1,2,4")
-    if min(args.scales) < 1 or args.cycles < 2 or not 0 < args.fraction <= 1:
-        parser.error("--scales must be >= 1, --cycles >= 2 (one cold, the rest warm), 0 < --fraction <= 1")
+    if min(args.scales) < 1 or args.cycles < 2 or args.rounds < 1 or not 0 < args.fraction <= 1:
+        parser.error("--scales and --rounds must be >= 1, --cycles >= 2 (one cold, the rest warm), "
+                     "0 < --fraction <= 1")
     return args
 
 
@@ -327,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))  # tests.fakes: the scenario builder lives with the tests
     with tempfile.TemporaryDirectory(prefix="gpu-fence-bench-", dir=args.node_dir) as directory:
         try:
-            report = run(args.scales, args.fraction, args.cycles, Path(directory))
+            report = run(args.scales, args.fraction, args.cycles, args.rounds, Path(directory))
         except BenchError as error:
             print(f"auditor_bench: {error}", file=sys.stderr)
             return 2

@@ -24,7 +24,8 @@ def short_dir() -> Iterator[Path]:
 
 def test_tiny_run_reports_phases_calls_and_scaling(short_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = short_dir / "auditor.json"
-    assert auditor_bench.main(["--scales", "1,2", "--fraction", "0.02", "--cycles", "3", "--json", str(output),
+    assert auditor_bench.main(["--scales", "1,2", "--fraction", "0.02", "--cycles", "3", "--rounds", "2",
+                               "--json", str(output),
                                "--node-dir", str(short_dir)]) == 0
     report = json.loads(output.read_text())
     assert [row["scale"] for row in report["results"]] == [1, 2]
@@ -32,7 +33,8 @@ def test_tiny_run_reports_phases_calls_and_scaling(short_dir: Path, capsys: pyte
         assert set(row["warm_phases_ms"]) == set(auditor_bench.PHASES) == set(row["first_phases_ms"])
         assert all(value >= 0 for value in row["warm_phases_ms"].values())
         assert row["warm_cycle_ms"] >= sum(v for k, v in row["warm_phases_ms"].items() if k != "join") * 0.99
-        assert row["kubelet_calls_per_cycle"] == 1 and row["kubelet_calls_served"] == row["cycles_run"] == 3
+        assert row["kubelet_calls_per_cycle"] == 1 and row["kubelet_calls_served"] == row["cycles_run"] == 6
+        assert row["auditor_processes"] == 2 and row["warm_cycles"] == 4
         assert row["identity"] == "kubernetes"  # the pods were named through the API fake
         assert row["containers_audited"] == row["sizes"]["containers"]
         assert row["gpu_processes_seen"] == row["sizes"]["gpu_processes"]
@@ -70,7 +72,8 @@ def test_phase_clock_times_a_wrapped_method() -> None:
     assert clock.seconds["kubelet"] == 0.0
 
 
-@pytest.mark.parametrize("argv", [["--scales", "x"], ["--cycles", "1"], ["--fraction", "2"], ["--bogus"]])
+@pytest.mark.parametrize("argv", [["--scales", "x"], ["--cycles", "1"], ["--rounds", "0"], ["--fraction", "2"],
+                                  ["--bogus"]])
 def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         auditor_bench.main(argv)
