@@ -181,12 +181,12 @@ def wrk_saturation(server: Server, path: str, body_file: Path, *, seconds: int, 
 
 
 @contextmanager
-def servers(workdir: Path, names: Sequence[str]) -> Iterator[dict[str, Server]]:
+def servers(workdir: Path, names: Sequence[str], *, workers: int = 2, threads: int = 4) -> Iterator[dict[str, Server]]:
     tls = make_certs(workdir / "tls")
     started: dict[str, Server] = {}
     try:
         for name in names:
-            started[name] = start_server(tls, workdir, name)
+            started[name] = start_server(tls, workdir, name, workers=workers, threads=threads)
         yield started
     finally:
         for server in started.values():
@@ -208,7 +208,8 @@ def plan(names: Sequence[str], rates: Sequence[int]) -> list[tuple[str, str, str
 
 
 def run(*, names: Sequence[str], rates: Sequence[int], containers: int, repeats: int, saturation_repeats: int,
-        seconds: float, wrk_seconds: int, connections: int, workdir: Path) -> dict[str, Any]:
+        seconds: float, wrk_seconds: int, connections: int, workdir: Path, workers: int = 2,
+        threads: int = 4) -> dict[str, Any]:
     bodies = {"/mutate": reviews.mutate_body(containers), "/validate": reviews.validate_body(containers),
               NOOP_PATH: reviews.mutate_body(containers)}
     body_files = {}
@@ -217,7 +218,7 @@ def run(*, names: Sequence[str], rates: Sequence[int], containers: int, repeats:
         body_files[endpoint].write_bytes(body)
     points = plan(names, rates)
     samples: dict[tuple, list[dict[str, float]]] = {point: [] for point in points}
-    with servers(workdir, names) as running:
+    with servers(workdir, names, workers=workers, threads=threads) as running:
         for server in running.values():  # warm up every worker: first requests pay imports and allocator growth
             for endpoint in ENDPOINTS:
                 loadgen.open_loop(server.target, endpoint, bodies[endpoint], rate=200.0, seconds=min(seconds, 0.5),
@@ -303,6 +304,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per offered-load point (default: 2)")
     parser.add_argument("--wrk-seconds", type=int, default=2, help="seconds per saturation point (default: 2)")
     parser.add_argument("--connections", type=int, default=8, help="client connections (default: 8)")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers of every server (default: 2)")
+    parser.add_argument("--threads", type=int, default=4,
+                        help="threads per gthread worker (default: 4, serve's default; sync workers have one)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)
     try:
@@ -314,9 +318,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--servers: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
     if (min(args.rates) < 1 or min(args.repeats, args.saturation_repeats) < 1 or args.seconds <= 0
-            or args.wrk_seconds < 1 or args.connections < 1):
-        parser.error("--rates, --repeats, --saturation-repeats, --wrk-seconds and --connections must be >= 1 and "
-                     "--seconds > 0")
+            or min(args.wrk_seconds, args.connections, args.workers, args.threads) < 1):
+        parser.error("--rates, --repeats, --saturation-repeats, --wrk-seconds, --connections, --workers and "
+                     "--threads must be >= 1 and --seconds > 0")
     return args
 
 
@@ -326,8 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             report = run(names=args.servers, rates=args.rates, containers=args.containers,
                          repeats=args.repeats, saturation_repeats=args.saturation_repeats, seconds=args.seconds,
-                         wrk_seconds=args.wrk_seconds,
-                         connections=args.connections, workdir=Path(directory))
+                         wrk_seconds=args.wrk_seconds, connections=args.connections, workdir=Path(directory),
+                         workers=args.workers, threads=args.threads)
         except (BenchError, loadgen.LoadError) as error:
             print(f"https_bench: {error}", file=sys.stderr)
             return 2

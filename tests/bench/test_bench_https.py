@@ -78,7 +78,8 @@ def test_tiny_run_reports_every_point(tmp_path: Path) -> None:
     output = tmp_path / "https.json"
     assert https_bench.main(["--rates", "50", "--repeats", "1", "--saturation-repeats", "1", "--seconds", "0.2",
                              "--wrk-seconds", "1",
-                             "--connections", "2", "--containers", "2", "--json", str(output)]) == 0
+                             "--connections", "2", "--containers", "2", "--workers", "1", "--threads", "2",
+                             "--json", str(output)]) == 0
     report = json.loads(output.read_text())
     points = {(r["server"], r["mode"], r["endpoint"]) for r in report["results"]}
     for name in ("gthread", "sync"):
@@ -91,12 +92,15 @@ def test_tiny_run_reports_every_point(tmp_path: Path) -> None:
     assert all(r["reviews_per_s"] > 0 and r["throughput_vs_noop"] > 0 for r in saturation)
     assert {r["throughput_vs_noop"] for r in saturation if r["endpoint"] == NOOP_PATH} == {1.0}
     assert set(report["worker_rss"]) == set(https_bench.VARIANTS)
-    assert report["servers"]["sync"] == {"worker_class": "sync", "log_level": "INFO", "workers": 2, "threads": 1}
+    assert all(len(workers) == 1 for workers in report["worker_rss"].values())
+    assert report["servers"]["sync"] == {"worker_class": "sync", "log_level": "INFO", "workers": 1, "threads": 1}
+    assert report["servers"]["gthread"] == {"worker_class": "gthread", "log_level": "INFO", "workers": 1, "threads": 2}
     assert report["servers"]["gthread-quiet"]["log_level"] == "WARNING"
     assert {t["target"].split(" (")[0] for t in report["targets"]} == {"throughput >= 0.8x no-op, same stack"}
 
 
-@pytest.mark.parametrize("argv", [["--rates", "fast"], ["--servers", "gevent"], ["--connections", "0"]])
+@pytest.mark.parametrize("argv", [["--rates", "fast"], ["--servers", "gevent"], ["--connections", "0"],
+                                  ["--threads", "0"]])
 def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         https_bench.main(argv)
