@@ -108,6 +108,8 @@ class Client:
                 length = int(value)
             elif name == b"connection":
                 close = value.strip().lower() == b"close"
+            elif name == b"transfer-encoding":
+                raise LoadError("the server sent a chunked response; this client reads Content-Length bodies only")
         while len(rest) < length:
             rest += self._receive_chunk()
         self._buffer = rest[length:]
