@@ -53,8 +53,10 @@ READY_DEADLINE_S = 60.0
 TARGET_P99_MS = 5.0  # DESIGN: p99 at 200 reviews/s, keep-alive
 TARGET_RATE = 200
 TARGET_RATIO = 0.8  # DESIGN: throughput >= 0.8x the no-op endpoint on the same server stack
-#: server name -> (gunicorn worker class, serve --log-level)
-VARIANTS = {"gthread": ("gthread", "INFO"), "sync": ("sync", "INFO"), "gthread-quiet": ("gthread", "WARNING")}
+#: server name -> (gunicorn worker class, serve --log-level, gc.freeze() before fork)
+VARIANTS = {"gthread": ("gthread", "INFO", False), "sync": ("sync", "INFO", False),
+            "gthread-quiet": ("gthread", "WARNING", False), "gthread-frozen": ("gthread", "INFO", True)}
+DEFAULT_SERVERS = ("gthread", "sync", "gthread-quiet")
 
 
 class BenchError(RuntimeError):
@@ -102,10 +104,11 @@ def free_port() -> int:
 
 
 def start_server(tls: Path, workdir: Path, name: str, *, workers: int = 2, threads: int = 4) -> Server:
-    worker_class, log_level = VARIANTS[name]
+    worker_class, log_level, gc_freeze = VARIANTS[name]
     port = free_port()
     stderr_path = workdir / f"serve-{name}.stderr"
-    command = [sys.executable, "-m", "bench.server", "--worker-class", worker_class, "serve", "--log-level", log_level,
+    command = [sys.executable, "-m", "bench.server", "--worker-class", worker_class,
+               *(["--gc-freeze"] if gc_freeze else []), "serve", "--log-level", log_level,
                "--cert-file", str(tls / "tls.crt"), "--key-file", str(tls / "tls.key"), "--bind", "127.0.0.1",
                "--port", str(port), "--workers", str(workers), "--threads", str(threads), "--namespace", NAMESPACE]
     env = {**os.environ, "TMPDIR": str(workdir), "PYTHONPATH": str(Path(__file__).parents[1])}
@@ -200,6 +203,9 @@ def plan(names: Sequence[str], rates: Sequence[int]) -> list[tuple[str, str, str
         points += [(name, "saturation", endpoint, None) for endpoint in ENDPOINTS]
         if name == "gthread-quiet":
             continue  # there to price the log line at saturation only
+        if name == "gthread-frozen":
+            points += [(name, "keep-alive", endpoint, rate) for rate in rates for endpoint in ENDPOINTS]
+            continue
         points += [(name, "keep-alive", endpoint, rate) for rate in rates for endpoint in ENDPOINTS]
         if name == "gthread":  # sync closes every connection anyway: its keep-alive rows are this
             points += [(name, "new-connection", endpoint, rate)
@@ -243,6 +249,7 @@ def run(*, names: Sequence[str], rates: Sequence[int], containers: int, repeats:
                                                         connections=connections, reuse=mode == "keep-alive"))
         rss = {name: server.worker_rss() for name, server in running.items()}
         config = {name: {"worker_class": server.worker_class, "log_level": VARIANTS[name][1],
+                         "gc_freeze": VARIANTS[name][2],
                          "workers": server.workers, "threads": server.threads} for name, server in running.items()}
     results = []
     for point in points:
@@ -292,8 +299,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.https_bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--servers", default=",".join(VARIANTS),
-                        help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)")
+    parser.add_argument("--servers", default=",".join(DEFAULT_SERVERS),
+                        help=f"comma-separated, of {', '.join(VARIANTS)} (default: {','.join(DEFAULT_SERVERS)})")
     parser.add_argument("--rates", default=",".join(map(str, RATES)), help="offered loads (default: 100,200,500)")
     parser.add_argument("--containers", type=int, default=10, help="containers of the reviewed pod (default: 10)")
     parser.add_argument("--repeats", type=int, default=3,

@@ -15,7 +15,8 @@ from bench.server import NOOP_PATH, NOOP_RESPONSE
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, https_bench.Server]]:
-    with https_bench.servers(tmp_path_factory.mktemp("https"), ["gthread", "sync"]) as running:
+    with https_bench.servers(tmp_path_factory.mktemp("https"), ["gthread", "sync", "gthread-frozen"],
+                             workers=1, threads=2) as running:
         yield running
 
 
@@ -70,7 +71,7 @@ def test_wrk_script_posts_reviews_and_reports_json(servers, tmp_path: Path) -> N
 
 def test_worker_rss_is_read_for_each_worker(servers) -> None:
     workers = servers["gthread"].worker_rss()
-    assert len(workers) == 2
+    assert len(workers) == 1
     assert all(w["rss_bytes"] > 1 << 20 and w["peak_rss_bytes"] >= w["rss_bytes"] for w in workers)
 
 
@@ -91,10 +92,12 @@ def test_tiny_run_reports_every_point(tmp_path: Path) -> None:
     saturation = [r for r in report["results"] if r["mode"] == "saturation"]
     assert all(r["reviews_per_s"] > 0 and r["throughput_vs_noop"] > 0 for r in saturation)
     assert {r["throughput_vs_noop"] for r in saturation if r["endpoint"] == NOOP_PATH} == {1.0}
-    assert set(report["worker_rss"]) == set(https_bench.VARIANTS)
+    assert set(report["worker_rss"]) == set(https_bench.DEFAULT_SERVERS)
     assert all(len(workers) == 1 for workers in report["worker_rss"].values())
-    assert report["servers"]["sync"] == {"worker_class": "sync", "log_level": "INFO", "workers": 1, "threads": 1}
-    assert report["servers"]["gthread"] == {"worker_class": "gthread", "log_level": "INFO", "workers": 1, "threads": 2}
+    assert report["servers"]["sync"] == {"worker_class": "sync", "log_level": "INFO", "gc_freeze": False,
+                                         "workers": 1, "threads": 1}
+    assert report["servers"]["gthread"] == {"worker_class": "gthread", "log_level": "INFO", "gc_freeze": False,
+                                            "workers": 1, "threads": 2}
     assert report["servers"]["gthread-quiet"]["log_level"] == "WARNING"
     assert {t["target"].split(" (")[0] for t in report["targets"]} == {"throughput >= 0.8x no-op, same stack"}
 
@@ -114,3 +117,10 @@ def test_the_production_server_logs_every_review_as_measured(servers) -> None:
     events = [json.loads(line) for line in servers["gthread"].stderr_path.read_text().splitlines()
               if line.startswith("{")]
     assert any(event.get("event") == "review" and event.get("endpoint") == "validate" for event in events)
+
+
+def test_the_frozen_variant_serves_the_real_endpoints(servers) -> None:
+    summary = loadgen.open_loop(servers["gthread-frozen"].target, "/mutate", reviews.mutate_body(2), rate=50,
+                                seconds=0.1, connections=1)
+    assert summary["count"] == 5
+    assert servers["gthread-frozen"].worker_class == "gthread"
