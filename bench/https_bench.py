@@ -3,12 +3,12 @@
 One run starts, with certificates from ``gpu-fence-webhook certs``, three servers (``bench.server``: the real
 ``serve`` plus the no-op endpoint ``/noop``): ``gthread`` (what ``serve`` runs: 2 workers × 4 threads, keep-alive,
 one JSON log line per review), ``sync`` (2 workers; they close every connection), and ``gthread-quiet``
-(``gthread`` with ``--log-level WARNING``: what the per-review log line costs). Then, repeat after repeat, side by
-side:
+(``gthread`` with ``--log-level WARNING``: what the per-review log line costs); ``gthread-frozen`` (``gthread`` with
+``gc.freeze()`` before fork) runs only when asked for with ``--servers``. Then, repeat after repeat, side by side:
 
 * **saturation**: Debian's ``wrk`` (closed loop, ``bench/wrk/post.lua``) drives ``/mutate``, ``/validate`` and
-  ``/noop`` with the same 10-container pod; throughput and wrk's latency distribution. The throughput target is
-  the ratio of ``/mutate`` (and ``/validate``) to ``/noop`` on the same server stack.
+  ``/noop`` with the same pod (10 containers unless ``--containers``); throughput and wrk's latency distribution.
+  The throughput target is the ratio of ``/mutate`` (and ``/validate``) to ``/noop`` on the same server stack.
 * **offered loads** 100, 200 and 500 reviews/s from ``bench.loadgen`` (open loop: latency counted from each
   request's scheduled time), over kept-alive connections and, for ``gthread``, with a new TCP connection and a
   full TLS handshake per request (``gthread-quiet`` runs saturation only).
@@ -203,9 +203,6 @@ def plan(names: Sequence[str], rates: Sequence[int]) -> list[tuple[str, str, str
         points += [(name, "saturation", endpoint, None) for endpoint in ENDPOINTS]
         if name == "gthread-quiet":
             continue  # there to price the log line at saturation only
-        if name == "gthread-frozen":
-            points += [(name, "keep-alive", endpoint, rate) for rate in rates for endpoint in ENDPOINTS]
-            continue
         points += [(name, "keep-alive", endpoint, rate) for rate in rates for endpoint in ENDPOINTS]
         if name == "gthread":  # sync closes every connection anyway: its keep-alive rows are this
             points += [(name, "new-connection", endpoint, rate)
