@@ -3,9 +3,10 @@
 The kubelet names a pod's cgroup ``pod<uid>`` (cgroupfs driver) or ``kubepods[-<qos>]-pod<uid_>.slice`` (systemd
 driver, ``-`` escaped to ``_``); the runtime puts each container in a child of it: ``cri-containerd-<id>.scope``,
 ``crio-<id>.scope`` or ``docker-<id>.scope`` under systemd, ``<id>`` or ``crio-<id>`` under cgroupfs
-(``research/auditor-anchors.md`` §5). The pod component is searched anywhere in the path, never anchored at
-``/kubepods``: custom ``--cgroup-root`` values, kind's ``/kubelet.slice/kubelet-kubepods.slice`` and the ``/../..``
-prefixes a reader in a private cgroup namespace sees all occur. The container is the component right below the
+(the kubelet's ``cm/cgroup_manager_linux.go`` and the runtimes' cgroup naming). The pod component is searched
+anywhere in the path, never anchored at ``/kubepods``: custom ``--cgroup-root`` values, kind's
+``/kubelet.slice/kubelet-kubepods.slice`` and the ``/../..`` prefixes a reader in a private cgroup namespace sees
+all occur. The container is the component right below the
 pod, so processes in sub-cgroups a container makes for itself still map to it.
 
 Pure: the host /proc adapter (``auditor.hostproc``) does the reading.

@@ -1,6 +1,7 @@
 """Turn the device ids a kubelet reports into the NVML UUIDs the auditor joins on.
 
-Device plugins do not agree on ids (``research/auditor-anchors.md`` §2):
+Device plugins do not agree on ids (NVIDIA's k8s-device-plugin, GKE's plugin; dcgm-exporter's
+``kubernetes.go`` handles the same forms):
 
 - NVIDIA's plugin reports NVML UUIDs, ``GPU-<uuid>`` or ``MIG-<uuid>`` (R470+ drivers), and with time-slicing
   or MPS one id per replica, ``<uuid>::<n>``. Several containers holding replicas of one GPU is legitimate

@@ -18,7 +18,7 @@ STRING, INT64, UINT64, MESSAGE = (
     FieldDescriptor.TYPE_MESSAGE,
 )
 
-# research/auditor-anchors.md §1, "Message / field-number table (v1, HEAD of the kubelet mirror)".
+# Field numbers of the kubelet's own k8s.io/kubelet/pkg/apis/podresources/v1/api.proto.
 KUBELET_FIELDS = [
     ("ListPodResourcesResponse", "pod_resources", 1, MESSAGE, True),
     ("PodResources", "name", 1, STRING, False),

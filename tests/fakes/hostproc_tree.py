@@ -19,7 +19,7 @@ NVIDIA_MAJOR = 195
 UVM_MAJOR = 509  # dynamic on a real node (read from /proc/devices); any major but 195 will do
 CAPS_MAJOR = 508
 
-#: How each runtime/driver pair names a container's cgroup (``research/auditor-anchors.md`` §5).
+#: How each runtime/driver pair names a container's cgroup (the kubelet's cgroup manager and each runtime).
 _POD_SLICE = "/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid_}.slice"
 LAYOUTS: Mapping[str, str] = {
     "systemd-containerd": _POD_SLICE + "/cri-containerd-{cid}.scope",
