@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from auditor.kube import (
+    ApiError,
     EventRecorder,
     KubernetesUnavailable,
     PodCache,
+    api_request,
     container_names_by_id,
     kai_gpu_groups,
     load_api_client,
@@ -26,9 +28,23 @@ class Clock:
         return self.now
 
 
+class HeaderRecordingApi(FakeKubeApi):
+    """The API fake, also keeping each request's headers: the auditor builds its requests itself, so what a real
+    API server checks (bearer token, a patch content type it accepts) is asserted here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headers: list[tuple[str, str, dict[str, str]]] = []
+
+    def _handle(self, handler, method):
+        names = {name.lower(): value for name, value in handler.headers.items()}  # HTTP header names ignore case
+        self.headers.append((method, handler.path.split("?", 1)[0], names))
+        return super()._handle(handler, method)
+
+
 @pytest.fixture
 def api(tmp_path):
-    fake = FakeKubeApi().start()
+    fake = HeaderRecordingApi().start()
     fake.add_pod(make_pod("ml", "train", "uid-1", "node-a", [("main", CID)], labels={"team": "vision"}))
     fake.add_pod(make_pod("ml", "elsewhere", "uid-2", "node-b", [("main", "b" * 64)]))
     yield fake, load_api_client(str(fake.write_kubeconfig(tmp_path / "kubeconfig")))
@@ -209,3 +225,50 @@ def test_audit_findings_carry_the_containers_spec_list():
     snapshot = NodeSnapshot("n", 0.0, (Gpu("GPU-1", 0, 0),), (debugger,), ())
     (found,) = audit(snapshot).findings
     assert found.container_field == "ephemeralContainers"
+
+
+def test_requests_carry_the_token_and_the_content_types_the_api_server_accepts(api):
+    fake, client = api
+    clock = Clock()
+    PodCache(client, "node-a").refresh()
+    recorder = EventRecorder(client, "node-a", reemit_after=60, clock=clock)
+    recorder.record([finding()])
+    clock.now += 60
+    recorder.record([finding()])
+    (listed, posted, patched) = fake.headers
+    assert [(method, path) for method, path, _ in fake.headers] == [
+        ("GET", "/api/v1/pods"),
+        ("POST", "/api/v1/namespaces/ml/events"),
+        ("PATCH", f"/api/v1/namespaces/ml/events/{next(iter(fake.events))[1]}"),
+    ]
+    assert all(headers["authorization"] == "Bearer test-token" for _, _, headers in fake.headers)
+    assert all(headers["accept"] == "application/json" for _, _, headers in fake.headers)
+    assert "content-type" not in listed[2]
+    assert posted[2]["content-type"] == "application/json"
+    assert patched[2]["content-type"] == "application/merge-patch+json"
+
+
+def test_an_expired_event_is_posted_again_with_its_count(api):
+    """The API server drops Events after an hour by default: the patch then answers 404 and the auditor posts the
+    Event again under the same name, keeping its count."""
+    fake, client = api
+    clock = Clock()
+    recorder = EventRecorder(client, "node-a", reemit_after=600, clock=clock)
+    assert recorder.record([finding()]) == 1
+    with fake._lock:
+        fake.events.clear()
+    clock.now += 600
+    assert recorder.record([finding()]) == 1
+    assert len(fake.event_patches()) == 1 and len(fake.event_posts()) == 2
+    (event,) = fake.events.values()
+    assert event["count"] == 2 and recorder.failures == 0
+
+
+def test_api_request_names_the_status_and_encodes_path_parameters(api):
+    fake, client = api
+    with pytest.raises(ApiError, match="HTTP 404") as raised:
+        api_request(client, "PATCH", "/api/v1/namespaces/{namespace}/events/{name}",
+                    path_params={"namespace": "ml", "name": "a/b c"}, body={"count": 1},
+                    content_type="application/merge-patch+json")
+    assert raised.value.status == 404
+    assert fake.headers[-1][1] == "/api/v1/namespaces/ml/events/a%2Fb%20c"  # one path segment, not two
