@@ -89,18 +89,24 @@ def iter_containers(pod_spec: Mapping[str, Any]) -> Iterator[tuple[str, int, Map
         if not isinstance(containers, list):
             continue
         for index, container in enumerate(containers):
-            if isinstance(container, Mapping):
+            if _is_mapping(container):
                 yield field, index, container
+
+
+def _is_mapping(value: Any) -> bool:
+    """``isinstance(value, Mapping)``, answered by the cheap concrete test for the dicts that JSON and YAML decoders
+    produce; the ABC check (several times slower) runs only for other types."""
+    return isinstance(value, dict) or (value is not None and isinstance(value, Mapping))
 
 
 def requests_gpu_resource(container: Mapping[str, Any], resources: GpuResources = DEFAULT_GPU_RESOURCE_SET) -> bool:
     """True when the container asks for a GPU through an extended resource or a DRA claim."""
     spec = container.get("resources")
-    if not isinstance(spec, Mapping):
+    if not _is_mapping(spec):
         return False
     for section in ("limits", "requests"):
         amounts = spec.get(section)
-        if isinstance(amounts, Mapping):
+        if amounts and _is_mapping(amounts):
             for name, quantity in amounts.items():
                 if isinstance(name, str) and resources.matches(name) and quantity_is_positive(quantity):
                     return True
@@ -116,10 +122,10 @@ def kai_fraction_container(pod: Mapping[str, Any], kai_scheduler_names: Iterable
     """
     metadata = pod.get("metadata")
     spec = pod.get("spec")
-    if not isinstance(metadata, Mapping) or not isinstance(spec, Mapping):
+    if not _is_mapping(metadata) or not _is_mapping(spec):
         return None
     annotations = metadata.get("annotations")
-    if not isinstance(annotations, Mapping):
+    if not _is_mapping(annotations):
         return None
     if not any(key in annotations for key in KAI_FRACTION_ANNOTATIONS):
         return None
@@ -130,7 +136,7 @@ def kai_fraction_container(pod: Mapping[str, Any], kai_scheduler_names: Iterable
     if isinstance(named, str) and named:
         return named
     containers = spec.get("containers")
-    if isinstance(containers, list) and containers and isinstance(containers[0], Mapping):
+    if isinstance(containers, list) and containers and _is_mapping(containers[0]):
         name = containers[0].get("name")
         return name if isinstance(name, str) else None
     return None
@@ -165,17 +171,25 @@ def parse_visible_devices(value: str | None) -> VisibleDevices:
     ``VOID``, not void.
     """
     if value is None:
-        return VisibleDevices(Visibility.UNSET)
+        return _UNSET
+    keyword = _KEYWORDS.get(value)
+    if keyword is not None:  # the common case, a bare "void" (the webhook's pin), "none" or "all"
+        return keyword
     entries = [entry.strip() for entry in value.split(",")]
     entries = [entry for entry in entries if entry]
     if not entries or "void" in entries:
-        return VisibleDevices(Visibility.VOID)
+        return _KEYWORDS["void"]
     for entry in entries:
-        if entry == "all":
-            return VisibleDevices(Visibility.ALL)
-        if entry == "none":
-            return VisibleDevices(Visibility.NONE)
+        if entry in ("all", "none"):
+            return _KEYWORDS[entry]
     return VisibleDevices(Visibility.LIST, tuple(entries))
+
+
+# The answers without devices, built once (the values are frozen): the admission policy parses a pinned "void"
+# for every container of every pod.
+_UNSET = VisibleDevices(Visibility.UNSET)
+_KEYWORDS = {"void": VisibleDevices(Visibility.VOID), "none": VisibleDevices(Visibility.NONE),
+             "all": VisibleDevices(Visibility.ALL)}
 
 
 class DeviceIdForm(Enum):

@@ -145,9 +145,12 @@ class _Container(NamedTuple):
     body: Mapping[str, Any]
     gpu: bool
     kai_fraction: bool
-    #: ``(name, entry)`` for each readable env entry. Duplicates are all kept: the kubelet keeps the last, but
-    #: every one of them is judged, so no ordering trick can hide a value.
-    env: tuple[tuple[str, Mapping[str, Any]], ...]
+    #: ``(name, entry)`` for each readable env entry whose name a rule reads (``NVIDIA_VISIBLE_DEVICES``, its
+    #: configured aliases, the MIG control variables; see :func:`_watched_env_names`); the others (most of a
+    #: typical env) no rule looks at, so they are dropped once here instead of skipped by every rule. Duplicates
+    #: are all kept: the kubelet keeps the last, but every one of them is judged, so no ordering trick can hide a
+    #: value.
+    env: list[tuple[str, Mapping[str, Any]]]
     env_readable: bool  # False when ``env`` is present but not a list: nothing can be appended to it
 
 
@@ -185,15 +188,9 @@ def _kai_fraction_name(pod: Mapping[str, Any], config: PolicyConfig) -> str | No
     return kai_fraction_container(pod, config.kai_scheduler_set)
 
 
-def _is_gpu_container(field: str, name: Any, body: Mapping[str, Any], kai_name: str | None,
-                      config: PolicyConfig) -> bool:
-    # Ephemeral containers can hold no resources and are never KAI's fraction container.
-    if field == "ephemeralContainers":
-        return False
-    return requests_gpu_resource(body, config.gpu_resource_set) or (kai_name is not None and name == kai_name)
-
-
 def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _Pod:
+    # The hot path of every review: JSON input, so concrete ``dict``/``list`` checks (not the ``Mapping`` ABC), and
+    # no text is formatted unless something is wrong.
     if not isinstance(pod, dict):
         problem = Violation(UNPINNED_CONTAINER, None, f"{UNPINNED_CONTAINER}: the object is not a Pod (not a JSON "
                             "object), so no container can be pinned; submit a Pod manifest")
@@ -205,6 +202,8 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
                                     "so no container can be pinned; give the Pod a spec object"))
         spec = {}
     kai_name = _kai_fraction_name(pod, config)
+    watched = _watched_env_names(config)
+    resources = config.gpu_resource_set
     fields = CONTAINER_FIELDS if only is None else ("ephemeralContainers",)
     containers: list[_Container] = []
     for field in fields:
@@ -215,28 +214,47 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
             unreadable.append(Violation(UNPINNED_CONTAINER, None, f"{UNPINNED_CONTAINER}: spec.{field} is not a list, "
                                         f"so its containers cannot be pinned; make spec.{field} a list of containers"))
             continue
+        ephemeral = field == "ephemeralContainers"
         for index, body in enumerate(entries):
-            label = f"{field}[{index}]"
             if not isinstance(body, dict):
+                label = f"{field}[{index}]"
                 unreadable.append(Violation(UNPINNED_CONTAINER, label, f"{UNPINNED_CONTAINER}: spec.{label} is not "
                                             "an object, so it cannot be pinned; make it a container object"))
                 continue
             name = body.get("name")
-            if only is not None and (not isinstance(name, str) or name not in only):
+            named = isinstance(name, str)
+            if only is not None and (not named or name not in only):
                 continue
-            gpu = _is_gpu_container(field, name, body, kai_name, config)
-            display = name if isinstance(name, str) and name else label
+            # Ephemeral containers can hold no resources and are never KAI's fraction container.
+            gpu = not ephemeral and (requests_gpu_resource(body, resources) or (kai_name is not None
+                                                                                and name == kai_name))
             env = body.get("env")
-            containers.append(_Container(field, index, display, body, gpu, gpu and name == kai_name, _read_env(env),
-                                         env is None or isinstance(env, list)))
+            if isinstance(env, list):
+                readable, watched_env = True, _watched_env(env, watched)
+            else:
+                readable, watched_env = env is None, []
+            containers.append(_Container(field, index, name if named and name else f"{field}[{index}]", body, gpu,
+                                         gpu and name == kai_name, watched_env, readable))
     return _Pod(_mapping(pod.get("metadata")), spec, tuple(containers), tuple(unreadable), config, only is None)
 
 
-def _read_env(env: Any) -> tuple[tuple[str, Mapping[str, Any]], ...]:
-    if not isinstance(env, list):
-        return ()
-    return tuple((entry["name"], entry) for entry in env
-                 if isinstance(entry, dict) and isinstance(entry.get("name"), str))
+def _watched_env_names(config: PolicyConfig) -> frozenset[str]:
+    """Every env name some rule reads: the visible-devices names (``NVIDIA_VISIBLE_DEVICES`` and the configured
+    aliases) and the MIG control variables. A rule that reads another env name must be added here."""
+    return config.visible_devices_names | _MIG_CONTROL_NAMES
+
+
+_MIG_CONTROL_NAMES = frozenset(MIG_CONTROL_ENVS)
+
+
+def _watched_env(env: list[Any], watched: frozenset[str]) -> list[tuple[str, Mapping[str, Any]]]:
+    found: list[tuple[str, Mapping[str, Any]]] = []
+    for entry in env:
+        if isinstance(entry, dict):
+            name = entry.get("name")
+            if isinstance(name, str) and name in watched:  # the str test first: a list name is unhashable
+                found.append((name, entry))
+    return found
 
 
 def clean_path(path: str) -> str:
@@ -294,7 +312,6 @@ def visible_devices_env(pod: _Pod) -> list[Violation]:
     names = pod.config.visible_devices_names
     found: list[Violation] = []
     for container in pod.containers:
-        where = f"container {_quote(container.name)}"
         for name, entry in container.env:
             if name not in names:
                 continue
@@ -316,7 +333,8 @@ def visible_devices_env(pod: _Pod) -> list[Violation]:
                 problem = f"sets {name}={_quote(value)} but requests no GPU"
             fix = (f"remove {name} (the device plugin sets it from the allocation)" if container.gpu
                    else f"request nvidia.com/gpu, or remove {name}")
-            found.append(Violation(VISIBLE_DEVICES, container.name, f"{VISIBLE_DEVICES}: {where} {problem}; {fix}"))
+            found.append(Violation(VISIBLE_DEVICES, container.name,
+                                   f"{VISIBLE_DEVICES}: container {_quote(container.name)} {problem}; {fix}"))
     return found
 
 
@@ -363,12 +381,23 @@ def _is_device_list_path(cleaned: str) -> bool:
     return cleaned.startswith(DEVICE_LIST_MOUNT_PREFIXES) or "/nvidia-container-devices" in cleaned
 
 
+#: Every path :func:`_is_device_list_path` accepts contains this. Cleaning drops ``.``, ``..`` and empty components
+#: but never changes the text of a component, and the marker holds no ``/``, so a cleaned path can contain it only
+#: if the raw path does: testing the raw path first skips the clean for all ordinary mounts.
+_DEVICE_LIST_MARKER = "nvidia-container-devices"
+
+
 def device_list_mount(pod: _Pod) -> list[Violation]:
     found: list[Violation] = []
     for container in pod.containers:
-        for mount in _volume_mounts(container):
+        mounts = container.body.get("volumeMounts")
+        if not isinstance(mounts, list):
+            continue
+        for mount in mounts:
+            if not isinstance(mount, dict):
+                continue
             path = mount.get("mountPath")
-            if isinstance(path, str) and _is_device_list_path(clean_path(path)):
+            if isinstance(path, str) and _DEVICE_LIST_MARKER in path and _is_device_list_path(clean_path(path)):
                 found.append(Violation(DEVICE_LIST_MOUNT, container.name, f"{DEVICE_LIST_MOUNT}: container "
                                        f"{_quote(container.name)} mounts a volume at {_quote(path)}, which the "
                                        "NVIDIA toolkit reads as a GPU request; remove the volumeMount and request "
