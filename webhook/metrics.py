@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -72,13 +73,35 @@ class WebhookMetrics:
             multiprocess_mode="livemostrecent",
         )
 
+        # Children (one labelled series each) looked up once and kept: ``labels()`` validates and locks on every
+        # call, which per review costs more than the increments. The keys are bounded: endpoints x verdicts x
+        # combinations of rule ids, all fixed strings; dict reads and writes are atomic, and two threads that
+        # race to fill a key get the same children from ``labels()``.
+        self._review_children: dict[tuple[str, str, tuple[str, ...]], tuple[Any, ...]] = {}
+        self._duration_children: dict[str, Any] = {}
+        self._bad_request_children: dict[str, Any] = {}
+
     def count_review(self, endpoint: str, verdict: str, rules: Iterable[str], seconds: float) -> None:
-        rules = tuple(rules) or ("none",)
-        for rule in rules:
-            self.reviews.labels(endpoint, verdict, rule).inc()
-        self.duration.labels(endpoint).observe(seconds)
+        rules = rules if isinstance(rules, tuple) else tuple(rules)
+        key = (endpoint, verdict, rules)
+        counters = self._review_children.get(key)
+        if counters is None:
+            counters = tuple(self.reviews.labels(endpoint, verdict, rule) for rule in rules or ("none",))
+            self._review_children[key] = counters
+        for counter in counters:
+            counter.inc()
+        histogram = self._duration_children.get(endpoint)
+        if histogram is None:
+            histogram = self._duration_children[endpoint] = self.duration.labels(endpoint)
+        histogram.observe(seconds)
         if verdict == "error":
             self.internal_errors.labels(endpoint).inc()
+
+    def count_bad_request(self, reason: str) -> None:
+        counter = self._bad_request_children.get(reason)
+        if counter is None:  # reasons are the fixed tokens of BadReview and the HTTP errors
+            counter = self._bad_request_children[reason] = self.bad_requests.labels(reason)
+        counter.inc()
 
     def exposition(self) -> bytes:
         """The text format of every metric; merged over all worker processes in multiprocess mode."""
