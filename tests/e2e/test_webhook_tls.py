@@ -368,6 +368,12 @@ def test_logs_are_json_lines_and_the_kubernetes_client_is_never_imported(server)
     [event] = [event for event in events if event.get("uid") == review["request"]["uid"]]
     assert event["event"] == "review" and event["verdict"] == "denied" and event["dry_run"] is True
     assert event["rules"] == ["unpinned-container"] and event["namespace"] == "default"
+    assert list(event)[:5] == ["time", "level", "logger", "event", "message"] and event["level"] == "info"
+    # gc.freeze() before each fork (serve's pre_fork hook): every worker starts with the master's objects frozen
+    # and its own collector on
+    started = [event for event in events if event["event"] == "worker-started"]
+    assert len(started) >= 2
+    assert all(event["frozen_objects"] > 10_000 and event["gc_enabled"] is True for event in started)
     imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
     assert "flask" in imported and "webhook.app" in imported  # the import log is live
     assert not [name for name in imported if name == "kubernetes" or name.startswith("kubernetes.")]

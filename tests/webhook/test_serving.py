@@ -1,0 +1,100 @@
+"""serve's gunicorn set-up, in process: the fork hooks that keep start-up objects out of the workers' collections,
+the collector's state around ``_serve``, and the direct review log line. The server itself runs in
+``tests/e2e/test_webhook_tls.py``."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import logging
+from pathlib import Path
+
+import pytest
+from prometheus_client import values
+
+from webhook import serving
+from webhook.certs import new_ca, new_serving_cert, service_dns_names
+from webhook.config import PolicyConfig
+from webhook.wsgi import ReviewEndpoints
+
+
+@pytest.fixture
+def collector():
+    """Leave the process's collector as it was, whatever a test does to it."""
+    enabled = gc.isenabled()
+    yield
+    gc.unfreeze()
+    if enabled:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+def test_pre_fork_freezes_and_post_fork_collects_again(collector, caplog):
+    hooks = serving.fork_hooks()
+    gc.disable()  # as _serve leaves the master
+    gc.unfreeze()
+    hooks["pre_fork"](None, None)
+    frozen = gc.get_freeze_count()
+    assert frozen > 1000  # everything imported so far, this test's modules included
+    assert not gc.isenabled()  # the master stays off between forks
+    with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
+        hooks["post_fork"](None, None)
+    assert gc.isenabled()
+    [record] = caplog.records
+    assert record.fields["event"] == "worker-started"
+    assert record.fields["frozen_objects"] == frozen and record.fields["gc_enabled"] is True
+
+
+def test_gunicorn_takes_the_hooks_as_its_settings():
+    hooks = serving.fork_hooks()
+    server = serving._gunicorn_application(lambda environ, start_response: [], dict(hooks))
+    assert server.cfg.pre_fork is hooks["pre_fork"] and server.cfg.post_fork is hooks["post_fork"]
+
+
+def _serve_args(tmp_path: Path, *, good: bool = True) -> argparse.Namespace:
+    now = dt.datetime.now(dt.UTC)
+    pair = new_serving_cert(new_ca(common_name="ca", now=now, days=3), service_dns_names("s", "ns"), now=now, days=2)
+    (tmp_path / "tls.crt").write_bytes(pair.cert_pem if good else b"not a certificate")
+    (tmp_path / "tls.key").write_bytes(pair.key_pem)
+    return argparse.Namespace(cert_file=str(tmp_path / "tls.crt"), key_file=str(tmp_path / "tls.key"),
+                              bind="127.0.0.1", port=8443, workers=2, threads=4, log_level="INFO")
+
+
+@pytest.fixture
+def multiprocess_metrics(tmp_path, monkeypatch):
+    """``_serve`` switches prometheus_client to per-process files: give it a directory, undo it afterwards."""
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+    monkeypatch.setattr(values, "ValueClass", values.ValueClass)
+
+
+def test_serve_runs_gunicorn_with_the_collector_off_and_the_fork_hooks(tmp_path, monkeypatch, collector,
+                                                                        multiprocess_metrics):
+    seen = {}
+
+    class Stub:
+        def run(self) -> None:
+            seen["collecting"] = gc.isenabled()
+
+    def gunicorn(app, options):
+        seen["app"], seen["options"] = app, options
+        return Stub()
+
+    monkeypatch.setattr(serving, "_gunicorn_application", gunicorn)
+    gc.enable()
+    assert serving._serve(_serve_args(tmp_path), PolicyConfig(), str(tmp_path)) == 0
+    assert seen["collecting"] is False  # off from before the app was imported until each worker starts
+    assert gc.isenabled()  # and on again once serve returns
+    assert {"pre_fork", "post_fork"} <= set(seen["options"])
+    review_log = seen["app"].wsgi_app.review_log
+    assert isinstance(seen["app"].wsgi_app, ReviewEndpoints) and review_log.fd is not None
+
+
+def test_a_serve_that_cannot_start_leaves_the_collector_on(tmp_path, collector, multiprocess_metrics):
+    gc.enable()
+    with pytest.raises(serving.ServeError, match="not a"):
+        serving._serve(_serve_args(tmp_path, good=False), PolicyConfig(), str(tmp_path))
+    assert gc.isenabled()
