@@ -8,6 +8,16 @@ A dense node has ~30,000 processes and a 250 ms cycle budget, so :meth:`HostProc
 learnt between calls and reads the cgroup file only of processes it has not seen before. A pid reused by a new
 process is told apart by the inode of its ``/proc/<pid>`` directory, which ``getdents`` returns for free: the
 kernel makes a new inode for every new process (and, harmlessly, sometimes for the same one, which costs a re-read).
+
+A process found outside any pod is read again during the ``recheck_scans`` scans after the one that first saw it,
+and never after: it may have been caught in ``runc init``, the few milliseconds before the runtime moves a
+container's first process into its cgroup. Re-reading every host process forever would cost most of a warm cycle.
+The processes of the auditor's first scan are of unknown age, nearly all long-lived: their windows start spread
+by pid over the next ``startup_spread`` scans, so that no one cycle after a start re-reads the whole node.
+
+What is kept per process is one dict entry (pid → inode), not an object, and it is updated in place: the state of
+a 30,000-process node must fit the auditor's memory budget. The cgroup texts of a container's processes are equal,
+so their parsed identity is one object, looked up by the file's bytes rather than parsed again.
 """
 
 from __future__ import annotations
@@ -15,7 +25,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from auditor.cgroups import CgroupIdentity, parse_cgroup
 
@@ -23,30 +32,55 @@ from auditor.cgroups import CgroupIdentity, parse_cgroup
 NVIDIA_MAJOR = 195
 #: Minors on major 195 that are not GPUs: ``nvidia-modeset`` (254) and ``nvidiactl`` (255).
 NON_GPU_MINORS = frozenset({254, 255})
+#: Distinct cgroup texts remembered with their parsed identity (about one per container and one per host service);
+#: past this the memo starts afresh, so a node with more never grows it without bound.
+PARSED_LIMIT = 8192
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
+_CHUNK = 4096
 
 
-@dataclass(frozen=True)
-class _Seen:
-    inode: int
-    identity: CgroupIdentity | None
-    read_at: int  # the container_pids() call that read it
+def read_small_file(path: str) -> bytes | None:
+    """The whole content of a small file with plain system calls (no file object, no text decoding), or None when
+    it cannot be read: vanished (ENOENT), exiting (ESRCH), not ours to read (EACCES), not a file (EISDIR)."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, _CHUNK)
+        if len(data) == _CHUNK:  # a long v1 file: /proc serves it in pieces
+            chunks = [data]
+            while chunk := os.read(fd, _CHUNK):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        return data
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class HostProc:
     """Reads one host proc tree. Not thread-safe: one auditor cycle at a time uses it.
 
-    ``recheck_every``: a process found outside any pod is read again every that many calls (spread over calls
-    by pid), because a process can be caught during ``runc init`` before it joins its container's cgroup.
+    ``recheck_scans``: how many scans re-read a process found outside any pod (0: none); ``startup_spread``: over
+    how many scans the windows of the processes found by the first scan start. See the module docstring.
     """
 
-    def __init__(self, root: str = "/proc", *, recheck_every: int = 8) -> None:
-        if recheck_every < 1:
-            raise ValueError(f"recheck_every must be at least 1, got {recheck_every}")
+    def __init__(self, root: str = "/proc", *, recheck_scans: int = 2, startup_spread: int = 8) -> None:
+        if recheck_scans < 0:
+            raise ValueError(f"recheck_scans must be 0 or more, got {recheck_scans}")
+        if startup_spread < 1:
+            raise ValueError(f"startup_spread must be at least 1, got {startup_spread}")
         self.root = root
-        self.recheck_every = recheck_every
+        self.recheck_scans = recheck_scans
+        self.startup_spread = startup_spread
         #: cgroup files read so far; shows (in tests and metrics) that scans are incremental.
         self.cgroup_reads = 0
-        self._seen: dict[int, _Seen] = {}
+        self._inodes: dict[int, int] = {}  # every pid of the last scan → its inode << 1 | that scan's parity
+        self._identities: dict[int, CgroupIdentity] = {}  # the pids of the last scan that are in a pod
+        self._recheck: dict[int, int] = {}  # pids outside any pod with re-checks to come → the last scan to re-read
+        self._parsed: dict[bytes, CgroupIdentity | None] = {}
         self._scans = 0
 
     def _path(self, pid: int, name: str) -> str:
@@ -72,18 +106,25 @@ class HostProc:
         """
         return sorted(self._listing())
 
-    def _read_cgroup(self, pid: int) -> str | None:
-        self.cgroup_reads += 1
+    def _parse(self, text: bytes) -> CgroupIdentity | None:
         try:
-            with open(self._path(pid, "cgroup"), encoding="utf-8", errors="replace") as file:
-                return file.read()
-        except OSError:  # vanished (ENOENT), exiting (ESRCH), not ours to read (EACCES), not a file
-            return None
+            return self._parsed[text]
+        except KeyError:
+            pass
+        if len(self._parsed) >= PARSED_LIMIT:
+            self._parsed.clear()
+        identity = parse_cgroup(text.decode("utf-8", errors="replace"))
+        self._parsed[text] = identity
+        return identity
+
+    def _read_cgroup(self, pid: int) -> bytes | None:
+        self.cgroup_reads += 1
+        return read_small_file(f"{self.root}/{pid}/cgroup")
 
     def identity(self, pid: int) -> CgroupIdentity | None:
         """The pod and container ``pid`` runs in, read now; None when it is in none or has vanished."""
         text = self._read_cgroup(pid)
-        return parse_cgroup(text) if text is not None else None
+        return self._parse(text) if text is not None else None
 
     def identities(self, pids: Iterable[int]) -> dict[int, CgroupIdentity]:
         """Identities of the given pids that are in a pod (others are left out).
@@ -94,48 +135,88 @@ class HostProc:
         """
         found: dict[int, CgroupIdentity] = {}
         for pid in pids:
-            seen = self._seen.get(pid)
-            if seen is not None and seen.identity is not None:
+            known = self._identities.get(pid)
+            if known is not None:
                 try:
-                    same = os.stat(f"{self.root}/{pid}").st_ino == seen.inode
+                    same = os.stat(f"{self.root}/{pid}").st_ino == self._inodes[pid] >> 1
                 except OSError:  # exited since the scan
                     continue
-                identity = seen.identity if same else self.identity(pid)
+                identity = known if same else self.identity(pid)
             else:
                 identity = self.identity(pid)
             if identity is not None:
                 found[pid] = identity
         return found
 
-    def _due_for_recheck(self, pid: int) -> bool:
-        return (self._scans + pid) % self.recheck_every == 0
+    def window_end(self, pid: int, first_seen: int) -> int:
+        """The last scan that re-reads ``pid``, found outside any pod by scan ``first_seen``; the window is the
+        ``recheck_scans`` scans up to it. It follows the first sight, except after the auditor's first scan."""
+        if self.recheck_scans == 0:
+            return first_seen
+        delay = pid % self.startup_spread if first_seen == 1 else 0
+        return first_seen + delay + self.recheck_scans
 
     def container_pids(self) -> dict[str, int]:
         """container id → one live pid in it (the lowest), for every container with a process on the host.
 
         Incremental: lists the pids, reads the cgroup file only of pids new since the last call (or reused, or
-        due for a recheck of a negative answer) and forgets vanished ones. Raises ``OSError`` as :meth:`pids`.
+        outside any pod and in their re-check window) and forgets vanished ones. Raises ``OSError`` as :meth:`pids`.
+
+        The state is updated in place, never copied: each pid's entry holds its inode shifted left by one and, in the
+        low bit, the parity of the last scan that listed it, so the pids this scan did not list are found at the end
+        without a second table of every pid.
         """
         self._scans += 1
-        current: dict[int, _Seen] = {}
-        for pid, inode in self._listing().items():
-            seen = self._seen.get(pid)
-            fresh = seen is not None and seen.inode == inode
-            if fresh and (seen.identity is not None or not self._due_for_recheck(pid)):
-                current[pid] = seen
-                continue
-            text = self._read_cgroup(pid)
-            if text is None:  # vanished between the listing and the read: not cached, so a reused pid is read
-                continue
-            current[pid] = _Seen(inode, parse_cgroup(text), self._scans)
-        self._seen = current
+        scan, parity = self._scans, self._scans & 1
+        inodes, identities, recheck = self._inodes, self._identities, self._recheck
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                name = entry.name
+                if not name.isdigit():
+                    continue
+                try:
+                    inode = entry.inode()
+                except OSError:  # only where the platform needs a stat for it; the pid just went away
+                    continue
+                pid = int(name)
+                before = inodes.get(pid)
+                inodes[pid] = inode << 1 | parity
+                if before is not None and before >> 1 == inode:
+                    if pid in identities:
+                        continue
+                    end = recheck.get(pid)
+                    if end is None or scan <= end - self.recheck_scans:
+                        continue  # outside any pod: past its window, or its window has not started yet
+                else:
+                    end = self.window_end(pid, scan)
+                text = self._read_cgroup(pid)
+                if text is None:  # vanished between the listing and the read: forgotten, so a reused pid is read
+                    self._forget(pid)
+                    continue
+                identity = self._parse(text)
+                if identity is not None:
+                    identities[pid] = identity
+                    recheck.pop(pid, None)
+                    continue
+                identities.pop(pid, None)
+                if scan < end:
+                    recheck[pid] = end
+                else:
+                    recheck.pop(pid, None)
+        for pid in [pid for pid, mark in inodes.items() if mark & 1 != parity]:
+            self._forget(pid)
 
         chosen: dict[str, int] = {}
-        for pid, seen in current.items():
-            container = seen.identity.container_id if seen.identity is not None else None
+        for pid, identity in identities.items():
+            container = identity.container_id
             if container is not None and (container not in chosen or pid < chosen[container]):
                 chosen[container] = pid
         return chosen
+
+    def _forget(self, pid: int) -> None:
+        del self._inodes[pid]
+        self._identities.pop(pid, None)
+        self._recheck.pop(pid, None)
 
     def visible_minors(self, pid: int) -> frozenset[int] | None:
         """Minors of the GPU device nodes in the process's ``/dev``; None when that cannot be read.

@@ -138,7 +138,7 @@ def test_container_pids_reads_only_new_pids(tree: HostProcTree) -> None:
     for pid in range(100, 110):
         tree.add_container_process(pid, POD_A, C1)
     tree.add_process(1, cgroup="0::/init.scope\n")
-    proc = HostProc(str(tree), recheck_every=1_000_000)
+    proc = HostProc(str(tree), recheck_scans=0)
     assert proc.container_pids() == {C1: 100}
     assert proc.cgroup_reads == 11
 
@@ -159,7 +159,7 @@ def test_container_pids_reads_only_new_pids(tree: HostProcTree) -> None:
 
 def test_a_reused_pid_is_read_again(tree: HostProcTree) -> None:
     tree.add_container_process(100, POD_A, C1)
-    proc = HostProc(str(tree), recheck_every=1_000_000)
+    proc = HostProc(str(tree), recheck_scans=0)
     assert proc.container_pids() == {C1: 100}
     tree.reuse_pid(100, cgroup=cgroup_text(POD_B, C2))
     assert proc.container_pids() == {C2: 100}
@@ -170,7 +170,7 @@ def test_identities_does_not_trust_the_scan_for_a_pid_reused_since(tree: HostPro
     """A cycle asks for the identities of NVML's pids before it rescans: a pid the last scan placed in one container,
     reused since by a process of another, must not be billed to the first."""
     tree.add_container_process(100, POD_A, C1)
-    proc = HostProc(str(tree), recheck_every=1_000_000)
+    proc = HostProc(str(tree), recheck_scans=0)
     assert proc.container_pids() == {C1: 100}
     tree.reuse_pid(100, cgroup=cgroup_text(POD_B, C2))
     assert proc.identities([100]) == {100: CgroupIdentity(POD_B, C2, CONTAINERD)}
@@ -178,28 +178,109 @@ def test_identities_does_not_trust_the_scan_for_a_pid_reused_since(tree: HostPro
     assert proc.identities([100]) == {}  # exited since the scan: unknown, not the old container
 
 
-def test_a_process_seen_outside_a_pod_is_rechecked(tree: HostProcTree) -> None:
-    """Caught during ``runc init``, before it joined its container's cgroup."""
+def test_a_process_seen_outside_a_pod_is_rechecked_during_its_window(tree: HostProcTree) -> None:
+    """Caught during ``runc init``, before the runtime moved it into its container's cgroup: the next scans of its
+    window read it again and find it in its container."""
     tree.add_process(7, cgroup="0::/system.slice/containerd.service\n")
-    proc = HostProc(str(tree), recheck_every=3)
+    proc = HostProc(str(tree), recheck_scans=2, startup_spread=1)
     assert proc.container_pids() == {}
     tree.write_cgroup(7, cgroup_text(POD_A, C1))
-    found = [proc.container_pids() for _ in range(3)]
-    assert {C1: 7} in found
-    assert proc.cgroup_reads == 2  # one read when first seen, one recheck within three scans
+    assert proc.container_pids() == {C1: 7}
+    assert proc.cgroup_reads == 2  # one read when first seen, one re-check; in a pod now, so never read again
+    assert proc.container_pids() == {C1: 7} and proc.cgroup_reads == 2
+
+
+def test_a_host_process_is_read_only_during_its_window(tree: HostProcTree) -> None:
+    """Re-checks end after ``recheck_scans`` scans: a host process then costs nothing per scan, and one that joins
+    a pod's cgroup later (which no runtime does) stays where it was found."""
+    tree.add_process(7, cgroup="0::/system.slice/sshd.service\n")
+    proc = HostProc(str(tree), recheck_scans=2, startup_spread=1)
+    reads = []
+    for _ in range(6):
+        assert proc.container_pids() == {}
+        reads.append(proc.cgroup_reads)
+    assert reads == [1, 2, 3, 3, 3, 3]  # first seen, then two re-checks, then none
+    tree.write_cgroup(7, cgroup_text(POD_A, C1))
+    assert proc.container_pids() == {} and proc.cgroup_reads == 3
+    # a process that starts later has a window of its own, counted from the scan that first saw it
+    tree.add_process(8, cgroup="0::/system.slice/containerd.service\n")
+    assert proc.container_pids() == {} and proc.cgroup_reads == 4
+    tree.write_cgroup(8, cgroup_text(POD_A, C2))
+    assert proc.container_pids() == {C2: 8}
+    # a pid reused by a new process starts a new window too
+    tree.reuse_pid(7, cgroup="0::/system.slice/containerd.service\n")
+    proc.container_pids()
+    tree.write_cgroup(7, cgroup_text(POD_B, C3))
+    assert proc.container_pids() == {C2: 8, C3: 7}
+
+
+def test_the_windows_of_processes_found_at_start_are_spread(tree: HostProcTree) -> None:
+    """The first scan finds the whole node: its host processes are re-checked in turns, by pid, so that no cycle after
+    a start re-reads every process; processes that start later are re-checked at once."""
+    for pid in range(100, 116):
+        tree.add_process(pid, cgroup="0::/system.slice/sshd.service\n")
+    proc = HostProc(str(tree), recheck_scans=1, startup_spread=4)
+    reads = []
+    for _ in range(7):
+        proc.container_pids()
+        reads.append(proc.cgroup_reads)
+    assert reads == [16, 20, 24, 28, 32, 32, 32]  # a quarter per scan, each process once, then none
+    assert [proc.window_end(pid, 1) for pid in (100, 101, 103)] == [2, 3, 5]
+    assert proc.window_end(103, 5) == 6  # found later: the very next scan
+    # one caught joining its container after the first scan is found in its window (pid 103: the fourth scan after)
+    fresh = HostProc(str(tree), recheck_scans=1, startup_spread=4)
+    fresh.container_pids()
+    tree.write_cgroup(103, cgroup_text(POD_A, C1))
+    assert [fresh.container_pids() for _ in range(4)] == [{}, {}, {}, {C1: 103}]
+
+
+def test_without_a_window_a_host_process_is_read_once(tree: HostProcTree) -> None:
+    tree.add_process(7, cgroup="0::/init.scope\n")
+    proc = HostProc(str(tree), recheck_scans=0)
+    for _ in range(3):
+        proc.container_pids()
+    assert proc.cgroup_reads == 1
+
+
+def test_equal_cgroup_texts_share_one_parsed_identity(tree: HostProcTree, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The processes of one container have one cgroup text: it is parsed once and its identity object shared, and
+    the memo of texts starts afresh past its limit instead of growing with the node."""
+    for pid in range(100, 110):
+        tree.add_container_process(pid, POD_A, C1)
+    tree.add_container_process(110, POD_B, C2)
+    proc = HostProc(str(tree))
+    proc.container_pids()
+    assert len({id(identity) for identity in proc.identities(range(100, 110)).values()}) == 1
+    monkeypatch.setattr("auditor.hostproc.PARSED_LIMIT", 1)
+    fresh = HostProc(str(tree))
+    assert fresh.container_pids() == {C1: 100, C2: 110}
+    assert len(fresh._parsed) == 1
+
+
+def test_a_cgroup_file_longer_than_one_read_is_read_whole(tree: HostProcTree) -> None:
+    """cgroup v1 hosts list one line per hierarchy; a long file arrives from /proc in pieces."""
+    filler = "".join(f"{n}:name=h{n}:/system.slice/some-long-service-name-{n:04d}.service\n" for n in range(160))
+    text = filler + cgroup_text(POD_A, C1, layout="cgroupfs", v1=True)
+    assert len(text.encode()) > 2 * 4096
+    tree.add_process(10, cgroup=text)
+    proc = HostProc(str(tree))
+    assert proc.identity(10) == CgroupIdentity(POD_A, C1, None)
+    assert proc.container_pids() == {C1: 10}
 
 
 def test_identities_reads_pids_the_scan_placed_outside_pods(tree: HostProcTree) -> None:
     tree.add_process(7, cgroup="0::/system.slice/containerd.service\n")
-    proc = HostProc(str(tree), recheck_every=1_000_000)
+    proc = HostProc(str(tree), recheck_scans=0)
     proc.container_pids()
     tree.write_cgroup(7, cgroup_text(POD_A, C1))
     assert proc.identities([7]) == {7: CgroupIdentity(POD_A, C1, CONTAINERD)}
 
 
-def test_recheck_every_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="recheck_every"):
-        HostProc("/proc", recheck_every=0)
+def test_window_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="recheck_scans"):
+        HostProc("/proc", recheck_scans=-1)
+    with pytest.raises(ValueError, match="startup_spread"):
+        HostProc("/proc", startup_spread=0)
 
 
 def test_visible_minors_counts_gpu_nodes_only(tree: HostProcTree) -> None:
@@ -249,30 +330,65 @@ def test_environ_tolerates_bytes_that_are_not_utf8(tree: HostProcTree) -> None:
 
 
 # --- property: the incremental scan always agrees with a fresh full scan -------------------------------------------
+#
+# The model: a host process may join a pod container's cgroup (as ``runc init`` does). The incremental scan sees
+# the join when a scan of the process's re-check window is still to come: the window ends ``recheck_scans`` scans
+# after the scan that first saw it, plus ``pid % startup_spread`` scans when that was the first scan. Later joins
+# (which no runtime makes) are, by design, not seen. The expected answer is a full scan of the tree in which every
+# late joiner is still where the incremental scan last found it.
 
 _PODS = [POD_A, POD_B]
 _CONTAINERS = [C1, C2, C3, PAUSE]
+_HOST_CGROUP = "0::/system.slice/sshd.service\n"
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("container"), st.sampled_from(_PODS), st.sampled_from(_CONTAINERS)),
         st.tuples(st.just("host")),
         st.tuples(st.just("exit"), st.integers(min_value=0, max_value=50)),
         st.tuples(st.just("reuse"), st.integers(min_value=0, max_value=50), st.sampled_from(_CONTAINERS)),
+        st.tuples(st.just("reuse-host"), st.integers(min_value=0, max_value=50)),
+        st.tuples(st.just("join"), st.integers(min_value=0, max_value=50), st.sampled_from(_CONTAINERS)),
         st.tuples(st.just("scan")),
     ),
-    max_size=25,
+    max_size=30,
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(operations, st.integers(min_value=1, max_value=4))
+def expected_scan(tree: HostProcTree, live: list[int], late: set[int]) -> dict[str, int]:
+    """A full scan of the tree, with late joiners left outside any pod: the lowest live pid per container."""
+    chosen: dict[str, int] = {}
+    reader = HostProc(str(tree))
+    for pid in live:
+        identity = None if pid in late else reader.identity(pid)
+        if identity is not None and identity.container_id is not None:
+            chosen[identity.container_id] = min(pid, chosen.get(identity.container_id, pid))
+    return chosen
+
+
+def window_end(pid: int, first_seen: int, recheck_scans: int, startup_spread: int) -> int:
+    if recheck_scans == 0:
+        return first_seen
+    return first_seen + recheck_scans + (pid % startup_spread if first_seen == 1 else 0)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations, st.integers(min_value=0, max_value=3), st.integers(min_value=1, max_value=3))
 # a pid reused twice: a fake tree that freed the first directory's inode handed it back on the second reuse
-@example([("container", POD_A, C1), ("scan",), ("reuse", 0, C1), ("reuse", 0, C2)], 1)
-def test_incremental_scan_matches_a_full_scan(steps: list[tuple], recheck_every: int) -> None:
+@example([("container", POD_A, C1), ("scan",), ("reuse", 0, C1), ("reuse", 0, C2)], 1, 1)
+# a join before the last scan of the window is seen; one scan later it is not
+@example([("scan",), ("host",), ("scan",), ("scan",), ("join", 0, C1), ("scan",)], 2, 1)
+@example([("scan",), ("host",), ("scan",), ("scan",), ("scan",), ("join", 0, C1), ("scan",)], 2, 1)
+# found by the first scan: pid 100's window starts 100 % 3 = 1 scan later; found later: at once
+@example([("host",), ("scan",), ("scan",), ("scan",), ("join", 0, C1), ("scan",)], 1, 3)
+@example([("scan",), ("host",), ("scan",), ("scan",), ("join", 0, C1), ("scan",)], 1, 3)
+def test_incremental_scan_matches_a_full_scan(steps: list[tuple], recheck_scans: int, startup_spread: int) -> None:
     with tempfile.TemporaryDirectory() as directory:
         tree = HostProcTree(Path(directory) / "proc")
-        incremental = HostProc(str(tree), recheck_every=recheck_every)
+        incremental = HostProc(str(tree), recheck_scans=recheck_scans, startup_spread=startup_spread)
         live: list[int] = []
+        outside: dict[int, int | None] = {}  # live host processes → the scan that first saw them (None: not yet)
+        late: set[int] = set()  # joined a pod after their window: the incremental scan keeps them outside
+        scans = 0
         next_pid = 100
         for step in steps:
             kind = step[0]
@@ -281,13 +397,32 @@ def test_incremental_scan_matches_a_full_scan(steps: list[tuple], recheck_every:
                 live.append(next_pid)
                 next_pid += 1
             elif kind == "host":
-                tree.add_process(next_pid, cgroup="0::/system.slice/sshd.service\n")
+                tree.add_process(next_pid, cgroup=_HOST_CGROUP)
                 live.append(next_pid)
+                outside[next_pid] = None
                 next_pid += 1
             elif kind == "exit" and live:
-                tree.remove(live.pop(step[1] % len(live)))
-            elif kind == "reuse" and live:  # a new process gets an exited one's pid
-                tree.reuse_pid(live[step[1] % len(live)], cgroup=cgroup_text(POD_B, step[2]))
+                pid = live.pop(step[1] % len(live))
+                tree.remove(pid)
+                outside.pop(pid, None)
+                late.discard(pid)
+            elif kind in ("reuse", "reuse-host") and live:  # a new process gets an exited one's pid
+                pid = live[step[1] % len(live)]
+                late.discard(pid)
+                if kind == "reuse":
+                    tree.reuse_pid(pid, cgroup=cgroup_text(POD_B, step[2]))
+                    outside.pop(pid, None)
+                else:
+                    tree.reuse_pid(pid, cgroup=_HOST_CGROUP)
+                    outside[pid] = None
+            elif kind == "join" and outside:
+                pid = sorted(outside)[step[1] % len(outside)]
+                tree.write_cgroup(pid, cgroup_text(POD_A, step[2], layout="cgroupfs"))
+                first = outside.pop(pid)
+                if first is not None and scans >= window_end(pid, first, recheck_scans, startup_spread):
+                    late.add(pid)
             elif kind == "scan":
-                assert incremental.container_pids() == HostProc(str(tree)).container_pids()
-        assert incremental.container_pids() == HostProc(str(tree)).container_pids()
+                scans += 1
+                assert incremental.container_pids() == expected_scan(tree, live, late)
+                outside = {pid: scans if first is None else first for pid, first in outside.items()}
+        assert incremental.container_pids() == expected_scan(tree, live, late)
