@@ -422,6 +422,8 @@ def run_daemon(args: argparse.Namespace) -> int:
                 logs.event(log, "finding", finding.message, level=logging.WARNING, kind=finding.kind.value,
                            namespace=finding.namespace, pod=finding.pod, container=finding.container,
                            gpu=finding.gpu, pid=finding.pid, memory_bytes=finding.memory_bytes)
+            # Not kept while the next cycle builds its own: two node-sized snapshots would meet at the RSS peak.
+            del snapshot, result
         delay = backoff(args.interval, failures_in_row, args.max_backoff)
         stop.wait(max(0.0, delay - (time.monotonic() - started)))
 

@@ -205,6 +205,8 @@ class HostProc:
                     recheck.pop(pid, None)
         for pid in [pid for pid, mark in inodes.items() if mark & 1 != parity]:
             self._forget(pid)
+        if not recheck:
+            self._recheck = {}  # a dict keeps its largest table: the one of the first scan's 30,000 host processes
 
         chosen: dict[str, int] = {}
         for pid, identity in identities.items():

@@ -13,10 +13,18 @@ and cgroup reads), ``visibility`` (``/dev/nvidia*`` and environ of one pid per c
 cache's list/ensure), ``join`` (the rest of ``collect``: assembling the snapshot), ``audit`` (the pure audit),
 ``outputs`` (JSON report, metrics update and exposition, deduplicated Events as ``run`` posts them).
 
-Warm cycles (second and later) are what a running DaemonSet pays; the first one reads every cgroup file once.
-Every scale's node is built first; then ``--rounds`` rounds start one auditor process per scale, interleaved.
-Reported: median of the first cycles and of all warm cycles, per phase; the worst peak RSS; kubelet calls per
-cycle counted by the client and by the fake kubelet; the log-log slope of warm cycle time over scale (1.0 = linear).
+Warm cycles (second and later) are what a running DaemonSet pays; the first one reads every cgroup file once. Of the
+warm cycles, the first ``startup_spread + recheck_scans`` (10) still re-read the host processes the first scan found
+outside any pod, a share per cycle (``auditor.hostproc``); the cycles after them are *steady*, what a DaemonSet pays
+from then on. Every scale's node is built first; then ``--rounds`` rounds start one auditor process per scale,
+interleaved. Reported: median of the first cycles, of all warm cycles and of the steady ones, per phase; the slowest
+warm cycle; the worst peak RSS; kubelet calls per cycle counted by the client and by the fake kubelet; the log-log
+slope of warm cycle time over scale (1.0 = linear).
+
+The child measures the process the image runs: the packages of the test extra that a runtime dependency imports
+when it finds them (``TEST_ONLY_MODULES``: the ``kubernetes`` package's dynamic client imports
+``kubernetes_validate`` and with it ``jsonschema``, ~3 MB) are hidden from it, as the image does not install them;
+``--with-test-extras`` keeps them.
 Run: ``python -m bench.auditor_bench`` (``--help``). Needs root (device nodes via mknod), like the tests.
 """
 
@@ -45,6 +53,9 @@ PHASES = ("kubelet", "nvml", "proc_identity", "visibility", "kube_cache", "join"
 TARGET_CYCLE_MS = 250.0  # DESIGN: dense node (scale 1), warm cycle
 TARGET_RSS_MB = 80.0
 CHILD_TIMEOUT_S = 300
+#: Modules of the test extra (pyproject ``[test]``) that runtime dependencies import only when installed: hidden from
+#: the auditor child so that its RSS is that of the image, which installs the runtime dependencies only.
+TEST_ONLY_MODULES = ("kubernetes_validate", "grpc_tools")
 
 
 class BenchError(RuntimeError):
@@ -95,8 +106,18 @@ class PhaseClock:
         self.seconds = dict.fromkeys(PHASES, 0.0)
 
 
-def child(auditor_args: Sequence[str], cycles: int) -> dict[str, Any]:
+def hide_test_only_modules() -> list[str]:
+    """Make ``import`` of each test-only module fail, as in the image (``None`` in ``sys.modules`` raises
+    ImportError, which the importing libraries expect); returns those hidden."""
+    hidden = [name for name in TEST_ONLY_MODULES if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]
+    return hidden
+
+
+def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False) -> dict[str, Any]:
     """Run ``cycles`` audit cycles with the real daemon code; per-cycle phase times, RSS and kubelet calls."""
+    hidden = [] if test_extras else hide_test_only_modules()
     # imported here, in the child only: the parent must not carry the auditor's libraries (nor its RSS)
     from auditor import daemon
     from auditor.cli import build_parser
@@ -172,10 +193,13 @@ def child(auditor_args: Sequence[str], cycles: int) -> dict[str, Any]:
                 "rss_bytes": machine.rss_bytes(),
                 "peak_rss_bytes": machine.peak_rss_bytes(),
             })
+            del snapshot, result  # as run does: the next cycle does not build beside this one
     finally:
         auditor.close()
+    hostproc = sources.hostproc
     return {"cycles": rows, "rss_before_cycles_bytes": rss_before_cycles, "rss_bytes": machine.rss_bytes(),
-            "peak_rss_bytes": machine.peak_rss_bytes()}
+            "peak_rss_bytes": machine.peak_rss_bytes(), "hidden_modules": hidden,
+            "settling_cycles": hostproc.startup_spread + hostproc.recheck_scans}
 
 
 # --- parent: the node, and the child per scale ------------------------------------------------------------------
@@ -192,10 +216,10 @@ def build_node(scale: int, fraction: float, workdir: Path) -> tuple[Any, dict[st
     return scenario, size, time.perf_counter() - built
 
 
-def run_child(scenario: Any, scale: int, cycles: int) -> dict[str, Any]:
+def run_child(scenario: Any, scale: int, cycles: int, *, test_extras: bool = False) -> dict[str, Any]:
     """One auditor process on ``scenario`` for ``cycles`` cycles (the first cold); what the child reported."""
-    command = [sys.executable, "-m", "bench.auditor_bench", "--child", "--cycles", str(cycles), "--",
-               *scenario.args("once")]
+    command = [sys.executable, "-m", "bench.auditor_bench", "--child", "--cycles", str(cycles),
+               *(["--with-test-extras"] if test_extras else []), "--", *scenario.args("once")]
     env = scenario.env({**os.environ, "PYTHONPATH": str(ROOT)})
     result = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT, env=env,
                             check=False)
@@ -209,6 +233,7 @@ def summarise(scale: int, size: dict[str, int], runs: list[dict[str, Any]], serv
     """One scale's figures over every child run: medians of the cold cycles and of all warm cycles; worst RSS."""
     firsts = [run["cycles"][0] for run in runs]
     warm = [cycle for run in runs for cycle in run["cycles"][1:]] or firsts
+    steady = [cycle for run in runs for cycle in run["cycles"][1 + run["settling_cycles"]:]]
     cycles = [cycle for run in runs for cycle in run["cycles"]]
     last = runs[-1]["cycles"][-1]
     return {
@@ -221,6 +246,12 @@ def summarise(scale: int, size: dict[str, int], runs: list[dict[str, Any]], serv
         "warm_cycle_max_ms": max(c["cycle_ms"] for c in warm),
         "warm_phases_ms": {name: statistics.median(c["phases_ms"][name] for c in warm) for name in PHASES},
         "warm_cycles": len(warm),
+        "settling_cycles": runs[0]["settling_cycles"],
+        "steady_cycle_ms": statistics.median(c["cycle_ms"] for c in steady) if steady else None,
+        "steady_phases_ms": ({name: statistics.median(c["phases_ms"][name] for c in steady) for name in PHASES}
+                             if steady else None),
+        "steady_cycles": len(steady),
+        "hidden_modules": runs[0]["hidden_modules"],
         "auditor_processes": len(runs),
         "kubelet_calls_per_cycle": max(c["kubelet_calls"] for c in cycles),
         "kubelet_calls_served": served_calls,
@@ -237,7 +268,8 @@ def summarise(scale: int, size: dict[str, int], runs: list[dict[str, Any]], serv
     }
 
 
-def run(scales: Sequence[int], fraction: float, cycles: int, rounds: int, workdir: Path) -> dict[str, Any]:
+def run(scales: Sequence[int], fraction: float, cycles: int, rounds: int, workdir: Path, *,
+        test_extras: bool = False) -> dict[str, Any]:
     """Build every scale's node, then run ``rounds`` rounds of one auditor process per scale, interleaved, so
     that a busy spell of a shared machine lands on every scale rather than on one."""
     nodes: dict[int, tuple[Any, dict[str, int], float]] = {}
@@ -247,7 +279,7 @@ def run(scales: Sequence[int], fraction: float, cycles: int, rounds: int, workdi
         runs: dict[int, list[dict[str, Any]]] = {scale: [] for scale in scales}
         for _ in range(rounds):
             for scale in scales:
-                runs[scale].append(run_child(nodes[scale][0], scale, cycles))
+                runs[scale].append(run_child(nodes[scale][0], scale, cycles, test_extras=test_extras))
         results = []
         for scale in scales:
             scenario, size, build_seconds = nodes[scale]
@@ -257,7 +289,7 @@ def run(scales: Sequence[int], fraction: float, cycles: int, rounds: int, workdi
         for scenario, _, _ in nodes.values():
             scenario.stop()
     report: dict[str, Any] = {"benchmark": "auditor", "fraction": fraction, "cycles_per_process": cycles,
-                              "rounds": rounds, "results": results}
+                              "rounds": rounds, "test_extras": test_extras, "results": results}
     if len(scales) >= 2:
         report["scaling_exponent"] = loglog_slope(scales, [r["warm_cycle_ms"] for r in results])
         report["phase_scaling_exponents"] = {
@@ -270,8 +302,10 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     judged = []
     dense = next((r for r in report["results"] if r["scale"] == 1), None)
     if dense is not None and report["fraction"] == 1.0:
+        steady = f", steady {dense['steady_cycle_ms']:.0f} ms" if dense["steady_cycle_ms"] is not None else ""
         judged.append({"target": f"warm cycle <= {TARGET_CYCLE_MS:.0f} ms on the dense node",
-                       "measured": f"{dense['warm_cycle_ms']:.0f} ms",
+                       "measured": f"{dense['warm_cycle_ms']:.0f} ms median, {dense['warm_cycle_max_ms']:.0f} ms "
+                                   f"slowest{steady}",
                        "met": dense["warm_cycle_ms"] <= TARGET_CYCLE_MS})
         judged.append({"target": f"RSS <= {TARGET_RSS_MB:.0f} MB on the dense node",
                        "measured": f"{dense['peak_rss_mb']:.0f} MB peak",
@@ -291,16 +325,23 @@ def markdown(report: dict[str, Any]) -> str:
     header = "| scale | cycle | total ms | " + " | ".join(PHASES) + " |"
     lines = [header, "|---|---|---:|" + "---:|" * len(PHASES)]
     for row in report["results"]:
-        for label, total, phases in (("first", row["first_cycle_ms"], row["first_phases_ms"]),
-                                     ("warm (median)", row["warm_cycle_ms"], row["warm_phases_ms"])):
+        shown = [("first", row["first_cycle_ms"], row["first_phases_ms"]),
+                 ("warm (median)", row["warm_cycle_ms"], row["warm_phases_ms"])]
+        if row["steady_cycle_ms"] is not None:
+            shown.append((f"steady (after {row['settling_cycles']})", row["steady_cycle_ms"], row["steady_phases_ms"]))
+        for label, total, phases in shown:
             cells = " | ".join(f"{phases[name]:.1f}" for name in PHASES)
             lines.append(f"| {row['scale']}x | {label} | {total:.1f} | {cells} |")
-    lines += ["", "| scale | containers | GPU processes | host processes | RSS before cycles MB | peak RSS MB "
-                  "| kubelet calls/cycle |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| scale | containers | GPU processes | host processes | slowest warm ms | RSS before cycles MB "
+                  "| peak RSS MB | kubelet calls/cycle |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in report["results"]:
         lines.append(f"| {row['scale']}x | {row['containers_audited']} | {row['gpu_processes_seen']} | "
-                     f"{row['sizes']['host_processes']} | {row['rss_before_cycles_mb']:.0f} | {row['peak_rss_mb']:.0f} "
-                     f"| {row['kubelet_calls_per_cycle']} |")
+                     f"{row['sizes']['host_processes']} | {row['warm_cycle_max_ms']:.0f} | "
+                     f"{row['rss_before_cycles_mb']:.0f} | {row['peak_rss_mb']:.0f} | "
+                     f"{row['kubelet_calls_per_cycle']} |")
+    hidden = report["results"][0]["hidden_modules"] if report["results"] else []
+    lines += ["", "test-only modules hidden from the auditor (as in the image): "
+                  f"{', '.join(hidden) if hidden else 'none (--with-test-extras)'}"]
     if "scaling_exponent" in report:
         phases = ", ".join(f"{name} {value:.2f}" for name, value in report["phase_scaling_exponents"].items())
         lines += ["", f"scaling exponent (warm cycle): {report['scaling_exponent']:.2f}; per phase: {phases}"]
@@ -312,8 +353,8 @@ def markdown(report: dict[str, Any]) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.auditor_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scales", default="1,2,4", help="multiples of the dense node (default: 1,2,4)")
-    parser.add_argument("--cycles", type=int, default=6,
-                        help="cycles per auditor process; the first is cold (default: 6)")
+    parser.add_argument("--cycles", type=int, default=14,
+                        help="cycles per auditor process; the first is cold, the next 10 settle (default: 14)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="auditor processes per scale, started in interleaved rounds (default: 3)")
     parser.add_argument("--fraction", type=float, default=1.0,
@@ -321,6 +362,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     parser.add_argument("--node-dir", metavar="DIR", default=default_node_dir(),
                         help="where to build the fake node (default: /dev/shm when writable, else the temp dir)")
+    parser.add_argument("--with-test-extras", dest="test_extras", action="store_true",
+                        help="let the auditor import the test extra's packages (default: hidden, as in the image)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
     args.auditor_args = [arg for arg in rest if arg != "--"]
@@ -341,7 +384,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        sys.stdout.write(orjson.dumps(child(args.auditor_args, args.cycles)).decode() + "\n")
+        sys.stdout.write(orjson.dumps(child(args.auditor_args, args.cycles, test_extras=args.test_extras)).decode()
+                         + "\n")
         return 0
     if os.geteuid() != 0:
         print("auditor_bench: needs root to make the fake node's device nodes (mknod)", file=sys.stderr)
@@ -349,7 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))  # tests.fakes: the scenario builder lives with the tests
     with tempfile.TemporaryDirectory(prefix="gpu-fence-bench-", dir=args.node_dir) as directory:
         try:
-            report = run(args.scales, args.fraction, args.cycles, args.rounds, Path(directory))
+            report = run(args.scales, args.fraction, args.cycles, args.rounds, Path(directory),
+                         test_extras=args.test_extras)
         except BenchError as error:
             print(f"auditor_bench: {error}", file=sys.stderr)
             return 2

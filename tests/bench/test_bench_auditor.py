@@ -49,6 +49,41 @@ def test_tiny_run_reports_phases_calls_and_scaling(short_dir: Path, capsys: pyte
     assert "| 2x | warm (median) |" in capsys.readouterr().out
     assert report["node_dir"] == str(short_dir)
     assert list(short_dir.iterdir()) == [output]  # the node tree was built there and removed
+    # three cycles end inside the settling window: no steady figure is made up
+    assert all(row["steady_cycle_ms"] is None and row["steady_cycles"] == 0 for row in report["results"])
+    assert report["results"][0]["hidden_modules"] == list(auditor_bench.TEST_ONLY_MODULES)
+
+
+def test_steady_cycles_follow_the_settling_window_and_test_extras_can_be_kept(
+    short_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = short_dir / "auditor.json"
+    assert auditor_bench.main(["--scales", "1", "--fraction", "0.01", "--cycles", "13", "--rounds", "1",
+                               "--with-test-extras", "--json", str(output), "--node-dir", str(short_dir)]) == 0
+    report = json.loads(output.read_text())
+    (row,) = report["results"]
+    assert row["settling_cycles"] == 10 and row["warm_cycles"] == 12 and row["steady_cycles"] == 2
+    assert row["steady_cycle_ms"] > 0 and set(row["steady_phases_ms"]) == set(auditor_bench.PHASES)
+    assert row["hidden_modules"] == [] and report["test_extras"] is True
+    out = capsys.readouterr().out
+    assert "| 1x | steady (after 10) |" in out and "none (--with-test-extras)" in out
+
+
+def test_hidden_test_only_modules_cannot_be_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the image lacks must fail to import in the child, as the libraries that try it expect."""
+    import sys
+
+    for name in auditor_bench.TEST_ONLY_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    hidden = auditor_bench.hide_test_only_modules()
+    try:
+        assert hidden == list(auditor_bench.TEST_ONLY_MODULES)
+        for name in hidden:
+            with pytest.raises(ImportError):
+                __import__(name)
+    finally:
+        for name in hidden:
+            sys.modules.pop(name, None)
 
 
 def test_sizes_scale_every_count_and_never_reach_zero() -> None:
