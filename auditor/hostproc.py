@@ -175,18 +175,18 @@ class HostProc:
                 if not name.isdigit():
                     continue
                 try:
-                    inode = entry.inode()
+                    mark = entry.inode() << 1 | parity
                 except OSError:  # only where the platform needs a stat for it; the pid just went away
                     continue
                 pid = int(name)
                 before = inodes.get(pid)
-                inodes[pid] = inode << 1 | parity
-                if before is not None and before >> 1 == inode:
-                    if pid in identities:
-                        continue
-                    end = recheck.get(pid)
-                    if end is None or scan <= end - self.recheck_scans:
-                        continue  # outside any pod: past its window, or its window has not started yet
+                inodes[pid] = mark
+                if before is not None and before ^ mark <= 1:  # the same inode: the same process
+                    if pid in identities or pid not in recheck:
+                        continue  # in a pod, or outside any pod and past its window
+                    end = recheck[pid]
+                    if scan <= end - self.recheck_scans:
+                        continue  # its window has not started yet
                 else:
                     end = self.window_end(pid, scan)
                 text = self._read_cgroup(pid)
