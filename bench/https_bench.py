@@ -3,8 +3,9 @@
 One run starts, with certificates from ``gpu-fence-webhook certs``, three servers (``bench.server``: the real
 ``serve`` plus the no-op endpoint ``/noop``): ``gthread`` (what ``serve`` runs: 2 workers × 4 threads, keep-alive,
 one JSON log line per review), ``sync`` (2 workers; they close every connection), and ``gthread-quiet``
-(``gthread`` with ``--log-level WARNING``: what the per-review log line costs); ``gthread-frozen`` (``gthread`` with
-``gc.freeze()`` before fork) runs only when asked for with ``--servers``. Then, repeat after repeat, side by side:
+(``gthread`` with ``--log-level WARNING``: what the per-review log line costs); ``gthread-unfrozen`` (``gthread``
+without the ``gc.freeze()`` before fork that ``serve`` does) runs only when asked for with ``--servers``. Then,
+repeat after repeat, side by side:
 
 * **saturation**: Debian's ``wrk`` (closed loop, ``bench/wrk/post.lua``) drives ``/mutate``, ``/validate`` and
   ``/noop`` with the same pod (10 containers unless ``--containers``); throughput and wrk's latency distribution.
@@ -54,8 +55,8 @@ TARGET_P99_MS = 5.0  # DESIGN: p99 at 200 reviews/s, keep-alive
 TARGET_RATE = 200
 TARGET_RATIO = 0.8  # DESIGN: throughput >= 0.8x the no-op endpoint on the same server stack
 #: server name -> (gunicorn worker class, serve --log-level, gc.freeze() before fork)
-VARIANTS = {"gthread": ("gthread", "INFO", False), "sync": ("sync", "INFO", False),
-            "gthread-quiet": ("gthread", "WARNING", False), "gthread-frozen": ("gthread", "INFO", True)}
+VARIANTS = {"gthread": ("gthread", "INFO", True), "sync": ("sync", "INFO", True),
+            "gthread-quiet": ("gthread", "WARNING", True), "gthread-unfrozen": ("gthread", "INFO", False)}
 DEFAULT_SERVERS = ("gthread", "sync", "gthread-quiet")
 
 
@@ -108,7 +109,7 @@ def start_server(tls: Path, workdir: Path, name: str, *, workers: int = 2, threa
     port = free_port()
     stderr_path = workdir / f"serve-{name}.stderr"
     command = [sys.executable, "-m", "bench.server", "--worker-class", worker_class,
-               *(["--gc-freeze"] if gc_freeze else []), "serve", "--log-level", log_level,
+               *([] if gc_freeze else ["--no-gc-freeze"]), "serve", "--log-level", log_level,
                "--cert-file", str(tls / "tls.crt"), "--key-file", str(tls / "tls.key"), "--bind", "127.0.0.1",
                "--port", str(port), "--workers", str(workers), "--threads", str(threads), "--namespace", NAMESPACE]
     env = {**os.environ, "TMPDIR": str(workdir), "PYTHONPATH": str(Path(__file__).parents[1])}

@@ -10,17 +10,18 @@ this process only and never in the product:
   what the throughput target's "no-op endpoint" means.
 * ``--worker-class sync`` swaps gunicorn's worker class (``serve`` always runs ``gthread``), with one thread,
   since gunicorn silently turns ``sync`` with threads into ``gthread``.
-* ``--gc-freeze`` calls ``gc.freeze()`` in the master just before each worker forks (the Python documentation's
-  recipe for forking servers), to measure what it does to the tail before proposing it for ``serve``.
+* ``--no-gc-freeze`` leaves out the ``gc.freeze()`` that ``serve`` runs in the master just before each worker
+  forks (its ``pre_fork`` hook; workers still turn their collector on), to measure what the freeze does to the
+  tail: the server as it was before ``serve`` adopted it.
 
-Both hooks wrap internals of ``webhook.serving`` (``create_app`` as imported by ``_serve``, and
-``_gunicorn_application``); ``tests/bench`` starts this server so that a change there shows up at once.
+The hooks wrap internals of ``webhook.serving`` (``create_app`` as imported by ``_serve``, and
+``_gunicorn_application`` with the options ``_serve`` builds); ``tests/bench`` starts this server so that a
+change there shows up at once.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -51,8 +52,8 @@ def with_noop(app: Callable[..., Any]) -> Callable[..., Any]:
     return dispatch
 
 
-def install(worker_class: str, *, gc_freeze: bool = False) -> None:
-    """Hook the no-op endpoint, the worker class and optionally ``gc.freeze`` into ``webhook.serving``."""
+def install(worker_class: str, *, gc_freeze: bool = True) -> None:
+    """Hook the no-op endpoint and the worker class into ``webhook.serving``; without ``gc_freeze``, no freeze."""
     from webhook import app as app_module
     from webhook import serving
 
@@ -68,8 +69,8 @@ def install(worker_class: str, *, gc_freeze: bool = False) -> None:
         options = {**options, "worker_class": worker_class}
         if worker_class == "sync":
             options["threads"] = 1
-        if gc_freeze:
-            options["pre_fork"] = lambda server, worker: gc.freeze()
+        if not gc_freeze:
+            options["pre_fork"] = lambda server, worker: None
         return gunicorn_application(app, options)
 
     serving._gunicorn_application = gunicorn_with_worker_class
@@ -78,7 +79,8 @@ def install(worker_class: str, *, gc_freeze: bool = False) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker-class", choices=WORKER_CLASSES, default="gthread")
-    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() in the master before each fork")
+    parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
+                        help="no gc.freeze() in the master before each fork (serve freezes)")
     args, rest = parser.parse_known_args(argv)
     if not rest or rest[0] != "serve":
         parser.error("give the serve command and its arguments, e.g. serve --cert-file F --key-file F")

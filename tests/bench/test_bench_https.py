@@ -15,7 +15,7 @@ from bench.server import NOOP_PATH, NOOP_RESPONSE
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, https_bench.Server]]:
-    with https_bench.servers(tmp_path_factory.mktemp("https"), ["gthread", "sync", "gthread-frozen"],
+    with https_bench.servers(tmp_path_factory.mktemp("https"), ["gthread", "sync", "gthread-unfrozen"],
                              workers=1, threads=2) as running:
         yield running
 
@@ -94,9 +94,9 @@ def test_tiny_run_reports_every_point(tmp_path: Path) -> None:
     assert {r["throughput_vs_noop"] for r in saturation if r["endpoint"] == NOOP_PATH} == {1.0}
     assert set(report["worker_rss"]) == set(https_bench.DEFAULT_SERVERS)
     assert all(len(workers) == 1 for workers in report["worker_rss"].values())
-    assert report["servers"]["sync"] == {"worker_class": "sync", "log_level": "INFO", "gc_freeze": False,
+    assert report["servers"]["sync"] == {"worker_class": "sync", "log_level": "INFO", "gc_freeze": True,
                                          "workers": 1, "threads": 1}
-    assert report["servers"]["gthread"] == {"worker_class": "gthread", "log_level": "INFO", "gc_freeze": False,
+    assert report["servers"]["gthread"] == {"worker_class": "gthread", "log_level": "INFO", "gc_freeze": True,
                                             "workers": 1, "threads": 2}
     assert report["servers"]["gthread-quiet"]["log_level"] == "WARNING"
     assert {t["target"].split(" (")[0] for t in report["targets"]} == {"throughput >= 0.8x no-op, same stack"}
@@ -119,8 +119,8 @@ def test_the_production_server_logs_every_review_as_measured(servers) -> None:
     assert any(event.get("event") == "review" and event.get("endpoint") == "validate" for event in events)
 
 
-def test_the_frozen_variant_serves_the_real_endpoints(servers) -> None:
-    summary = loadgen.open_loop(servers["gthread-frozen"].target, "/mutate", reviews.mutate_body(2), rate=50,
+def test_the_unfrozen_variant_serves_the_real_endpoints(servers) -> None:
+    summary = loadgen.open_loop(servers["gthread-unfrozen"].target, "/mutate", reviews.mutate_body(2), rate=50,
                                 seconds=0.1, connections=1)
     assert summary["count"] == 5
-    assert servers["gthread-frozen"].worker_class == "gthread"
+    assert servers["gthread-unfrozen"].worker_class == "gthread"
