@@ -39,7 +39,7 @@ _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _CHUNK = 4096
 
 
-def read_small_file(path: str) -> bytes | None:
+def read_small_file(path: str, chunk_size: int = _CHUNK) -> bytes | None:
     """The whole content of a small file with plain system calls (no file object, no text decoding), or None when
     it cannot be read: vanished (ENOENT), exiting (ESRCH), not ours to read (EACCES), not a file (EISDIR)."""
     try:
@@ -47,10 +47,10 @@ def read_small_file(path: str) -> bytes | None:
     except OSError:
         return None
     try:
-        data = os.read(fd, _CHUNK)
-        if len(data) == _CHUNK:  # a long v1 file: /proc serves it in pieces
+        data = os.read(fd, chunk_size)
+        if len(data) == chunk_size:  # a longer file: /proc serves it in pieces
             chunks = [data]
-            while chunk := os.read(fd, _CHUNK):
+            while chunk := os.read(fd, chunk_size):
                 chunks.append(chunk)
             data = b"".join(chunks)
         return data
@@ -250,10 +250,8 @@ class HostProc:
 
         The last occurrence wins, as when the toolkit builds its map of the OCI spec's environment.
         """
-        try:
-            with open(self._path(pid, "environ"), "rb") as file:
-                data = file.read()
-        except OSError:  # ENOENT, ESRCH, EACCES: the process is gone or not ours to read
+        data = read_small_file(self._path(pid, "environ"), 65536)
+        if data is None:  # ENOENT, ESRCH, EACCES: the process is gone or not ours to read
             return None
         prefix = name.encode() + b"="
         value: bytes | None = None

@@ -377,7 +377,7 @@ def inspect_runtime_containers(hostproc: Any, *, with_fallback_names: bool) -> d
             pid=pid,
             visible_minors=hostproc.visible_minors(pid),
             visible_devices_env=env,
-            env_read=os.path.exists(f"{hostproc.root}/{pid}/environ"),
+            env_read=env is not None or os.path.exists(f"{hostproc.root}/{pid}/environ"),
             hostname=hostname,
             namespace_file=namespace,
         )

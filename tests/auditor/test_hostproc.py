@@ -322,6 +322,13 @@ def test_environ(tree: HostProcTree, environ: list[tuple[str, str]], expected: s
     assert HostProc(str(tree)).environ(10, "NVIDIA_VISIBLE_DEVICES") == expected
 
 
+def test_a_long_environment_is_read_whole(tree: HostProcTree) -> None:
+    """The variable that counts may come after 100 KB of others (a CI image's environment)."""
+    filler = [(f"FILLER_{n}", "x" * 1000) for n in range(100)]
+    tree.add_process(10, environ=[*filler, ("NVIDIA_VISIBLE_DEVICES", "all")])
+    assert HostProc(str(tree)).environ(10, "NVIDIA_VISIBLE_DEVICES") == "all"
+
+
 def test_environ_tolerates_bytes_that_are_not_utf8(tree: HostProcTree) -> None:
     tree.add_process(10, environ=b"A=\xff\xfe\0NVIDIA_VISIBLE_DEVICES=GPU-1\xff\0")
     proc = HostProc(str(tree))
