@@ -50,6 +50,16 @@ class GpuResources:
     def matches(self, resource_name: str) -> bool:
         return resource_name in self.exact or resource_name.startswith(self.prefixes)
 
+    def requested_in(self, amounts: Mapping[Any, Any]) -> bool:
+        """True when ``amounts`` (a container's ``limits`` or ``requests``) gives one of these resources a positive
+        quantity. :meth:`matches` inlined: this runs for every resource of every container admitted."""
+        exact, prefixes = self.exact, self.prefixes
+        for name, quantity in amounts.items():
+            if (isinstance(name, str) and (name in exact or name.startswith(prefixes))
+                    and quantity_is_positive(quantity)):
+                return True
+        return False
+
 
 DEFAULT_GPU_RESOURCE_SET = GpuResources.from_patterns(DEFAULT_GPU_RESOURCES)
 
@@ -102,14 +112,12 @@ def _is_mapping(value: Any) -> bool:
 def requests_gpu_resource(container: Mapping[str, Any], resources: GpuResources = DEFAULT_GPU_RESOURCE_SET) -> bool:
     """True when the container asks for a GPU through an extended resource or a DRA claim."""
     spec = container.get("resources")
-    if not _is_mapping(spec):
+    if not (isinstance(spec, dict) or _is_mapping(spec)):  # the dict test inline: once per container admitted
         return False
     for section in ("limits", "requests"):
         amounts = spec.get(section)
-        if amounts and _is_mapping(amounts):
-            for name, quantity in amounts.items():
-                if isinstance(name, str) and resources.matches(name) and quantity_is_positive(quantity):
-                    return True
+        if amounts and (isinstance(amounts, dict) or _is_mapping(amounts)) and resources.requested_in(amounts):
+            return True
     claims = spec.get("claims")
     return isinstance(claims, list) and len(claims) > 0
 

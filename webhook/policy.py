@@ -248,6 +248,13 @@ _MIG_CONTROL_NAMES = frozenset(MIG_CONTROL_ENVS)
 
 
 def _watched_env(env: list[Any], watched: frozenset[str]) -> list[tuple[str, Mapping[str, Any]]]:
+    # The usual env, every entry an object with a name, in one comprehension: any other JSON value fails the
+    # subscript, and a name found in ``watched`` (strings only) is a string. An entry that is no object, has no
+    # name or an unhashable one raises, and the whole list takes the careful loop instead.
+    try:
+        return [(entry["name"], entry) for entry in env if entry["name"] in watched]
+    except (TypeError, KeyError):
+        pass
     found: list[tuple[str, Mapping[str, Any]]] = []
     for entry in env:
         if isinstance(entry, dict):
@@ -294,11 +301,22 @@ def unpinned_container(pod: _Pod) -> list[Violation]:
             found.append(Violation(UNPINNED_CONTAINER, container.name, f"{UNPINNED_CONTAINER}: container "
                                    f"{_quote(container.name)} has an env that is not a list, so "
                                    f"{VISIBLE_DEVICES_ENV}=void cannot be pinned; make env a list of name/value"))
-        elif not any(name == VISIBLE_DEVICES_ENV for name, _ in container.env):
+        elif not _sets_visible_devices(container):
             found.append(Violation(UNPINNED_CONTAINER, container.name, f"{UNPINNED_CONTAINER}: container "
                                    f"{_quote(container.name)} requests no GPU and does not set {VISIBLE_DEVICES_ENV}"
                                    f"; add env {VISIBLE_DEVICES_ENV}=void (or request nvidia.com/gpu)"))
     return found
+
+
+def _sets_visible_devices(container: _Container) -> bool:
+    """True when the container has an ``NVIDIA_VISIBLE_DEVICES`` entry (whatever its value: validation judges it).
+
+    A loop, not ``any()`` over a generator: this runs for every container admitted, and the generator costs more
+    than the one or two entries it looks at."""
+    for name, _ in container.env:  # noqa: SIM110
+        if name == VISIBLE_DEVICES_ENV:
+            return True
+    return False
 
 
 def _is_kai_injected(container: _Container, name: str, entry: Mapping[str, Any]) -> bool:
@@ -511,7 +529,7 @@ def mutate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = Non
         path = f"{_FIELD_POINTERS[container.field]}/{container.index}/env"
         if container.body.get("env") is None:  # absent or null: add the whole array ("/env/-" needs one)
             operations.append({"op": "add", "path": path, "value": [{"name": VISIBLE_DEVICES_ENV, "value": PIN_VALUE}]})
-        elif any(name == VISIBLE_DEVICES_ENV for name, _ in container.env):
+        elif _sets_visible_devices(container):
             continue
         else:
             operations.append({"op": "add", "path": path + "/-", "value": {"name": VISIBLE_DEVICES_ENV,
