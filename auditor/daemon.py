@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -163,6 +164,18 @@ class Auditor:
         self._sources: Sources | None = None
         #: PodResources RPCs made, by method, over every client this auditor built (one is rebuilt per outage).
         self.kubelet_calls: Counter[str] = Counter()
+        self.cycles = 0  # cycles attempted
+
+    def _freeze_long_lived(self) -> None:
+        """Once, before the second cycle: take what the process holds for good out of the cyclic collector's reach.
+
+        By then every library is imported and every adapter open (hundreds of thousands of objects that live as
+        long as the process); a full collection traversed them all, ~30 ms on a node of 120,000 processes, landing in
+        whichever phase allocated at the time. Frozen, a full collection scans only what cycles allocate (~2 ms). The
+        first cycle's own objects are released by then; a collection first clears any cyclic garbage among them.
+        """
+        gc.collect()
+        gc.freeze()
 
     def preflight(self) -> None:
         """Fail fast, with what to fix, on what no cycle could ever get past."""
@@ -216,6 +229,9 @@ class Auditor:
         return nvml
 
     def cycle(self) -> tuple[NodeSnapshot, AuditResult]:
+        self.cycles += 1
+        if self.cycles == 2:
+            self._freeze_long_lived()
         try:
             sources = self.sources()
             snapshot = collect(sources, self.options)

@@ -158,6 +158,32 @@ def test_run_never_imports_the_kubernetes_api_or_model_classes(scenario):
     assert heavy == []
 
 
+def test_the_second_cycle_freezes_what_the_process_holds_for_good(scenario, monkeypatch):
+    """Libraries and adapters leave the cyclic collector's reach once, before the second cycle, so a full collection
+    no longer traverses them every cycle; the first cycle's own objects are collected first."""
+    import gc
+
+    from auditor.cli import build_parser
+    from auditor.daemon import Auditor
+
+    monkeypatch.setenv("FAKE_NVML_CONFIG", scenario.env()["FAKE_NVML_CONFIG"])
+    auditor = Auditor(build_parser().parse_args(scenario.args("once")))
+    gc.unfreeze()
+    try:
+        auditor.preflight()
+        first = auditor.cycle()
+        assert gc.get_freeze_count() == 0
+        del first
+        second, _ = auditor.cycle()
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000 and second.identity_source == "kubernetes"
+        auditor.cycle()
+        assert gc.get_freeze_count() <= frozen  # once only (frozen objects may still be freed by refcount)
+    finally:
+        gc.unfreeze()
+        auditor.close()
+
+
 def test_run_survives_kubelet_restart_and_outage_and_reports_health(scenario):
     daemon = Daemon(scenario)
     try:
