@@ -9,13 +9,17 @@ Measured paths, side by side in each repeat (bodies from ``bench.reviews``):
 * ``evaluate``: the policy alone (``webhook.policy.evaluate``: exemption, mutation, validation of the mutated pod)
   on an already parsed pod; DESIGN's "pods/s on one core" target is about this.
 
-The process is pinned to one CPU. Each repeat runs every path for ``--seconds``; the figures reported are the
-medians over ``--repeats`` repeats. Run: ``python -m bench.policy_bench`` (``--help`` for sizes and durations).
+The process is pinned to one CPU. After the warm-up, ``gc.freeze()`` moves every object built so far out of the
+collector's reach, as ``serve`` does in its master before the workers fork (``--no-gc-freeze`` measures without
+it: the cyclic collector then walks the benchmark's own objects too, which makes most of the 50-container tail).
+Each repeat runs every path for ``--seconds``; the figures reported are the medians over ``--repeats`` repeats.
+Run: ``python -m bench.policy_bench`` (``--help`` for sizes and durations).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -101,7 +105,7 @@ def time_path(function: Callable[[], Any], seconds: float) -> dict[str, float]:
     return summary
 
 
-def run(sizes: Sequence[int], repeats: int, seconds: float) -> dict[str, Any]:
+def run(sizes: Sequence[int], repeats: int, seconds: float, *, gc_freeze: bool = True) -> dict[str, Any]:
     cases = {size: build_cases(size) for size in sizes}
     for size, by_path in cases.items():
         check_cases(by_path, size)
@@ -109,10 +113,17 @@ def run(sizes: Sequence[int], repeats: int, seconds: float) -> dict[str, Any]:
             for _ in range(50):
                 function()
     runs: dict[tuple[int, str], list[dict[str, float]]] = {(s, p): [] for s in sizes for p in PATHS}
-    for _ in range(repeats):
-        for size in sizes:
-            for path in PATHS:
-                runs[(size, path)].append(time_path(cases[size][path], seconds))
+    if gc_freeze:
+        gc.collect()
+        gc.freeze()
+    try:
+        for _ in range(repeats):
+            for size in sizes:
+                for path in PATHS:
+                    runs[(size, path)].append(time_path(cases[size][path], seconds))
+    finally:
+        if gc_freeze:
+            gc.unfreeze()
     results = []
     for size in sizes:
         floor = median_of_runs(runs[(size, "floor")])
@@ -121,8 +132,8 @@ def run(sizes: Sequence[int], repeats: int, seconds: float) -> dict[str, Any]:
             figures["throughput_vs_floor"] = figures["reviews_per_s"] / floor["reviews_per_s"]
             results.append({"containers": size, "path": path, "body_bytes": len(reviews.mutate_body(size)),
                             **figures})
-    return {"benchmark": "policy", "repeats": repeats, "seconds_per_run": seconds, "results": results,
-            "targets": targets(results)}
+    return {"benchmark": "policy", "repeats": repeats, "seconds_per_run": seconds, "gc_freeze": gc_freeze,
+            "results": results, "targets": targets(results)}
 
 
 def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -163,6 +174,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="repeats; medians are reported (default: 5)")
     parser.add_argument("--seconds", type=float, default=0.4, help="seconds per path per repeat (default: 0.4)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
+    parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
+                        help="no gc.freeze() after the warm-up (serve's workers run with it)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)
     try:
@@ -178,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     described = machine.describe()  # before pinning, so that it shows every CPU the machine offers
     cpu = None if args.no_pin else machine.pin_to_one_core()
-    report = run(args.sizes, args.repeats, args.seconds)
+    report = run(args.sizes, args.repeats, args.seconds, gc_freeze=args.gc_freeze)
     report["machine"] = {**described, "pinned_cpu": cpu}
     sys.stdout.write(markdown(report))
     if args.json:

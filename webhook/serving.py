@@ -30,8 +30,9 @@ Why these choices:
   50-container reviews at 200/s from about 20 ms to 5 ms (BENCHMARKS.md); pages stay shared with the master
   too. The master keeps the collector off: after start it only supervises workers and allocates little.
 * **Logs** are JSON lines on stderr in the shape both deployables share (``gpu_fence.logs``): our review events
-  and gunicorn's own messages alike; no access log (the review events carry more). The per-review line is
-  written straight to stderr's file descriptor, one ``os.write`` per line (``webhook.wsgi.ReviewLog``).
+  and gunicorn's own messages alike; no access log (the review events carry more), not even built and dropped.
+  The per-review line is written straight to stderr's file descriptor, one ``os.write`` per line
+  (``webhook.wsgi.ReviewLog``).
 """
 
 from __future__ import annotations
@@ -221,6 +222,22 @@ def fork_hooks() -> dict[str, Callable[[Any, Any], None]]:
     return {"pre_fork": pre_fork, "post_fork": post_fork}
 
 
+def _logger_class() -> type:
+    """gunicorn's logger without its access log, which ``serve`` never writes (the review events carry more).
+
+    Configured through ``logconfig_dict``, gunicorn builds the access-log fields of every request (headers,
+    times, sizes) before the record is dropped by the silenced ``gunicorn.access`` logger: as much time per
+    request, on the profile, as the policy's own rules.
+    """
+    from gunicorn.glogging import Logger  # noqa: PLC0415 - the CLI imports this module for --help too
+
+    class NoAccessLog(Logger):
+        def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
+            return None
+
+    return NoAccessLog
+
+
 def _stderr_fd() -> int | None:
     """stderr's file descriptor, where the logging configuration writes too; None when it has none."""
     try:
@@ -336,6 +353,7 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> in
         "worker_tmp_dir": workdir,
         "control_socket_disable": True,
         "accesslog": None,
+        "logger_class": _logger_class(),
         "errorlog": "-",
         "logconfig_dict": logging_config(args.log_level),
         "child_exit": child_exit,

@@ -99,3 +99,26 @@ def test_policy_profile_times_every_rule(capsys: pytest.CaptureFixture[str]) -> 
         assert f"| rule {rule.id} |" in table
     steps = policy_profile.breakdown(2, 3)
     assert all(microseconds > 0 for _, microseconds in steps)
+
+
+def test_the_collector_is_frozen_while_timing_as_in_serve_and_thawed_after(tmp_path: Path) -> None:
+    import gc
+
+    seen = []
+    timed = policy_bench.time_path
+
+    def spying(function, seconds):
+        seen.append(gc.get_freeze_count())
+        return timed(function, seconds)
+
+    policy_bench.time_path = spying
+    try:
+        for argv, frozen in (([], True), (["--no-gc-freeze"], False)):
+            seen.clear()
+            assert policy_bench.main(["--sizes", "1", "--repeats", "1", "--seconds", "0.01", "--no-pin",
+                                      "--json", str(tmp_path / "p.json"), *argv]) == 0
+            assert json.loads((tmp_path / "p.json").read_text())["gc_freeze"] is frozen
+            assert all(count > 0 for count in seen) if frozen else not any(seen)
+            assert gc.get_freeze_count() == 0
+    finally:
+        policy_bench.time_path = timed

@@ -83,12 +83,15 @@ def test_serve_runs_gunicorn_with_the_collector_off_and_the_fork_hooks(tmp_path,
         seen["app"], seen["options"] = app, options
         return Stub()
 
+    real = serving._gunicorn_application
     monkeypatch.setattr(serving, "_gunicorn_application", gunicorn)
     gc.enable()
     assert serving._serve(_serve_args(tmp_path), PolicyConfig(), str(tmp_path)) == 0
     assert seen["collecting"] is False  # off from before the app was imported until each worker starts
     assert gc.isenabled()  # and on again once serve returns
     assert {"pre_fork", "post_fork"} <= set(seen["options"])
+    logger_class = seen["options"]["logger_class"]
+    assert real(seen["app"], {"logger_class": logger_class}).cfg.logger_class is logger_class
     review_log = seen["app"].wsgi_app.review_log
     assert isinstance(seen["app"].wsgi_app, ReviewEndpoints) and review_log.fd is not None
 
@@ -98,3 +101,19 @@ def test_a_serve_that_cannot_start_leaves_the_collector_on(tmp_path, collector, 
     with pytest.raises(serving.ServeError, match="not a"):
         serving._serve(_serve_args(tmp_path, good=False), PolicyConfig(), str(tmp_path))
     assert gc.isenabled()
+
+
+def test_no_access_log_fields_are_built_for_any_request(monkeypatch):
+    """gunicorn builds every request's access-log fields when its logger is configured by a dict, as serve's is,
+    and then drops them; serve's logger class builds none."""
+    from gunicorn.config import Config
+    from gunicorn.glogging import Logger
+
+    for logger_class, expected in ((Logger, 1), (serving._logger_class(), 0)):
+        logger = logger_class(Config())
+        monkeypatch.setattr(logger, "_access_log_enabled", True, raising=False)  # as with serve's logconfig_dict
+        built = []
+        monkeypatch.setattr(logger, "atoms", lambda *args, built=built: built.append(args) or {})
+        monkeypatch.setattr(logger, "access_log", logging.getLogger("gpu_fence.test.access"))
+        logger.access(None, None, {}, None)
+        assert len(built) == expected
