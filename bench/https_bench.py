@@ -160,12 +160,29 @@ def stop_server(server: Server) -> None:
             server.process.wait(timeout=10)
 
 
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User plus system CPU time the processes have used so far (``/proc/<pid>/stat``); 0 for one that is gone."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def wrk_saturation(server: Server, path: str, body_file: Path, *, seconds: int, connections: int) -> dict[str, Any]:
-    """Closed-loop saturation with wrk: requests/s and wrk's latency distribution."""
+    """Closed-loop saturation with wrk: requests/s, wrk's latency distribution, and the CPU time the server's
+    workers spent per request (steadier than throughput when neighbours take turns on the CPUs: it does not
+    count the time the server waited for a CPU)."""
     url = f"https://127.0.0.1:{server.port}"
     command = [tool("wrk"), "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s", "-s", str(WRK_SCRIPT),
                url, "--", path, str(body_file)]
+    workers = machine.children_of(server.process.pid)
+    cpu_before = cpu_seconds(workers)
     result = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60, check=False)
+    cpu_used = cpu_seconds(workers) - cpu_before
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
         raise BenchError(f"wrk failed on {path} ({result.returncode}): {result.stderr.strip() or result.stdout}")
@@ -181,6 +198,7 @@ def wrk_saturation(server: Server, path: str, body_file: Path, *, seconds: int, 
         "max_ms": latency["max"] / 1e3,
         "requests": summary["requests"],
         "read_errors": errors["read"],  # sync workers close after each answer; wrk counts some of those
+        "server_cpu_us": cpu_used / summary["requests"] * 1e6,
     }
 
 
@@ -236,6 +254,8 @@ def run(*, names: Sequence[str], rates: Sequence[int], containers: int, repeats:
                                                      connections=connections) for endpoint in order}
                 for endpoint, figures in measured.items():
                     figures["throughput_vs_noop"] = figures["reviews_per_s"] / measured[NOOP_PATH]["reviews_per_s"]
+                    if figures["server_cpu_us"] > 0:  # the CPU-bound throughput ratio, neighbours' turns left out
+                        figures["cpu_vs_noop"] = measured[NOOP_PATH]["server_cpu_us"] / figures["server_cpu_us"]
                     samples[(name, "saturation", endpoint, None)].append(figures)
         for _ in range(repeats):
             for point in points:
@@ -286,6 +306,12 @@ def markdown(report: dict[str, Any]) -> str:
         offered = int(row["offered_per_s"] or 0) or "max"
         lines.append(f"| {row['server']} | {row['mode']} | {row['endpoint']} | {offered} "
                      f"| {achieved:,.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {ratio} |")
+    lines += ["", "| server | endpoint | server CPU µs per request (saturation) | noop's CPU / this CPU |",
+              "|---|---|---:|---:|"]
+    for row in report["results"]:
+        if row["mode"] == "saturation" and "server_cpu_us" in row:
+            ratio = f"{row['cpu_vs_noop']:.2f}" if "cpu_vs_noop" in row else ""
+            lines.append(f"| {row['server']} | {row['endpoint']} | {row['server_cpu_us']:.0f} | {ratio} |")
     lines += ["", "| server | worker RSS (MiB) |", "|---|---|"]
     for name, workers in report["worker_rss"].items():
         sizes = ", ".join(f"{worker['rss_bytes'] / 2**20:.1f}" for worker in workers)
