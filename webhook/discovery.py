@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_fence.vocabulary import CONTAINER_FIELDS
+from gpu_fence.vocabulary import iter_containers
 
 PathSegment = str | int
 Path = tuple[PathSegment, ...]
@@ -320,10 +320,7 @@ def container_index(spec: Mapping[str, Any], name: str | None) -> tuple[str, int
     """``(field, index)`` of the named container in a pod spec (init, regular, ephemeral), or None."""
     if name is None:
         return None
-    for field_name in CONTAINER_FIELDS:
-        containers = spec.get(field_name)
-        if isinstance(containers, list):
-            for index, container in enumerate(containers):
-                if isinstance(container, Mapping) and container.get("name") == name:
-                    return field_name, index
+    for field_name, index, container in iter_containers(spec):
+        if container.get("name") == name:
+            return field_name, index
     return None
