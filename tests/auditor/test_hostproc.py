@@ -340,9 +340,10 @@ def test_environ_tolerates_bytes_that_are_not_utf8(tree: HostProcTree) -> None:
 #
 # The model: a host process may join a pod container's cgroup (as ``runc init`` does). The incremental scan sees
 # the join when a scan of the process's re-check window is still to come: the window ends ``recheck_scans`` scans
-# after the scan that first saw it, plus ``pid % startup_spread`` scans when that was the first scan. Later joins
-# (which no runtime makes) are, by design, not seen. The expected answer is a full scan of the tree in which every
-# late joiner is still where the incremental scan last found it.
+# after the scan that first saw it, plus ``pid % startup_spread`` scans when that was the first scan, and a join made
+# before the window opens is seen by the window's first scan. Later joins (which no runtime makes) are, by design,
+# not seen. The expected answer is a full scan of the tree in which every late joiner, and every joiner whose
+# window has not opened yet, is still where the incremental scan last found it.
 
 _PODS = [POD_A, POD_B]
 _CONTAINERS = [C1, C2, C3, PAUSE]
@@ -361,12 +362,12 @@ operations = st.lists(
 )
 
 
-def expected_scan(tree: HostProcTree, live: list[int], late: set[int]) -> dict[str, int]:
-    """A full scan of the tree, with late joiners left outside any pod: the lowest live pid per container."""
+def expected_scan(tree: HostProcTree, live: list[int], unseen: set[int]) -> dict[str, int]:
+    """A full scan of the tree, with unseen joiners left outside any pod: the lowest live pid per container."""
     chosen: dict[str, int] = {}
     reader = HostProc(str(tree))
     for pid in live:
-        identity = None if pid in late else reader.identity(pid)
+        identity = None if pid in unseen else reader.identity(pid)
         if identity is not None and identity.container_id is not None:
             chosen[identity.container_id] = min(pid, chosen.get(identity.container_id, pid))
     return chosen
@@ -388,6 +389,9 @@ def window_end(pid: int, first_seen: int, recheck_scans: int, startup_spread: in
 # found by the first scan: pid 100's window starts 100 % 3 = 1 scan later; found later: at once
 @example([("host",), ("scan",), ("scan",), ("scan",), ("join", 0, C1), ("scan",)], 1, 3)
 @example([("scan",), ("host",), ("scan",), ("scan",), ("join", 0, C1), ("scan",)], 1, 3)
+# found by the first scan, joined before its window opens (scan 3): not seen by scan 2, seen by scan 3
+@example([("host",), ("scan",), ("join", 0, C1)], 1, 3)
+@example([("host",), ("scan",), ("join", 0, C1), ("scan",)], 1, 3)
 def test_incremental_scan_matches_a_full_scan(steps: list[tuple], recheck_scans: int, startup_spread: int) -> None:
     with tempfile.TemporaryDirectory() as directory:
         tree = HostProcTree(Path(directory) / "proc")
@@ -395,7 +399,12 @@ def test_incremental_scan_matches_a_full_scan(steps: list[tuple], recheck_scans:
         live: list[int] = []
         outside: dict[int, int | None] = {}  # live host processes → the scan that first saw them (None: not yet)
         late: set[int] = set()  # joined a pod after their window: the incremental scan keeps them outside
+        opens: dict[int, int] = {}  # joined a pod before their window: pid → the scan that will see the join
         scans = 0
+
+        def hidden(scan: int) -> set[int]:
+            return late | {pid for pid, first_reading in opens.items() if scan < first_reading}
+
         next_pid = 100
         for step in steps:
             kind = step[0]
@@ -413,9 +422,11 @@ def test_incremental_scan_matches_a_full_scan(steps: list[tuple], recheck_scans:
                 tree.remove(pid)
                 outside.pop(pid, None)
                 late.discard(pid)
+                opens.pop(pid, None)
             elif kind in ("reuse", "reuse-host") and live:  # a new process gets an exited one's pid
                 pid = live[step[1] % len(live)]
                 late.discard(pid)
+                opens.pop(pid, None)
                 if kind == "reuse":
                     tree.reuse_pid(pid, cgroup=cgroup_text(POD_B, step[2]))
                     outside.pop(pid, None)
@@ -426,10 +437,14 @@ def test_incremental_scan_matches_a_full_scan(steps: list[tuple], recheck_scans:
                 pid = sorted(outside)[step[1] % len(outside)]
                 tree.write_cgroup(pid, cgroup_text(POD_A, step[2], layout="cgroupfs"))
                 first = outside.pop(pid)
-                if first is not None and scans >= window_end(pid, first, recheck_scans, startup_spread):
-                    late.add(pid)
+                if first is not None:
+                    end = window_end(pid, first, recheck_scans, startup_spread)
+                    if scans >= end:
+                        late.add(pid)
+                    else:
+                        opens[pid] = end - recheck_scans + 1
             elif kind == "scan":
                 scans += 1
-                assert incremental.container_pids() == expected_scan(tree, live, late)
+                assert incremental.container_pids() == expected_scan(tree, live, hidden(scans))
                 outside = {pid: scans if first is None else first for pid, first in outside.items()}
-        assert incremental.container_pids() == expected_scan(tree, live, late)
+        assert incremental.container_pids() == expected_scan(tree, live, hidden(scans + 1))
