@@ -18,7 +18,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 
-from auditor.model import (
+from gpu_fence.vocabulary import DeviceIdForm, Visibility, classify_device_id, parse_visible_devices
+
+from .model import (
     AuditPolicy,
     AuditResult,
     Container,
@@ -29,7 +31,6 @@ from auditor.model import (
     NodeSnapshot,
     Row,
 )
-from gpu_fence.vocabulary import DeviceIdForm, Visibility, classify_device_id, parse_visible_devices
 
 _KIND_ORDER = {kind: position for position, kind in enumerate(FindingKind)}
 

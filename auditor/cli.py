@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from auditor import chargeback, daemon
+from . import chargeback, daemon
 
 EPILOG = """\
 examples:

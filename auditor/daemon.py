@@ -28,11 +28,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from auditor.audit import audit
-from auditor.model import AuditPolicy, AuditResult, NodeSnapshot
-from auditor.report import FORMATS, render
-from auditor.snapshot import CollectError, SnapshotOptions, Sources, collect
 from gpu_fence import logs
+
+from .audit import audit
+from .model import AuditPolicy, AuditResult, NodeSnapshot
+from .report import FORMATS, render
+from .snapshot import CollectError, SnapshotOptions, Sources, collect
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULTS = {
@@ -183,7 +184,7 @@ class Auditor:
             raise CollectError("proc", f"host proc root {self.args.host_proc} is not a directory (mount the host's "
                                        "/proc and pass --host-proc)")
         if not self.args.no_kubernetes:
-            from auditor.kube import KubernetesUnavailable, load_api_client
+            from .kube import KubernetesUnavailable, load_api_client
 
             try:
                 self.api_client = load_api_client(self.args.kubeconfig)
@@ -192,8 +193,8 @@ class Auditor:
 
     def sources(self) -> Sources:
         if self._sources is None:
-            from auditor.hostproc import HostProc
-            from auditor.kube import PodCache
+            from .hostproc import HostProc
+            from .kube import PodCache
 
             pods = None
             if self.api_client is not None:
@@ -214,12 +215,12 @@ class Auditor:
                 f"kubelet PodResources socket {socket_path} does not exist (mount /var/lib/kubelet/pod-resources "
                 "from the host, or pass --pod-resources-socket)",
             )
-        from auditor.podresources.client import PodResourcesClient
+        from .podresources.client import PodResourcesClient
 
         return PodResourcesClient(socket_path, calls=self.kubelet_calls)
 
     def _nvml(self) -> Any:
-        from auditor.nvml import Nvml, NvmlError
+        from .nvml import Nvml, NvmlError
 
         nvml = Nvml(self.args.nvml_lib)
         try:
@@ -324,7 +325,7 @@ class Health:
 
 
 def serve_http(bind: str, port: int, metrics: Any, health: Health) -> ThreadingHTTPServer:
-    from auditor.metrics import CONTENT_TYPE
+    from .metrics import CONTENT_TYPE
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
@@ -362,8 +363,8 @@ def backoff(interval: float, failures_in_row: int, maximum: float) -> float:
 
 
 def run_daemon(args: argparse.Namespace) -> int:
-    from auditor.kube import EventRecorder
-    from auditor.metrics import AuditorMetrics
+    from .kube import EventRecorder
+    from .metrics import AuditorMetrics
 
     # gRPC's C core logs to stderr in its own format (a kubelet restart prints a GOAWAY line); our JSON lines say
     # what matters, so silence it unless the operator asks for it.
@@ -452,7 +453,7 @@ def run_daemon(args: argparse.Namespace) -> int:
 
 def _label_clash(keys: list[str]) -> str | None:
     """Two ``--pod-label`` keys that export as one Prometheus label name, said in one line; None when all differ."""
-    from auditor.metrics import label_name
+    from .metrics import label_name
 
     seen: dict[str, str] = {}
     for key in keys:

@@ -26,7 +26,7 @@ import os
 import stat
 from collections.abc import Iterable
 
-from auditor.cgroups import CgroupIdentity, parse_cgroup
+from .cgroups import CgroupIdentity, parse_cgroup
 
 #: Character major of NVIDIA's GPU device nodes (``/dev/nvidia<minor>``, ``/dev/nvidiactl``, ``/dev/nvidia-modeset``).
 NVIDIA_MAJOR = 195

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from auditor.model import Finding
+from .model import Finding
 
 KAI_GPU_GROUP_LABEL = "runai-gpu-group"
 KAI_MULTI_GROUP_PREFIX = KAI_GPU_GROUP_LABEL + "/"

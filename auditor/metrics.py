@@ -30,7 +30,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from auditor.model import AuditResult, FindingKind, NodeSnapshot
+from .model import AuditResult, FindingKind, NodeSnapshot
 
 FAILURE_REASONS = ("kubelet", "nvml", "kubernetes-api", "proc", "internal")
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

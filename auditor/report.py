@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from typing import Any
 
-from auditor.model import AuditResult, Finding, NodeSnapshot, Row
+from .model import AuditResult, Finding, NodeSnapshot, Row
 
 FORMATS = ("text", "json", "junit")
 

@@ -29,10 +29,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from auditor.deviceids import is_gpu_resource, normalize_device_id
-from auditor.kube import containers_by_id, kai_gpu_groups, pod_labels
-from auditor.model import Container, Gpu, GpuProcess, Identity, NodeSnapshot
 from gpu_fence.vocabulary import VISIBLE_DEVICES_ENV, kai_fraction_container, parse_visible_devices
+
+from .deviceids import is_gpu_resource, normalize_device_id
+from .kube import containers_by_id, kai_gpu_groups, pod_labels
+from .model import Container, Gpu, GpuProcess, Identity, NodeSnapshot
 
 SERVICEACCOUNT_NAMESPACE = "root/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 _UUID_IN_TEXT = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}")
@@ -419,8 +420,8 @@ class Sources:
 
 def collect(sources: Sources, options: SnapshotOptions, *, clock: Any = time.time) -> NodeSnapshot:
     """Read every source once and assemble the snapshot; raises ``CollectError`` when the cycle cannot be audited."""
-    from auditor.nvml import NvmlError  # noqa: PLC0415 - keeps NVML out of --help
-    from auditor.podresources.client import KubeletUnavailable  # noqa: PLC0415 - keeps gRPC out of --help
+    from .nvml import NvmlError  # noqa: PLC0415 - keeps NVML out of --help
+    from .podresources.client import KubeletUnavailable  # noqa: PLC0415 - keeps gRPC out of --help
 
     now = clock()
     notes: list[str] = []

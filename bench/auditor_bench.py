@@ -119,11 +119,11 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
     """Run ``cycles`` audit cycles with the real daemon code; per-cycle phase times, RSS and kubelet calls."""
     hidden = [] if test_extras else hide_test_only_modules()
     # imported here, in the child only: the parent must not carry the auditor's libraries (nor its RSS)
-    from auditor import daemon
-    from auditor.cli import build_parser
-    from auditor.kube import EventRecorder
-    from auditor.metrics import AuditorMetrics
-    from auditor.report import render
+    from gpu_fence.auditor import daemon
+    from gpu_fence.auditor.cli import build_parser
+    from gpu_fence.auditor.kube import EventRecorder
+    from gpu_fence.auditor.metrics import AuditorMetrics
+    from gpu_fence.auditor.report import render
 
     args = build_parser().parse_args(list(auditor_args))
     auditor = daemon.Auditor(args)

@@ -38,9 +38,9 @@ PATHS = ("floor", "mutate", "validate", "evaluate")
 
 def build_cases(containers: int) -> dict[str, Callable[[], Any]]:
     """One zero-argument callable per measured path for a pod of ``containers`` containers."""
-    from webhook import policy
-    from webhook.config import load_config
-    from webhook.review import Endpoint, review
+    from gpu_fence.webhook import policy
+    from gpu_fence.webhook.config import load_config
+    from gpu_fence.webhook.review import Endpoint, review
 
     config = load_config(None)
     mutate_body = reviews.mutate_body(containers)

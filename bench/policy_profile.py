@@ -24,9 +24,9 @@ def best_microseconds(function: Callable[[], Any], number: int) -> float:
 
 def breakdown(containers: int, number: int) -> list[tuple[str, float]]:
     """(step, µs) for the steps of a ``/validate`` review of the pinned pod, in the order the server runs them."""
-    from webhook import policy
-    from webhook.config import load_config
-    from webhook.review import Endpoint, parse, review
+    from gpu_fence.webhook import policy
+    from gpu_fence.webhook.config import load_config
+    from gpu_fence.webhook.review import Endpoint, parse, review
 
     config = load_config(None)
     body = reviews.validate_body(containers)

@@ -54,8 +54,8 @@ def with_noop(app: Callable[..., Any]) -> Callable[..., Any]:
 
 def install(worker_class: str, *, gc_freeze: bool = True) -> None:
     """Hook the no-op endpoint and the worker class into ``webhook.serving``; without ``gc_freeze``, no freeze."""
-    from webhook import app as app_module
-    from webhook import serving
+    from gpu_fence.webhook import app as app_module
+    from gpu_fence.webhook import serving
 
     create_app = app_module.create_app
 
@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not rest or rest[0] != "serve":
         parser.error("give the serve command and its arguments, e.g. serve --cert-file F --key-file F")
     install(args.worker_class, gc_freeze=args.gc_freeze)
-    from webhook.cli import main as webhook_main
+    from gpu_fence.webhook.cli import main as webhook_main
 
     return webhook_main(rest)
 

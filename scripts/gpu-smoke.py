@@ -656,7 +656,7 @@ def nvml_snapshot(lib: str | None) -> dict[str, Any]:
 
     NVML failing after the first snapshot worked (a GPU lost mid-run, the driver unloaded) ends the run.
     """
-    from auditor.nvml import Nvml, NvmlError
+    from gpu_fence.auditor.nvml import Nvml, NvmlError
 
     try:
         with Nvml(lib) as nvml:
@@ -692,8 +692,7 @@ def load_fake(name: str) -> ModuleType:
 def raw_compute_processes(lib: str | None) -> list[dict[str, Any]]:
     """pynvml's own compute-process records per card, instance ids included (the adapter hides them)."""
     import pynvml
-
-    from auditor.nvml import Nvml
+    from gpu_fence.auditor.nvml import Nvml
 
     rows: list[dict[str, Any]] = []
     with Nvml(lib):
@@ -769,8 +768,8 @@ def child_environment() -> dict[str, str]:
 
 
 def run_once(flags: Sequence[str], deadline: Deadline) -> dict[str, Any]:
-    """One ``gpu-fence-auditor once`` (as ``python -m auditor.cli``, the console script's own code), timed."""
-    command = [sys.executable, "-m", "auditor.cli", "once", *flags]
+    """One ``gpu-fence-auditor once`` (as ``python -m gpu_fence.auditor.cli``, the console script's own code), timed."""
+    command = [sys.executable, "-m", "gpu_fence.auditor.cli", "once", *flags]
     started = time.monotonic()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=deadline.left(60), check=False,
@@ -789,9 +788,9 @@ def run_once(flags: Sequence[str], deadline: Deadline) -> dict[str, Any]:
 
 def time_cycles(flags: Sequence[str], count: int) -> dict[str, Any]:
     """The audit cycle alone (no interpreter start): one auditor, one warm-up cycle, then ``count`` timed ones."""
-    from auditor.cli import build_parser
-    from auditor.daemon import Auditor
-    from auditor.snapshot import CollectError
+    from gpu_fence.auditor.cli import build_parser
+    from gpu_fence.auditor.daemon import Auditor
+    from gpu_fence.auditor.snapshot import CollectError
 
     args = build_parser().parse_args(["once", *flags])
     auditor = Auditor(args)
@@ -820,7 +819,7 @@ def expected_finding(pid: int) -> tuple[str, str]:
     Kubernetes container, its cgroup names that container, which then holds an unallocated GPU:
     ``used-unallocated``.
     """
-    from auditor.hostproc import HostProc
+    from gpu_fence.auditor.hostproc import HostProc
 
     identity = HostProc("/proc").identity(pid)
     if identity is None:
@@ -847,7 +846,7 @@ def smoke(
     record["nvml_lib"] = lib
     record["allocated_bytes"] = allocated
     try:
-        import auditor.nvml  # noqa: F401 - fail here, with the package named, if the project is not importable
+        import gpu_fence.auditor.nvml  # noqa: F401 - fail here, with the package named, if the project is not importable
 
         load_fake("podresources_server")  # grpc and the generated PodResources stubs
     except CannotRun:
@@ -861,7 +860,7 @@ def smoke(
         fake.write(None)  # before anything reads NVML or runs nvidia-smi: both see the fake node
     record["environment"] = environment(nvidia_smi, deadline)
 
-    from auditor.nvml import Nvml, NvmlError
+    from gpu_fence.auditor.nvml import Nvml, NvmlError
 
     try:
         with Nvml(lib):  # the first contact: its failure means there is no driver to smoke-test
@@ -920,7 +919,7 @@ def smoke(
     kubelet = load_fake("podresources_server").FakeKubelet(socket_path).start()
     stack.callback(kubelet.stop)
     flags = auditor_flags(socket_path, lib)
-    progress(f"auditing {args.runs} times: python -m auditor.cli once {' '.join(flags)}")
+    progress(f"auditing {args.runs} times: python -m gpu_fence.auditor.cli once {' '.join(flags)}")
     runs = [run_once(flags, deadline) for _ in range(args.runs)]
     cycles = time_cycles(flags, args.runs)
     timed = [run["seconds"] for run in runs if run["seconds"] is not None]

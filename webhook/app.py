@@ -22,9 +22,10 @@ from prometheus_client import disable_created_metrics
 from werkzeug.exceptions import HTTPException
 
 from gpu_fence import logs
-from webhook.metrics import CONTENT_TYPE, WebhookMetrics
-from webhook.review import Policy
-from webhook.wsgi import MAX_BODY_BYTES, ROUTES, ReviewEndpoints, ReviewLog
+
+from .metrics import CONTENT_TYPE, WebhookMetrics
+from .review import Policy
+from .wsgi import MAX_BODY_BYTES, ROUTES, ReviewEndpoints, ReviewLog
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]
 
@@ -49,7 +50,7 @@ def create_app(
     that writes stderr directly, see ``webhook.wsgi.ReviewLog``).
     """
     if policy is None:
-        from webhook import policy as policy_module  # noqa: PLC0415 - the default; tests inject stand-ins
+        from . import policy as policy_module  # noqa: PLC0415 - the default; tests inject stand-ins
 
         policy = policy_module  # type: ignore[assignment]
     assert policy is not None

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import IO, Any
 
-from webhook import policy
-from webhook.config import ConfigError, PolicyConfig, load_config
-from webhook.discovery import (
+from . import policy
+from .config import ConfigError, PolicyConfig, load_config
+from .discovery import (
     DiscoveryError,
     PodSpecSite,
     find_pod_specs,
@@ -35,8 +35,8 @@ from webhook.discovery import (
     object_namespace,
     pod_for_site,
 )
-from webhook.policy import CDI_ANNOTATION, HOST_DEVICE_PATH, Decision
-from webhook.reports import (
+from .policy import CDI_ANNOTATION, HOST_DEVICE_PATH, Decision
+from .reports import (
     FORMATS,
     Finding,
     PodSpecResult,
@@ -46,7 +46,7 @@ from webhook.reports import (
     render_sarif,
     render_text,
 )
-from webhook.sources import Document, SourceError, expand_paths, read_source
+from .sources import Document, SourceError, expand_paths, read_source
 
 DEFAULT_NAMESPACE = "default"
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from webhook import certs, check, serving
+from . import certs, check, serving
 
 EPILOG = """\
 examples:

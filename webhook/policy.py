@@ -26,7 +26,8 @@ from gpu_fence.vocabulary import (
     parse_visible_devices,
     requests_gpu_resource,
 )
-from webhook.config import PolicyConfig
+
+from .config import PolicyConfig
 
 # --------------------------------------------------------------------------------------------------------------
 # What the policy returns

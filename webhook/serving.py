@@ -288,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         raise ServeError(f"--port {args.port}: must be 1-65535")
     if args.workers < 1 or args.threads < 1:
         raise ServeError("--workers and --threads must be at least 1")
-    from webhook.config import load_config  # noqa: PLC0415 - the heavy imports come after argument checks
+    from .config import load_config  # noqa: PLC0415 - the heavy imports come after argument checks
 
     config = load_config(args.config, own_namespace=args.namespace)
     workdir = tempfile.mkdtemp(prefix="gpu-fence-webhook-")
@@ -321,9 +321,9 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> in
     # variable was set, pick again, or each worker would count alone and /metrics would show one worker's share.
     values.ValueClass = values.get_value_class()
 
-    from webhook.app import create_app  # noqa: PLC0415
-    from webhook.metrics import WebhookMetrics  # noqa: PLC0415
-    from webhook.wsgi import ReviewLog  # noqa: PLC0415
+    from .app import create_app  # noqa: PLC0415
+    from .metrics import WebhookMetrics  # noqa: PLC0415
+    from .wsgi import ReviewLog  # noqa: PLC0415
 
     metrics = WebhookMetrics()
     store = CertificateStore(args.cert_file, args.key_file, on_load=metrics.certificate_expiry.set)

@@ -31,8 +31,9 @@ from typing import Any
 import orjson
 
 from gpu_fence import logs
-from webhook.metrics import WebhookMetrics
-from webhook.review import BadReview, Endpoint, Outcome, Policy, review
+
+from .metrics import WebhookMetrics
+from .review import BadReview, Endpoint, Outcome, Policy, review
 
 #: Larger than any Pod the API server accepts (etcd's default request limit is 1.5 MiB) with room for the
 #: oldObject of an ephemeral-containers update, small enough that a flood of big bodies cannot exhaust memory.

@@ -15,13 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-from auditor.chargeback import render as text
-from auditor.chargeback.compute import Bill, IdlePolicy, card_models, compute_bill
-from auditor.chargeback.errors import ChargebackError
-from auditor.chargeback.html import render_html
-from auditor.chargeback.prices import Prices, load_prices
-from auditor.chargeback.prometheus import PrometheusClient, fetch_intervals
-from auditor.chargeback.times import iso, parse_duration, parse_time
+from . import render as text
+from .compute import Bill, IdlePolicy, card_models, compute_bill
+from .errors import ChargebackError
+from .html import render_html
+from .prices import Prices, load_prices
+from .prometheus import PrometheusClient, fetch_intervals
+from .times import iso, parse_duration, parse_time
 
 FORMATS = ("table", "csv", "json", "markdown", "html")
 # Default resolution: at most this many instants over the range, and never finer than a minute.

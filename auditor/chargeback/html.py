@@ -9,9 +9,9 @@ from __future__ import annotations
 import html
 from collections import defaultdict
 
-from auditor.chargeback.compute import IDLE, OVERREACH, UNATTRIBUTED, Bill, TimePoint
-from auditor.chargeback.render import COLUMNS, rows
-from auditor.chargeback.times import iso
+from .compute import IDLE, OVERREACH, UNATTRIBUTED, Bill, TimePoint
+from .render import COLUMNS, rows
+from .times import iso
 
 MAX_BARS = 96
 MAX_LAYER_GROUPS = 8

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from auditor.chargeback.errors import ChargebackError
+from .errors import ChargebackError
 
 _KEYS = ("currency", "default", "models", "nodes")
 # NVML names a MIG device "<card model> MIG 3g.40gb"; the card's own name is what a price list holds.

@@ -18,10 +18,10 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from auditor.chargeback.compute import Allocation, ContainerRef, Device, Interval, Memory, Unattributed
-from auditor.chargeback.errors import ChargebackError
-from auditor.chargeback.times import iso
-from auditor.metrics import label_name  # the name the auditor exports --pod-label KEY under
+from ..metrics import label_name  # the name the auditor exports --pod-label KEY under
+from .compute import Allocation, ContainerRef, Device, Interval, Memory, Unattributed
+from .errors import ChargebackError
+from .times import iso
 
 NO_LABEL = "(none)"
 # Prometheus refuses more than 11,000 points per series in one range query; stay well below.

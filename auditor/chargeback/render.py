@@ -12,8 +12,8 @@ import io
 import json
 from dataclasses import dataclass
 
-from auditor.chargeback.compute import PLATFORM, UNATTRIBUTED, Bill
-from auditor.chargeback.times import iso
+from .compute import PLATFORM, UNATTRIBUTED, Bill
+from .times import iso
 
 COLUMNS = (
     ("group", "group"),

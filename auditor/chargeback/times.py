@@ -6,7 +6,7 @@ import math
 import re
 from datetime import UTC, datetime
 
-from auditor.chargeback.errors import ChargebackError
+from .errors import ChargebackError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)([smhdw]))+$")

@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from auditor.podresources.v1 import api_pb2, api_pb2_grpc
+from .v1 import api_pb2, api_pb2_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 #: A dense node's List answer is well under 1 MiB; allow what other PodResources clients (NFD) allow.

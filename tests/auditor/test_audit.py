@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from auditor.audit import audit, named_devices
-from auditor.model import AuditPolicy, Container, FindingKind, Gpu, GpuProcess, NodeSnapshot
+from gpu_fence.auditor.audit import audit, named_devices
+from gpu_fence.auditor.model import AuditPolicy, Container, FindingKind, Gpu, GpuProcess, NodeSnapshot
 
 G0, G1, G2 = (f"GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}" for i in range(3))
 CARD = "GPU-77777777-aaaa-bbbb-cccc-777777777777"

@@ -14,13 +14,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from gpu_fence.auditor.audit import audit
+from gpu_fence.auditor.cli import main
+from gpu_fence.auditor.daemon import Health, backoff
+from gpu_fence.auditor.metrics import AuditorMetrics, label_name
+from gpu_fence.auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
 from prometheus_client.parser import text_string_to_metric_families
 
-from auditor.audit import audit
-from auditor.cli import main
-from auditor.daemon import Health, backoff
-from auditor.metrics import AuditorMetrics, label_name
-from auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
 from tests.fakes.node_scenario import Ctr, NodeScenario, uuid_of
 from tests.fakes.nvml import GIB, FakeError
 
@@ -163,8 +163,8 @@ def test_the_second_cycle_freezes_what_the_process_holds_for_good(scenario, monk
     no longer traverses them every cycle; the first cycle's own objects are collected first."""
     import gc
 
-    from auditor.cli import build_parser
-    from auditor.daemon import Auditor
+    from gpu_fence.auditor.cli import build_parser
+    from gpu_fence.auditor.daemon import Auditor
 
     monkeypatch.setenv("FAKE_NVML_CONFIG", scenario.env()["FAKE_NVML_CONFIG"])
     auditor = Auditor(build_parser().parse_args(scenario.args("once")))

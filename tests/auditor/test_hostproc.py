@@ -11,11 +11,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from gpu_fence.auditor.cgroups import CONTAINERD, CRIO, CgroupIdentity
+from gpu_fence.auditor.hostproc import HostProc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from auditor.cgroups import CONTAINERD, CRIO, CgroupIdentity
-from auditor.hostproc import HostProc
 from tests.fakes.hostproc_tree import NVIDIA_MAJOR, HostProcTree, cgroup_text, make_char_device
 
 POD_A = "11111111-2222-4333-8444-555555555555"
@@ -89,7 +89,7 @@ def test_unreadable_entries_are_skipped_not_fatal(tree: HostProcTree) -> None:
 
 UNPRIVILEGED_PROBE = """
 import json, sys
-from auditor.hostproc import HostProc
+from gpu_fence.auditor.hostproc import HostProc
 proc = HostProc(sys.argv[1])
 print(json.dumps({
     "identity": repr(proc.identity(40)),
@@ -251,7 +251,7 @@ def test_equal_cgroup_texts_share_one_parsed_identity(tree: HostProcTree, monkey
     proc = HostProc(str(tree))
     proc.container_pids()
     assert len({id(identity) for identity in proc.identities(range(100, 110)).values()}) == 1
-    monkeypatch.setattr("auditor.hostproc.PARSED_LIMIT", 1)
+    monkeypatch.setattr("gpu_fence.auditor.hostproc.PARSED_LIMIT", 1)
     fresh = HostProc(str(tree))
     assert fresh.container_pids() == {C1: 100, C2: 110}
     assert len(fresh._parsed) == 1

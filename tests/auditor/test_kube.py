@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from auditor.kube import (
+from gpu_fence.auditor.kube import (
     ApiError,
     EventRecorder,
     KubernetesUnavailable,
@@ -14,7 +13,8 @@ from auditor.kube import (
     kai_gpu_groups,
     load_api_client,
 )
-from auditor.model import Finding, FindingKind
+from gpu_fence.auditor.model import Finding, FindingKind
+
 from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
 
 CID = "a" * 64
@@ -217,8 +217,8 @@ def test_event_points_at_the_containers_own_spec_list(api, field, path):
 
 
 def test_audit_findings_carry_the_containers_spec_list():
-    from auditor.audit import audit
-    from auditor.model import Container, Gpu, NodeSnapshot
+    from gpu_fence.auditor.audit import audit
+    from gpu_fence.auditor.model import Container, Gpu, NodeSnapshot
 
     debugger = Container("ml", "train", "debug", "uid-1", "c9", visible=frozenset({"GPU-1"}),
                          spec_field="ephemeralContainers")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from gpu_fence.auditor.audit import audit
+from gpu_fence.auditor.metrics import AuditorMetrics
+from gpu_fence.auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
 from prometheus_client.parser import text_string_to_metric_families
-
-from auditor.audit import audit
-from auditor.metrics import AuditorMetrics
-from auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
 
 G0, G1 = "GPU-0", "GPU-1"
 GIB = 2**30

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from gpu_fence.auditor.nvml import NO_INSTANCE, REASONS, Nvml, NvmlError, NvmlSnapshot
 
-from auditor.nvml import NO_INSTANCE, REASONS, Nvml, NvmlError, NvmlSnapshot
 from tests.fakes.nvml import (
     CONFIG_ENV,
     GIB,
@@ -663,7 +663,7 @@ def test_failed_shutdown_is_not_raised(open_nvml: OpenNvml) -> None:
 
 _DEFAULT_OPEN = """
 import sys
-from auditor.nvml import Nvml, NvmlError
+from gpu_fence.auditor.nvml import Nvml, NvmlError
 try:
     with Nvml() as nvml:
         print(len(nvml.snapshot().devices))

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 _SNAPSHOT = """
 import json, os, sys
 from dataclasses import asdict
-from auditor.nvml import Nvml
+from gpu_fence.auditor.nvml import Nvml
 with Nvml(os.environ.get("GPU_FENCE_NVML_LIB") or None) as nvml:
     snapshot = nvml.snapshot()
 json.dump(asdict(snapshot), sys.stdout)

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-
-from auditor.podresources.client import (
+from gpu_fence.auditor.podresources.client import (
     CONNECTION_REFUSED,
     PERMISSION_DENIED,
     RATE_LIMITED,
@@ -29,7 +28,8 @@ from auditor.podresources.client import (
     KubeletUnavailable,
     PodResourcesClient,
 )
-from auditor.podresources.v1 import api_pb2
+from gpu_fence.auditor.podresources.v1 import api_pb2
+
 from tests.fakes.podresources_server import (
     GET_ABSENT,
     GET_DISABLED,
@@ -273,7 +273,7 @@ def test_timeout_must_be_positive() -> None:
 
 UNPRIVILEGED_CLIENT = """
 import json, sys
-from auditor.podresources.client import KubeletUnavailable, PodResourcesClient
+from gpu_fence.auditor.podresources.client import KubeletUnavailable, PodResourcesClient
 try:
     PodResourcesClient(sys.argv[1], timeout=5).list()
 except KubeletUnavailable as error:

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
-
-from auditor.podresources import regenerate
-from auditor.podresources.v1 import api_pb2
+from gpu_fence.auditor.podresources import regenerate
+from gpu_fence.auditor.podresources.v1 import api_pb2
 
 STRING, INT64, UINT64, MESSAGE = (
     FieldDescriptor.TYPE_STRING,
@@ -230,11 +229,10 @@ def _normalised(path: Path) -> str:
 
 def test_committed_stubs_are_current(tmp_path: Path) -> None:
     generated = regenerate.generate(tmp_path)
-    assert [path.relative_to(tmp_path) for path in generated] == list(regenerate.GENERATED)
-    for relative in regenerate.GENERATED:
-        committed = regenerate.SOURCE_ROOT / relative
-        assert _normalised(tmp_path / relative) == _normalised(committed), (
-            f"{relative} is stale: run python -m auditor.podresources.regenerate"
+    assert [path.name for path in generated] == list(regenerate.GENERATED)
+    for name in regenerate.GENERATED:
+        assert _normalised(tmp_path / name) == _normalised(regenerate.STUB_DIR / name), (
+            f"{name} is stale: run python -m gpu_fence.auditor.podresources.regenerate"
         )
 
 
@@ -244,10 +242,10 @@ def test_committed_descriptor_matches_the_proto(tmp_path: Path) -> None:
     from grpc_tools import protoc  # a test dependency (grpcio-tools)
 
     out = tmp_path / "api.desc"
-    include = Path(protoc.__file__).parent / "_proto"
+    root = regenerate.stage_proto(tmp_path / "src")
     status = protoc.main(
-        ["protoc", f"--proto_path={regenerate.SOURCE_ROOT}", f"--proto_path={include}",
-         f"--descriptor_set_out={out}", str(regenerate.PROTO)]
+        ["protoc", f"--proto_path={root}", f"--proto_path={regenerate.well_known_types()}",
+         f"--descriptor_set_out={out}", str(root / regenerate.PROTO)]
     )
     assert status == 0
     built = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]

@@ -6,10 +6,9 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
-
-from auditor.audit import audit
-from auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
-from auditor.report import render
+from gpu_fence.auditor.audit import audit
+from gpu_fence.auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
+from gpu_fence.auditor.report import render
 
 G0 = "GPU-00000000-aaaa-bbbb-cccc-000000000000"
 G1 = "GPU-11111111-aaaa-bbbb-cccc-111111111111"

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from gpu_fence.auditor import chargeback
 
-from auditor import chargeback
 from tests.fakes.prometheus import PrometheusServer
 
 GIB = 1 << 30

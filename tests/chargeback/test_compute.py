@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from auditor.chargeback.compute import (
+from gpu_fence.auditor.chargeback.compute import (
     IDLE,
     OVERREACH,
     UNATTRIBUTED,
@@ -20,6 +17,8 @@ from auditor.chargeback.compute import (
     Unattributed,
     compute_bill,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 GIB = 1 << 30
 HOUR = 3600.0

@@ -6,16 +6,15 @@ import dataclasses
 import json
 
 import pytest
+from gpu_fence.auditor.chargeback.compute import ContainerRef, GroupCost, IdlePolicy, compute_bill
+from gpu_fence.auditor.chargeback.errors import ChargebackError
+from gpu_fence.auditor.chargeback.html import render_html
+from gpu_fence.auditor.chargeback.prices import Prices, prices_from_mapping
+from gpu_fence.auditor.chargeback.prometheus import Series, intervals_from_series, label_name, pod_groups
+from gpu_fence.auditor.chargeback.render import render_json, render_markdown, render_table
+from gpu_fence.auditor.chargeback.times import parse_duration, parse_time
 from hypothesis import given
 from hypothesis import strategies as st
-
-from auditor.chargeback.compute import ContainerRef, GroupCost, IdlePolicy, compute_bill
-from auditor.chargeback.errors import ChargebackError
-from auditor.chargeback.html import render_html
-from auditor.chargeback.prices import Prices, prices_from_mapping
-from auditor.chargeback.prometheus import Series, intervals_from_series, label_name, pod_groups
-from auditor.chargeback.render import render_json, render_markdown, render_table
-from auditor.chargeback.times import parse_duration, parse_time
 
 NOW = 1_800_000_000.0
 
@@ -68,7 +67,7 @@ def test_price_lookup_order():
 
 def test_label_names_are_the_exporters_own():
     # --by label:KEY must find the label under exactly the name the auditor exports it as: one function, not a copy.
-    from auditor import metrics
+    from gpu_fence.auditor import metrics
 
     assert label_name is metrics.label_name
 
@@ -141,7 +140,7 @@ def test_series_renamed_by_a_scrape_without_honor_labels_are_refused():
 
 def hour_bill():
     """One card used by namespace a for one hour, billed in six 10-minute intervals from 1_800_000_000."""
-    from auditor.chargeback.compute import Device, Interval, Memory
+    from gpu_fence.auditor.chargeback.compute import Device, Interval, Memory
 
     start, step = 1_800_000_000.0, 600.0
     a = ContainerRef("a", "p", "c", "a")
@@ -156,7 +155,7 @@ def hour_bill():
 def test_html_time_axis_and_bar_titles_span_the_range():
     import re
 
-    from auditor.chargeback.times import iso
+    from gpu_fence.auditor.chargeback.times import iso
 
     page = render_html(hour_bill(), "namespace", 600)
     timeline = page[page.index('<svg id="timeline"'):page.index("</svg>")]

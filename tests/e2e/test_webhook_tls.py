@@ -375,7 +375,7 @@ def test_logs_are_json_lines_and_the_kubernetes_client_is_never_imported(server)
     assert len(started) >= 2
     assert all(event["frozen_objects"] > 10_000 and event["gc_enabled"] is True for event in started)
     imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
-    assert "flask" in imported and "webhook.app" in imported  # the import log is live
+    assert "flask" in imported and "gpu_fence.webhook.app" in imported  # the import log is live
     assert not [name for name in imported if name == "kubernetes" or name.startswith("kubernetes.")]
 
 

@@ -38,9 +38,9 @@ def command_lines() -> list[tuple[str, str, list[str]]]:
 @pytest.mark.parametrize(("where", "program", "argv"), command_lines(), ids=[c[0] for c in command_lines()])
 def test_manifest_command_lines_parse_with_the_real_cli(where: str, program: str, argv: list[str]) -> None:
     if program == "gpu-fence-webhook":
-        from webhook.cli import build_parser
+        from gpu_fence.webhook.cli import build_parser
     elif program == "gpu-fence-auditor":
-        from auditor.cli import build_parser
+        from gpu_fence.auditor.cli import build_parser
     else:
         pytest.fail(f"{where}: unknown entry point {program!r}")
     args = build_parser().parse_args(argv)
@@ -63,8 +63,8 @@ def test_certs_help_example_names_the_webhook_configurations_the_manifests_ship(
     # A copy-pasted example that names configurations which do not exist fails with 404 in the cluster.
     import shlex
 
-    from webhook.certs import EXAMPLES
-    from webhook.cli import build_parser
+    from gpu_fence.webhook.certs import EXAMPLES
+    from gpu_fence.webhook.cli import build_parser
 
     text = EXAMPLES.replace("\\\n", " ")
     (line,) = [line for line in text.splitlines() if "--patch-webhooks" in line]

@@ -34,7 +34,7 @@ def test_the_install_overlay_with_the_team_label_patch_builds(tmp_path: Path) ->
     assert images == {"registry.example.com/gpu-fence:0.1.0"}
     (auditor,) = [w for w in workloads(objects) if w["metadata"]["name"] == "gpu-fence-auditor"]
     container = pod_spec(auditor)["containers"][0]
-    from auditor.cli import build_parser
+    from gpu_fence.auditor.cli import build_parser
 
     args = build_parser().parse_args([a.replace("$(", "").replace(")", "") for a in container["args"]])
     assert args.pod_label == ["team"]

@@ -14,9 +14,9 @@ from typing import Any
 import jsonpatch
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from gpu_fence.webhook import cli
 
 from tests.fakes.kubeapi_webhooks import FakeKubeApi, FakeKubeApiServer
-from webhook import cli
 
 from .conftest import NAMESPACE, REPO, one, pod_spec, render
 

@@ -169,8 +169,9 @@ def _covered(used: set[tuple[str, str, str, str]], granted: set[tuple[str, str, 
 
 
 def test_certificate_job_is_granted_exactly_the_calls_certs_makes(tmp_path: Path) -> None:
+    from gpu_fence.webhook import cli
+
     from tests.fakes.kubeapi_webhooks import FakeKubeApi, FakeKubeApiServer
-    from webhook import cli
 
     objects = render("base")
     args = [a.replace("$(POD_NAMESPACE)", NAMESPACE) for a in _certs_args(one(objects, "Job", "gpu-fence-certs"))]
@@ -192,8 +193,9 @@ def test_certificate_job_is_granted_exactly_the_calls_certs_makes(tmp_path: Path
 
 
 def test_auditor_is_granted_exactly_the_calls_it_makes(tmp_path: Path) -> None:
-    from auditor.kube import EventRecorder, PodCache, load_api_client
-    from auditor.model import Finding, FindingKind
+    from gpu_fence.auditor.kube import EventRecorder, PodCache, load_api_client
+    from gpu_fence.auditor.model import Finding, FindingKind
+
     from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
 
     now = [1000.0]

@@ -102,15 +102,15 @@ def cel_denials(pod: dict[str, Any], old: dict[str, Any] | None = None, *, opera
 
 
 def python_violations(pod: dict[str, Any]) -> set[str]:
-    from webhook.config import load_config
-    from webhook.policy import validate
+    from gpu_fence.webhook.config import load_config
+    from gpu_fence.webhook.policy import validate
 
     return {violation.rule for violation in validate(pod, load_config(None)).violations}
 
 
 def python_update_violations(pod: dict[str, Any], old: dict[str, Any]) -> set[str]:
-    from webhook.config import load_config
-    from webhook.policy import exemption, validate_update
+    from gpu_fence.webhook.config import load_config
+    from gpu_fence.webhook.policy import exemption, validate_update
 
     config = load_config(None)
     if exemption(pod, config, namespace="team-a"):
@@ -283,7 +283,7 @@ def test_every_validation_names_its_rule_id() -> None:
 
 
 def test_protected_host_paths_mirror_the_webhook_defaults() -> None:
-    from webhook.config import DEFAULT_HOST_DEVICE_PATHS
+    from gpu_fence.webhook.config import DEFAULT_HOST_DEVICE_PATHS
 
     policy = one(render("overlays/vap"), "ValidatingAdmissionPolicy", "gpu-fence")["spec"]
     (expression,) = [v["expression"] for v in policy["variables"] if v["name"] == "protectedHostPaths"]
@@ -380,8 +380,8 @@ def test_update_fixtures_deny_and_allow() -> None:
 # hostPath volumes they mount), as the webhook judges it (webhook.review.new_container_names + validate(only=)).
 
 def python_debug_violations(pod: dict[str, Any], old: dict[str, Any]) -> set[str]:
-    from webhook.config import load_config
-    from webhook.policy import exemption, validate
+    from gpu_fence.webhook.config import load_config
+    from gpu_fence.webhook.policy import exemption, validate
 
     config = load_config(None)
     if exemption(pod, config, namespace="team-a"):

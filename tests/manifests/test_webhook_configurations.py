@@ -179,7 +179,7 @@ def validating_hooks(target: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("target", KUSTOMIZATIONS)
 def test_plain_pod_updates_reach_validation_only_when_they_add_or_change_a_cdi_annotation(target: str) -> None:
-    from webhook.policy import CDI_ANNOTATION_PREFIXES
+    from gpu_fence.webhook.policy import CDI_ANNOTATION_PREFIXES
 
     for hook in validating_hooks(target):
         def update(old: dict[str, Any], new: dict[str, Any], hook: dict[str, Any] = hook) -> bool:
@@ -212,8 +212,8 @@ ANNOTATIONS = st.none() | st.dictionaries(ANNOTATION_KEYS, st.sampled_from(["", 
 @given(old=ANNOTATIONS, new=ANNOTATIONS)
 def test_the_update_condition_skips_only_updates_the_webhook_would_allow(old, new) -> None:
     """The condition is the webhook's own update rule in CEL: called iff validate_update reports something."""
-    from webhook.config import load_config
-    from webhook.policy import validate_update
+    from gpu_fence.webhook.config import load_config
+    from gpu_fence.webhook.policy import validate_update
 
     hook = validating_hooks("base")[0]
     old_pod, new_pod = pod_with(old), pod_with(new)

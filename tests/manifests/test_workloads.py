@@ -104,7 +104,7 @@ def test_webhook_deployment_survives_disruption(target: str) -> None:
 
 @pytest.mark.parametrize("target", KUSTOMIZATIONS)
 def test_policy_config_map_loads_with_the_webhooks_own_loader(target: str) -> None:
-    from webhook.config import load_config
+    from gpu_fence.webhook.config import load_config
 
     objects = render(target)
     (config_map,) = [

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from webhook.config import PolicyConfig
+from gpu_fence.webhook.config import PolicyConfig
 
 
 @pytest.fixture

@@ -18,11 +18,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
-
-from gpu_fence.logs import JsonLinesFormatter
-from tests.fakes.kubeapi_webhooks import FakeKubeApi, FakeKubeApiServer
-from webhook import cli
-from webhook.certs import (
+from gpu_fence.webhook import cli
+from gpu_fence.webhook.certs import (
     CertsError,
     KeyPair,
     WebhookRef,
@@ -35,7 +32,10 @@ from webhook.certs import (
     service_dns_names,
     serving_is_good,
 )
-from webhook.serving import CertificateStore, ServeError
+from gpu_fence.webhook.serving import CertificateStore, ServeError
+
+from gpu_fence.logs import JsonLinesFormatter
+from tests.fakes.kubeapi_webhooks import FakeKubeApi, FakeKubeApiServer
 
 NAMES = service_dns_names("gpu-fence-webhook", "gpu-fence")
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -230,7 +230,7 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
 
 
 def test_days_must_be_positive(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "webhook.cli", "certs", "--service", "s", "--namespace", "n",
+    result = subprocess.run([sys.executable, "-m", "gpu_fence.webhook.cli", "certs", "--service", "s", "--namespace", "n",
                              "--out-dir", str(tmp_path), "--days", "0"], check=False, capture_output=True, text=True,
                             cwd=Path(__file__).parents[2])
     assert result.returncode == 2

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from webhook import cli
-from webhook.reports import Finding, PodSpecResult, Report, render_text
+from gpu_fence.webhook import cli
+from gpu_fence.webhook.reports import Finding, PodSpecResult, Report, render_text
 
 HERE = Path(__file__).parent
 DATA = HERE / "data" / "check"

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gpu_fence.webhook import check, cli
+from gpu_fence.webhook.config import PolicyConfig
 
 from tests.fakes.kubeapi_pods import FakePodsApi, pod, write_kubeconfig
-from webhook import check, cli
-from webhook.config import PolicyConfig
 
 CUDA = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 GPU = {"limits": {"nvidia.com/gpu": "1"}}

@@ -14,9 +14,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-
-from webhook import cli
-from webhook.policy import RULES
+from gpu_fence.webhook import cli
+from gpu_fence.webhook.policy import RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "manifests" / "examples"

@@ -9,11 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from webhook.policy import RULES
-from webhook.reports import (
+from gpu_fence.webhook.policy import RULES
+from gpu_fence.webhook.reports import (
     Finding,
     PodSpecResult,
     Report,
@@ -23,7 +20,9 @@ from webhook.reports import (
     render_sarif,
     result_to_dict,
 )
-from webhook.sources import parse_documents
+from gpu_fence.webhook.sources import parse_documents
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,10 +6,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from webhook.discovery import (
+from gpu_fence.webhook.discovery import (
     DiscoveryError,
     PodSpecSite,
     container_index,
@@ -21,7 +18,9 @@ from webhook.discovery import (
     object_namespace,
     pod_for_site,
 )
-from webhook.sources import SourceError, line_of, parse_documents
+from gpu_fence.webhook.sources import SourceError, line_of, parse_documents
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 CONTAINERS = [{"name": "main", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"}]
 

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gpu_fence.webhook.config import PolicyConfig
+from gpu_fence.webhook.policy import RULES, evaluate, validate
 from pods import apply_patch, assert_valid_pod
-
-from webhook.config import PolicyConfig
-from webhook.policy import RULES, evaluate, validate
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
 SECTION = re.compile(r"^## `([a-z-]+)`\n(.*?)(?=^## |\Z)", re.MULTILINE | re.DOTALL)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import copy
 
 import pytest
+from gpu_fence.webhook import policy
+from gpu_fence.webhook.config import PolicyConfig
+from gpu_fence.webhook.policy import Decision, Mutation, evaluate, exemption, mutate, validate
 from pods import (
     NVD,
     all_containers,
@@ -18,10 +21,6 @@ from pods import (
     kai_fraction_pod,
     pod,
 )
-
-from webhook import policy
-from webhook.config import PolicyConfig
-from webhook.policy import Decision, Mutation, evaluate, exemption, mutate, validate
 
 
 def pinned_pod(document, config):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from gpu_fence.webhook.config import PolicyConfig
+from gpu_fence.webhook.policy import RULES, Violation, validate, validate_update
 from pods import (
     NVD,
     VISIBLE_DEVICES_EDGE_VALUES,
@@ -15,8 +17,6 @@ from pods import (
 )
 
 from gpu_fence.vocabulary import parse_visible_devices
-from webhook.config import PolicyConfig
-from webhook.policy import RULES, Violation, validate, validate_update
 
 
 def broken(document, config, **kwargs) -> list[tuple[str, str | None]]:

@@ -16,14 +16,10 @@ from pathlib import Path
 
 import jsonpatch
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from pods import mangled_pods, pods
-
-from webhook import policy as real_policy
-from webhook import review as review_module
-from webhook.config import PolicyConfig
-from webhook.review import (
+from gpu_fence.webhook import policy as real_policy
+from gpu_fence.webhook import review as review_module
+from gpu_fence.webhook.config import PolicyConfig
+from gpu_fence.webhook.review import (
     MAX_WARNING_CHARS,
     BadReview,
     Endpoint,
@@ -33,6 +29,9 @@ from webhook.review import (
     review,
     truncate_warning,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pods import mangled_pods, pods
 
 FIXTURES = Path(__file__).parent / "admissionreviews"
 

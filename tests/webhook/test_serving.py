@@ -11,12 +11,11 @@ import logging
 from pathlib import Path
 
 import pytest
+from gpu_fence.webhook import serving
+from gpu_fence.webhook.certs import new_ca, new_serving_cert, service_dns_names
+from gpu_fence.webhook.config import PolicyConfig
+from gpu_fence.webhook.wsgi import ReviewEndpoints
 from prometheus_client import values
-
-from webhook import serving
-from webhook.certs import new_ca, new_serving_cert, service_dns_names
-from webhook.config import PolicyConfig
-from webhook.wsgi import ReviewEndpoints
 
 
 @pytest.fixture

@@ -1,0 +1,49 @@
+"""The built wheel installs one import package, ``gpu_fence``, and nothing under a generic top-level name."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    # No build isolation: setuptools is already in the test environment, so the build needs no network.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(out), str(REPO)], check=True, capture_output=True, timeout=300)
+    (built,) = out.glob("gpu_fence-*.whl")
+    return built
+
+
+def test_the_only_top_level_name_is_gpu_fence(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (top_level,) = [name for name in names if name.endswith(".dist-info/top_level.txt")]
+        declared = archive.read(top_level).decode().split()
+    installed = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+    assert installed == {"gpu_fence"}
+    assert declared == ["gpu_fence"]
+
+
+def test_the_wheel_holds_both_deployables_and_the_proto(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    for module in ("gpu_fence/vocabulary.py", "gpu_fence/webhook/policy.py", "gpu_fence/auditor/audit.py",
+                   "gpu_fence/auditor/chargeback/compute.py", "gpu_fence/auditor/podresources/v1/api_pb2_grpc.py",
+                   "gpu_fence/auditor/podresources/v1/api.proto"):
+        assert module in names
+
+
+def test_the_source_folder_names_are_not_importable() -> None:
+    for name in ("webhook", "auditor.audit"):
+        with pytest.raises(ModuleNotFoundError, match="import gpu_fence"):
+            importlib.import_module(name)
+    assert importlib.import_module("gpu_fence.webhook.policy").__name__ == "gpu_fence.webhook.policy"
