@@ -692,6 +692,7 @@ def load_fake(name: str) -> ModuleType:
 def raw_compute_processes(lib: str | None) -> list[dict[str, Any]]:
     """pynvml's own compute-process records per card, instance ids included (the adapter hides them)."""
     import pynvml
+
     from gpu_fence.auditor.nvml import Nvml
 
     rows: list[dict[str, Any]] = []

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gpu_fence.auditor.audit import audit, entitlement, kai_reservation_gpus
-from gpu_fence.auditor.model import AuditPolicy, Container, FindingKind, Gpu, GpuProcess, NodeSnapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from gpu_fence.auditor.audit import audit, entitlement, kai_reservation_gpus
+from gpu_fence.auditor.model import AuditPolicy, Container, FindingKind, Gpu, GpuProcess, NodeSnapshot
 
 ENV_VALUES = ["all", "void", "none", "0", "1,2", "0:0"]
 MEMORY = st.none() | st.integers(0, 80 << 30)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from gpu_fence.auditor.cgroups import CONTAINERD, CRIO, DOCKER, CgroupIdentity, parse_cgroup, parse_cgroup_path
 from hypothesis import given
 from hypothesis import strategies as st
+
+from gpu_fence.auditor.cgroups import CONTAINERD, CRIO, DOCKER, CgroupIdentity, parse_cgroup, parse_cgroup_path
 
 UID = "8f1e2c3d-4b5a-4c6d-9e8f-0a1b2c3d4e5f"
 UID_ = UID.replace("-", "_")

@@ -14,13 +14,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from gpu_fence.auditor.audit import audit
 from gpu_fence.auditor.cli import main
 from gpu_fence.auditor.daemon import Health, backoff
 from gpu_fence.auditor.metrics import AuditorMetrics, label_name
 from gpu_fence.auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
-from prometheus_client.parser import text_string_to_metric_families
-
 from tests.fakes.node_scenario import Ctr, NodeScenario, uuid_of
 from tests.fakes.nvml import GIB, FakeError
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import uuid as uuidlib
 
 import pytest
-from gpu_fence.auditor.deviceids import DeviceRef, is_gpu_resource, normalize_device_id, parse_device_id
 from hypothesis import given
 from hypothesis import strategies as st
+
+from gpu_fence.auditor.deviceids import DeviceRef, is_gpu_resource, normalize_device_id, parse_device_id
 
 GPU0 = "GPU-8f2c1d3e-0000-4a5b-9c8d-111111111111"
 GPU1 = "GPU-8f2c1d3e-0000-4a5b-9c8d-222222222222"

@@ -11,11 +11,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from gpu_fence.auditor.cgroups import CONTAINERD, CRIO, CgroupIdentity
-from gpu_fence.auditor.hostproc import HostProc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from gpu_fence.auditor.cgroups import CONTAINERD, CRIO, CgroupIdentity
+from gpu_fence.auditor.hostproc import HostProc
 from tests.fakes.hostproc_tree import NVIDIA_MAJOR, HostProcTree, cgroup_text, make_char_device
 
 POD_A = "11111111-2222-4333-8444-555555555555"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gpu_fence.auditor.kube import (
     ApiError,
     EventRecorder,
@@ -14,7 +15,6 @@ from gpu_fence.auditor.kube import (
     load_api_client,
 )
 from gpu_fence.auditor.model import Finding, FindingKind
-
 from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
 
 CID = "a" * 64

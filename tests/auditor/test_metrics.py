@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from gpu_fence.auditor.audit import audit
 from gpu_fence.auditor.metrics import AuditorMetrics
 from gpu_fence.auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
-from prometheus_client.parser import text_string_to_metric_families
 
 G0, G1 = "GPU-0", "GPU-1"
 GIB = 2**30

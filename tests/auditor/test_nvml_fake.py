@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from gpu_fence.auditor.nvml import Nvml
 
+from gpu_fence.auditor.nvml import Nvml
 from tests.fakes.nvml import (
     CONFIG_ENV,
     GIB,

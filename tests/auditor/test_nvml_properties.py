@@ -8,10 +8,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from gpu_fence.auditor.nvml import REASONS, Nvml, NvmlError, NvmlSnapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpu_fence.auditor.nvml import REASONS, Nvml, NvmlError, NvmlSnapshot
 from tests.fakes.nvml import (
     CONFIG_ENV,
     GIB,

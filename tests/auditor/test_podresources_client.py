@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from gpu_fence.auditor.podresources.client import (
     CONNECTION_REFUSED,
     PERMISSION_DENIED,
@@ -29,7 +30,6 @@ from gpu_fence.auditor.podresources.client import (
     PodResourcesClient,
 )
 from gpu_fence.auditor.podresources.v1 import api_pb2
-
 from tests.fakes.podresources_server import (
     GET_ABSENT,
     GET_DISABLED,

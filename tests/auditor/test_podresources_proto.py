@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
+
 from gpu_fence.auditor.podresources import regenerate
 from gpu_fence.auditor.podresources.v1 import api_pb2
 

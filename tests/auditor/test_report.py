@@ -6,6 +6,7 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+
 from gpu_fence.auditor.audit import audit
 from gpu_fence.auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
 from gpu_fence.auditor.report import render

@@ -86,9 +86,8 @@ def test_typical_pods_are_json_of_the_advertised_shape() -> None:
 def test_policy_profile_times_every_rule(capsys: pytest.CaptureFixture[str]) -> None:
     import os
 
-    from gpu_fence.webhook.policy import RULE_CHECKS
-
     from bench import policy_profile
+    from gpu_fence.webhook.policy import RULE_CHECKS
 
     allowed = os.sched_getaffinity(0)
     try:

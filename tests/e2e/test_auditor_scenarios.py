@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpu_fence.auditor.cli import main
 
+from gpu_fence.auditor.cli import main
 from tests.fakes.node_scenario import Ctr, NodeScenario, cgroup_layouts, uuid_of
 from tests.fakes.nvml import GIB, FakeError
 

@@ -15,6 +15,7 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+
 from gpu_fence.auditor.podresources.v1 import api_pb2, api_pb2_grpc
 
 #: How the fake answers Get: like a 1.34+ kubelet, like an older one with the gate off, or like one before 1.27.

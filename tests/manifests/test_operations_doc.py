@@ -14,8 +14,8 @@ from typing import Any
 import jsonpatch
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from gpu_fence.webhook import cli
 
+from gpu_fence.webhook import cli
 from tests.fakes.kubeapi_webhooks import FakeKubeApi, FakeKubeApiServer
 
 from .conftest import NAMESPACE, REPO, one, pod_spec, render
@@ -176,8 +176,8 @@ def test_dropping_the_old_ca_after_a_ca_key_leak_leaves_only_the_current_ca_trus
 
 def _admitted_while_webhook_is_down(objects: list[dict[str, Any]], pod: dict[str, Any]) -> bool:
     """What the API server decides for a pod in an unlabelled namespace when no webhook replica answers."""
+    from .cel import cel_denials
     from .selectors import namespace_labels, selector_matches
-    from .test_vap_cel import cel_denials
 
     labels = namespace_labels(pod["metadata"]["namespace"])
     for obj in objects:

@@ -170,7 +170,6 @@ def _covered(used: set[tuple[str, str, str, str]], granted: set[tuple[str, str, 
 
 def test_certificate_job_is_granted_exactly_the_calls_certs_makes(tmp_path: Path) -> None:
     from gpu_fence.webhook import cli
-
     from tests.fakes.kubeapi_webhooks import FakeKubeApi, FakeKubeApiServer
 
     objects = render("base")
@@ -195,7 +194,6 @@ def test_certificate_job_is_granted_exactly_the_calls_certs_makes(tmp_path: Path
 def test_auditor_is_granted_exactly_the_calls_it_makes(tmp_path: Path) -> None:
     from gpu_fence.auditor.kube import EventRecorder, PodCache, load_api_client
     from gpu_fence.auditor.model import Finding, FindingKind
-
     from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
 
     now = [1000.0]

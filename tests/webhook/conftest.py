@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gpu_fence.webhook.config import PolicyConfig
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from gpu_fence.webhook.app import MAX_BODY_BYTES, create_app
 from gpu_fence.webhook.metrics import WebhookMetrics
-from prometheus_client.parser import text_string_to_metric_families
-from test_review import StandInPolicy
+from tests.fakes.stand_in_policy import StandInPolicy
 
 FIXTURES = Path(__file__).parent / "admissionreviews"
 
@@ -181,9 +182,8 @@ def test_every_bad_request_reason_is_documented():
 
 def test_log_lines_have_the_shared_shape(client, caplog):
     """serve formats with gpu_fence.logs: the review line carries the shared keys, then the review's fields."""
-    from gpu_fence.webhook.serving import logging_config
-
     from gpu_fence.logs import JsonLinesFormatter
+    from gpu_fence.webhook.serving import logging_config
 
     assert logging_config("INFO")["formatters"]["json"]["()"] is JsonLinesFormatter
     with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):

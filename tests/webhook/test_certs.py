@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from gpu_fence.logs import JsonLinesFormatter
 from gpu_fence.webhook import cli
 from gpu_fence.webhook.certs import (
     CertsError,
@@ -33,8 +35,6 @@ from gpu_fence.webhook.certs import (
     serving_is_good,
 )
 from gpu_fence.webhook.serving import CertificateStore, ServeError
-
-from gpu_fence.logs import JsonLinesFormatter
 from tests.fakes.kubeapi_webhooks import FakeKubeApi, FakeKubeApiServer
 
 NAMES = service_dns_names("gpu-fence-webhook", "gpu-fence")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpu_fence.webhook import cli
 from gpu_fence.webhook.reports import Finding, PodSpecResult, Report, render_text
 

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from gpu_fence.webhook import check, cli
 from gpu_fence.webhook.config import PolicyConfig
-
 from tests.fakes.kubeapi_pods import FakePodsApi, pod, write_kubeconfig
 
 CUDA = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"

@@ -14,6 +14,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
 from gpu_fence.webhook import cli
 from gpu_fence.webhook.policy import RULES
 

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpu_fence.webhook.policy import RULES
 from gpu_fence.webhook.reports import (
     Finding,
@@ -21,8 +24,6 @@ from gpu_fence.webhook.reports import (
     result_to_dict,
 )
 from gpu_fence.webhook.sources import parse_documents
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCES
 from gpu_fence.webhook.config import (
     DEFAULT_HOST_DEVICE_PATHS,
     ConfigError,
@@ -15,8 +17,6 @@ from gpu_fence.webhook.config import (
     config_from_mapping,
     load_config,
 )
-
-from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "webhook" / "config.example.yaml"

@@ -6,6 +6,9 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpu_fence.webhook.discovery import (
     DiscoveryError,
     PodSpecSite,
@@ -19,8 +22,6 @@ from gpu_fence.webhook.discovery import (
     pod_for_site,
 )
 from gpu_fence.webhook.sources import SourceError, line_of, parse_documents
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 CONTAINERS = [{"name": "main", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"}]
 

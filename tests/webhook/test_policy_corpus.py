@@ -5,9 +5,10 @@ cluster exempts them by namespace or service account."""
 from __future__ import annotations
 
 import pytest
+
 from gpu_fence.webhook.config import PolicyConfig
 from gpu_fence.webhook.policy import evaluate, mutate
-from pods import NVD, all_containers, apply_patch, assert_valid_pod, env_of, manifest_pods
+from tests.fakes.pods import NVD, all_containers, apply_patch, assert_valid_pod, env_of, manifest_pods
 
 
 def decide(filename: str, config: PolicyConfig, namespace: str = "default"):

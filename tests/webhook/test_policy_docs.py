@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from gpu_fence.webhook.config import PolicyConfig
 from gpu_fence.webhook.policy import RULES, evaluate, validate
-from pods import apply_patch, assert_valid_pod
+from tests.fakes.pods import apply_patch, assert_valid_pod
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
 SECTION = re.compile(r"^## `([a-z-]+)`\n(.*?)(?=^## |\Z)", re.MULTILINE | re.DOTALL)

@@ -10,11 +10,8 @@ from __future__ import annotations
 import copy
 import types
 
-from gpu_fence.webhook import policy
-from gpu_fence.webhook.config import PolicyConfig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pods import NVD, VISIBLE_DEVICES_EDGE_VALUES, container, env, gpu_container, json_values, pod, pods
 
 from gpu_fence.vocabulary import (
     Visibility,
@@ -23,6 +20,9 @@ from gpu_fence.vocabulary import (
     parse_visible_devices,
     requests_gpu_resource,
 )
+from gpu_fence.webhook import policy
+from gpu_fence.webhook.config import PolicyConfig
+from tests.fakes.pods import NVD, VISIBLE_DEVICES_EDGE_VALUES, container, env, gpu_container, json_values, pod, pods
 
 CONFIG = PolicyConfig()
 ALIASED = PolicyConfig(visible_devices_aliases=("DOCKER_RESOURCE_GPU",))

@@ -6,10 +6,11 @@ from __future__ import annotations
 import copy
 
 import pytest
+
 from gpu_fence.webhook import policy
 from gpu_fence.webhook.config import PolicyConfig
 from gpu_fence.webhook.policy import Decision, Mutation, evaluate, exemption, mutate, validate
-from pods import (
+from tests.fakes.pods import (
     NVD,
     all_containers,
     apply_patch,

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import copy
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from gpu_fence.webhook import policy
 from gpu_fence.webhook.config import PolicyConfig
 from gpu_fence.webhook.policy import RULES, Decision, Mutation, Validation, Violation, evaluate, mutate, validate
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from pods import apply_patch, assert_valid_pod, json_values, mangled_pods, pods
+from tests.fakes.pods import apply_patch, assert_valid_pod, json_values, mangled_pods, pods
 
 CONFIG = PolicyConfig()
 ALIASED = PolicyConfig(visible_devices_aliases=("DOCKER_RESOURCE_GPU",), exempt_service_accounts=("ns/default",))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
+from gpu_fence.vocabulary import parse_visible_devices
 from gpu_fence.webhook.config import PolicyConfig
 from gpu_fence.webhook.policy import RULES, Violation, validate, validate_update
-from pods import (
+from tests.fakes.pods import (
     NVD,
     VISIBLE_DEVICES_EDGE_VALUES,
     container,
@@ -15,8 +17,6 @@ from pods import (
     kai_fraction_pod,
     pod,
 )
-
-from gpu_fence.vocabulary import parse_visible_devices
 
 
 def broken(document, config, **kwargs) -> list[tuple[str, str | None]]:

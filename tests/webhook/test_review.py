@@ -11,11 +11,13 @@ import base64
 import copy
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import jsonpatch
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpu_fence.webhook import policy as real_policy
 from gpu_fence.webhook import review as review_module
 from gpu_fence.webhook.config import PolicyConfig
@@ -29,106 +31,14 @@ from gpu_fence.webhook.review import (
     review,
     truncate_warning,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from pods import mangled_pods, pods
+from tests.fakes.pods import mangled_pods, pods
+from tests.fakes.stand_in_policy import StandInPolicy, Validation, Violation
 
 FIXTURES = Path(__file__).parent / "admissionreviews"
 
 
 def load(name: str) -> dict:
     return json.loads((FIXTURES / f"{name}.json").read_text())
-
-
-@dataclass(frozen=True)
-class Violation:
-    rule: str
-    container: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Validation:
-    violations: tuple[Violation, ...]
-    warnings: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Mutation:
-    patch: tuple[dict, ...]
-    pinned: tuple[str, ...]
-
-
-def _containers(pod: dict, only):
-    spec = pod.get("spec") or {}
-    for field in ("initContainers", "containers", "ephemeralContainers"):
-        for index, container in enumerate(spec.get(field) or []):
-            if only is None or container.get("name") in only:
-                yield field, index, container
-
-
-def _is_gpu(container: dict) -> bool:
-    return int((container.get("resources") or {}).get("limits", {}).get("nvidia.com/gpu", 0)) > 0
-
-
-class StandInPolicy:
-    """Pins non-GPU containers; denies NVIDIA_VISIBLE_DEVICES=all on them and privileged containers."""
-
-    def __init__(self, fail: Exception | None = None, warnings: tuple[str, ...] = ()) -> None:
-        self.fail = fail
-        self.warnings = warnings
-        self.calls: list[tuple[str, object]] = []
-
-    def exemption(self, pod, config, *, namespace):
-        self.calls.append(("exemption", namespace))
-        if namespace == "kube-system":
-            return "namespace kube-system is exempt"
-        if "kubernetes.io/config.mirror" in (pod.get("metadata") or {}).get("annotations", {}):
-            return "mirror pod"
-        return None
-
-    def mutate(self, pod, config, *, only=None):
-        self.calls.append(("mutate", only))
-        if self.fail:
-            raise self.fail
-        patch, pinned = [], []
-        for field, index, container in _containers(pod, only):
-            if _is_gpu(container):
-                continue
-            env = container.get("env")
-            if env is None:
-                patch.append({"op": "add", "path": f"/spec/{field}/{index}/env",
-                              "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]})
-            elif not any(e.get("name") == "NVIDIA_VISIBLE_DEVICES" for e in env):
-                patch.append({"op": "add", "path": f"/spec/{field}/{index}/env/-",
-                              "value": {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}})
-            else:
-                continue
-            pinned.append(container["name"])
-        return Mutation(tuple(patch), tuple(pinned))
-
-    def validate(self, pod, config, *, only=None):
-        self.calls.append(("validate", only))
-        if self.fail:
-            raise self.fail
-        found = []
-        for _field, _index, container in _containers(pod, only):
-            if (container.get("securityContext") or {}).get("privileged"):
-                found.append(Violation("privileged", container["name"], "privileged containers see every GPU; "
-                                       "remove securityContext.privileged"))
-            if not _is_gpu(container):
-                env = container.get("env") or []
-                values = [e.get("value") for e in env if e.get("name") == "NVIDIA_VISIBLE_DEVICES"]
-                if not values or values[0] not in ("void", "none"):
-                    found.append(Violation("unpinned-container", container["name"],
-                                           "request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"))
-        return Validation(tuple(found), self.warnings)
-
-    def validate_update(self, pod, old_pod, config):
-        self.calls.append(("validate_update", None))
-        if self.fail:
-            raise self.fail
-        return Validation((), self.warnings)
 
 
 def mutated(body: dict, policy: StandInPolicy | None = None) -> dict:

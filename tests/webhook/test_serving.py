@@ -11,11 +11,12 @@ import logging
 from pathlib import Path
 
 import pytest
+from prometheus_client import values
+
 from gpu_fence.webhook import serving
 from gpu_fence.webhook.certs import new_ca, new_serving_cert, service_dns_names
 from gpu_fence.webhook.config import PolicyConfig
 from gpu_fence.webhook.wsgi import ReviewEndpoints
-from prometheus_client import values
 
 
 @pytest.fixture

@@ -12,19 +12,19 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+from werkzeug.http import parse_options_header
+from werkzeug.wsgi import get_content_length
+
+from gpu_fence.logs import JsonLinesFormatter, rfc3339_millis
 from gpu_fence.webhook import wsgi
 from gpu_fence.webhook.app import create_app
 from gpu_fence.webhook.metrics import WebhookMetrics
 from gpu_fence.webhook.review import Endpoint, review
 from gpu_fence.webhook.wsgi import MAX_BODY_BYTES, MAX_DISCARD_BYTES, ReviewLog, content_length, mimetype_of
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
-from test_review import StandInPolicy
-from werkzeug.http import parse_options_header
-from werkzeug.wsgi import get_content_length
-
-from gpu_fence.logs import JsonLinesFormatter, rfc3339_millis
+from tests.fakes.stand_in_policy import StandInPolicy
 
 FIXTURES = Path(__file__).parent / "admissionreviews"
 BODY = (FIXTURES / "pod-create-replicaset-gpu-mix.json").read_bytes()

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from gpu_fence.auditor.nvml import Nvml
 
+from gpu_fence.auditor.nvml import Nvml
 from tests.fakes.nvml import CONFIG_ENV, FakeNvmlConfig, build_fake_nvml
 
 OpenNvml = Callable[[FakeNvmlConfig], Nvml]

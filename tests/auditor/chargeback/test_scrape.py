@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chargeback.conftest import run_chargeback
+from tests.fakes.chargeback_scenarios import run_chargeback
 from tests.fakes.node_scenario import Ctr, NodeScenario, uuid_of
 from tests.fakes.nvml import GIB
 from tests.fakes.prometheus import PrometheusServer, free_port, wait_for

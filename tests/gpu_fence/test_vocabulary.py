@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pods import json_values
 
 from gpu_fence.vocabulary import (
     DEFAULT_GPU_RESOURCE_SET,
@@ -20,6 +19,7 @@ from gpu_fence.vocabulary import (
     quantity_is_positive,
     requests_gpu_resource,
 )
+from tests.fakes.pods import json_values
 
 UUID = "8e8b5f1c-3c1a-4d0e-9a57-2b1f2d8c9e01"
 

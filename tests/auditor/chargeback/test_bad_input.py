@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chargeback.conftest import BASE, HOUR, run_chargeback, window_args
+from tests.fakes.chargeback_scenarios import BASE, HOUR, run_chargeback, window_args
 from tests.fakes.prometheus import free_port
 
 

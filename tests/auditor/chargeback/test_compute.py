@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpu_fence.auditor.chargeback.compute import (
     IDLE,
     OVERREACH,
@@ -17,8 +20,6 @@ from gpu_fence.auditor.chargeback.compute import (
     Unattributed,
     compute_bill,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 GIB = 1 << 30
 HOUR = 3600.0

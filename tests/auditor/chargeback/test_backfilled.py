@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chargeback.conftest import run_chargeback, window_args
+from tests.fakes.chargeback_scenarios import run_chargeback, window_args
 
 pytestmark = pytest.mark.e2e
 

@@ -6,6 +6,9 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gpu_fence.auditor.chargeback.compute import ContainerRef, GroupCost, IdlePolicy, compute_bill
 from gpu_fence.auditor.chargeback.errors import ChargebackError
 from gpu_fence.auditor.chargeback.html import render_html
@@ -13,8 +16,6 @@ from gpu_fence.auditor.chargeback.prices import Prices, prices_from_mapping
 from gpu_fence.auditor.chargeback.prometheus import Series, intervals_from_series, label_name, pod_groups
 from gpu_fence.auditor.chargeback.render import render_json, render_markdown, render_table
 from gpu_fence.auditor.chargeback.times import parse_duration, parse_time
-from hypothesis import given
-from hypothesis import strategies as st
 
 NOW = 1_800_000_000.0
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OVERLAY = ROOT / "manifests" / "overlays" / "prometheus"
 RULES = OVERLAY / "rules.yaml"
 PROMETHEUS_RULE = OVERLAY / "prometheusrule.yaml"
@@ -59,7 +59,7 @@ def test_promtool_unit_tests_can_fail(tmp_path: Path):
     assert broken != RULES.read_text(encoding="utf-8")
     (tmp_path / "rules.yaml").write_text(broken, encoding="utf-8")
     tests = UNIT_TESTS.read_text(encoding="utf-8").replace(
-        "../../manifests/overlays/prometheus/rules.yaml", str(tmp_path / "rules.yaml")
+        "../../../manifests/overlays/prometheus/rules.yaml", str(tmp_path / "rules.yaml")
     )
     (tmp_path / "rules_test.yaml").write_text(tests, encoding="utf-8")
     result = promtool("test", "rules", str(tmp_path / "rules_test.yaml"))

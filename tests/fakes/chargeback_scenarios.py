@@ -1,4 +1,4 @@
-"""Shared fixtures: one real Prometheus holding every hand-checked scenario, and a way to run the command.
+"""The hand-checked chargeback scenarios as OpenMetrics for a real Prometheus, and a way to run the command.
 
 Each scenario lives in its own one-hour window, on its own nodes, two days in the past (backfilled blocks must
 be older than the head block), with a sample every 60 s. The tests query each window with ``--step 10m``: six
@@ -15,12 +15,8 @@ import io
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import pytest
 from gpu_fence.auditor import chargeback
-
-from tests.fakes.prometheus import PrometheusServer
 
 GIB = 1 << 30
 HOUR = 3600
@@ -147,19 +143,6 @@ def scenarios() -> str:
         "exported_namespace": "ml", "exported_pod": "train", "exported_container": "main", "gpu_uuid": "GPU-r",
         "allocated": "true"}, 2 * GIB, w.start, w.end)
     return om.text()
-
-
-@pytest.fixture(scope="session")
-def prometheus(tmp_path_factory: pytest.TempPathFactory):
-    with PrometheusServer(tmp_path_factory.mktemp("prometheus"), openmetrics=scenarios()) as server:
-        yield server
-
-
-@pytest.fixture
-def prices_file(tmp_path: Path) -> Path:
-    path = tmp_path / "prices.yaml"
-    path.write_text(PRICES_YAML, encoding="utf-8")
-    return path
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chargeback.conftest import PRICES_YAML, run_chargeback, window_args
+from tests.fakes.chargeback_scenarios import PRICES_YAML, run_chargeback, window_args
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from gpu_fence.vocabulary import CONTAINER_FIELDS, VISIBLE_DEVICES_ENV
 
 NVD = VISIBLE_DEVICES_ENV
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "webhook" / "data"
 KUBERNETES_VERSION = "1.37"  # newest schema shipped by the installed kubernetes-validate
 
 # ---------------------------------------------------------------------------------------------------------------

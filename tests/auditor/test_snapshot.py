@@ -7,7 +7,6 @@ from gpu_fence.auditor.model import Identity
 from gpu_fence.auditor.nvml import NvmlDevice
 from gpu_fence.auditor.podresources.client import ClaimDevice, ContainerAllocation, DeviceAllocation, DynamicResource
 from gpu_fence.auditor.snapshot import DeviceIndex, RuntimeContainer, SnapshotOptions, assemble, gpus_from_nvml
-
 from tests.fakes.kubeapi_pods_events import make_pod
 
 G0 = "GPU-00000000-0000-4000-8000-000000000000"
