@@ -85,44 +85,111 @@ def add_arguments(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_audit_arguments(run)
-    run.add_argument("--interval", type=_positive, default=DEFAULTS["interval"], metavar="S",
-                     help="seconds between cycles (default: 30)")
-    run.add_argument("--metrics-port", type=_port, default=DEFAULTS["metrics_port"], metavar="P",
-                     help="port of /metrics and /healthz (default: 9400; 0 picks a free one)")
-    run.add_argument("--metrics-bind", default=DEFAULTS["metrics_bind"], metavar="ADDR",
-                     help="address to serve on (default: 0.0.0.0)")
-    run.add_argument("--unhealthy-after", type=int, default=DEFAULTS["unhealthy_after"], metavar="N",
-                     help="/healthz fails when the last successful cycle is older than N intervals (default: 3)")
-    run.add_argument("--event-interval", type=_positive, default=DEFAULTS["event_interval"], metavar="MIN",
-                     help="re-emit the Event of a finding that persists at most every MIN minutes (default: 60)")
+    run.add_argument(
+        "--interval",
+        type=_positive,
+        default=DEFAULTS["interval"],
+        metavar="S",
+        help="seconds between cycles (default: 30)",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=DEFAULTS["metrics_port"],
+        metavar="P",
+        help="port of /metrics and /healthz (default: 9400; 0 picks a free one)",
+    )
+    run.add_argument(
+        "--metrics-bind",
+        default=DEFAULTS["metrics_bind"],
+        metavar="ADDR",
+        help="address to serve on (default: 0.0.0.0)",
+    )
+    run.add_argument(
+        "--unhealthy-after",
+        type=int,
+        default=DEFAULTS["unhealthy_after"],
+        metavar="N",
+        help="/healthz fails when the last successful cycle is older than N intervals (default: 3)",
+    )
+    run.add_argument(
+        "--event-interval",
+        type=_positive,
+        default=DEFAULTS["event_interval"],
+        metavar="MIN",
+        help="re-emit the Event of a finding that persists at most every MIN minutes (default: 60)",
+    )
     run.add_argument("--no-events", action="store_true", help="do not post Kubernetes Events")
-    run.add_argument("--max-backoff", type=_positive, default=DEFAULTS["max_backoff"], metavar="S",
-                     help="longest wait after repeated failed cycles (default: 300)")
+    run.add_argument(
+        "--max-backoff",
+        type=_positive,
+        default=DEFAULTS["max_backoff"],
+        metavar="S",
+        help="longest wait after repeated failed cycles (default: 300)",
+    )
     run.set_defaults(run=run_daemon)
 
 
 def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pod-resources-socket", default=DEFAULT_SOCKET, metavar="P",
-                        help=f"kubelet PodResources socket (default: {DEFAULT_SOCKET})")
-    parser.add_argument("--host-proc", default="/proc", metavar="DIR",
-                        help="host proc root (default: /proc; /host/proc in the DaemonSet)")
+    parser.add_argument(
+        "--pod-resources-socket",
+        default=DEFAULT_SOCKET,
+        metavar="P",
+        help=f"kubelet PodResources socket (default: {DEFAULT_SOCKET})",
+    )
+    parser.add_argument(
+        "--host-proc",
+        default="/proc",
+        metavar="DIR",
+        help="host proc root (default: /proc; /host/proc in the DaemonSet)",
+    )
     parser.add_argument("--nvml-lib", metavar="P", help="path of libnvidia-ml.so.1 (default: the library path)")
-    parser.add_argument("--node", default=os.environ.get("NODE_NAME"), metavar="NAME",
-                        help="this node's name (default: $NODE_NAME, else the host name)")
+    parser.add_argument(
+        "--node",
+        default=os.environ.get("NODE_NAME"),
+        metavar="NAME",
+        help="this node's name (default: $NODE_NAME, else the host name)",
+    )
     parser.add_argument("--kubeconfig", metavar="F", help="kubeconfig file (default: the in-cluster service account)")
-    parser.add_argument("--no-kubernetes", action="store_true",
-                        help="do not use the Kubernetes API: names from PodResources and /proc only, no Events")
-    parser.add_argument("--exempt-namespace", action="append", default=[], metavar="NS",
-                        help="report this namespace's containers but never flag them (repeatable; "
-                             "use it for gpu-operator)")
-    parser.add_argument("--pod-label", action="append", default=[], metavar="KEY",
-                        help="export this pod label for chargeback grouping (repeatable)")
-    parser.add_argument("--kai-reservation-namespace", default="kai-resource-reservation", metavar="NS",
-                        help="namespace of KAI's GPU reservation pods (default: kai-resource-reservation)")
-    parser.add_argument("--kai-scheduler-name", action="append", default=None, metavar="NAME",
-                        help="schedulerName of KAI fractional pods (repeatable; default: kai-scheduler)")
-    parser.add_argument("--pod-relist-interval", type=_positive, default=DEFAULTS["pod_relist_interval"],
-                        metavar="S", help="relist this node's pods at least every S seconds (default: 60)")
+    parser.add_argument(
+        "--no-kubernetes",
+        action="store_true",
+        help="do not use the Kubernetes API: names from PodResources and /proc only, no Events",
+    )
+    parser.add_argument(
+        "--exempt-namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="report this namespace's containers but never flag them (repeatable; use it for gpu-operator)",
+    )
+    parser.add_argument(
+        "--pod-label",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="export this pod label for chargeback grouping (repeatable)",
+    )
+    parser.add_argument(
+        "--kai-reservation-namespace",
+        default="kai-resource-reservation",
+        metavar="NS",
+        help="namespace of KAI's GPU reservation pods (default: kai-resource-reservation)",
+    )
+    parser.add_argument(
+        "--kai-scheduler-name",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="schedulerName of KAI fractional pods (repeatable; default: kai-scheduler)",
+    )
+    parser.add_argument(
+        "--pod-relist-interval",
+        type=_positive,
+        default=DEFAULTS["pod_relist_interval"],
+        metavar="S",
+        help="relist this node's pods at least every S seconds (default: 60)",
+    )
 
 
 def _positive(text: str) -> float:
@@ -181,8 +248,11 @@ class Auditor:
     def preflight(self) -> None:
         """Fail fast, with what to fix, on what no cycle could ever get past."""
         if not Path(self.args.host_proc).is_dir():
-            raise CollectError("proc", f"host proc root {self.args.host_proc} is not a directory (mount the host's "
-                                       "/proc and pass --host-proc)")
+            raise CollectError(
+                "proc",
+                f"host proc root {self.args.host_proc} is not a directory (mount the host's "
+                "/proc and pass --host-proc)",
+            )
         if not self.args.no_kubernetes:
             from .kube import KubernetesUnavailable, load_api_client
 
@@ -389,16 +459,25 @@ def run_daemon(args: argparse.Namespace) -> int:
     try:
         server = serve_http(args.metrics_bind, args.metrics_port, metrics, health)
     except OSError as error:
-        print(f"gpu-fence-auditor run: cannot serve on {args.metrics_bind}:{args.metrics_port}: {error.strerror}",
-              file=sys.stderr)
+        print(
+            f"gpu-fence-auditor run: cannot serve on {args.metrics_bind}:{args.metrics_port}: {error.strerror}",
+            file=sys.stderr,
+        )
         return 2
     events = None
     if auditor.api_client is not None and not args.no_events:
         events = EventRecorder(auditor.api_client, auditor.node, reemit_after=args.event_interval * 60)
     port = server.server_address[1]
-    logs.event(log, "started", f"auditing node {auditor.node}, serving /metrics and /healthz on port {port}",
-               node=auditor.node, port=port, interval=args.interval, kubernetes=auditor.api_client is not None,
-               problem=auditor.api_problem)
+    logs.event(
+        log,
+        "started",
+        f"auditing node {auditor.node}, serving /metrics and /healthz on port {port}",
+        node=auditor.node,
+        port=port,
+        interval=args.interval,
+        kubernetes=auditor.api_client is not None,
+        problem=auditor.api_problem,
+    )
 
     failures_in_row = 0
     while not stop.is_set():
@@ -410,14 +489,27 @@ def run_daemon(args: argparse.Namespace) -> int:
             health.last_error = error.reason
             metrics.failed(error.source)
             metrics.sync_kubelet_calls(auditor.kubelet_calls)
-            logs.event(log, "cycle-failed", error.reason, level=logging.WARNING, reason=error.source,
-                       failures_in_row=failures_in_row)
+            logs.event(
+                log,
+                "cycle-failed",
+                error.reason,
+                level=logging.WARNING,
+                reason=error.source,
+                failures_in_row=failures_in_row,
+            )
         except Exception as error:
             failures_in_row += 1
             health.last_error = f"internal error: {error}"
             metrics.failed("internal")
-            logs.event(log, "cycle-failed", f"internal error: {error}", level=logging.ERROR,
-                       exc_info=error if args.debug else None, reason="internal", failures_in_row=failures_in_row)
+            logs.event(
+                log,
+                "cycle-failed",
+                f"internal error: {error}",
+                level=logging.ERROR,
+                exc_info=error if args.debug else None,
+                reason="internal",
+                failures_in_row=failures_in_row,
+            )
         else:
             failures_in_row = 0
             duration = time.monotonic() - started
@@ -431,14 +523,32 @@ def run_daemon(args: argparse.Namespace) -> int:
                 written = events.record(result.findings)
                 if events.failures > failures_before:
                     metrics.failed("kubernetes-api")
-            logs.event(log, "cycle", f"audited {len(result.rows)} containers: {len(result.findings)} findings",
-                       node=snapshot.node, duration_seconds=round(duration, 4), containers=len(result.rows),
-                       findings=len(result.findings), identity=snapshot.identity_source, events=written,
-                       notes=list(snapshot.notes) or None)
+            logs.event(
+                log,
+                "cycle",
+                f"audited {len(result.rows)} containers: {len(result.findings)} findings",
+                node=snapshot.node,
+                duration_seconds=round(duration, 4),
+                containers=len(result.rows),
+                findings=len(result.findings),
+                identity=snapshot.identity_source,
+                events=written,
+                notes=list(snapshot.notes) or None,
+            )
             for finding in result.findings:
-                logs.event(log, "finding", finding.message, level=logging.WARNING, kind=finding.kind.value,
-                           namespace=finding.namespace, pod=finding.pod, container=finding.container,
-                           gpu=finding.gpu, pid=finding.pid, memory_bytes=finding.memory_bytes)
+                logs.event(
+                    log,
+                    "finding",
+                    finding.message,
+                    level=logging.WARNING,
+                    kind=finding.kind.value,
+                    namespace=finding.namespace,
+                    pod=finding.pod,
+                    container=finding.container,
+                    gpu=finding.gpu,
+                    pid=finding.pid,
+                    memory_bytes=finding.memory_bytes,
+                )
             # Not kept while the next cycle builds its own: two node-sized snapshots would meet at the RSS peak.
             del snapshot, result
         delay = backoff(args.interval, failures_in_row, args.max_backoff)
@@ -459,8 +569,10 @@ def _label_clash(keys: list[str]) -> str | None:
     for key in keys:
         other = seen.setdefault(label_name(key), key)
         if other != key:
-            return (f"--pod-label {other} and --pod-label {key} both become the metric label {label_name(key)}; "
-                    "keep one of them")
+            return (
+                f"--pod-label {other} and --pod-label {key} both become the metric label {label_name(key)}; "
+                "keep one of them"
+            )
     return None
 
 

@@ -113,8 +113,9 @@ def api_request(
         body=dict(body) if body is not None else None,
         auth_settings=["BearerToken"],  # the only scheme the client knows; it re-reads a rotated in-cluster token
     )
-    response = api_client.call_api(method, url, header_params=headers, body=serialized,
-                                   _request_timeout=(timeout, timeout))
+    response = api_client.call_api(
+        method, url, header_params=headers, body=serialized, _request_timeout=(timeout, timeout)
+    )
     data = response.read()
     if not 200 <= response.status <= 299:
         raise ApiError(response.status, response.reason or "")
@@ -368,8 +369,13 @@ class EventRecorder:
         }
 
     def _post(self, finding: Finding, name: str, now: float, count: int) -> None:
-        api_request(self._api_client, "POST", EVENTS_PATH, path_params={"namespace": str(finding.namespace)},
-                    body=self._body(finding, name, now, count))
+        api_request(
+            self._api_client,
+            "POST",
+            EVENTS_PATH,
+            path_params={"namespace": str(finding.namespace)},
+            body=self._body(finding, name, now, count),
+        )
 
     def _create(self, finding: Finding, key: tuple, now: float) -> str:
         name = self._event_name(finding, key)
@@ -384,9 +390,14 @@ class EventRecorder:
         message = f"{finding.kind.value}: {finding.message}"[:1024]
         patch = {"count": count, "lastTimestamp": _now_rfc3339(now), "message": message}
         try:
-            api_request(self._api_client, "PATCH", EVENTS_PATH + "/{name}",
-                        path_params={"namespace": str(finding.namespace), "name": name}, body=patch,
-                        content_type="application/merge-patch+json")
+            api_request(
+                self._api_client,
+                "PATCH",
+                EVENTS_PATH + "/{name}",
+                path_params={"namespace": str(finding.namespace), "name": name},
+                body=patch,
+                content_type="application/merge-patch+json",
+            )
         except ApiError as error:
             if error.status != 404:
                 raise

@@ -513,8 +513,12 @@ class _Reader:
         used = None if used is None else int(used)
         total = self.totals.get(uuid)
         if used is not None and total and used > total:
-            self._problem(uuid, "unknown", f"{kind} process {pid} reported {used} bytes, more than the device's "
-                                           f"{total}; its memory is counted as unknown")
+            self._problem(
+                uuid,
+                "unknown",
+                f"{kind} process {pid} reported {used} bytes, more than the device's "
+                f"{total}; its memory is counted as unknown",
+            )
             used = None
         key = (pid, uuid)
         kinds: set[str] = {kind}

@@ -224,8 +224,14 @@ def assemble(
     by_id: dict[str, _Draft] = {}
     for allocation in allocations:
         allocated, unresolved = normalize_allocation(allocation, devices)
-        draft = _Draft(allocation.namespace, allocation.pod, allocation.container, allocated=allocated,
-                       unresolved=unresolved, in_kubelet=True)
+        draft = _Draft(
+            allocation.namespace,
+            allocation.pod,
+            allocation.container,
+            allocated=allocated,
+            unresolved=unresolved,
+            in_kubelet=True,
+        )
         drafts[(allocation.namespace, allocation.pod, allocation.container)] = draft
 
     # 1. the API names containers by id
@@ -308,9 +314,7 @@ def _fallback_match(
     """
     if not found.namespace_file or not found.hostname:
         return None
-    candidates = [
-        d for d in unclaimed.get((found.namespace_file, found.hostname), ()) if d.container_id is None
-    ]
+    candidates = [d for d in unclaimed.get((found.namespace_file, found.hostname), ()) if d.container_id is None]
     if not by_evidence:
         return candidates[0] if len(candidates) == 1 else None
     named = {devices.normalize(entry) for entry in parse_visible_devices(found.visible_devices_env).devices}
@@ -449,8 +453,10 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Any = time.tim
                 when = "stale pod list in use" if pods is not None else "names from PodResources and /proc"
                 notes.append(f"Kubernetes API unavailable ({sources.pods.last_error}): {when}")
         if sources.pods is None:
-            notes.append("Kubernetes API not used: names from PodResources and each container's HOSTNAME and "
-                         "service-account namespace file")
+            notes.append(
+                "Kubernetes API not used: names from PodResources and each container's HOSTNAME and "
+                "service-account namespace file"
+            )
         if identity_source in ("disabled", "unavailable"):
             identity_source = "fallback"
         runtime = inspect_runtime_containers(sources.hostproc, with_fallback_names=identity_source != "kubernetes")

@@ -179,27 +179,35 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
             outputs = time.perf_counter() - outputs_started
             phases = dict(clock.seconds)
             phases["join"] = collect_seconds[0] - sum(
-                phases[name] for name in ("kubelet", "nvml", "proc_identity", "visibility", "kube_cache"))
+                phases[name] for name in ("kubelet", "nvml", "proc_identity", "visibility", "kube_cache")
+            )
             phases["audit"] = audit_seconds[0]
             phases["outputs"] = outputs
-            rows.append({
-                "cycle_ms": (cycle_seconds + outputs) * 1e3,
-                "phases_ms": {name: value * 1e3 for name, value in phases.items()},
-                "kubelet_calls": sum(sources.podresources.calls.values()) - calls_before,
-                "containers": len(result.rows),
-                "findings": len(result.findings),
-                "gpu_processes": len(snapshot.processes),
-                "identity": snapshot.identity_source,
-                "rss_bytes": machine.rss_bytes(),
-                "peak_rss_bytes": machine.peak_rss_bytes(),
-            })
+            rows.append(
+                {
+                    "cycle_ms": (cycle_seconds + outputs) * 1e3,
+                    "phases_ms": {name: value * 1e3 for name, value in phases.items()},
+                    "kubelet_calls": sum(sources.podresources.calls.values()) - calls_before,
+                    "containers": len(result.rows),
+                    "findings": len(result.findings),
+                    "gpu_processes": len(snapshot.processes),
+                    "identity": snapshot.identity_source,
+                    "rss_bytes": machine.rss_bytes(),
+                    "peak_rss_bytes": machine.peak_rss_bytes(),
+                }
+            )
             del snapshot, result  # as run does: the next cycle does not build beside this one
     finally:
         auditor.close()
     hostproc = sources.hostproc
-    return {"cycles": rows, "rss_before_cycles_bytes": rss_before_cycles, "rss_bytes": machine.rss_bytes(),
-            "peak_rss_bytes": machine.peak_rss_bytes(), "hidden_modules": hidden,
-            "settling_cycles": hostproc.startup_spread + hostproc.recheck_scans}
+    return {
+        "cycles": rows,
+        "rss_before_cycles_bytes": rss_before_cycles,
+        "rss_bytes": machine.rss_bytes(),
+        "peak_rss_bytes": machine.peak_rss_bytes(),
+        "hidden_modules": hidden,
+        "settling_cycles": hostproc.startup_spread + hostproc.recheck_scans,
+    }
 
 
 # --- parent: the node, and the child per scale ------------------------------------------------------------------
@@ -218,22 +226,33 @@ def build_node(scale: int, fraction: float, workdir: Path) -> tuple[Any, dict[st
 
 def run_child(scenario: Any, scale: int, cycles: int, *, test_extras: bool = False) -> dict[str, Any]:
     """One auditor process on ``scenario`` for ``cycles`` cycles (the first cold); what the child reported."""
-    command = [sys.executable, "-m", "bench.auditor_bench", "--child", "--cycles", str(cycles),
-               *(["--with-test-extras"] if test_extras else []), "--", *scenario.args("once")]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.auditor_bench",
+        "--child",
+        "--cycles",
+        str(cycles),
+        *(["--with-test-extras"] if test_extras else []),
+        "--",
+        *scenario.args("once"),
+    ]
     env = scenario.env({**os.environ, "PYTHONPATH": str(ROOT)})
-    result = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT, env=env,
-                            check=False)
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT, env=env, check=False
+    )
     if result.returncode != 0:
         raise BenchError(f"the auditor child failed at scale {scale}: {result.stderr.strip()[-2000:]}")
     return orjson.loads(result.stdout.strip().splitlines()[-1])
 
 
-def summarise(scale: int, size: dict[str, int], runs: list[dict[str, Any]], served_calls: int,
-              build_seconds: float) -> dict[str, Any]:
+def summarise(
+    scale: int, size: dict[str, int], runs: list[dict[str, Any]], served_calls: int, build_seconds: float
+) -> dict[str, Any]:
     """One scale's figures over every child run: medians of the cold cycles and of all warm cycles; worst RSS."""
     firsts = [run["cycles"][0] for run in runs]
     warm = [cycle for run in runs for cycle in run["cycles"][1:]] or firsts
-    steady = [cycle for run in runs for cycle in run["cycles"][1 + run["settling_cycles"]:]]
+    steady = [cycle for run in runs for cycle in run["cycles"][1 + run["settling_cycles"] :]]
     cycles = [cycle for run in runs for cycle in run["cycles"]]
     last = runs[-1]["cycles"][-1]
     return {
@@ -248,8 +267,9 @@ def summarise(scale: int, size: dict[str, int], runs: list[dict[str, Any]], serv
         "warm_cycles": len(warm),
         "settling_cycles": runs[0]["settling_cycles"],
         "steady_cycle_ms": statistics.median(c["cycle_ms"] for c in steady) if steady else None,
-        "steady_phases_ms": ({name: statistics.median(c["phases_ms"][name] for c in steady) for name in PHASES}
-                             if steady else None),
+        "steady_phases_ms": (
+            {name: statistics.median(c["phases_ms"][name] for c in steady) for name in PHASES} if steady else None
+        ),
         "steady_cycles": len(steady),
         "hidden_modules": runs[0]["hidden_modules"],
         "auditor_processes": len(runs),
@@ -268,8 +288,9 @@ def summarise(scale: int, size: dict[str, int], runs: list[dict[str, Any]], serv
     }
 
 
-def run(scales: Sequence[int], fraction: float, cycles: int, rounds: int, workdir: Path, *,
-        test_extras: bool = False) -> dict[str, Any]:
+def run(
+    scales: Sequence[int], fraction: float, cycles: int, rounds: int, workdir: Path, *, test_extras: bool = False
+) -> dict[str, Any]:
     """Build every scale's node, then run ``rounds`` rounds of one auditor process per scale, interleaved, so
     that a busy spell of a shared machine lands on every scale rather than on one."""
     nodes: dict[int, tuple[Any, dict[str, int], float]] = {}
@@ -288,12 +309,19 @@ def run(scales: Sequence[int], fraction: float, cycles: int, rounds: int, workdi
     finally:
         for scenario, _, _ in nodes.values():
             scenario.stop()
-    report: dict[str, Any] = {"benchmark": "auditor", "fraction": fraction, "cycles_per_process": cycles,
-                              "rounds": rounds, "test_extras": test_extras, "results": results}
+    report: dict[str, Any] = {
+        "benchmark": "auditor",
+        "fraction": fraction,
+        "cycles_per_process": cycles,
+        "rounds": rounds,
+        "test_extras": test_extras,
+        "results": results,
+    }
     if len(scales) >= 2:
         report["scaling_exponent"] = loglog_slope(scales, [r["warm_cycle_ms"] for r in results])
         report["phase_scaling_exponents"] = {
-            name: loglog_slope(scales, [max(r["warm_phases_ms"][name], 1e-3) for r in results]) for name in PHASES}
+            name: loglog_slope(scales, [max(r["warm_phases_ms"][name], 1e-3) for r in results]) for name in PHASES
+        }
     report["targets"] = targets(report)
     return report
 
@@ -303,21 +331,40 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     dense = next((r for r in report["results"] if r["scale"] == 1), None)
     if dense is not None and report["fraction"] == 1.0:
         steady = f", steady {dense['steady_cycle_ms']:.0f} ms" if dense["steady_cycle_ms"] is not None else ""
-        judged.append({"target": f"warm cycle <= {TARGET_CYCLE_MS:.0f} ms on the dense node",
-                       "measured": f"{dense['warm_cycle_ms']:.0f} ms median, {dense['warm_cycle_max_ms']:.0f} ms "
-                                   f"slowest{steady}",
-                       "met": dense["warm_cycle_ms"] <= TARGET_CYCLE_MS})
-        judged.append({"target": f"RSS <= {TARGET_RSS_MB:.0f} MB on the dense node",
-                       "measured": f"{dense['peak_rss_mb']:.0f} MB peak",
-                       "met": dense["peak_rss_mb"] <= TARGET_RSS_MB})
-    judged.append({"target": "one kubelet call per cycle",
-                   "measured": ", ".join(f"{r['kubelet_calls_per_cycle']} at {r['scale']}x" for r in report["results"]),
-                   "met": all(r["kubelet_calls_per_cycle"] == 1 and r["kubelet_calls_served"] == r["cycles_run"]
-                              for r in report["results"])})
+        judged.append(
+            {
+                "target": f"warm cycle <= {TARGET_CYCLE_MS:.0f} ms on the dense node",
+                "measured": f"{dense['warm_cycle_ms']:.0f} ms median, {dense['warm_cycle_max_ms']:.0f} ms "
+                f"slowest{steady}",
+                "met": dense["warm_cycle_ms"] <= TARGET_CYCLE_MS,
+            }
+        )
+        judged.append(
+            {
+                "target": f"RSS <= {TARGET_RSS_MB:.0f} MB on the dense node",
+                "measured": f"{dense['peak_rss_mb']:.0f} MB peak",
+                "met": dense["peak_rss_mb"] <= TARGET_RSS_MB,
+            }
+        )
+    judged.append(
+        {
+            "target": "one kubelet call per cycle",
+            "measured": ", ".join(f"{r['kubelet_calls_per_cycle']} at {r['scale']}x" for r in report["results"]),
+            "met": all(
+                r["kubelet_calls_per_cycle"] == 1 and r["kubelet_calls_served"] == r["cycles_run"]
+                for r in report["results"]
+            ),
+        }
+    )
     if "scaling_exponent" in report:
         slope = report["scaling_exponent"]
-        judged.append({"target": "linear in the input (log-log slope ~1, <= 1.15)", "measured": f"{slope:.2f}",
-                       "met": slope <= 1.15})
+        judged.append(
+            {
+                "target": "linear in the input (log-log slope ~1, <= 1.15)",
+                "measured": f"{slope:.2f}",
+                "met": slope <= 1.15,
+            }
+        )
     return judged
 
 
@@ -325,23 +372,34 @@ def markdown(report: dict[str, Any]) -> str:
     header = "| scale | cycle | total ms | " + " | ".join(PHASES) + " |"
     lines = [header, "|---|---|---:|" + "---:|" * len(PHASES)]
     for row in report["results"]:
-        shown = [("first", row["first_cycle_ms"], row["first_phases_ms"]),
-                 ("warm (median)", row["warm_cycle_ms"], row["warm_phases_ms"])]
+        shown = [
+            ("first", row["first_cycle_ms"], row["first_phases_ms"]),
+            ("warm (median)", row["warm_cycle_ms"], row["warm_phases_ms"]),
+        ]
         if row["steady_cycle_ms"] is not None:
             shown.append((f"steady (after {row['settling_cycles']})", row["steady_cycle_ms"], row["steady_phases_ms"]))
         for label, total, phases in shown:
             cells = " | ".join(f"{phases[name]:.1f}" for name in PHASES)
             lines.append(f"| {row['scale']}x | {label} | {total:.1f} | {cells} |")
-    lines += ["", "| scale | containers | GPU processes | host processes | slowest warm ms | RSS before cycles MB "
-                  "| peak RSS MB | kubelet calls/cycle |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "| scale | containers | GPU processes | host processes | slowest warm ms | RSS before cycles MB "
+        "| peak RSS MB | kubelet calls/cycle |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in report["results"]:
-        lines.append(f"| {row['scale']}x | {row['containers_audited']} | {row['gpu_processes_seen']} | "
-                     f"{row['sizes']['host_processes']} | {row['warm_cycle_max_ms']:.0f} | "
-                     f"{row['rss_before_cycles_mb']:.0f} | {row['peak_rss_mb']:.0f} | "
-                     f"{row['kubelet_calls_per_cycle']} |")
+        lines.append(
+            f"| {row['scale']}x | {row['containers_audited']} | {row['gpu_processes_seen']} | "
+            f"{row['sizes']['host_processes']} | {row['warm_cycle_max_ms']:.0f} | "
+            f"{row['rss_before_cycles_mb']:.0f} | {row['peak_rss_mb']:.0f} | "
+            f"{row['kubelet_calls_per_cycle']} |"
+        )
     hidden = report["results"][0]["hidden_modules"] if report["results"] else []
-    lines += ["", "test-only modules hidden from the auditor (as in the image): "
-                  f"{', '.join(hidden) if hidden else 'none (--with-test-extras)'}"]
+    lines += [
+        "",
+        "test-only modules hidden from the auditor (as in the image): "
+        f"{', '.join(hidden) if hidden else 'none (--with-test-extras)'}",
+    ]
     if "scaling_exponent" in report:
         phases = ", ".join(f"{name} {value:.2f}" for name, value in report["phase_scaling_exponents"].items())
         lines += ["", f"scaling exponent (warm cycle): {report['scaling_exponent']:.2f}; per phase: {phases}"]
@@ -353,17 +411,34 @@ def markdown(report: dict[str, Any]) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.auditor_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scales", default="1,2,4", help="multiples of the dense node (default: 1,2,4)")
-    parser.add_argument("--cycles", type=int, default=14,
-                        help="cycles per auditor process; the first is cold, the next 10 settle (default: 14)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="auditor processes per scale, started in interleaved rounds (default: 3)")
-    parser.add_argument("--fraction", type=float, default=1.0,
-                        help="shrink every size by this factor (smoke runs; targets are judged only at 1.0)")
+    parser.add_argument(
+        "--cycles",
+        type=int,
+        default=14,
+        help="cycles per auditor process; the first is cold, the next 10 settle (default: 14)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="auditor processes per scale, started in interleaved rounds (default: 3)"
+    )
+    parser.add_argument(
+        "--fraction",
+        type=float,
+        default=1.0,
+        help="shrink every size by this factor (smoke runs; targets are judged only at 1.0)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
-    parser.add_argument("--node-dir", metavar="DIR", default=default_node_dir(),
-                        help="where to build the fake node (default: /dev/shm when writable, else the temp dir)")
-    parser.add_argument("--with-test-extras", dest="test_extras", action="store_true",
-                        help="let the auditor import the test extra's packages (default: hidden, as in the image)")
+    parser.add_argument(
+        "--node-dir",
+        metavar="DIR",
+        default=default_node_dir(),
+        help="where to build the fake node (default: /dev/shm when writable, else the temp dir)",
+    )
+    parser.add_argument(
+        "--with-test-extras",
+        dest="test_extras",
+        action="store_true",
+        help="let the auditor import the test extra's packages (default: hidden, as in the image)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
     args.auditor_args = [arg for arg in rest if arg != "--"]
@@ -376,16 +451,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     except ValueError:
         parser.error(f"--scales {args.scales!r}: give whole numbers separated by commas, e.g. 1,2,4")
     if min(args.scales) < 1 or args.cycles < 2 or args.rounds < 1 or not 0 < args.fraction <= 1:
-        parser.error("--scales and --rounds must be >= 1, --cycles >= 2 (one cold, the rest warm), "
-                     "0 < --fraction <= 1")
+        parser.error("--scales and --rounds must be >= 1, --cycles >= 2 (one cold, the rest warm), 0 < --fraction <= 1")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        sys.stdout.write(orjson.dumps(child(args.auditor_args, args.cycles, test_extras=args.test_extras)).decode()
-                         + "\n")
+        sys.stdout.write(
+            orjson.dumps(child(args.auditor_args, args.cycles, test_extras=args.test_extras)).decode() + "\n"
+        )
         return 0
     if os.geteuid() != 0:
         print("auditor_bench: needs root to make the fake node's device nodes (mknod)", file=sys.stderr)
@@ -393,8 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))  # tests.fakes: the scenario builder lives with the tests
     with tempfile.TemporaryDirectory(prefix="gpu-fence-bench-", dir=args.node_dir) as directory:
         try:
-            report = run(args.scales, args.fraction, args.cycles, args.rounds, Path(directory),
-                         test_extras=args.test_extras)
+            report = run(
+                args.scales, args.fraction, args.cycles, args.rounds, Path(directory), test_extras=args.test_extras
+            )
         except BenchError as error:
             print(f"auditor_bench: {error}", file=sys.stderr)
             return 2

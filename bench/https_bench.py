@@ -55,8 +55,12 @@ TARGET_P99_MS = 5.0  # DESIGN: p99 at 200 reviews/s, keep-alive
 TARGET_RATE = 200
 TARGET_RATIO = 0.8  # DESIGN: throughput >= 0.8x the no-op endpoint on the same server stack
 #: server name -> (gunicorn worker class, serve --log-level, gc.freeze() before fork)
-VARIANTS = {"gthread": ("gthread", "INFO", True), "sync": ("sync", "INFO", True),
-            "gthread-quiet": ("gthread", "WARNING", True), "gthread-unfrozen": ("gthread", "INFO", False)}
+VARIANTS = {
+    "gthread": ("gthread", "INFO", True),
+    "sync": ("sync", "INFO", True),
+    "gthread-quiet": ("gthread", "WARNING", True),
+    "gthread-unfrozen": ("gthread", "INFO", False),
+}
 DEFAULT_SERVERS = ("gthread", "sync", "gthread-quiet")
 
 
@@ -77,8 +81,10 @@ class Server:
     notes: list[str] = field(default_factory=list)
 
     def worker_rss(self) -> list[dict[str, int]]:
-        return [{"pid": pid, "rss_bytes": machine.rss_bytes(pid), "peak_rss_bytes": machine.peak_rss_bytes(pid)}
-                for pid in machine.children_of(self.process.pid)]
+        return [
+            {"pid": pid, "rss_bytes": machine.rss_bytes(pid), "peak_rss_bytes": machine.peak_rss_bytes(pid)}
+            for pid in machine.children_of(self.process.pid)
+        ]
 
 
 def tool(name: str) -> str:
@@ -90,8 +96,16 @@ def tool(name: str) -> str:
 
 def make_certs(directory: Path) -> Path:
     """``gpu-fence-webhook certs`` into ``directory``: ca.crt, tls.crt, tls.key for the Service DNS name."""
-    command = [tool("gpu-fence-webhook"), "certs", "--service", SERVICE, "--namespace", NAMESPACE,
-               "--out-dir", str(directory)]
+    command = [
+        tool("gpu-fence-webhook"),
+        "certs",
+        "--service",
+        SERVICE,
+        "--namespace",
+        NAMESPACE,
+        "--out-dir",
+        str(directory),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     if result.returncode != 0:
         raise BenchError(f"gpu-fence-webhook certs failed: {result.stderr.strip()}")
@@ -108,16 +122,38 @@ def start_server(tls: Path, workdir: Path, name: str, *, workers: int = 2, threa
     worker_class, log_level, gc_freeze = VARIANTS[name]
     port = free_port()
     stderr_path = workdir / f"serve-{name}.stderr"
-    command = [sys.executable, "-m", "bench.server", "--worker-class", worker_class,
-               *([] if gc_freeze else ["--no-gc-freeze"]), "serve", "--log-level", log_level,
-               "--cert-file", str(tls / "tls.crt"), "--key-file", str(tls / "tls.key"), "--bind", "127.0.0.1",
-               "--port", str(port), "--workers", str(workers), "--threads", str(threads), "--namespace", NAMESPACE]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.server",
+        "--worker-class",
+        worker_class,
+        *([] if gc_freeze else ["--no-gc-freeze"]),
+        "serve",
+        "--log-level",
+        log_level,
+        "--cert-file",
+        str(tls / "tls.crt"),
+        "--key-file",
+        str(tls / "tls.key"),
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--threads",
+        str(threads),
+        "--namespace",
+        NAMESPACE,
+    ]
     env = {**os.environ, "TMPDIR": str(workdir), "PYTHONPATH": str(Path(__file__).parents[1])}
     with stderr_path.open("wb") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     target = loadgen.Target("127.0.0.1", port, HOSTNAME, str(tls / "ca.crt"))
-    server = Server(name, worker_class, port, process, stderr_path, target, workers,
-                    1 if worker_class == "sync" else threads)
+    server = Server(
+        name, worker_class, port, process, stderr_path, target, workers, 1 if worker_class == "sync" else threads
+    )
     try:
         wait_ready(server)
     except BaseException:
@@ -132,13 +168,16 @@ def wait_ready(server: Server) -> None:
     deadline = time.monotonic() + READY_DEADLINE_S
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
-            raise BenchError(f"the {server.name} server exited with {server.process.returncode}: "
-                             f"{server.stderr_path.read_text(errors='replace')[-2000:]}")
+            raise BenchError(
+                f"the {server.name} server exited with {server.process.returncode}: "
+                f"{server.stderr_path.read_text(errors='replace')[-2000:]}"
+            )
         connection = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=5)
         connection.host = HOSTNAME  # verify for the Service name; connect to loopback
         try:
-            connection.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", server.port), 5),
-                                                  server_hostname=HOSTNAME)
+            connection.sock = context.wrap_socket(
+                socket.create_connection(("127.0.0.1", server.port), 5), server_hostname=HOSTNAME
+            )
             connection.request("GET", "/readyz")
             if connection.getresponse().status == 200 and len(machine.children_of(server.process.pid)) >= 1:
                 return
@@ -177,8 +216,20 @@ def wrk_saturation(server: Server, path: str, body_file: Path, *, seconds: int, 
     workers spent per request (steadier than throughput when neighbours take turns on the CPUs: it does not
     count the time the server waited for a CPU)."""
     url = f"https://127.0.0.1:{server.port}"
-    command = [tool("wrk"), "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s", "-s", str(WRK_SCRIPT),
-               url, "--", path, str(body_file)]
+    command = [
+        tool("wrk"),
+        "-t1",
+        f"-c{connections}",
+        f"-d{seconds}s",
+        "--timeout",
+        "5s",
+        "-s",
+        str(WRK_SCRIPT),
+        url,
+        "--",
+        path,
+        str(body_file),
+    ]
     workers = machine.children_of(server.process.pid)
     cpu_before = cpu_seconds(workers)
     result = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60, check=False)
@@ -224,16 +275,34 @@ def plan(names: Sequence[str], rates: Sequence[int]) -> list[tuple[str, str, str
             continue  # there to price the log line at saturation only
         points += [(name, "keep-alive", endpoint, rate) for rate in rates for endpoint in ENDPOINTS]
         if name == "gthread":  # sync closes every connection anyway: its keep-alive rows are this
-            points += [(name, "new-connection", endpoint, rate)
-                       for rate in rates if rate <= 200 for endpoint in ("/mutate", NOOP_PATH)]
+            points += [
+                (name, "new-connection", endpoint, rate)
+                for rate in rates
+                if rate <= 200
+                for endpoint in ("/mutate", NOOP_PATH)
+            ]
     return points
 
 
-def run(*, names: Sequence[str], rates: Sequence[int], containers: int, repeats: int, saturation_repeats: int,
-        seconds: float, wrk_seconds: int, connections: int, workdir: Path, workers: int = 2,
-        threads: int = 4) -> dict[str, Any]:
-    bodies = {"/mutate": reviews.mutate_body(containers), "/validate": reviews.validate_body(containers),
-              NOOP_PATH: reviews.mutate_body(containers)}
+def run(
+    *,
+    names: Sequence[str],
+    rates: Sequence[int],
+    containers: int,
+    repeats: int,
+    saturation_repeats: int,
+    seconds: float,
+    wrk_seconds: int,
+    connections: int,
+    workdir: Path,
+    workers: int = 2,
+    threads: int = 4,
+) -> dict[str, Any]:
+    bodies = {
+        "/mutate": reviews.mutate_body(containers),
+        "/validate": reviews.validate_body(containers),
+        NOOP_PATH: reviews.mutate_body(containers),
+    }
     body_files = {}
     for endpoint, body in bodies.items():
         body_files[endpoint] = workdir / f"body{endpoint.replace('/', '-')}.json"
@@ -243,15 +312,25 @@ def run(*, names: Sequence[str], rates: Sequence[int], containers: int, repeats:
     with servers(workdir, names, workers=workers, threads=threads) as running:
         for server in running.values():  # warm up every worker: first requests pay imports and allocator growth
             for endpoint in ENDPOINTS:
-                loadgen.open_loop(server.target, endpoint, bodies[endpoint], rate=200.0, seconds=min(seconds, 0.5),
-                                  connections=connections)
+                loadgen.open_loop(
+                    server.target,
+                    endpoint,
+                    bodies[endpoint],
+                    rate=200.0,
+                    seconds=min(seconds, 0.5),
+                    connections=connections,
+                )
         for number in range(saturation_repeats):
             for name, server in running.items():
                 # the three endpoints of one server back to back, so each ratio to /noop compares neighbours in
                 # time; the order flips every repeat so that a drifting machine favours no endpoint
                 order = ENDPOINTS if number % 2 == 0 else ENDPOINTS[::-1]
-                measured = {endpoint: wrk_saturation(server, endpoint, body_files[endpoint], seconds=wrk_seconds,
-                                                     connections=connections) for endpoint in order}
+                measured = {
+                    endpoint: wrk_saturation(
+                        server, endpoint, body_files[endpoint], seconds=wrk_seconds, connections=connections
+                    )
+                    for endpoint in order
+                }
                 for endpoint, figures in measured.items():
                     figures["throughput_vs_noop"] = figures["reviews_per_s"] / measured[NOOP_PATH]["reviews_per_s"]
                     if figures["server_cpu_us"] > 0:  # the CPU-bound throughput ratio, neighbours' turns left out
@@ -262,23 +341,54 @@ def run(*, names: Sequence[str], rates: Sequence[int], containers: int, repeats:
                 name, mode, endpoint, rate = point
                 if mode == "saturation":
                     continue
-                samples[point].append(loadgen.open_loop(running[name].target, endpoint, bodies[endpoint],
-                                                        rate=float(rate or 0), seconds=seconds,
-                                                        connections=connections, reuse=mode == "keep-alive"))
+                samples[point].append(
+                    loadgen.open_loop(
+                        running[name].target,
+                        endpoint,
+                        bodies[endpoint],
+                        rate=float(rate or 0),
+                        seconds=seconds,
+                        connections=connections,
+                        reuse=mode == "keep-alive",
+                    )
+                )
         rss = {name: server.worker_rss() for name, server in running.items()}
-        config = {name: {"worker_class": server.worker_class, "log_level": VARIANTS[name][1],
-                         "gc_freeze": VARIANTS[name][2],
-                         "workers": server.workers, "threads": server.threads} for name, server in running.items()}
+        config = {
+            name: {
+                "worker_class": server.worker_class,
+                "log_level": VARIANTS[name][1],
+                "gc_freeze": VARIANTS[name][2],
+                "workers": server.workers,
+                "threads": server.threads,
+            }
+            for name, server in running.items()
+        }
     results = []
     for point in points:
         name, mode, endpoint, rate = point
-        results.append({"server": name, "mode": mode, "endpoint": endpoint, "offered_per_s": rate,
-                        **median_of_runs(samples[point])})
-    return {"benchmark": "https", "containers": containers, "body_bytes": len(bodies["/mutate"]),
-            "repeats": repeats, "saturation_repeats": saturation_repeats, "seconds_per_point": seconds,
-            "wrk_seconds": wrk_seconds,
-            "connections": connections, "servers": config, "worker_rss": rss, "results": results,
-            "targets": targets(results)}
+        results.append(
+            {
+                "server": name,
+                "mode": mode,
+                "endpoint": endpoint,
+                "offered_per_s": rate,
+                **median_of_runs(samples[point]),
+            }
+        )
+    return {
+        "benchmark": "https",
+        "containers": containers,
+        "body_bytes": len(bodies["/mutate"]),
+        "repeats": repeats,
+        "saturation_repeats": saturation_repeats,
+        "seconds_per_point": seconds,
+        "wrk_seconds": wrk_seconds,
+        "connections": connections,
+        "servers": config,
+        "worker_rss": rss,
+        "results": results,
+        "targets": targets(results),
+    }
 
 
 def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -287,27 +397,43 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if row["server"] != "gthread" or row["endpoint"] == NOOP_PATH:
             continue
         if row["mode"] == "keep-alive" and row["offered_per_s"] == TARGET_RATE:
-            judged.append({"target": f"p99 <= {TARGET_P99_MS} ms at {TARGET_RATE} reviews/s, keep-alive "
-                                     f"({row['endpoint']})",
-                           "measured": f"{row['p99_ms']:.2f} ms", "met": row["p99_ms"] <= TARGET_P99_MS})
+            judged.append(
+                {
+                    "target": f"p99 <= {TARGET_P99_MS} ms at {TARGET_RATE} reviews/s, keep-alive ({row['endpoint']})",
+                    "measured": f"{row['p99_ms']:.2f} ms",
+                    "met": row["p99_ms"] <= TARGET_P99_MS,
+                }
+            )
         if row["mode"] == "saturation" and "throughput_vs_noop" in row:
             ratio = row["throughput_vs_noop"]
-            judged.append({"target": f"throughput >= {TARGET_RATIO}x no-op, same stack ({row['endpoint']})",
-                           "measured": f"{ratio:.2f}x ({row['reviews_per_s']:,.0f}/s)", "met": ratio >= TARGET_RATIO})
+            judged.append(
+                {
+                    "target": f"throughput >= {TARGET_RATIO}x no-op, same stack ({row['endpoint']})",
+                    "measured": f"{ratio:.2f}x ({row['reviews_per_s']:,.0f}/s)",
+                    "met": ratio >= TARGET_RATIO,
+                }
+            )
     return judged
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = ["| server | mode | endpoint | offered/s | achieved/s | p50 ms | p99 ms | vs noop |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| server | mode | endpoint | offered/s | achieved/s | p50 ms | p99 ms | vs noop |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     for row in report["results"]:
         achieved = row.get("achieved_per_s", row.get("reviews_per_s", 0))
         ratio = f"{row['throughput_vs_noop']:.2f}" if "throughput_vs_noop" in row else ""
         offered = int(row["offered_per_s"] or 0) or "max"
-        lines.append(f"| {row['server']} | {row['mode']} | {row['endpoint']} | {offered} "
-                     f"| {achieved:,.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {ratio} |")
-    lines += ["", "| server | endpoint | server CPU µs per request (saturation) | noop's CPU / this CPU |",
-              "|---|---|---:|---:|"]
+        lines.append(
+            f"| {row['server']} | {row['mode']} | {row['endpoint']} | {offered} "
+            f"| {achieved:,.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {ratio} |"
+        )
+    lines += [
+        "",
+        "| server | endpoint | server CPU µs per request (saturation) | noop's CPU / this CPU |",
+        "|---|---|---:|---:|",
+    ]
     for row in report["results"]:
         if row["mode"] == "saturation" and "server_cpu_us" in row:
             ratio = f"{row['cpu_vs_noop']:.2f}" if "cpu_vs_noop" in row else ""
@@ -323,21 +449,33 @@ def markdown(report: dict[str, Any]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.https_bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--servers", default=",".join(DEFAULT_SERVERS),
-                        help=f"comma-separated, of {', '.join(VARIANTS)} (default: {','.join(DEFAULT_SERVERS)})")
+    parser.add_argument(
+        "--servers",
+        default=",".join(DEFAULT_SERVERS),
+        help=f"comma-separated, of {', '.join(VARIANTS)} (default: {','.join(DEFAULT_SERVERS)})",
+    )
     parser.add_argument("--rates", default=",".join(map(str, RATES)), help="offered loads (default: 100,200,500)")
     parser.add_argument("--containers", type=int, default=10, help="containers of the reviewed pod (default: 10)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="repeats of the offered loads; medians are reported (default: 3)")
-    parser.add_argument("--saturation-repeats", type=int, default=5,
-                        help="repeats of the saturation runs; medians of throughput and of the ratio to /noop "
-                             "within each repeat are reported (default: 5)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="repeats of the offered loads; medians are reported (default: 3)"
+    )
+    parser.add_argument(
+        "--saturation-repeats",
+        type=int,
+        default=5,
+        help="repeats of the saturation runs; medians of throughput and of the ratio to /noop "
+        "within each repeat are reported (default: 5)",
+    )
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per offered-load point (default: 2)")
     parser.add_argument("--wrk-seconds", type=int, default=2, help="seconds per saturation point (default: 2)")
     parser.add_argument("--connections", type=int, default=8, help="client connections (default: 8)")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers of every server (default: 2)")
-    parser.add_argument("--threads", type=int, default=4,
-                        help="threads per gthread worker (default: 4, serve's default; sync workers have one)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=4,
+        help="threads per gthread worker (default: 4, serve's default; sync workers have one)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)
     try:
@@ -348,10 +486,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = set(args.servers) - set(VARIANTS)
     if unknown:
         parser.error(f"--servers: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
-    if (min(args.rates) < 1 or min(args.repeats, args.saturation_repeats) < 1 or args.seconds <= 0
-            or min(args.wrk_seconds, args.connections, args.workers, args.threads) < 1):
-        parser.error("--rates, --repeats, --saturation-repeats, --wrk-seconds, --connections, --workers and "
-                     "--threads must be >= 1 and --seconds > 0")
+    if (
+        min(args.rates) < 1
+        or min(args.repeats, args.saturation_repeats) < 1
+        or args.seconds <= 0
+        or min(args.wrk_seconds, args.connections, args.workers, args.threads) < 1
+    ):
+        parser.error(
+            "--rates, --repeats, --saturation-repeats, --wrk-seconds, --connections, --workers and "
+            "--threads must be >= 1 and --seconds > 0"
+        )
     return args
 
 
@@ -359,10 +503,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gpu-fence-https-bench-") as directory:
         try:
-            report = run(names=args.servers, rates=args.rates, containers=args.containers,
-                         repeats=args.repeats, saturation_repeats=args.saturation_repeats, seconds=args.seconds,
-                         wrk_seconds=args.wrk_seconds, connections=args.connections, workdir=Path(directory),
-                         workers=args.workers, threads=args.threads)
+            report = run(
+                names=args.servers,
+                rates=args.rates,
+                containers=args.containers,
+                repeats=args.repeats,
+                saturation_repeats=args.saturation_repeats,
+                seconds=args.seconds,
+                wrk_seconds=args.wrk_seconds,
+                connections=args.connections,
+                workdir=Path(directory),
+                workers=args.workers,
+                threads=args.threads,
+            )
         except (BenchError, loadgen.LoadError) as error:
             print(f"https_bench: {error}", file=sys.stderr)
             return 2

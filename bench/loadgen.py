@@ -126,8 +126,9 @@ class Client:
         return chunk
 
 
-def open_loop(target: Target, path: str, body: bytes, *, rate: float, seconds: float, connections: int = 8,
-              reuse: bool = True) -> dict[str, Any]:
+def open_loop(
+    target: Target, path: str, body: bytes, *, rate: float, seconds: float, connections: int = 8, reuse: bool = True
+) -> dict[str, Any]:
     """Offer ``rate`` requests/s for ``seconds``; latency summary from scheduled time, achieved rate, connects.
 
     Raises :class:`LoadError` when any answer is not 200: a benchmark of error pages is not a benchmark.

@@ -130,10 +130,15 @@ def run(sizes: Sequence[int], repeats: int, seconds: float, *, gc_freeze: bool =
         for path in PATHS:
             figures = median_of_runs(runs[(size, path)])
             figures["throughput_vs_floor"] = figures["reviews_per_s"] / floor["reviews_per_s"]
-            results.append({"containers": size, "path": path, "body_bytes": len(reviews.mutate_body(size)),
-                            **figures})
-    return {"benchmark": "policy", "repeats": repeats, "seconds_per_run": seconds, "gc_freeze": gc_freeze,
-            "results": results, "targets": targets(results)}
+            results.append({"containers": size, "path": path, "body_bytes": len(reviews.mutate_body(size)), **figures})
+    return {
+        "benchmark": "policy",
+        "repeats": repeats,
+        "seconds_per_run": seconds,
+        "gc_freeze": gc_freeze,
+        "results": results,
+        "targets": targets(results),
+    }
 
 
 def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -142,15 +147,25 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_key = {(row["containers"], row["path"]): row for row in results}
     if (1, "evaluate") in by_key:
         rate = by_key[(1, "evaluate")]["reviews_per_s"]
-        judged.append({"target": f"policy evaluation >= {TARGET_PODS_PER_SECOND} typical pods/s on one core",
-                       "measured": f"{rate:,.0f} pods/s (1-container pod)", "met": rate >= TARGET_PODS_PER_SECOND})
+        judged.append(
+            {
+                "target": f"policy evaluation >= {TARGET_PODS_PER_SECOND} typical pods/s on one core",
+                "measured": f"{rate:,.0f} pods/s (1-container pod)",
+                "met": rate >= TARGET_PODS_PER_SECOND,
+            }
+        )
     for path in ("mutate", "validate", "evaluate"):
         if (10, path) in by_key:
             p99 = by_key[(10, path)]["p99_ms"]
             what = "policy only" if path == "evaluate" else f"/{path}, full review"
             cpu_p99 = by_key[(10, path)]["cpu_p99_ms"]
-            judged.append({"target": f"p99 <= {TARGET_P99_MS} ms for a 10-container pod ({what})",
-                           "measured": f"{p99:.3f} ms (CPU time p99 {cpu_p99:.3f} ms)", "met": p99 <= TARGET_P99_MS})
+            judged.append(
+                {
+                    "target": f"p99 <= {TARGET_P99_MS} ms for a 10-container pod ({what})",
+                    "measured": f"{p99:.3f} ms (CPU time p99 {cpu_p99:.3f} ms)",
+                    "met": p99 <= TARGET_P99_MS,
+                }
+            )
     return judged
 
 
@@ -160,8 +175,10 @@ def markdown(report: dict[str, Any]) -> str:
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in report["results"]:
-        lines.append(f"| {row['containers']} | {row['path']} | {row['reviews_per_s']:,.0f} | {row['p50_ms']:.3f} "
-                     f"| {row['p99_ms']:.3f} | {row['cpu_p99_ms']:.3f} | {row['throughput_vs_floor']:.2f} |")
+        lines.append(
+            f"| {row['containers']} | {row['path']} | {row['reviews_per_s']:,.0f} | {row['p50_ms']:.3f} "
+            f"| {row['p99_ms']:.3f} | {row['cpu_p99_ms']:.3f} | {row['throughput_vs_floor']:.2f} |"
+        )
     lines += ["", "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in report["targets"]]
     return "\n".join(lines) + "\n"
@@ -169,13 +186,20 @@ def markdown(report: dict[str, Any]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.policy_bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default=",".join(map(str, reviews.CONTAINER_COUNTS)),
-                        help="containers per pod, comma-separated (default: 1,10,50)")
+    parser.add_argument(
+        "--sizes",
+        default=",".join(map(str, reviews.CONTAINER_COUNTS)),
+        help="containers per pod, comma-separated (default: 1,10,50)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="repeats; medians are reported (default: 5)")
     parser.add_argument("--seconds", type=float, default=0.4, help="seconds per path per repeat (default: 0.4)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
-    parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
-                        help="no gc.freeze() after the warm-up (serve's workers run with it)")
+    parser.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="no gc.freeze() after the warm-up (serve's workers run with it)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)
     try:

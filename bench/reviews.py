@@ -51,13 +51,15 @@ def container(number: int, *, gpu: bool) -> dict[str, Any]:
         "volumeMounts": [
             {"name": "config", "mountPath": "/etc/app", "readOnly": True},
             {"name": "cache", "mountPath": "/cache"},
-            {"name": "kube-api-access-x7k2p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
-             "readOnly": True},
+            {
+                "name": "kube-api-access-x7k2p",
+                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                "readOnly": True,
+            },
         ],
         "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080 + number}, "periodSeconds": 10},
         "livenessProbe": {"httpGet": {"path": "/live", "port": 8080 + number}, "periodSeconds": 20},
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
     }
@@ -73,8 +75,12 @@ def typical_pod(containers: int) -> dict[str, Any]:
         "metadata": {
             "generateName": "trainer-7d9f8b6c5-",
             "namespace": NAMESPACE,
-            "labels": {"app.kubernetes.io/name": "trainer", "app.kubernetes.io/part-of": "ml-platform",
-                       "pod-template-hash": "7d9f8b6c5", "team": "ml"},
+            "labels": {
+                "app.kubernetes.io/name": "trainer",
+                "app.kubernetes.io/part-of": "ml-platform",
+                "pod-template-hash": "7d9f8b6c5",
+                "team": "ml",
+            },
             "annotations": {
                 "kubectl.kubernetes.io/restartedAt": "2025-01-01T00:00:00Z",
                 "prometheus.io/scrape": "true",
@@ -82,9 +88,16 @@ def typical_pod(containers: int) -> dict[str, Any]:
                 "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
                 "checksum/config": "5d41402abc4b2a76b9719d911017c592",
             },
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "trainer-7d9f8b6c5",
-                                 "uid": "9b1deb4d-3b7d-4bad-9bdd-2b0d7b3dcb6d", "controller": True,
-                                 "blockOwnerDeletion": True}],
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "trainer-7d9f8b6c5",
+                    "uid": "9b1deb4d-3b7d-4bad-9bdd-2b0d7b3dcb6d",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
         },
         "spec": {
             "serviceAccountName": "trainer",
@@ -97,11 +110,17 @@ def typical_pod(containers: int) -> dict[str, Any]:
                 {"name": "config", "configMap": {"name": "trainer-config", "defaultMode": 420}},
                 {"name": "cache", "emptyDir": {"sizeLimit": "10Gi"}},
                 {"name": "credentials", "secret": {"secretName": "trainer-credentials", "defaultMode": 420}},
-                {"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [
-                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-                    {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": NAMESPACE_FIELD}]}},
-                ]}},
+                {
+                    "name": "kube-api-access-x7k2p",
+                    "projected": {
+                        "defaultMode": 420,
+                        "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": NAMESPACE_FIELD}]}},
+                        ],
+                    },
+                },
             ],
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         },
@@ -130,10 +149,11 @@ def admission_review(pod: dict[str, Any], uid: str = "00000000-0000-4000-8000-00
             "requestResource": {"group": "", "version": "v1", "resource": "pods"},
             "namespace": NAMESPACE,
             "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
-                         "uid": "4a1c4d2e-5b6f-4c7d-8e9f-0a1b2c3d4e5f",
-                         "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system",
-                                    "system:authenticated"]},
+            "userInfo": {
+                "username": "system:serviceaccount:kube-system:replicaset-controller",
+                "uid": "4a1c4d2e-5b6f-4c7d-8e9f-0a1b2c3d4e5f",
+                "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"],
+            },
             "object": pod,
             "oldObject": None,
             "dryRun": False,
@@ -152,8 +172,11 @@ def validate_body(containers: int) -> bytes:
 
 def floor_response(body: Any) -> dict[str, Any]:
     """The least a webhook can answer (allowed, uid echoed): what the floor measurements serialise."""
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "response": {"uid": body["request"]["uid"], "allowed": True}}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {"uid": body["request"]["uid"], "allowed": True},
+    }
 
 
 def decode_patch(response: dict[str, Any]) -> list[dict[str, Any]]:

@@ -27,8 +27,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 NOOP_PATH = "/noop"
-NOOP_RESPONSE = (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
-                 b'"response":{"uid":"00000000-0000-4000-8000-000000000000","allowed":true}}')
+NOOP_RESPONSE = (
+    b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
+    b'"response":{"uid":"00000000-0000-4000-8000-000000000000","allowed":true}}'
+)
 WORKER_CLASSES = ("gthread", "sync")
 
 
@@ -79,8 +81,12 @@ def install(worker_class: str, *, gc_freeze: bool = True) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker-class", choices=WORKER_CLASSES, default="gthread")
-    parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
-                        help="no gc.freeze() in the master before each fork (serve freezes)")
+    parser.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="no gc.freeze() in the master before each fork (serve freezes)",
+    )
     args, rest = parser.parse_known_args(argv)
     if not rest or rest[0] != "serve":
         parser.error("give the serve command and its arguments, e.g. serve --cert-file F --key-file F")

@@ -55,8 +55,11 @@ class GpuResources:
         quantity. :meth:`matches` inlined: this runs for every resource of every container admitted."""
         exact, prefixes = self.exact, self.prefixes
         for name, quantity in amounts.items():
-            if (isinstance(name, str) and (name in exact or name.startswith(prefixes))
-                    and quantity_is_positive(quantity)):
+            if (
+                isinstance(name, str)
+                and (name in exact or name.startswith(prefixes))
+                and quantity_is_positive(quantity)
+            ):
                 return True
         return False
 
@@ -196,8 +199,11 @@ def parse_visible_devices(value: str | None) -> VisibleDevices:
 # The answers without devices, built once (the values are frozen): the admission policy parses a pinned "void"
 # for every container of every pod.
 _UNSET = VisibleDevices(Visibility.UNSET)
-_KEYWORDS = {"void": VisibleDevices(Visibility.VOID), "none": VisibleDevices(Visibility.NONE),
-             "all": VisibleDevices(Visibility.ALL)}
+_KEYWORDS = {
+    "void": VisibleDevices(Visibility.VOID),
+    "none": VisibleDevices(Visibility.NONE),
+    "all": VisibleDevices(Visibility.ALL),
+}
 
 
 class DeviceIdForm(Enum):

@@ -74,7 +74,14 @@ FAKE_GPU_COUNT = 2
 FAKE_GPU_NAME = "NVIDIA H200"
 
 NVIDIA_SMI_GPU_FIELDS = (
-    "index", "uuid", "name", "pci.bus_id", "driver_version", "memory.total", "memory.used", "mig.mode.current",
+    "index",
+    "uuid",
+    "name",
+    "pci.bus_id",
+    "driver_version",
+    "memory.total",
+    "memory.used",
+    "mig.mode.current",
 )
 NVIDIA_SMI_APP_FIELDS = ("pid", "gpu_uuid", "used_memory")
 
@@ -118,7 +125,7 @@ def uuid_body(text: str | None) -> str | None:
     body = text.strip().lower()
     for prefix in ("gpu-", "mig-"):
         if body.startswith(prefix):
-            body = body[len(prefix):]
+            body = body[len(prefix) :]
     return body if len(body) == 36 and body.count("-") == 4 else None
 
 
@@ -174,7 +181,8 @@ def find_own_process(
         return max(mine, key=lambda process: process["used_memory_bytes"] or 0), "pid"
     before = set(baseline)
     new = [
-        process for process in processes
+        process
+        for process in processes
         if (process["pid"], process["device_uuid"]) not in before and (process["used_memory_bytes"] or 0) >= allocated
     ]
     if len(new) == 1:
@@ -219,29 +227,51 @@ def evaluate(facts: Facts) -> list[Check]:
     own = facts.own
 
     if own is None:
-        why = ("several new processes hold the allocation; stop other GPU work and run again"
-               if facts.own_how == "ambiguous" else "NVML lists no process for it")
-        add(Check("nvml-lists-process", FAIL, f"the CUDA process (pid {facts.holder_pid}) is not in NVML's process "
-                                              f"lists: {why}"))
+        why = (
+            "several new processes hold the allocation; stop other GPU work and run again"
+            if facts.own_how == "ambiguous"
+            else "NVML lists no process for it"
+        )
+        add(
+            Check(
+                "nvml-lists-process",
+                FAIL,
+                f"the CUDA process (pid {facts.holder_pid}) is not in NVML's process lists: {why}",
+            )
+        )
     else:
-        add(Check("nvml-lists-process", PASS, f"NVML lists pid {own['pid']} on {own['device_uuid']} "
-                                              f"({own['kind']})"))
+        add(Check("nvml-lists-process", PASS, f"NVML lists pid {own['pid']} on {own['device_uuid']} ({own['kind']})"))
         used = own["used_memory_bytes"]
         if used is None:
             add(Check("nvml-memory", FAIL, "NVML reports the process's memory as not available"))
         elif used >= facts.allocated_bytes:
-            add(Check("nvml-memory", PASS, f"{used} bytes ≥ {facts.allocated_bytes} allocated; "
-                                           f"{used - facts.allocated_bytes} bytes of context overhead"))
+            add(
+                Check(
+                    "nvml-memory",
+                    PASS,
+                    f"{used} bytes ≥ {facts.allocated_bytes} allocated; "
+                    f"{used - facts.allocated_bytes} bytes of context overhead",
+                )
+            )
         else:
-            add(Check("nvml-memory", FAIL, f"NVML reports {used} bytes, less than the {facts.allocated_bytes} "
-                                           "allocated"))
+            add(
+                Check(
+                    "nvml-memory", FAIL, f"NVML reports {used} bytes, less than the {facts.allocated_bytes} allocated"
+                )
+            )
         if own["pid"] == facts.holder_pid:
             add(Check("pid-namespace", PASS, "NVML reports the PID this process sees (the host PID namespace)"))
         else:
-            add(Check("pid-namespace", SKIP, f"NVML reports pid {own['pid']} for the process this namespace knows "
-                                             f"as {facts.holder_pid}: the smoke runs outside the PID namespace "
-                                             "NVML reports (the auditor needs hostPID); recognised as the one new "
-                                             "process holding the allocation"))
+            add(
+                Check(
+                    "pid-namespace",
+                    SKIP,
+                    f"NVML reports pid {own['pid']} for the process this namespace knows "
+                    f"as {facts.holder_pid}: the smoke runs outside the PID namespace "
+                    "NVML reports (the auditor needs hostPID); recognised as the one new "
+                    "process holding the allocation",
+                )
+            )
 
     first = facts.runs[0] if facts.runs else None
     codes = [run["exit_code"] for run in facts.runs]
@@ -252,8 +282,14 @@ def evaluate(facts: Facts) -> list[Check]:
     else:
         bad = next(run for run in facts.runs if run["exit_code"] != 1)
         stderr = (bad.get("stderr") or "").strip().splitlines()
-        add(Check("auditor-exit", FAIL, f"`once` exit codes {codes}, expected 1 (findings) each"
-                                        + (f"; stderr: {stderr[-1]}" if stderr else "")))
+        add(
+            Check(
+                "auditor-exit",
+                FAIL,
+                f"`once` exit codes {codes}, expected 1 (findings) each"
+                + (f"; stderr: {stderr[-1]}" if stderr else ""),
+            )
+        )
 
     report = first.get("report") if first else None
     finding = _finding_for(report, own["pid"]) if own is not None else None
@@ -262,22 +298,44 @@ def evaluate(facts: Facts) -> list[Check]:
     elif report is None:
         add(Check("auditor-finding", FAIL, "the first `once` run printed no JSON report"))
     elif finding is None:
-        add(Check("auditor-finding", FAIL, f"the report has no finding for pid {own['pid']} (expected "
-                                           f"{facts.expected_kind}: {facts.expected_why})"))
+        add(
+            Check(
+                "auditor-finding",
+                FAIL,
+                f"the report has no finding for pid {own['pid']} (expected "
+                f"{facts.expected_kind}: {facts.expected_why})",
+            )
+        )
     elif finding.get("kind") != facts.expected_kind:
-        add(Check("auditor-finding", FAIL, f"pid {own['pid']} is reported as {finding.get('kind')}, expected "
-                                           f"{facts.expected_kind} ({facts.expected_why})"))
+        add(
+            Check(
+                "auditor-finding",
+                FAIL,
+                f"pid {own['pid']} is reported as {finding.get('kind')}, expected "
+                f"{facts.expected_kind} ({facts.expected_why})",
+            )
+        )
     else:
         add(Check("auditor-finding", PASS, f"{finding['kind']} for pid {own['pid']}: {finding.get('message')}"))
 
     if finding is not None:
         reported = finding.get("memory_bytes")
         if isinstance(reported, int) and reported >= facts.allocated_bytes:
-            add(Check("finding-memory", PASS, f"{reported} bytes ≥ {facts.allocated_bytes} allocated "
-                                              f"(+{reported - facts.allocated_bytes})"))
+            add(
+                Check(
+                    "finding-memory",
+                    PASS,
+                    f"{reported} bytes ≥ {facts.allocated_bytes} allocated (+{reported - facts.allocated_bytes})",
+                )
+            )
         else:
-            add(Check("finding-memory", FAIL, f"the finding carries {reported} bytes, expected at least "
-                                              f"{facts.allocated_bytes}"))
+            add(
+                Check(
+                    "finding-memory",
+                    FAIL,
+                    f"the finding carries {reported} bytes, expected at least {facts.allocated_bytes}",
+                )
+            )
         add(_device_check(finding.get("gpu"), own, facts, by_uuid))
 
     if report is not None:
@@ -292,8 +350,13 @@ def evaluate(facts: Facts) -> list[Check]:
 
     if facts.runs:
         seen = [_finding_for(run.get("report"), own["pid"]) is not None if own else False for run in facts.runs]
-        add(Check("repeatable", PASS if all(seen) else FAIL,
-                  f"the finding is in {sum(seen)} of {len(seen)} `once` reports"))
+        add(
+            Check(
+                "repeatable",
+                PASS if all(seen) else FAIL,
+                f"the finding is in {sum(seen)} of {len(seen)} `once` reports",
+            )
+        )
 
     if facts.smi_list is None:
         add(Check("nvidia-smi-agrees", SKIP, "no nvidia-smi on this machine"))
@@ -305,27 +368,38 @@ def evaluate(facts: Facts) -> list[Check]:
         if smi != nvml:
             problems.append(f"GPU UUIDs differ: nvidia-smi {sorted(smi)}, NVML {sorted(nvml)}")
         if versions and versions != {facts.driver_version}:
-            problems.append(f"driver version: nvidia-smi {sorted(v or '' for v in versions)}, NVML "
-                            f"{facts.driver_version}")
-        add(Check("nvidia-smi-agrees", FAIL if problems else PASS,
-                  "; ".join(problems) or f"{len(smi)} GPU UUIDs and driver {facts.driver_version} match"))
+            problems.append(
+                f"driver version: nvidia-smi {sorted(v or '' for v in versions)}, NVML {facts.driver_version}"
+            )
+        add(
+            Check(
+                "nvidia-smi-agrees",
+                FAIL if problems else PASS,
+                "; ".join(problems) or f"{len(smi)} GPU UUIDs and driver {facts.driver_version} match",
+            )
+        )
 
     if facts.raw_own is not None and own is not None:
         device = by_uuid.get(own["device_uuid"]) or {}
         ids = (facts.raw_own.get("gpu_instance_id"), facts.raw_own.get("compute_instance_id"))
         if device.get("parent_uuid") is None and not device.get("mig_enabled"):
             status = PASS if ids == (NO_INSTANCE, NO_INSTANCE) else INFO
-            add(Check("instance-ids", status, f"instance ids {ids} on a card not in MIG mode "
-                                              f"(nvml.h: 0xFFFFFFFF)"))
+            add(Check("instance-ids", status, f"instance ids {ids} on a card not in MIG mode (nvml.h: 0xFFFFFFFF)"))
         else:
             add(Check("instance-ids", INFO, f"instance ids {ids} on a MIG device"))
 
     if facts.gone is None:
         add(Check("process-gone", SKIP, "not checked"))
     else:
-        add(Check("process-gone", PASS if facts.gone else FAIL,
-                  "NVML stopped listing the process after it exited" if facts.gone
-                  else "NVML still lists the process after it exited"))
+        add(
+            Check(
+                "process-gone",
+                PASS if facts.gone else FAIL,
+                "NVML stopped listing the process after it exited"
+                if facts.gone
+                else "NVML still lists the process after it exited",
+            )
+        )
     return checks
 
 
@@ -451,8 +525,13 @@ def _hold_driver(nbytes: int, _fake_uuid: str | None) -> tuple[dict[str, Any], C
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError as error:
         raise HolderFailed(f"cannot load libcuda.so.1 (the CUDA driver library): {error}") from None
-    c_int, c_uint, c_size_t, c_void_p, c_u64 = ctypes.c_int, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p, \
-        ctypes.c_uint64
+    c_int, c_uint, c_size_t, c_void_p, c_u64 = (
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_uint64,
+    )
     signatures: dict[str, list[Any]] = {
         "cuInit": [c_uint],
         "cuDriverGetVersion": [ctypes.POINTER(c_int)],
@@ -476,8 +555,10 @@ def _hold_driver(nbytes: int, _fake_uuid: str | None) -> tuple[dict[str, Any], C
         if result != 0:
             text = ctypes.c_char_p()
             described = cuda.cuGetErrorString(result, ctypes.byref(text)) == 0 and text.value
-            raise HolderFailed(f"{name} failed: CUDA error {result}"
-                               + (f" ({text.value.decode(errors='replace')})" if described else ""))
+            raise HolderFailed(
+                f"{name} failed: CUDA error {result}"
+                + (f" ({text.value.decode(errors='replace')})" if described else "")
+            )
 
     call("cuInit", 0)
     version, count, device = c_int(), c_int(), c_int()
@@ -545,19 +626,33 @@ class Holder:
 
 
 def start_holder(
-    backend: str, nbytes: int, deadline: Deadline, workdir: Path, *, fake_uuid: str | None = None,
+    backend: str,
+    nbytes: int,
+    deadline: Deadline,
+    workdir: Path,
+    *,
+    fake_uuid: str | None = None,
     on_stop: Callable[[], None] = lambda: None,
 ) -> Holder:
     """Start the holder child and wait for its ready line; ``HolderFailed`` with its reason when it cannot hold."""
     read_fd, write_fd = os.pipe()
-    command = [sys.executable, str(Path(__file__).resolve()), "--hold", backend, "--alloc-bytes", str(nbytes),
-               "--ready-fd", str(write_fd)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--hold",
+        backend,
+        "--alloc-bytes",
+        str(nbytes),
+        "--ready-fd",
+        str(write_fd),
+    ]
     if fake_uuid:
         command += ["--fake-uuid", fake_uuid]
     stderr_path = workdir / f"holder-{backend}.stderr"
     with open(stderr_path, "wb") as stderr:
-        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr,
-                                   pass_fds=(write_fd,))
+        process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr, pass_fds=(write_fd,)
+        )
     os.close(write_fd)
     holder = Holder(process, {}, on_stop)
     try:
@@ -570,8 +665,9 @@ def start_holder(
     if line is None:
         holder.stop()
         tail = stderr_path.read_text(errors="replace").strip().splitlines()
-        raise HolderFailed(f"the {backend} holder exited without saying it was ready"
-                           + (f": {tail[-1]}" if tail else ""))
+        raise HolderFailed(
+            f"the {backend} holder exited without saying it was ready" + (f": {tail[-1]}" if tail else "")
+        )
     try:
         message = json.loads(line)
     except json.JSONDecodeError:
@@ -634,16 +730,19 @@ def environment(nvidia_smi: str | None, deadline: Deadline) -> dict[str, Any]:
         "torch": _version("torch"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "nvidia_visible_devices": os.environ.get("NVIDIA_VISIBLE_DEVICES"),
-        "cgroup": (Path("/proc/self/cgroup").read_text(errors="replace")
-                   if Path("/proc/self/cgroup").exists() else None),
+        "cgroup": (
+            Path("/proc/self/cgroup").read_text(errors="replace") if Path("/proc/self/cgroup").exists() else None
+        ),
         "nvidia_smi": None,
     }
     if nvidia_smi:
         record["nvidia_smi"] = {
             "path": nvidia_smi,
             "list": run_command([nvidia_smi, "-L"], deadline.left(30)),
-            "query_gpu": run_command([nvidia_smi, f"--query-gpu={','.join(NVIDIA_SMI_GPU_FIELDS)}",
-                                      "--format=csv,noheader,nounits"], deadline.left(30)),
+            "query_gpu": run_command(
+                [nvidia_smi, f"--query-gpu={','.join(NVIDIA_SMI_GPU_FIELDS)}", "--format=csv,noheader,nounits"],
+                deadline.left(30),
+            ),
         }
     return record
 
@@ -739,13 +838,13 @@ class FakeNode:
         fakes = load_fake("nvml")
         FakeGpu, FakeNvmlConfig, FakeProcess = fakes.FakeGpu, fakes.FakeNvmlConfig, fakes.FakeProcess
         # pid 1 exists on every Linux host and runs in no pod: a GPU process that was there before the smoke.
-        processes = [FakeProcess(device=self.gpu_uuid(FAKE_GPU_COUNT - 1), pid=1,
-                                 used_memory_bytes=FAKE_OTHER_PROCESS_BYTES)]
+        processes = [
+            FakeProcess(device=self.gpu_uuid(FAKE_GPU_COUNT - 1), pid=1, used_memory_bytes=FAKE_OTHER_PROCESS_BYTES)
+        ]
         if holder_pid is not None and self.fault != "unlisted":
             used = self.allocated // 2 if self.fault == "short-memory" else self.allocated + FAKE_CONTEXT_BYTES
             processes.append(FakeProcess(device=self.gpu_uuid(0), pid=holder_pid, used_memory_bytes=used))
-        gpus = tuple(FakeGpu(index=i, name=FAKE_GPU_NAME, memory_total_bytes=141 * GIB)
-                     for i in range(FAKE_GPU_COUNT))
+        gpus = tuple(FakeGpu(index=i, name=FAKE_GPU_NAME, memory_total_bytes=141 * GIB) for i in range(FAKE_GPU_COUNT))
         partial = self.path.with_name(self.path.name + ".tmp")
         FakeNvmlConfig(gpus=gpus, processes=tuple(processes)).write(partial)
         partial.replace(self.path)
@@ -755,8 +854,17 @@ class FakeNode:
 
 
 def auditor_flags(socket_path: Path, lib: str | None) -> list[str]:
-    flags = ["--format", "json", "--no-kubernetes", "--pod-resources-socket", str(socket_path), "--host-proc",
-             "/proc", "--node", "smoke"]
+    flags = [
+        "--format",
+        "json",
+        "--no-kubernetes",
+        "--pod-resources-socket",
+        str(socket_path),
+        "--host-proc",
+        "/proc",
+        "--node",
+        "smoke",
+    ]
     return flags + (["--nvml-lib", lib] if lib else [])
 
 
@@ -773,18 +881,29 @@ def run_once(flags: Sequence[str], deadline: Deadline) -> dict[str, Any]:
     command = [sys.executable, "-m", "gpu_fence.auditor.cli", "once", *flags]
     started = time.monotonic()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=deadline.left(60), check=False,
-                              cwd=REPO, env=child_environment())
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=deadline.left(60),
+            check=False,
+            cwd=REPO,
+            env=child_environment(),
+        )
     except subprocess.TimeoutExpired:
-        return {"command": command, "exit_code": None, "seconds": None, "report": None,
-                "stderr": "timed out"}
+        return {"command": command, "exit_code": None, "seconds": None, "report": None, "stderr": "timed out"}
     seconds = time.monotonic() - started
     try:
         report = json.loads(done.stdout) if done.stdout.strip() else None
     except json.JSONDecodeError:
         report = None
-    return {"command": command, "exit_code": done.returncode, "seconds": round(seconds, 4), "report": report,
-            "stderr": done.stderr[-4000:]}
+    return {
+        "command": command,
+        "exit_code": done.returncode,
+        "seconds": round(seconds, 4),
+        "report": report,
+        "stderr": done.stderr[-4000:],
+    }
 
 
 def time_cycles(flags: Sequence[str], count: int) -> dict[str, Any]:
@@ -809,8 +928,11 @@ def time_cycles(flags: Sequence[str], count: int) -> dict[str, Any]:
         return {"error": f"{error.source}: {error.reason}", "cycle_seconds": samples}
     finally:
         auditor.close()
-    return {"first_cycle_seconds": round(first, 6), "cycle_seconds": samples,
-            "cycle_median_seconds": statistics.median(samples) if samples else None}
+    return {
+        "first_cycle_seconds": round(first, 6),
+        "cycle_seconds": samples,
+        "cycle_median_seconds": statistics.median(samples) if samples else None,
+    }
 
 
 def expected_finding(pid: int) -> tuple[str, str]:
@@ -827,8 +949,9 @@ def expected_finding(pid: int) -> tuple[str, str]:
         return "unattributed-process", "its cgroup names no pod"
     if identity.container_id is None:
         return "unattributed-process", f"its cgroup names pod {identity.pod_uid} but no container"
-    return "used-unallocated", (f"its cgroup names container {identity.container_id[:12]} of pod "
-                                f"{identity.pod_uid}, which has no allocation")
+    return "used-unallocated", (
+        f"its cgroup names container {identity.container_id[:12]} of pod {identity.pod_uid}, which has no allocation"
+    )
 
 
 # --- the run -------------------------------------------------------------------------------------------------
@@ -853,8 +976,10 @@ def smoke(
     except CannotRun:
         raise
     except Exception as error:  # ImportError, or protobuf's VersionError for stubs newer than its runtime
-        raise CannotRun(f"cannot import the project ({type(error).__name__}: {error}); run from a checkout with its "
-                        "dependencies installed (pip install -e .)") from None
+        raise CannotRun(
+            f"cannot import the project ({type(error).__name__}: {error}); run from a checkout with its "
+            "dependencies installed (pip install -e .)"
+        ) from None
 
     fake = FakeNode(workdir, allocated, args.dry_run_fault) if dry_run else None
     if fake is not None:
@@ -896,15 +1021,18 @@ def smoke(
     snapshot, own = seen["snapshot"], seen["own"]
     record["nvml"] = snapshot
     record["cuda_process"].update(
-        nvml_pid=own["pid"] if own else None, nvml_device=own["device_uuid"] if own else None,
-        nvml_memory_bytes=own["used_memory_bytes"] if own else None, recognised_by=seen["how"],
-        overhead_bytes=(own["used_memory_bytes"] - allocated) if own and own["used_memory_bytes"] is not None
-        else None,
+        nvml_pid=own["pid"] if own else None,
+        nvml_device=own["device_uuid"] if own else None,
+        nvml_memory_bytes=own["used_memory_bytes"] if own else None,
+        recognised_by=seen["how"],
+        overhead_bytes=(own["used_memory_bytes"] - allocated) if own and own["used_memory_bytes"] is not None else None,
     )
     smi_apps = None
     if nvidia_smi:
-        apps = run_command([nvidia_smi, f"--query-compute-apps={','.join(NVIDIA_SMI_APP_FIELDS)}",
-                            "--format=csv,noheader,nounits"], deadline.left(30))
+        apps = run_command(
+            [nvidia_smi, f"--query-compute-apps={','.join(NVIDIA_SMI_APP_FIELDS)}", "--format=csv,noheader,nounits"],
+            deadline.left(30),
+        )
         record["environment"]["nvidia_smi"]["compute_apps"] = apps
         smi_apps = tuple(parse_smi_csv(apps.get("stdout") or "", NVIDIA_SMI_APP_FIELDS))
     try:
@@ -931,14 +1059,22 @@ def smoke(
         "finding": _finding_for(runs[0]["report"] if runs else None, own["pid"]) if own else None,
         "kubelet_calls": dict(kubelet.calls),
     }
-    record["timing"] = {"once_seconds": timed, "once_median_seconds": statistics.median(timed) if timed else None,
-                        **cycles}
+    record["timing"] = {
+        "once_seconds": timed,
+        "once_median_seconds": statistics.median(timed) if timed else None,
+        **cycles,
+    }
 
     holder.stop()
     gone = None
     if own is not None:
-        gone = bool(poll(lambda: all(p["pid"] != own["pid"] for p in nvml_snapshot(lib)["processes"]), deadline,
-                         limit=2.0 if dry_run else 20.0))
+        gone = bool(
+            poll(
+                lambda: all(p["pid"] != own["pid"] for p in nvml_snapshot(lib)["processes"]),
+                deadline,
+                limit=2.0 if dry_run else 20.0,
+            )
+        )
     smi = record["environment"]["nvidia_smi"]
     facts = Facts(
         allocated_bytes=allocated,
@@ -962,8 +1098,9 @@ def smoke(
 
 def start_cuda(choice: str, nbytes: int, deadline: Deadline, workdir: Path, fake: FakeNode | None) -> Holder:
     if fake is not None:
-        return start_holder("fake", nbytes, deadline, workdir, fake_uuid=fake.gpu_uuid(0),
-                            on_stop=lambda: fake.write(None))
+        return start_holder(
+            "fake", nbytes, deadline, workdir, fake_uuid=fake.gpu_uuid(0), on_stop=lambda: fake.write(None)
+        )
     errors = []
     for backend in ("torch", "driver") if choice == "auto" else (choice,):
         try:
@@ -1016,8 +1153,13 @@ def summary_markdown(record: Mapping[str, Any]) -> str:
     ]
     smi = env.get("nvidia_smi")
     if smi:
-        lines += ["", "```", (smi["list"].get("stdout") or "").strip(),
-                  (smi["query_gpu"].get("stdout") or "").strip(), "```"]
+        lines += [
+            "",
+            "```",
+            (smi["list"].get("stdout") or "").strip(),
+            (smi["query_gpu"].get("stdout") or "").strip(),
+            "```",
+        ]
     else:
         lines.append("- nvidia-smi: not used")
     if cuda:
@@ -1080,24 +1222,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", metavar="DIR", help="write gpu-smoke.json and gpu-smoke.md here (created)")
     parser.add_argument("--nvml-lib", metavar="P", help="libnvidia-ml.so.1 to load (default: the library path)")
-    parser.add_argument("--seconds", type=_positive_int, default=150, metavar="N",
-                        help="time limit of the whole run; past it, everything is stopped and it exits 2 "
-                             "(default: 150)")
-    parser.add_argument("--alloc-mib", type=_positive_int, default=1024, metavar="MIB",
-                        help="GPU memory the CUDA process allocates and holds (default: 1024)")
-    parser.add_argument("--cuda", choices=BACKENDS, default="auto",
-                        help="how to make the CUDA process: torch, the driver API via ctypes, or auto (torch when "
-                             "importable and working, else the driver API)")
-    parser.add_argument("--runs", type=_positive_int, default=5, metavar="N",
-                        help="`once` runs and timed cycles (default: 5; the timing is their median)")
-    parser.add_argument("--nvidia-smi", metavar="P",
-                        help="nvidia-smi to compare with (default: nvidia-smi on PATH; none in a dry run)")
-    parser.add_argument("--dry-run-fake-nvml", metavar="LIB",
-                        help="no GPU: use this fake libnvidia-ml.so.1 (tests/fakes/nvml, built by build_fake_nvml) "
-                             "and a sleeping child that the fake lists as the CUDA process")
-    parser.add_argument("--dry-run-fault", choices=FAULTS,
-                        help="with --dry-run-fake-nvml: make the fake misreport (short-memory: half the "
-                             "allocation; unlisted: the process is missing), so the failing path can be tested")
+    parser.add_argument(
+        "--seconds",
+        type=_positive_int,
+        default=150,
+        metavar="N",
+        help="time limit of the whole run; past it, everything is stopped and it exits 2 (default: 150)",
+    )
+    parser.add_argument(
+        "--alloc-mib",
+        type=_positive_int,
+        default=1024,
+        metavar="MIB",
+        help="GPU memory the CUDA process allocates and holds (default: 1024)",
+    )
+    parser.add_argument(
+        "--cuda",
+        choices=BACKENDS,
+        default="auto",
+        help="how to make the CUDA process: torch, the driver API via ctypes, or auto (torch when "
+        "importable and working, else the driver API)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=_positive_int,
+        default=5,
+        metavar="N",
+        help="`once` runs and timed cycles (default: 5; the timing is their median)",
+    )
+    parser.add_argument(
+        "--nvidia-smi", metavar="P", help="nvidia-smi to compare with (default: nvidia-smi on PATH; none in a dry run)"
+    )
+    parser.add_argument(
+        "--dry-run-fake-nvml",
+        metavar="LIB",
+        help="no GPU: use this fake libnvidia-ml.so.1 (tests/fakes/nvml, built by build_fake_nvml) "
+        "and a sleeping child that the fake lists as the CUDA process",
+    )
+    parser.add_argument(
+        "--dry-run-fault",
+        choices=FAULTS,
+        help="with --dry-run-fake-nvml: make the fake misreport (short-memory: half the "
+        "allocation; unlisted: the process is missing), so the failing path can be tested",
+    )
     # The holder child's own arguments (the script re-runs itself as the CUDA process).
     parser.add_argument("--hold", choices=("torch", "driver", "fake"), help=argparse.SUPPRESS)
     parser.add_argument("--alloc-bytes", type=int, help=argparse.SUPPRESS)
@@ -1116,8 +1283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run_fault and not args.dry_run_fake_nvml:
         parser.error("--dry-run-fault needs --dry-run-fake-nvml")
     if args.dry_run_fake_nvml and not Path(args.dry_run_fake_nvml).is_file():
-        parser.error(f"--dry-run-fake-nvml {args.dry_run_fake_nvml} is not a file; build it with "
-                     "tests.fakes.nvml.build_fake_nvml(DIR)")
+        parser.error(
+            f"--dry-run-fake-nvml {args.dry_run_fake_nvml} is not a file; build it with "
+            "tests.fakes.nvml.build_fake_nvml(DIR)"
+        )
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -1167,8 +1336,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         status, code = "fail", EXIT_FAILED
     else:
         status, code = "pass", EXIT_OK
-    record.update(status=status, exit_code=code, reason=reason, finished=_now(),
-                  duration_seconds=round(time.monotonic() - started, 3), checks=[asdict(c) for c in checks])
+    record.update(
+        status=status,
+        exit_code=code,
+        reason=reason,
+        finished=_now(),
+        duration_seconds=round(time.monotonic() - started, 3),
+        checks=[asdict(c) for c in checks],
+    )
     try:
         write_atomically(out / "gpu-smoke.json", json.dumps(record, indent=2, default=str) + "\n")
         write_atomically(out / "gpu-smoke.md", summary_markdown(record))
@@ -1178,13 +1353,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if reason is not None:
         print(f"gpu-smoke: cannot run: {reason}", file=sys.stderr)
     elif failed:
-        print(f"gpu-smoke: FAILED: {', '.join(c.name for c in failed)} (details in {out / 'gpu-smoke.md'})",
-              file=sys.stderr)
+        print(
+            f"gpu-smoke: FAILED: {', '.join(c.name for c in failed)} (details in {out / 'gpu-smoke.md'})",
+            file=sys.stderr,
+        )
         for check in failed:
             print(f"gpu-smoke:   {check.name}: {check.detail}", file=sys.stderr)
     else:
-        print(f"gpu-smoke: passed {sum(c.status == PASS for c in checks)} checks "
-              f"({sum(c.status == SKIP for c in checks)} skipped); results in {out}", file=sys.stderr)
+        print(
+            f"gpu-smoke: passed {sum(c.status == PASS for c in checks)} checks "
+            f"({sum(c.status == SKIP for c in checks)} skipped); results in {out}",
+            file=sys.stderr,
+        )
     return code
 
 

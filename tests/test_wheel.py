@@ -17,8 +17,23 @@ REPO = Path(__file__).resolve().parents[1]
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # No build isolation: setuptools is already in the test environment, so the build needs no network.
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(out), str(REPO)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(out),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (built,) = out.glob("gpu_fence-*.whl")
     return built
 
@@ -36,9 +51,14 @@ def test_the_only_top_level_name_is_gpu_fence(wheel: Path) -> None:
 def test_the_wheel_holds_both_deployables_and_the_proto(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-    for module in ("gpu_fence/vocabulary.py", "gpu_fence/webhook/policy.py", "gpu_fence/auditor/audit.py",
-                   "gpu_fence/auditor/chargeback/compute.py", "gpu_fence/auditor/podresources/v1/api_pb2_grpc.py",
-                   "gpu_fence/auditor/podresources/v1/api.proto"):
+    for module in (
+        "gpu_fence/vocabulary.py",
+        "gpu_fence/webhook/policy.py",
+        "gpu_fence/auditor/audit.py",
+        "gpu_fence/auditor/chargeback/compute.py",
+        "gpu_fence/auditor/podresources/v1/api_pb2_grpc.py",
+        "gpu_fence/auditor/podresources/v1/api.proto",
+    ):
         assert module in names
 
 

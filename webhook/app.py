@@ -61,8 +61,13 @@ def create_app(
     app = Flask("gpu_fence_webhook")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions["gpu_fence_metrics"] = metrics
-    app.wsgi_app = ReviewEndpoints(app.wsgi_app, config, policy, metrics,  # type: ignore[method-assign]
-                                   review_log if review_log is not None else ReviewLog(log))
+    app.wsgi_app = ReviewEndpoints(
+        app.wsgi_app,
+        config,
+        policy,
+        metrics,  # type: ignore[method-assign]
+        review_log if review_log is not None else ReviewLog(log),
+    )
 
     # The review paths are routed in Flask too, for POST only, so that Flask answers every other method on them
     # (405 naming the method, OPTIONS with Allow); a POST is answered by ReviewEndpoints and never gets here.
@@ -100,8 +105,14 @@ def create_app(
         # Unreachable by input (review() catches policy errors); kept so that a bug in this layer still
         # answers JSON, is logged and is counted rather than leaking a traceback page.
         metrics.internal_errors.labels(request.path.strip("/").replace("/", "-") or "root").inc()
-        logs.event(log, "internal-error", f"internal error: {type(error).__name__}", level=logging.ERROR,
-                   exc_info=error, path=request.path)
+        logs.event(
+            log,
+            "internal-error",
+            f"internal error: {type(error).__name__}",
+            level=logging.ERROR,
+            exc_info=error,
+            path=request.path,
+        )
         return _error(500, "internal-error", f"internal error: {type(error).__name__}")
 
     return app

@@ -98,9 +98,17 @@ def new_ca(*, common_name: str, now: dt.datetime, days: int) -> KeyPair:
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                          key_encipherment=False, data_encipherment=False, key_agreement=False,
-                          encipher_only=False, decipher_only=False),
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
@@ -125,15 +133,21 @@ def new_serving_cert(ca: KeyPair, dns_names: Sequence[str], *, now: dt.datetime,
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(name) for name in dns_names]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False, content_commitment=False,
-                          key_encipherment=False, data_encipherment=False, key_agreement=False,
-                          encipher_only=False, decipher_only=False),
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=False,
+                crl_sign=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     return KeyPair(_cert_pem(cert), _key_pem(key))
@@ -181,8 +195,9 @@ def serving_is_good(
     except (ValueError, TypeError, InvalidSignature):
         return False
     try:
-        names = set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-            x509.DNSName))
+        names = set(
+            cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+        )
     except x509.ExtensionNotFound:
         return False
     return set(dns_names) <= names and cert.not_valid_before_utc <= now < cert.not_valid_after_utc - renew_before
@@ -244,8 +259,13 @@ class WebhookRef:
 
 def parse_webhook_ref(text: str) -> WebhookRef:
     kind, slash, name = text.rpartition("/")
-    aliases = {"": "", "mutating": "mutating", "mutatingwebhookconfiguration": "mutating",
-               "validating": "validating", "validatingwebhookconfiguration": "validating"}
+    aliases = {
+        "": "",
+        "mutating": "mutating",
+        "mutatingwebhookconfiguration": "mutating",
+        "validating": "validating",
+        "validatingwebhookconfiguration": "validating",
+    }
     if not name or kind.lower() not in aliases or (slash and not kind):
         raise CertsError(f"--patch-webhooks {text!r}: expected NAME, mutating/NAME or validating/NAME")
     return WebhookRef(aliases[kind.lower()], name)
@@ -259,16 +279,23 @@ class Cluster:
     admission: Any
 
     def read_secret(self, namespace: str, name: str) -> dict | None:
-        return self._call(f"read Secret {namespace}/{name}", self.core.read_namespaced_secret, name, namespace,
-                          missing_ok=True)
+        return self._call(
+            f"read Secret {namespace}/{name}", self.core.read_namespaced_secret, name, namespace, missing_ok=True
+        )
 
     def create_secret(self, namespace: str, body: dict) -> None:
-        self._call(f"create Secret {namespace}/{body['metadata']['name']}", self.core.create_namespaced_secret,
-                   namespace, body)
+        self._call(
+            f"create Secret {namespace}/{body['metadata']['name']}", self.core.create_namespaced_secret, namespace, body
+        )
 
     def replace_secret(self, namespace: str, body: dict) -> None:
-        self._call(f"replace Secret {namespace}/{body['metadata']['name']}", self.core.replace_namespaced_secret,
-                   body["metadata"]["name"], namespace, body)
+        self._call(
+            f"replace Secret {namespace}/{body['metadata']['name']}",
+            self.core.replace_namespaced_secret,
+            body["metadata"]["name"],
+            namespace,
+            body,
+        )
 
     def read_webhooks(self, kind: str, name: str) -> dict | None:
         method = getattr(self.admission, f"read_{kind}_webhook_configuration")
@@ -276,8 +303,13 @@ class Cluster:
 
     def patch_webhooks(self, kind: str, name: str, operations: list[dict]) -> None:
         method = getattr(self.admission, f"patch_{kind}_webhook_configuration")
-        self._call(f"patch {kind} webhook configuration {name}", method, name, operations,
-                   _content_type="application/json-patch+json")
+        self._call(
+            f"patch {kind} webhook configuration {name}",
+            method,
+            name,
+            operations,
+            _content_type="application/json-patch+json",
+        )
 
     @staticmethod
     def _call(what: str, method: Any, *args: Any, missing_ok: bool = False, **kwargs: Any) -> dict | None:
@@ -407,8 +439,11 @@ def _decode(secret: dict | None) -> dict[str, bytes]:
 
 def _write_secret(cluster: Cluster, namespace: str, name: str, current: dict | None, data: dict[str, bytes]) -> dict:
     encoded = {key: base64.b64encode(value).decode("ascii") for key, value in sorted(data.items())}
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace,
-                                "labels": {"app.kubernetes.io/managed-by": "gpu-fence-webhook-certs"}}
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {"app.kubernetes.io/managed-by": "gpu-fence-webhook-certs"},
+    }
     body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls", "metadata": metadata, "data": encoded}
     if current is None:
         cluster.create_secret(namespace, body)
@@ -418,8 +453,10 @@ def _write_secret(cluster: Cluster, namespace: str, name: str, current: dict | N
             metadata["resourceVersion"] = old["resourceVersion"]  # optimistic concurrency: 409 if changed meanwhile
         metadata["labels"] = {**(old.get("labels") or {}), **metadata["labels"]}
         if current.get("type") not in (None, "kubernetes.io/tls"):
-            raise CertsError(f"Secret {namespace}/{name} has type {current.get('type')!r}, not kubernetes.io/tls; "
-                             "delete it or choose another --secret")
+            raise CertsError(
+                f"Secret {namespace}/{name} has type {current.get('type')!r}, not kubernetes.io/tls; "
+                "delete it or choose another --secret"
+            )
         cluster.replace_secret(namespace, body)
     return cluster.read_secret(namespace, name) or body
 
@@ -442,11 +479,21 @@ def add_arguments(subparsers: Any) -> None:
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--out-dir", type=Path, help="write ca.crt, tls.crt, tls.key here")
     target.add_argument("--secret", help="keep this kubernetes.io/tls Secret (in --namespace) up to date")
-    parser.add_argument("--patch-webhooks", nargs="+", default=[], metavar="CONFIG",
-                        help="webhook configurations whose caBundle to keep in step (NAME, mutating/NAME, "
-                             "validating/NAME); with --secret")
-    parser.add_argument("--renew-before", type=_positive_int, default=DEFAULT_RENEW_BEFORE_DAYS, metavar="DAYS",
-                        help="with --secret: renew certificates that expire within this many days")
+    parser.add_argument(
+        "--patch-webhooks",
+        nargs="+",
+        default=[],
+        metavar="CONFIG",
+        help="webhook configurations whose caBundle to keep in step (NAME, mutating/NAME, "
+        "validating/NAME); with --secret",
+    )
+    parser.add_argument(
+        "--renew-before",
+        type=_positive_int,
+        default=DEFAULT_RENEW_BEFORE_DAYS,
+        metavar="DAYS",
+        help="with --secret: renew certificates that expire within this many days",
+    )
     parser.add_argument("--kubeconfig", help="with --secret: kubeconfig file (default: in-cluster service account)")
     parser.set_defaults(run=run)
 
@@ -481,8 +528,10 @@ def run(args: argparse.Namespace) -> int:
         ca_days=args.ca_days,
         renew_before=dt.timedelta(days=args.renew_before),
     )
-    print(f"Secret {args.namespace}/{args.secret}: " + (", ".join(actions) if actions else "up to date, no change"),
-          file=sys.stdout)
+    print(
+        f"Secret {args.namespace}/{args.secret}: " + (", ".join(actions) if actions else "up to date, no change"),
+        file=sys.stdout,
+    )
     return 0
 
 

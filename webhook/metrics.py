@@ -26,7 +26,20 @@ from prometheus_client import (
 #: Seconds. Starts at 0.25 ms so a 1 ms review is distinguishable from a 0.3 ms one; ends past the API
 #: server's 10 s default webhook timeout.
 DURATION_BUCKETS = (
-    0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
 )
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

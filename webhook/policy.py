@@ -109,19 +109,38 @@ HOST_DEVICE_PATH = "host-device-path"
 MIG_CONTROL_ENV = "mig-control-env"
 
 RULES: tuple[Rule, ...] = (
-    Rule(UNPINNED_CONTAINER, "a container with no GPU request is not pinned to NVIDIA_VISIBLE_DEVICES=void or none",
-         ("V1", "V4", "V12")),
-    Rule(VISIBLE_DEVICES, "NVIDIA_VISIBLE_DEVICES (or an alias) set to a GPU on a non-GPU container, set at all on "
-         "a GPU container, or set through valueFrom or a $(...) reference", ("V2", "V3", "V13")),
+    Rule(
+        UNPINNED_CONTAINER,
+        "a container with no GPU request is not pinned to NVIDIA_VISIBLE_DEVICES=void or none",
+        ("V1", "V4", "V12"),
+    ),
+    Rule(
+        VISIBLE_DEVICES,
+        "NVIDIA_VISIBLE_DEVICES (or an alias) set to a GPU on a non-GPU container, set at all on "
+        "a GPU container, or set through valueFrom or a $(...) reference",
+        ("V2", "V3", "V13"),
+    ),
     Rule(PRIVILEGED, "a privileged container sees every device of the node, GPUs included", ("V6",)),
-    Rule(SYS_ADMIN_CAPABILITY, "capabilities.add with SYS_ADMIN or ALL, which the NVIDIA toolkit treats as privileged",
-         ("V7",)),
-    Rule(DEVICE_LIST_MOUNT, "a volumeMount under /var/run/nvidia-container-devices, which the toolkit reads as a "
-         "device list", ("V8",)),
-    Rule(CDI_ANNOTATION, "a pod annotation under cdi.k8s.io/ or nvidia.cdi.k8s.io, which asks for CDI devices",
-         ("V9", "V10")),
-    Rule(HOST_DEVICE_PATH, "a hostPath volume at or above GPU device nodes, CDI specs, driver root, kubelet or "
-         "runtime sockets", ("V11",)),
+    Rule(
+        SYS_ADMIN_CAPABILITY,
+        "capabilities.add with SYS_ADMIN or ALL, which the NVIDIA toolkit treats as privileged",
+        ("V7",),
+    ),
+    Rule(
+        DEVICE_LIST_MOUNT,
+        "a volumeMount under /var/run/nvidia-container-devices, which the toolkit reads as a device list",
+        ("V8",),
+    ),
+    Rule(
+        CDI_ANNOTATION,
+        "a pod annotation under cdi.k8s.io/ or nvidia.cdi.k8s.io, which asks for CDI devices",
+        ("V9", "V10"),
+    ),
+    Rule(
+        HOST_DEVICE_PATH,
+        "a hostPath volume at or above GPU device nodes, CDI specs, driver root, kubelet or runtime sockets",
+        ("V11",),
+    ),
     Rule(MIG_CONTROL_ENV, "NVIDIA_MIG_CONFIG_DEVICES or NVIDIA_MIG_MONITOR_DEVICES set", ("V14",)),
 )
 
@@ -193,14 +212,24 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
     # The hot path of every review: JSON input, so concrete ``dict``/``list`` checks (not the ``Mapping`` ABC), and
     # no text is formatted unless something is wrong.
     if not isinstance(pod, dict):
-        problem = Violation(UNPINNED_CONTAINER, None, f"{UNPINNED_CONTAINER}: the object is not a Pod (not a JSON "
-                            "object), so no container can be pinned; submit a Pod manifest")
+        problem = Violation(
+            UNPINNED_CONTAINER,
+            None,
+            f"{UNPINNED_CONTAINER}: the object is not a Pod (not a JSON "
+            "object), so no container can be pinned; submit a Pod manifest",
+        )
         return _Pod({}, {}, (), (problem,), config, only is None)
     spec = pod.get("spec")
     unreadable: list[Violation] = []
     if not isinstance(spec, dict):
-        unreadable.append(Violation(UNPINNED_CONTAINER, None, f"{UNPINNED_CONTAINER}: the pod has no readable spec, "
-                                    "so no container can be pinned; give the Pod a spec object"))
+        unreadable.append(
+            Violation(
+                UNPINNED_CONTAINER,
+                None,
+                f"{UNPINNED_CONTAINER}: the pod has no readable spec, "
+                "so no container can be pinned; give the Pod a spec object",
+            )
+        )
         spec = {}
     kai_name = _kai_fraction_name(pod, config)
     watched = _watched_env_names(config)
@@ -212,30 +241,53 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
         if entries is None:
             continue
         if not isinstance(entries, list):
-            unreadable.append(Violation(UNPINNED_CONTAINER, None, f"{UNPINNED_CONTAINER}: spec.{field} is not a list, "
-                                        f"so its containers cannot be pinned; make spec.{field} a list of containers"))
+            unreadable.append(
+                Violation(
+                    UNPINNED_CONTAINER,
+                    None,
+                    f"{UNPINNED_CONTAINER}: spec.{field} is not a list, "
+                    f"so its containers cannot be pinned; make spec.{field} a list of containers",
+                )
+            )
             continue
         ephemeral = field == "ephemeralContainers"
         for index, body in enumerate(entries):
             if not isinstance(body, dict):
                 label = f"{field}[{index}]"
-                unreadable.append(Violation(UNPINNED_CONTAINER, label, f"{UNPINNED_CONTAINER}: spec.{label} is not "
-                                            "an object, so it cannot be pinned; make it a container object"))
+                unreadable.append(
+                    Violation(
+                        UNPINNED_CONTAINER,
+                        label,
+                        f"{UNPINNED_CONTAINER}: spec.{label} is not "
+                        "an object, so it cannot be pinned; make it a container object",
+                    )
+                )
                 continue
             name = body.get("name")
             named = isinstance(name, str)
             if only is not None and (not named or name not in only):
                 continue
             # Ephemeral containers can hold no resources and are never KAI's fraction container.
-            gpu = not ephemeral and (requests_gpu_resource(body, resources) or (kai_name is not None
-                                                                                and name == kai_name))
+            gpu = not ephemeral and (
+                requests_gpu_resource(body, resources) or (kai_name is not None and name == kai_name)
+            )
             env = body.get("env")
             if isinstance(env, list):
                 readable, watched_env = True, _watched_env(env, watched)
             else:
                 readable, watched_env = env is None, []
-            containers.append(_Container(field, index, name if named and name else f"{field}[{index}]", body, gpu,
-                                         gpu and name == kai_name, watched_env, readable))
+            containers.append(
+                _Container(
+                    field,
+                    index,
+                    name if named and name else f"{field}[{index}]",
+                    body,
+                    gpu,
+                    gpu and name == kai_name,
+                    watched_env,
+                    readable,
+                )
+            )
     return _Pod(_mapping(pod.get("metadata")), spec, tuple(containers), tuple(unreadable), config, only is None)
 
 
@@ -299,13 +351,25 @@ def unpinned_container(pod: _Pod) -> list[Violation]:
         if container.gpu:
             continue
         if not container.env_readable:
-            found.append(Violation(UNPINNED_CONTAINER, container.name, f"{UNPINNED_CONTAINER}: container "
-                                   f"{_quote(container.name)} has an env that is not a list, so "
-                                   f"{VISIBLE_DEVICES_ENV}=void cannot be pinned; make env a list of name/value"))
+            found.append(
+                Violation(
+                    UNPINNED_CONTAINER,
+                    container.name,
+                    f"{UNPINNED_CONTAINER}: container "
+                    f"{_quote(container.name)} has an env that is not a list, so "
+                    f"{VISIBLE_DEVICES_ENV}=void cannot be pinned; make env a list of name/value",
+                )
+            )
         elif not _sets_visible_devices(container):
-            found.append(Violation(UNPINNED_CONTAINER, container.name, f"{UNPINNED_CONTAINER}: container "
-                                   f"{_quote(container.name)} requests no GPU and does not set {VISIBLE_DEVICES_ENV}"
-                                   f"; add env {VISIBLE_DEVICES_ENV}=void (or request nvidia.com/gpu)"))
+            found.append(
+                Violation(
+                    UNPINNED_CONTAINER,
+                    container.name,
+                    f"{UNPINNED_CONTAINER}: container "
+                    f"{_quote(container.name)} requests no GPU and does not set {VISIBLE_DEVICES_ENV}"
+                    f"; add env {VISIBLE_DEVICES_ENV}=void (or request nvidia.com/gpu)",
+                )
+            )
     return found
 
 
@@ -323,8 +387,13 @@ def _sets_visible_devices(container: _Container) -> bool:
 def _is_kai_injected(container: _Container, name: str, entry: Mapping[str, Any]) -> bool:
     """The one ``valueFrom`` allowed: KAI's binder points the fraction container at its reservation's ConfigMap."""
     value_from = entry.get("valueFrom")
-    return (container.kai_fraction and name == VISIBLE_DEVICES_ENV and entry.get("value") in (None, "")
-            and isinstance(value_from, dict) and list(value_from) == ["configMapKeyRef"])
+    return (
+        container.kai_fraction
+        and name == VISIBLE_DEVICES_ENV
+        and entry.get("value") in (None, "")
+        and isinstance(value_from, dict)
+        and list(value_from) == ["configMapKeyRef"]
+    )
 
 
 def visible_devices_env(pod: _Pod) -> list[Violation]:
@@ -344,16 +413,25 @@ def visible_devices_env(pod: _Pod) -> list[Violation]:
             elif value is not None and "$(" in value:
                 problem = f"sets {name} with a $(...) reference, which cannot be checked"
             elif container.gpu:
-                problem = (f"requests a GPU and also sets {name}={_quote(value or '')}, which competes with "
-                           "the allocation")
+                problem = (
+                    f"requests a GPU and also sets {name}={_quote(value or '')}, which competes with the allocation"
+                )
             elif parse_visible_devices(value or "").grants_no_gpu:
                 continue
             else:
                 problem = f"sets {name}={_quote(value)} but requests no GPU"
-            fix = (f"remove {name} (the device plugin sets it from the allocation)" if container.gpu
-                   else f"request nvidia.com/gpu, or remove {name}")
-            found.append(Violation(VISIBLE_DEVICES, container.name,
-                                   f"{VISIBLE_DEVICES}: container {_quote(container.name)} {problem}; {fix}"))
+            fix = (
+                f"remove {name} (the device plugin sets it from the allocation)"
+                if container.gpu
+                else f"request nvidia.com/gpu, or remove {name}"
+            )
+            found.append(
+                Violation(
+                    VISIBLE_DEVICES,
+                    container.name,
+                    f"{VISIBLE_DEVICES}: container {_quote(container.name)} {problem}; {fix}",
+                )
+            )
     return found
 
 
@@ -362,9 +440,15 @@ def privileged(pod: _Pod) -> list[Violation]:
     for container in pod.containers:
         flag = _mapping(container.body.get("securityContext")).get("privileged")
         if flag is True or (isinstance(flag, str) and flag.lower() == "true"):
-            found.append(Violation(PRIVILEGED, container.name, f"{PRIVILEGED}: container {_quote(container.name)} is "
-                                   "privileged and sees every device of the node, GPUs included; remove "
-                                   "securityContext.privileged (request nvidia.com/gpu for a GPU)"))
+            found.append(
+                Violation(
+                    PRIVILEGED,
+                    container.name,
+                    f"{PRIVILEGED}: container {_quote(container.name)} is "
+                    "privileged and sees every device of the node, GPUs included; remove "
+                    "securityContext.privileged (request nvidia.com/gpu for a GPU)",
+                )
+            )
     return found
 
 
@@ -378,10 +462,16 @@ def sys_admin_capability(pod: _Pod) -> list[Violation]:
         # Runtimes upper-case names and add the CAP_ prefix themselves, so "cap_sys_admin" is SYS_ADMIN too.
         for capability in added:
             if isinstance(capability, str) and capability.upper().removeprefix("CAP_") in ("SYS_ADMIN", "ALL"):
-                found.append(Violation(SYS_ADMIN_CAPABILITY, container.name, f"{SYS_ADMIN_CAPABILITY}: container "
-                                       f"{_quote(container.name)} adds capability {_quote(capability)}, which the "
-                                       "NVIDIA toolkit treats as privileged; remove it from "
-                                       "securityContext.capabilities.add"))
+                found.append(
+                    Violation(
+                        SYS_ADMIN_CAPABILITY,
+                        container.name,
+                        f"{SYS_ADMIN_CAPABILITY}: container "
+                        f"{_quote(container.name)} adds capability {_quote(capability)}, which the "
+                        "NVIDIA toolkit treats as privileged; remove it from "
+                        "securityContext.capabilities.add",
+                    )
+                )
                 break
     return found
 
@@ -417,10 +507,16 @@ def device_list_mount(pod: _Pod) -> list[Violation]:
                 continue
             path = mount.get("mountPath")
             if isinstance(path, str) and _DEVICE_LIST_MARKER in path and _is_device_list_path(clean_path(path)):
-                found.append(Violation(DEVICE_LIST_MOUNT, container.name, f"{DEVICE_LIST_MOUNT}: container "
-                                       f"{_quote(container.name)} mounts a volume at {_quote(path)}, which the "
-                                       "NVIDIA toolkit reads as a GPU request; remove the volumeMount and request "
-                                       "nvidia.com/gpu"))
+                found.append(
+                    Violation(
+                        DEVICE_LIST_MOUNT,
+                        container.name,
+                        f"{DEVICE_LIST_MOUNT}: container "
+                        f"{_quote(container.name)} mounts a volume at {_quote(path)}, which the "
+                        "NVIDIA toolkit reads as a GPU request; remove the volumeMount and request "
+                        "nvidia.com/gpu",
+                    )
+                )
     return found
 
 
@@ -428,8 +524,12 @@ def cdi_annotation(pod: _Pod) -> list[Violation]:
     if not pod.whole_pod:
         return []
     return [
-        Violation(CDI_ANNOTATION, None, f"{CDI_ANNOTATION}: pod annotation {_quote(key)} asks the runtime for CDI "
-                  "devices; remove the annotation and request nvidia.com/gpu")
+        Violation(
+            CDI_ANNOTATION,
+            None,
+            f"{CDI_ANNOTATION}: pod annotation {_quote(key)} asks the runtime for CDI "
+            "devices; remove the annotation and request nvidia.com/gpu",
+        )
         for key in _mapping(pod.metadata.get("annotations"))
         if isinstance(key, str) and key.startswith(CDI_ANNOTATION_PREFIXES)
     ]
@@ -453,9 +553,15 @@ def host_device_path(pod: _Pod) -> list[Violation]:
         cleaned = clean_path(path)
         reached = next((p for p in pod.config.host_device_paths if _reaches_host_device(cleaned, p)), None)
         if reached is not None:
-            found.append(Violation(HOST_DEVICE_PATH, None, f"{HOST_DEVICE_PATH}: volume {_quote(name)} mounts host "
-                                   f"path {_quote(path)}, which exposes {reached}; remove the hostPath volume "
-                                   "(request nvidia.com/gpu for a GPU)"))
+            found.append(
+                Violation(
+                    HOST_DEVICE_PATH,
+                    None,
+                    f"{HOST_DEVICE_PATH}: volume {_quote(name)} mounts host "
+                    f"path {_quote(path)}, which exposes {reached}; remove the hostPath volume "
+                    "(request nvidia.com/gpu for a GPU)",
+                )
+            )
     return found
 
 
@@ -464,15 +570,33 @@ def mig_control_env(pod: _Pod) -> list[Violation]:
     for container in pod.containers:
         for name, _ in container.env:
             if name in MIG_CONTROL_ENVS:
-                found.append(Violation(MIG_CONTROL_ENV, container.name, f"{MIG_CONTROL_ENV}: container "
-                                       f"{_quote(container.name)} sets {name}, which controls MIG on the whole GPU; "
-                                       "remove it"))
+                found.append(
+                    Violation(
+                        MIG_CONTROL_ENV,
+                        container.name,
+                        f"{MIG_CONTROL_ENV}: container "
+                        f"{_quote(container.name)} sets {name}, which controls MIG on the whole GPU; "
+                        "remove it",
+                    )
+                )
     return found
 
 
 RULE_CHECKS: tuple[tuple[Rule, Callable[[_Pod], list[Violation]]], ...] = tuple(
-    zip(RULES, (unpinned_container, visible_devices_env, privileged, sys_admin_capability, device_list_mount,
-                cdi_annotation, host_device_path, mig_control_env), strict=True)
+    zip(
+        RULES,
+        (
+            unpinned_container,
+            visible_devices_env,
+            privileged,
+            sys_admin_capability,
+            device_list_mount,
+            cdi_annotation,
+            host_device_path,
+            mig_control_env,
+        ),
+        strict=True,
+    )
 )
 
 
@@ -483,16 +607,23 @@ def _warnings(pod: _Pod) -> list[str]:
         if container.body.get("envFrom") is None:
             continue
         if container.gpu:
-            warnings.append(f"container {_quote(container.name)} requests a GPU and uses envFrom, which gpu-fence "
-                            f"cannot check for {VISIBLE_DEVICES_ENV}")
+            warnings.append(
+                f"container {_quote(container.name)} requests a GPU and uses envFrom, which gpu-fence "
+                f"cannot check for {VISIBLE_DEVICES_ENV}"
+            )
         elif aliases:  # the pin covers NVIDIA_VISIBLE_DEVICES, not an alias the toolkit reads first
             warnings.append(f"container {_quote(container.name)} uses envFrom, which may set {aliases[0]}")
     if pod.whole_pod:
         runtime_class = pod.spec.get("runtimeClassName")
-        if (isinstance(runtime_class, str) and runtime_class in pod.config.nvidia_runtime_class_set
-                and not any(container.gpu for container in pod.containers)):
-            warnings.append(f"runtimeClassName {_quote(runtime_class)} on a pod with no GPU container: its "
-                            f"containers are pinned to {VISIBLE_DEVICES_ENV}=void")
+        if (
+            isinstance(runtime_class, str)
+            and runtime_class in pod.config.nvidia_runtime_class_set
+            and not any(container.gpu for container in pod.containers)
+        ):
+            warnings.append(
+                f"runtimeClassName {_quote(runtime_class)} on a pod with no GPU container: its "
+                f"containers are pinned to {VISIBLE_DEVICES_ENV}=void"
+            )
     return [_clip(warning, WARNING_LIMIT) for warning in warnings]
 
 
@@ -533,8 +664,9 @@ def mutate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = Non
         elif _sets_visible_devices(container):
             continue
         else:
-            operations.append({"op": "add", "path": path + "/-", "value": {"name": VISIBLE_DEVICES_ENV,
-                                                                           "value": PIN_VALUE}})
+            operations.append(
+                {"op": "add", "path": path + "/-", "value": {"name": VISIBLE_DEVICES_ENV, "value": PIN_VALUE}}
+            )
         pinned.append(container.name)
     if not operations:
         return NO_MUTATION
@@ -555,7 +687,6 @@ def validate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = N
     return Validation(violations=tuple(violations), warnings=tuple(warnings))
 
 
-
 def _annotations(pod: Any) -> Mapping[str, Any]:
     return _mapping(_mapping(pod.get("metadata")).get("annotations")) if isinstance(pod, dict) else _EMPTY
 
@@ -574,6 +705,7 @@ def validate_update(pod: Any, old_pod: Any, config: PolicyConfig) -> Validation:
         return NO_VIOLATIONS
     violations = cdi_annotation(_Pod({"annotations": added}, _EMPTY, (), (), config, True))
     return Validation(violations=tuple(violations), warnings=()) if violations else NO_VIOLATIONS
+
 
 def exemption(pod: Any, config: PolicyConfig, *, namespace: str) -> str | None:
     """Why the pod is admitted untouched, or None. Only cluster-controlled facts count: no label or annotation

@@ -134,7 +134,9 @@ def parse(body: Any) -> Request:
         raise BadReview("missing-operation", "request.operation is missing or not a string")
     kind = request.get("kind")
     is_core_pod = (
-        isinstance(kind, dict) and kind.get("kind") == "Pod" and kind.get("group", "") == ""
+        isinstance(kind, dict)
+        and kind.get("kind") == "Pod"
+        and kind.get("group", "") == ""
         and kind.get("version") == "v1"
     )
     sub_resource = request.get("subResource") or ""
@@ -255,8 +257,12 @@ def _validated(request: Request, endpoint: Endpoint, validation: Any) -> Outcome
         rules=rules,
         warnings=budget_warnings((), advice),
         audit=audit,
-        status={"code": 403, "reason": "Forbidden", "status": "Failure",
-                "message": deny_message(lines, [violation.rule for violation in violations])},
+        status={
+            "code": 403,
+            "reason": "Forbidden",
+            "status": "Failure",
+            "message": deny_message(lines, [violation.rule for violation in violations]),
+        },
     )
 
 
@@ -283,8 +289,9 @@ def budget_warnings(
     more_violations = max(0, len(violation_lines) - len(kept))
     more_advice = len(warnings) - len(kept) - more_violations
     counts = [_count(more_violations, "violation"), _count(more_advice, "warning")]
-    summary = (f"gpu-fence: … and {', '.join(c for c in counts if c)} "
-               "(see the audit annotation or gpu-fence-webhook check)")
+    summary = (
+        f"gpu-fence: … and {', '.join(c for c in counts if c)} (see the audit annotation or gpu-fence-webhook check)"
+    )
     return [*kept, truncate_warning(summary)]
 
 
@@ -310,7 +317,7 @@ def deny_message(lines: Sequence[str], rules: Sequence[str], limit: int = MAX_DE
     message = head + "; ".join(clauses)
     rest = len(lines) - len(clauses)
     if rest:
-        message += f"; and {rest} more violation(s) ({', '.join(dict.fromkeys(rules[len(clauses):]))})"
+        message += f"; and {rest} more violation(s) ({', '.join(dict.fromkeys(rules[len(clauses) :]))})"
     return message[:limit]
 
 

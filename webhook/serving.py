@@ -151,14 +151,23 @@ class CertificateStore:
                 context, not_after = self._build()
             except ServeError as error:
                 self._rejected = signature  # log once per change, retry when the files change again
-                logs.event(log, "certificate-reload-failed", "certificate reload failed, keeping the current one",
-                           level=logging.WARNING, reason=str(error))
+                logs.event(
+                    log,
+                    "certificate-reload-failed",
+                    "certificate reload failed, keeping the current one",
+                    level=logging.WARNING,
+                    reason=str(error),
+                )
                 return False
             self._context, self.not_after, self._signature = context, not_after, signature
         if self.on_load is not None:
             self.on_load(not_after)
-        logs.event(log, "certificate-reloaded", "certificate reloaded",
-                   not_after=dt.datetime.fromtimestamp(not_after, dt.UTC).isoformat())
+        logs.event(
+            log,
+            "certificate-reloaded",
+            "certificate reloaded",
+            not_after=dt.datetime.fromtimestamp(not_after, dt.UTC).isoformat(),
+        )
         return True
 
     def _stat(self) -> tuple:
@@ -195,10 +204,13 @@ class CertificateStore:
 def logging_config(level: str) -> dict:
     """The shared JSON-lines configuration, plus gunicorn's own loggers: its messages as JSON lines too (event
     ``log``), and no access log."""
-    return logs.logging_config(level, {
-        "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
-        "gunicorn.access": {"level": "CRITICAL", "handlers": [], "propagate": False},
-    })
+    return logs.logging_config(
+        level,
+        {
+            "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
+            "gunicorn.access": {"level": "CRITICAL", "handlers": [], "propagate": False},
+        },
+    )
 
 
 # -- gunicorn ------------------------------------------------------------------------------------------------------
@@ -216,8 +228,14 @@ def fork_hooks() -> dict[str, Callable[[Any, Any], None]]:
 
     def post_fork(server: Any, worker: Any) -> None:
         gc.enable()
-        logs.event(log, "worker-started", f"worker {os.getpid()} started", pid=os.getpid(),
-                   frozen_objects=gc.get_freeze_count(), gc_enabled=gc.isenabled())
+        logs.event(
+            log,
+            "worker-started",
+            f"worker {os.getpid()} started",
+            pid=os.getpid(),
+            frozen_objects=gc.get_freeze_count(),
+            gc_enabled=gc.isenabled(),
+        )
 
     return {"pre_fork": pre_fork, "post_fork": post_fork}
 
@@ -274,12 +292,19 @@ def add_arguments(subparsers: Any) -> None:
     parser.add_argument("--bind", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")  # noqa: S104
     parser.add_argument("--port", type=int, default=8443, help="port (default: 8443)")
     parser.add_argument("--config", help="policy configuration YAML (default: built-in defaults)")
-    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"),
-                        help="the webhook's own namespace, always exempt (default: $POD_NAMESPACE)")
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        help="the webhook's own namespace, always exempt (default: $POD_NAMESPACE)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default: 2)")
     parser.add_argument("--threads", type=int, default=4, help="threads per worker (default: 4)")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="level of the review log (default: INFO: one line per review)")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="level of the review log (default: INFO: one line per review)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -335,8 +360,15 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> in
         multiprocess.mark_process_dead(worker.pid)
 
     def when_ready(server: Any) -> None:
-        logs.event(log, "ready", f"serving on {host}:{args.port}", bind=f"{host}:{args.port}", workers=args.workers,
-                   threads=args.threads, pid=os.getpid())
+        logs.event(
+            log,
+            "ready",
+            f"serving on {host}:{args.port}",
+            bind=f"{host}:{args.port}",
+            workers=args.workers,
+            threads=args.threads,
+            pid=os.getpid(),
+        )
 
     options = {
         "bind": [f"{host}:{args.port}"],
@@ -367,4 +399,3 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> in
         # gunicorn exits 0 on a clean shutdown (SIGTERM) and non-zero when it could not start (port in use)
         return 0 if not exit_.code else 2
     return 0
-

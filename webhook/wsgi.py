@@ -53,8 +53,9 @@ _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in H
 class ReviewEndpoints:
     """WSGI middleware: answers the three review endpoints, hands every other request to ``app``."""
 
-    def __init__(self, app: WSGIApp, config: Any, policy: Policy, metrics: WebhookMetrics,
-                 review_log: ReviewLog) -> None:
+    def __init__(
+        self, app: WSGIApp, config: Any, policy: Policy, metrics: WebhookMetrics, review_log: ReviewLog
+    ) -> None:
         self.app = app
         self.config = config
         self.policy = policy
@@ -82,8 +83,9 @@ class ReviewEndpoints:
             return bad.status, _error(bad.reason, bad.message)
         except BadReview as bad:
             self.metrics.count_bad_request(bad.reason)
-            logs.event(log, "bad-request", bad.message, level=logging.WARNING, endpoint=endpoint.value,
-                       reason=bad.reason)
+            logs.event(
+                log, "bad-request", bad.message, level=logging.WARNING, endpoint=endpoint.value, reason=bad.reason
+            )
             return bad.status, _error(bad.reason, bad.message)
         payload = orjson.dumps(outcome.response)
         seconds = time.perf_counter() - started
@@ -94,8 +96,14 @@ class ReviewEndpoints:
     def _unexpected(self, environ: dict[str, Any], error: Exception) -> tuple[int, bytes]:
         path = str(environ.get("PATH_INFO", ""))
         self.metrics.internal_errors.labels(path.strip("/").replace("/", "-") or "root").inc()
-        logs.event(log, "internal-error", f"internal error: {type(error).__name__}", level=logging.ERROR,
-                   exc_info=error, path=path)
+        logs.event(
+            log,
+            "internal-error",
+            f"internal error: {type(error).__name__}",
+            level=logging.ERROR,
+            exc_info=error,
+            path=path,
+        )
         return 500, _error("internal-error", f"internal error: {type(error).__name__}")
 
 
@@ -110,9 +118,7 @@ class _TooLarge(BadReview):
 def _read_json_body(environ: dict[str, Any]) -> Any:
     mimetype = mimetype_of(environ.get("CONTENT_TYPE", ""))
     if mimetype != "application/json":
-        raise BadReview(
-            "wrong-content-type", f"Content-Type must be application/json, got {mimetype or 'none'!r}", 415
-        )
+        raise BadReview("wrong-content-type", f"Content-Type must be application/json, got {mimetype or 'none'!r}", 415)
     stream = environ["wsgi.input"]
     length = content_length(environ)
     if length is not None and length > MAX_BODY_BYTES:
@@ -210,15 +216,21 @@ class ReviewLog:
         if self.fd is None:
             logs.event(self.logger, "review", message, **fields)
             return
-        document = {"time": self._timestamp(time.time()), "level": "info", "logger": self.logger.name,
-                    "event": "review", "message": message, **fields}
+        document = {
+            "time": self._timestamp(time.time()),
+            "level": "info",
+            "logger": self.logger.name,
+            "event": "review",
+            "message": message,
+            **fields,
+        }
         try:
             line = orjson.dumps(document) + b"\n"
         except TypeError:  # nothing in a review is beyond orjson; kept so that a log line never fails a review
             line = logs.dumps(document).encode("utf-8", "backslashreplace") + b"\n"
         try:
             while line:
-                line = line[os.write(self.fd, line):]
+                line = line[os.write(self.fd, line) :]
         except OSError:
             pass  # stderr gone: there is nowhere left to say so, and the review must still be answered
 

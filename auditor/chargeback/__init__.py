@@ -122,8 +122,12 @@ def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, str, float]:
     client = PrometheusClient(args.prometheus, timeout=args.timeout)
     intervals, notes = fetch_intervals(client, start, step, count, by)
     missing = sorted(
-        {(card[0], model) for interval in intervals for card, model in card_models(interval.devices).items()
-         if prices.per_hour(card[0], model) is None}
+        {
+            (card[0], model)
+            for interval in intervals
+            for card, model in card_models(interval.devices).items()
+            if prices.per_hour(card[0], model) is None
+        }
     )
     if missing:
         node, model = missing[0]

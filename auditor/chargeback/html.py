@@ -179,7 +179,7 @@ def _groups_table(bill: Bill, by: str) -> str:
     )
     return (
         f'<table id="groups"><caption>{caption}</caption><thead><tr>{head}</tr></thead>'
-        f'<tbody>{"".join(body)}</tbody></table>'
+        f"<tbody>{''.join(body)}</tbody></table>"
     )
 
 

@@ -141,8 +141,10 @@ def intervals_from_series(
     group_of: Callable[[str, str], str],
 ) -> tuple[list[Interval], list[str]]:
     """Regroup per-series samples into one :class:`Interval` per instant. Pure; returns notes beside them."""
-    for name, items in (("gpu_fence_container_gpu_memory_bytes", memory),
-                        ("gpu_fence_container_allocated_gpus", allocated)):
+    for name, items in (
+        ("gpu_fence_container_gpu_memory_bytes", memory),
+        ("gpu_fence_container_allocated_gpus", allocated),
+    ):
         renamed = next((item.labels for item in items if item.labels.get(RENAMED)), None)
         if renamed is not None:
             raise PrometheusError(
@@ -245,6 +247,7 @@ def fetch_intervals(
             "check the time range and that Prometheus scrapes the auditor"
         )
     if by == "namespace":
+
         def group_of(namespace: str, pod: str) -> str:
             return namespace or NO_LABEL
     else:
@@ -271,4 +274,3 @@ def fetch_intervals(
         unattributed=client.query_range(UNATTRIBUTED, first, last, step),
         group_of=group_of,
     )
-

@@ -55,8 +55,13 @@ def rows(bill: Bill) -> list[Row]:
             )
         )
     empty = dict.fromkeys(key for key, _ in COLUMNS if key != "group")
-    unattributed = dict(empty, group=UNATTRIBUTED, memory_gib_hours=bill.unattributed_gib_hours,
-                        usage_cost=bill.unattributed, total_cost=bill.unattributed)
+    unattributed = dict(
+        empty,
+        group=UNATTRIBUTED,
+        memory_gib_hours=bill.unattributed_gib_hours,
+        usage_cost=bill.unattributed,
+        total_cost=bill.unattributed,
+    )
     platform = dict(empty, group=PLATFORM, idle_cost=bill.platform, total_cost=bill.platform)
     result.append(Row("unattributed", unattributed))
     result.append(Row("platform", platform))
@@ -128,8 +133,12 @@ def render_markdown(bill: Bill, by: str, step: float) -> str:
         out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     out.append("")
     if bill.overreach:
-        out += ["### Overreach (not in any group's total)", "",
-                "| namespace | pod | container | node | GPU | GiB-h | cost |", "|---|---|---|---|---|---:|---:|"]
+        out += [
+            "### Overreach (not in any group's total)",
+            "",
+            "| namespace | pod | container | node | GPU | GiB-h | cost |",
+            "|---|---|---|---|---|---:|---:|",
+        ]
         for item in bill.overreach:
             out.append(
                 f"| {item.owner.namespace} | {item.owner.pod} | {item.owner.container} | {item.node} | "
@@ -146,8 +155,15 @@ def render_csv(bill: Bill, by: str, step: float) -> str:
     writer.writerow(["kind", *[key for key, _ in COLUMNS], "currency", "start", "end"])
     for row in rows(bill):
         values = [row.values.get(key) for key, _ in COLUMNS]
-        writer.writerow([row.kind, *("" if v is None else (f"{v:.6f}" if isinstance(v, float) else v) for v in values),
-                         bill.currency, iso(bill.start), iso(bill.end)])
+        writer.writerow(
+            [
+                row.kind,
+                *("" if v is None else (f"{v:.6f}" if isinstance(v, float) else v) for v in values),
+                bill.currency,
+                iso(bill.start),
+                iso(bill.end),
+            ]
+        )
     return buffer.getvalue()
 
 

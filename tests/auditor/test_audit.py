@@ -18,10 +18,12 @@ GPUS = (
 )
 MIG_GPUS = (
     Gpu(CARD, 0, 0, "A100", 40 * GIB, mig_enabled=True),
-    Gpu(MIG_A, 0, 0, "A100", 20 * GIB, parent_uuid=CARD, mig_index=0, profile="3g.20gb", share=3 / 7,
-        gpu_instance_id=1),
-    Gpu(MIG_B, 0, 0, "A100", 20 * GIB, parent_uuid=CARD, mig_index=1, profile="3g.20gb", share=3 / 7,
-        gpu_instance_id=2),
+    Gpu(
+        MIG_A, 0, 0, "A100", 20 * GIB, parent_uuid=CARD, mig_index=0, profile="3g.20gb", share=3 / 7, gpu_instance_id=1
+    ),
+    Gpu(
+        MIG_B, 0, 0, "A100", 20 * GIB, parent_uuid=CARD, mig_index=1, profile="3g.20gb", share=3 / 7, gpu_instance_id=2
+    ),
 )
 
 
@@ -200,8 +202,12 @@ def test_processes_whose_memory_nvml_does_not_report_are_counted_per_gpu_not_tak
     result = audit(
         node(
             [container("a", "c1", allocated=(G0, G1))],
-            [GpuProcess(1, G0, None, "uid-a", "c1"), GpuProcess(2, G0, GIB, "uid-a", "c1"),
-             GpuProcess(3, G1, None, "uid-a", "c1"), GpuProcess(4, G1, None, "uid-a", "c1")],
+            [
+                GpuProcess(1, G0, None, "uid-a", "c1"),
+                GpuProcess(2, G0, GIB, "uid-a", "c1"),
+                GpuProcess(3, G1, None, "uid-a", "c1"),
+                GpuProcess(4, G1, None, "uid-a", "c1"),
+            ],
         )
     )
     (row,) = result.rows

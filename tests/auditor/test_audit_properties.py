@@ -24,8 +24,15 @@ def nodes(draw) -> NodeSnapshot:
         if mig:
             for slot in range(draw(st.integers(1, 3))):
                 gpus.append(
-                    Gpu(f"MIG-{index:04d}{slot:04d}-0000-0000-0000-000000000000", index, index, "H100", 10 << 30,
-                        parent_uuid=card, mig_index=slot)
+                    Gpu(
+                        f"MIG-{index:04d}{slot:04d}-0000-0000-0000-000000000000",
+                        index,
+                        index,
+                        "H100",
+                        10 << 30,
+                        parent_uuid=card,
+                        mig_index=slot,
+                    )
                 )
     uuids = [g.uuid for g in gpus]
     containers = []

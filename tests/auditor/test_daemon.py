@@ -55,11 +55,27 @@ class Daemon:
     """The console script's ``run`` in a subprocess, its JSON-lines stderr collected by a thread."""
 
     def __init__(self, scenario: NodeScenario, *extra: str, env: dict[str, str] | None = None) -> None:
-        args = scenario.args("run", "--interval", "0.2", "--metrics-port", "0", "--metrics-bind", "127.0.0.1",
-                             "--unhealthy-after", "3", "--max-backoff", "0.8", *extra)
-        self.process = subprocess.Popen([str(CONSOLE_SCRIPT), *args], env={**scenario.env(), **(env or {})},
-                                        stderr=subprocess.PIPE,
-                                        stdout=subprocess.DEVNULL, text=True)
+        args = scenario.args(
+            "run",
+            "--interval",
+            "0.2",
+            "--metrics-port",
+            "0",
+            "--metrics-bind",
+            "127.0.0.1",
+            "--unhealthy-after",
+            "3",
+            "--max-backoff",
+            "0.8",
+            *extra,
+        )
+        self.process = subprocess.Popen(
+            [str(CONSOLE_SCRIPT), *args],
+            env={**scenario.env(), **(env or {})},
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
         self.lines: list[dict] = []
         self.raw: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -95,8 +111,9 @@ class Daemon:
 @pytest.fixture
 def scenario(tmp_path):
     node = NodeScenario(tmp_path / "node", gpus=2)
-    node.add_pod("ml", "train", Ctr("main", allocated=[0], visible=[0], processes=[(0, 4 * GIB)]),
-                 labels={"team": "vision"})
+    node.add_pod(
+        "ml", "train", Ctr("main", allocated=[0], visible=[0], processes=[(0, 4 * GIB)]), labels={"team": "vision"}
+    )
     node.add_pod("web", "cuda", Ctr("app", visible=[1], processes=[(1, 2 * GIB)]))
     node.add_host_gpu_process(1, 100 << 20)
     with node:
@@ -239,8 +256,10 @@ def test_run_survives_nvml_initialisation_failures(scenario):
     scenario.write_nvml()
     daemon = Daemon(scenario)
     try:
-        wait_for(lambda: value(daemon.metrics(), "gpu_fence_audit_cycle_failures_total", reason="nvml") >= 1,
-                 "an NVML failure")
+        wait_for(
+            lambda: value(daemon.metrics(), "gpu_fence_audit_cycle_failures_total", reason="nvml") >= 1,
+            "an NVML failure",
+        )
         assert daemon.cycles() == 0
         scenario.nvml_errors.clear()
         scenario.write_nvml()  # the driver is back: the next cycle re-initialises NVML and reads the new state
@@ -297,8 +316,9 @@ def test_health_window():
 def test_metrics_render_latest_audit_without_stale_series():
     g0, g1 = "GPU-0", "GPU-1"
     gpus = (Gpu(g0, 0, 0, "H100", 80 * GIB), Gpu(g1, 1, 1, "H100", 80 * GIB))
-    first = NodeSnapshot("n", 0.0, gpus, (Container("a", "p", "c", "u", "c1", allocated=(g0,)),),
-                         (GpuProcess(1, g1, GIB, "u", "c1"),))
+    first = NodeSnapshot(
+        "n", 0.0, gpus, (Container("a", "p", "c", "u", "c1", allocated=(g0,)),), (GpuProcess(1, g1, GIB, "u", "c1"),)
+    )
     metrics = AuditorMetrics("n")
     metrics.observe(first, audit(first), 0.01)
     assert value(samples(metrics.exposition().decode()), "gpu_fence_container_gpu_memory_bytes", allocated="false")
@@ -320,8 +340,21 @@ def test_bad_flags_are_usage_errors(bad, capsys):
 
 def test_pod_labels_that_become_one_metric_label_are_refused(tmp_path, capsys):
     """``a.b`` and ``a_b`` both export as ``label_a_b``: one value would silently replace the other on every pod."""
-    assert main(["run", "--no-kubernetes", "--host-proc", str(tmp_path), "--pod-label", "team.name",
-                 "--pod-label", "team_name"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--no-kubernetes",
+                "--host-proc",
+                str(tmp_path),
+                "--pod-label",
+                "team.name",
+                "--pod-label",
+                "team_name",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "team.name" in err and "team_name" in err and "label_team_name" in err
 

@@ -202,15 +202,27 @@ def test_event_cache_is_bounded_and_an_existing_event_is_not_duplicated(api):
 
 @pytest.mark.parametrize(
     ("field", "path"),
-    [("initContainers", "spec.initContainers{main}"), ("ephemeralContainers", "spec.ephemeralContainers{main}"),
-     ("containers", "spec.containers{main}"), (None, "spec.containers{main}")],
+    [
+        ("initContainers", "spec.initContainers{main}"),
+        ("ephemeralContainers", "spec.ephemeralContainers{main}"),
+        ("containers", "spec.containers{main}"),
+        (None, "spec.containers{main}"),
+    ],
 )
 def test_event_points_at_the_containers_own_spec_list(api, field, path):
     """kubectl describe and the UI resolve fieldPath against the pod spec: an init or ephemeral container is not
     in spec.containers."""
     fake, client = api
-    overreach = Finding(FindingKind.VISIBLE_UNALLOCATED, "ml", "train", "main", "GPU-1", message="m",
-                        pod_uid="uid-train", container_field=field)
+    overreach = Finding(
+        FindingKind.VISIBLE_UNALLOCATED,
+        "ml",
+        "train",
+        "main",
+        "GPU-1",
+        message="m",
+        pod_uid="uid-train",
+        container_field=field,
+    )
     assert EventRecorder(client, "node-a").record([overreach]) == 1
     (event,) = fake.events.values()
     assert event["involvedObject"]["fieldPath"] == path
@@ -220,8 +232,9 @@ def test_audit_findings_carry_the_containers_spec_list():
     from gpu_fence.auditor.audit import audit
     from gpu_fence.auditor.model import Container, Gpu, NodeSnapshot
 
-    debugger = Container("ml", "train", "debug", "uid-1", "c9", visible=frozenset({"GPU-1"}),
-                         spec_field="ephemeralContainers")
+    debugger = Container(
+        "ml", "train", "debug", "uid-1", "c9", visible=frozenset({"GPU-1"}), spec_field="ephemeralContainers"
+    )
     snapshot = NodeSnapshot("n", 0.0, (Gpu("GPU-1", 0, 0),), (debugger,), ())
     (found,) = audit(snapshot).findings
     assert found.container_field == "ephemeralContainers"
@@ -267,8 +280,13 @@ def test_an_expired_event_is_posted_again_with_its_count(api):
 def test_api_request_names_the_status_and_encodes_path_parameters(api):
     fake, client = api
     with pytest.raises(ApiError, match="HTTP 404") as raised:
-        api_request(client, "PATCH", "/api/v1/namespaces/{namespace}/events/{name}",
-                    path_params={"namespace": "ml", "name": "a/b c"}, body={"count": 1},
-                    content_type="application/merge-patch+json")
+        api_request(
+            client,
+            "PATCH",
+            "/api/v1/namespaces/{namespace}/events/{name}",
+            path_params={"namespace": "ml", "name": "a/b c"},
+            body={"count": 1},
+            content_type="application/merge-patch+json",
+        )
     assert raised.value.status == 404
     assert fake.headers[-1][1] == "/api/v1/namespaces/ml/events/a%2Fb%20c"  # one path segment, not two

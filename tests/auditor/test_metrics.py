@@ -48,8 +48,12 @@ def busy_node() -> NodeSnapshot:
         0.0,
         GPUS,
         (train, Container("web", "cuda", "app", "uid-2", "c2")),
-        (GpuProcess(1, G0, GIB, "uid-1", "c1"), GpuProcess(2, G1, GIB, "uid-2", "c2"), GpuProcess(3, G1, GIB),
-         GpuProcess(4, G0, None, "uid-1", "c1")),
+        (
+            GpuProcess(1, G0, GIB, "uid-1", "c1"),
+            GpuProcess(2, G1, GIB, "uid-2", "c2"),
+            GpuProcess(3, G1, GIB),
+            GpuProcess(4, G0, None, "uid-1", "c1"),
+        ),
     )
 
 
@@ -68,8 +72,12 @@ def test_attribution_series_vanish_once_the_latest_audit_is_older_than_the_healt
     present = names(metrics)
     assert not present & set(ATTRIBUTION)
     # health, failures and cycle metrics stay: they are how the outage is seen
-    assert {"gpu_fence_audit_last_success_timestamp_seconds", "gpu_fence_audit_cycle_failures_total",
-            "gpu_fence_audit_cycle_duration_seconds_count", "gpu_fence_audit_kubelet_calls_total"} - present == set()
+    assert {
+        "gpu_fence_audit_last_success_timestamp_seconds",
+        "gpu_fence_audit_cycle_failures_total",
+        "gpu_fence_audit_cycle_duration_seconds_count",
+        "gpu_fence_audit_kubelet_calls_total",
+    } - present == set()
     metrics.observe(snapshot, audit(snapshot), 0.01)  # a cycle succeeds again
     assert set(ATTRIBUTION) <= names(metrics)
 
@@ -89,8 +97,11 @@ def test_processes_of_unknown_memory_are_counted_beside_the_memory_gauge():
         0.0,
         GPUS,
         (Container("ml", "train", "main", "uid-1", "c1", allocated=(G0,)),),
-        (GpuProcess(1, G0, None, "uid-1", "c1"), GpuProcess(2, G0, None, "uid-1", "c1"),
-         GpuProcess(3, G1, GIB, "uid-1", "c1")),
+        (
+            GpuProcess(1, G0, None, "uid-1", "c1"),
+            GpuProcess(2, G0, None, "uid-1", "c1"),
+            GpuProcess(3, G1, GIB, "uid-1", "c1"),
+        ),
     )
     metrics = AuditorMetrics("n")
     metrics.observe(snapshot, audit(snapshot), 0.01)

@@ -331,8 +331,11 @@ def test_a_process_size_larger_than_its_device_is_unknown_with_a_problem(open_nv
     )
     snapshot = open_nvml(config).snapshot()
 
-    assert process_set(snapshot) == {(270, GPU0, None, "compute"), (271, MIG12, None, "compute"),
-                                     (272, GPU0, 80 * GIB, "compute")}
+    assert process_set(snapshot) == {
+        (270, GPU0, None, "compute"),
+        (271, MIG12, None, "compute"),
+        (272, GPU0, 80 * GIB, "compute"),
+    }
     assert {(p.device, p.reason) for p in snapshot.problems} == {(GPU0, "unknown"), (MIG12, "unknown")}
     assert any("270" in p.message and "more than" in p.message for p in snapshot.problems)
 

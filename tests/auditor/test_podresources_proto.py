@@ -245,8 +245,13 @@ def test_committed_descriptor_matches_the_proto(tmp_path: Path) -> None:
     out = tmp_path / "api.desc"
     root = regenerate.stage_proto(tmp_path / "src")
     status = protoc.main(
-        ["protoc", f"--proto_path={root}", f"--proto_path={regenerate.well_known_types()}",
-         f"--descriptor_set_out={out}", str(root / regenerate.PROTO)]
+        [
+            "protoc",
+            f"--proto_path={root}",
+            f"--proto_path={regenerate.well_known_types()}",
+            f"--descriptor_set_out={out}",
+            str(root / regenerate.PROTO),
+        ]
     )
     assert status == 0
     built = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]

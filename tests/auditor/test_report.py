@@ -35,8 +35,17 @@ def test_json_report_keeps_the_contract_keys():
     report = json.loads(render("json", SNAPSHOT, RESULT))
     assert report["node"] == "node-a" and report["time"] == "2026-05-28T20:26:40Z"
     assert report["summary"] == report["summary"] | {"containers": 2, "gpus": 2, "findings": len(RESULT.findings)}
-    contract = {"namespace", "pod", "pod_uid", "container", "container_id", "allocated", "visible", "used",
-                "memory_bytes"}
+    contract = {
+        "namespace",
+        "pod",
+        "pod_uid",
+        "container",
+        "container_id",
+        "allocated",
+        "visible",
+        "used",
+        "memory_bytes",
+    }
     for row in report["containers"]:
         assert contract <= row.keys()
     train = next(r for r in report["containers"] if r["pod"] == "train")
@@ -85,8 +94,11 @@ UNKNOWN = NodeSnapshot(
         Container("ml", "blind", "main", "uid-3", "c3", allocated=(G0,)),
         Container("ml", "half", "main", "uid-4", "c4", allocated=(G1,)),
     ),
-    (GpuProcess(20, G0, None, "uid-3", "c3"), GpuProcess(21, G1, 2 << 20, "uid-4", "c4"),
-     GpuProcess(22, G1, None, "uid-4", "c4")),
+    (
+        GpuProcess(20, G0, None, "uid-3", "c3"),
+        GpuProcess(21, G1, 2 << 20, "uid-4", "c4"),
+        GpuProcess(22, G1, None, "uid-4", "c4"),
+    ),
 )
 
 

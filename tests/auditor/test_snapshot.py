@@ -15,8 +15,18 @@ M0 = "MIG-00000001-0000-4000-8000-000000000010"
 DEVICES = (
     NvmlDevice(G0, 0, 0, "H100", 80 << 30),
     NvmlDevice(G1, 1, 1, "H100", 80 << 30, mig_enabled=True),
-    NvmlDevice(M0, 1, None, "H100 MIG 3g.40gb", 40 << 30, parent_uuid=G1, mig_index=0, gpu_instance_id=2,
-               share=3 / 7, profile="3g.40gb"),
+    NvmlDevice(
+        M0,
+        1,
+        None,
+        "H100 MIG 3g.40gb",
+        40 << 30,
+        parent_uuid=G1,
+        mig_index=0,
+        gpu_instance_id=2,
+        share=3 / 7,
+        profile="3g.40gb",
+    ),
 )
 GPUS = gpus_from_nvml(DEVICES)
 INDEX = DeviceIndex.build(DEVICES)
@@ -34,9 +44,15 @@ def running(cid, uid, pid, *, minors=(), env=None, hostname=None, namespace=None
 
 def build(allocations, runtime, pods, processes=(), identity="kubernetes"):
     return assemble(
-        OPTIONS, now=0.0, gpus=GPUS, devices=INDEX, allocations=allocations,
-        runtime={r.container_id: r for r in runtime}, processes=list(processes),
-        pods=None if pods is None else {p["metadata"]["uid"]: p for p in pods}, identity_source=identity,
+        OPTIONS,
+        now=0.0,
+        gpus=GPUS,
+        devices=INDEX,
+        allocations=allocations,
+        runtime={r.container_id: r for r in runtime},
+        processes=list(processes),
+        pods=None if pods is None else {p["metadata"]["uid"]: p for p in pods},
+        identity_source=identity,
     )
 
 
@@ -54,8 +70,10 @@ def test_mig_device_takes_its_cards_index_and_minor():
 def test_api_names_containers_and_normalises_allocations():
     pods = [make_pod("ml", "train", "uid-1", "node-a", [("main", "c1"), ("side", "c2")], labels={"team": "a"})]
     snapshot = build(
-        [alloc("ml", "train", "main", f"{G0}::3", "nvidia1/gi2", resource="nvidia.com/gpu.shared"),
-         alloc("ml", "train", "side")],
+        [
+            alloc("ml", "train", "main", f"{G0}::3", "nvidia1/gi2", resource="nvidia.com/gpu.shared"),
+            alloc("ml", "train", "side"),
+        ],
         [running("c1", "uid-1", 10, minors=[0]), running("c2", "uid-1", 11), running("pause", "uid-1", 9)],
         pods,
     )
@@ -68,11 +86,17 @@ def test_api_names_containers_and_normalises_allocations():
 
 
 def test_unresolvable_ids_and_dra_devices_are_kept_as_unresolved():
-    dra = DynamicResource("", "claim", "ml", (), (
-        ClaimDevice("gpu.nvidia.com", "node-a", "gpu-0", ()),
-        ClaimDevice("gpu.nvidia.com", "node-a", "gpu-0-mig-3g", ()),
-        ClaimDevice("nic.example.com", "node-a", "eth1", ()),
-    ))
+    dra = DynamicResource(
+        "",
+        "claim",
+        "ml",
+        (),
+        (
+            ClaimDevice("gpu.nvidia.com", "node-a", "gpu-0", ()),
+            ClaimDevice("gpu.nvidia.com", "node-a", "gpu-0-mig-3g", ()),
+            ClaimDevice("nic.example.com", "node-a", "eth1", ()),
+        ),
+    )
     snapshot = build([alloc("ml", "p", "c", "weird-id", dra=[dra])], [], [])
     container = snapshot.containers[0]
     assert container.allocated == (G0,) and container.identity is Identity.KUBELET
@@ -106,8 +130,11 @@ def test_fallback_matching_looks_only_at_the_containers_own_pod(monkeypatch):
     monkeypatch.setattr(snapshot_module, "_Draft", CountingDraft)
     pods = 100
     allocations = [alloc("ml", f"p{i}", name) for i in range(pods) for name in ("main", "side")]
-    runtime = [running(f"c{i}-{name}", f"uid-{i}", 10 * i + k, hostname=f"p{i}", namespace="ml")
-               for i in range(pods) for k, name in enumerate(("main", "side"))]
+    runtime = [
+        running(f"c{i}-{name}", f"uid-{i}", 10 * i + k, hostname=f"p{i}", namespace="ml")
+        for i in range(pods)
+        for k, name in enumerate(("main", "side"))
+    ]
     containers = build(allocations, runtime, None, identity="fallback").containers
     assert sum(c.identity is Identity.FALLBACK for c in containers) == 0  # two candidates each: no guess
     assert reads[0] <= 10 * len(allocations)
@@ -123,15 +150,30 @@ def test_unnamed_containers_are_rows_only_when_they_touch_a_gpu():
 
 
 def test_kai_groups_go_to_the_reservation_and_the_fraction_container_only():
-    reservation = make_pod("kai-resource-reservation", "res", "uid-r", "node-a", [("resource-reservation", "r1")],
-                           labels={"runai-gpu-group": "g"})
-    fraction = make_pod("team", "frac", "uid-f", "node-a", [("init", "f0"), ("main", "f1")],
-                        labels={"runai-gpu-group": "g"},
-                        annotations={"gpu-fraction": "0.5", "gpu-fraction-container-name": "main"},
-                        scheduler_name="kai-scheduler")
+    reservation = make_pod(
+        "kai-resource-reservation",
+        "res",
+        "uid-r",
+        "node-a",
+        [("resource-reservation", "r1")],
+        labels={"runai-gpu-group": "g"},
+    )
+    fraction = make_pod(
+        "team",
+        "frac",
+        "uid-f",
+        "node-a",
+        [("init", "f0"), ("main", "f1")],
+        labels={"runai-gpu-group": "g"},
+        annotations={"gpu-fraction": "0.5", "gpu-fraction-container-name": "main"},
+        scheduler_name="kai-scheduler",
+    )
     snapshot = build(
-        [alloc("kai-resource-reservation", "res", "resource-reservation", G0), alloc("team", "frac", "init"),
-         alloc("team", "frac", "main")],
+        [
+            alloc("kai-resource-reservation", "res", "resource-reservation", G0),
+            alloc("team", "frac", "init"),
+            alloc("team", "frac", "main"),
+        ],
         [running("r1", "uid-r", 1), running("f0", "uid-f", 2), running("f1", "uid-f", 3)],
         [reservation, fraction],
     )
@@ -143,12 +185,19 @@ def test_the_pod_list_tells_init_and_ephemeral_containers_from_regular_ones():
     pod = make_pod("ml", "train", "uid-1", "node-a", [("main", "c1")])
     pod["status"]["initContainerStatuses"] = [{"name": "proxy", "containerID": "containerd://c2"}]
     pod["status"]["ephemeralContainerStatuses"] = [{"name": "debugger", "containerID": "containerd://c3"}]
-    snapshot = build([alloc("ml", "train", "main"), alloc("ml", "train", "proxy")],
-                     [running("c1", "uid-1", 10), running("c2", "uid-1", 11), running("c3", "uid-1", 12)], [pod])
+    snapshot = build(
+        [alloc("ml", "train", "main"), alloc("ml", "train", "proxy")],
+        [running("c1", "uid-1", 10), running("c2", "uid-1", 11), running("c3", "uid-1", 12)],
+        [pod],
+    )
     containers = by_name(snapshot)
     assert containers[("train", "main")].spec_field == "containers"
     assert containers[("train", "proxy")].spec_field == "initContainers"
     assert containers[("train", "debugger")].spec_field == "ephemeralContainers"
-    fallback = build([alloc("ml", "train", "main")], [running("c1", "uid-1", 10, hostname="train", namespace="ml")],
-                     None, identity="fallback")
+    fallback = build(
+        [alloc("ml", "train", "main")],
+        [running("c1", "uid-1", 10, hostname="train", namespace="ml")],
+        None,
+        identity="fallback",
+    )
     assert by_name(fallback)[("train", "main")].spec_field is None  # PodResources does not say which list

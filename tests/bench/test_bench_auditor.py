@@ -24,9 +24,25 @@ def short_dir() -> Iterator[Path]:
 
 def test_tiny_run_reports_phases_calls_and_scaling(short_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = short_dir / "auditor.json"
-    assert auditor_bench.main(["--scales", "1,2", "--fraction", "0.02", "--cycles", "3", "--rounds", "2",
-                               "--json", str(output),
-                               "--node-dir", str(short_dir)]) == 0
+    assert (
+        auditor_bench.main(
+            [
+                "--scales",
+                "1,2",
+                "--fraction",
+                "0.02",
+                "--cycles",
+                "3",
+                "--rounds",
+                "2",
+                "--json",
+                str(output),
+                "--node-dir",
+                str(short_dir),
+            ]
+        )
+        == 0
+    )
     report = json.loads(output.read_text())
     assert [row["scale"] for row in report["results"]] == [1, 2]
     for row in report["results"]:
@@ -58,8 +74,26 @@ def test_steady_cycles_follow_the_settling_window_and_test_extras_can_be_kept(
     short_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output = short_dir / "auditor.json"
-    assert auditor_bench.main(["--scales", "1", "--fraction", "0.01", "--cycles", "13", "--rounds", "1",
-                               "--with-test-extras", "--json", str(output), "--node-dir", str(short_dir)]) == 0
+    assert (
+        auditor_bench.main(
+            [
+                "--scales",
+                "1",
+                "--fraction",
+                "0.01",
+                "--cycles",
+                "13",
+                "--rounds",
+                "1",
+                "--with-test-extras",
+                "--json",
+                str(output),
+                "--node-dir",
+                str(short_dir),
+            ]
+        )
+        == 0
+    )
     report = json.loads(output.read_text())
     (row,) = report["results"]
     assert row["settling_cycles"] == 10 and row["warm_cycles"] == 12 and row["steady_cycles"] == 2
@@ -107,8 +141,9 @@ def test_phase_clock_times_a_wrapped_method() -> None:
     assert clock.seconds["kubelet"] == 0.0
 
 
-@pytest.mark.parametrize("argv", [["--scales", "x"], ["--cycles", "1"], ["--rounds", "0"], ["--fraction", "2"],
-                                  ["--bogus"]])
+@pytest.mark.parametrize(
+    "argv", [["--scales", "x"], ["--cycles", "1"], ["--rounds", "0"], ["--fraction", "2"], ["--bogus"]]
+)
 def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         auditor_bench.main(argv)

@@ -15,8 +15,9 @@ from bench.server import NOOP_PATH, NOOP_RESPONSE
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, https_bench.Server]]:
-    with https_bench.servers(tmp_path_factory.mktemp("https"), ["gthread", "sync", "gthread-unfrozen"],
-                             workers=1, threads=2) as running:
+    with https_bench.servers(
+        tmp_path_factory.mktemp("https"), ["gthread", "sync", "gthread-unfrozen"], workers=1, threads=2
+    ) as running:
         yield running
 
 
@@ -47,8 +48,9 @@ def test_keep_alive_reuses_connections_and_new_connection_mode_handshakes_per_re
 
 
 def test_sync_workers_close_every_connection(servers) -> None:
-    summary = loadgen.open_loop(servers["sync"].target, "/validate", reviews.validate_body(2), rate=100,
-                                seconds=0.1, connections=1, reuse=True)
+    summary = loadgen.open_loop(
+        servers["sync"].target, "/validate", reviews.validate_body(2), rate=100, seconds=0.1, connections=1, reuse=True
+    )
     assert summary["count"] == 10 and summary["connections_opened"] == 10
 
 
@@ -77,10 +79,33 @@ def test_worker_rss_is_read_for_each_worker(servers) -> None:
 
 def test_tiny_run_reports_every_point(tmp_path: Path) -> None:
     output = tmp_path / "https.json"
-    assert https_bench.main(["--rates", "50", "--repeats", "1", "--saturation-repeats", "1", "--seconds", "0.2",
-                             "--wrk-seconds", "1",
-                             "--connections", "2", "--containers", "2", "--workers", "1", "--threads", "2",
-                             "--json", str(output)]) == 0
+    assert (
+        https_bench.main(
+            [
+                "--rates",
+                "50",
+                "--repeats",
+                "1",
+                "--saturation-repeats",
+                "1",
+                "--seconds",
+                "0.2",
+                "--wrk-seconds",
+                "1",
+                "--connections",
+                "2",
+                "--containers",
+                "2",
+                "--workers",
+                "1",
+                "--threads",
+                "2",
+                "--json",
+                str(output),
+            ]
+        )
+        == 0
+    )
     report = json.loads(output.read_text())
     points = {(r["server"], r["mode"], r["endpoint"]) for r in report["results"]}
     for name in ("gthread", "sync"):
@@ -95,16 +120,27 @@ def test_tiny_run_reports_every_point(tmp_path: Path) -> None:
     assert {r["throughput_vs_noop"] for r in saturation if r["endpoint"] == NOOP_PATH} == {1.0}
     assert set(report["worker_rss"]) == set(https_bench.DEFAULT_SERVERS)
     assert all(len(workers) == 1 for workers in report["worker_rss"].values())
-    assert report["servers"]["sync"] == {"worker_class": "sync", "log_level": "INFO", "gc_freeze": True,
-                                         "workers": 1, "threads": 1}
-    assert report["servers"]["gthread"] == {"worker_class": "gthread", "log_level": "INFO", "gc_freeze": True,
-                                            "workers": 1, "threads": 2}
+    assert report["servers"]["sync"] == {
+        "worker_class": "sync",
+        "log_level": "INFO",
+        "gc_freeze": True,
+        "workers": 1,
+        "threads": 1,
+    }
+    assert report["servers"]["gthread"] == {
+        "worker_class": "gthread",
+        "log_level": "INFO",
+        "gc_freeze": True,
+        "workers": 1,
+        "threads": 2,
+    }
     assert report["servers"]["gthread-quiet"]["log_level"] == "WARNING"
     assert {t["target"].split(" (")[0] for t in report["targets"]} == {"throughput >= 0.8x no-op, same stack"}
 
 
-@pytest.mark.parametrize("argv", [["--rates", "fast"], ["--servers", "gevent"], ["--connections", "0"],
-                                  ["--threads", "0"]])
+@pytest.mark.parametrize(
+    "argv", [["--rates", "fast"], ["--servers", "gevent"], ["--connections", "0"], ["--threads", "0"]]
+)
 def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         https_bench.main(argv)
@@ -115,13 +151,15 @@ def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureF
 def test_the_production_server_logs_every_review_as_measured(servers) -> None:
     target = servers["gthread"].target
     loadgen.open_loop(target, "/validate", reviews.validate_body(2), rate=50, seconds=0.1, connections=1)
-    events = [json.loads(line) for line in servers["gthread"].stderr_path.read_text().splitlines()
-              if line.startswith("{")]
+    events = [
+        json.loads(line) for line in servers["gthread"].stderr_path.read_text().splitlines() if line.startswith("{")
+    ]
     assert any(event.get("event") == "review" and event.get("endpoint") == "validate" for event in events)
 
 
 def test_the_unfrozen_variant_serves_the_real_endpoints(servers) -> None:
-    summary = loadgen.open_loop(servers["gthread-unfrozen"].target, "/mutate", reviews.mutate_body(2), rate=50,
-                                seconds=0.1, connections=1)
+    summary = loadgen.open_loop(
+        servers["gthread-unfrozen"].target, "/mutate", reviews.mutate_body(2), rate=50, seconds=0.1, connections=1
+    )
     assert summary["count"] == 5
     assert servers["gthread-unfrozen"].worker_class == "gthread"

@@ -36,8 +36,12 @@ def test_open_loop_refuses_parameters_that_measure_nothing(rate: float, seconds:
 
 def call(app: Any, path: str, body: bytes) -> tuple[str, bytes]:
     started: list[str] = []
-    environ = {"PATH_INFO": path, "REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)),
-               "wsgi.input": io.BytesIO(body)}
+    environ = {
+        "PATH_INFO": path,
+        "REQUEST_METHOD": "POST",
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body),
+    }
     answer = b"".join(app(environ, lambda status, headers: started.append(status)))
     return started[0], answer
 
@@ -68,8 +72,9 @@ def test_a_missing_tool_is_named_with_its_package() -> None:
         https_bench.tool("no-such-load-tool")
 
 
-def test_the_auditor_benchmark_says_it_needs_root(monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_auditor_benchmark_says_it_needs_root(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert auditor_bench.main(["--scales", "1", "--fraction", "0.01"]) == 2
     assert "needs root" in capsys.readouterr().err

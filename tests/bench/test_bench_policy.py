@@ -13,8 +13,10 @@ from bench import policy_bench, reviews
 
 def test_tiny_run_reports_every_path_and_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = tmp_path / "policy.json"
-    assert policy_bench.main(["--sizes", "1,3", "--repeats", "2", "--seconds", "0.01", "--no-pin",
-                              "--json", str(output)]) == 0
+    assert (
+        policy_bench.main(["--sizes", "1,3", "--repeats", "2", "--seconds", "0.01", "--no-pin", "--json", str(output)])
+        == 0
+    )
     report = json.loads(output.read_text())
     rows = {(row["containers"], row["path"]): row for row in report["results"]}
     assert set(rows) == {(size, path) for size in (1, 3) for path in policy_bench.PATHS}
@@ -36,8 +38,12 @@ def test_pinning_restricts_the_process_to_one_cpu(tmp_path: Path) -> None:
 
     allowed = os.sched_getaffinity(0)
     try:
-        assert policy_bench.main(["--sizes", "1", "--repeats", "1", "--seconds", "0.01",
-                                  "--json", str(tmp_path / "p.json")]) == 0
+        assert (
+            policy_bench.main(
+                ["--sizes", "1", "--repeats", "1", "--seconds", "0.01", "--json", str(tmp_path / "p.json")]
+            )
+            == 0
+        )
         report = json.loads((tmp_path / "p.json").read_text())
         assert os.sched_getaffinity(0) == {report["machine"]["pinned_cpu"]}
         assert report["machine"]["cpus_allowed"] == sorted(allowed)
@@ -77,8 +83,11 @@ def test_typical_pods_are_json_of_the_advertised_shape() -> None:
         gpu = [c for c in pod["spec"]["containers"] if "nvidia.com/gpu" in c["resources"]["limits"]]
         assert len(gpu) == (0 if size == 1 else 1)
         pinned = reviews.pinned_pod(size)
-        assert all(any(e["name"] == "NVIDIA_VISIBLE_DEVICES" for e in c["env"])
-                   for c in pinned["spec"]["containers"] if c not in gpu)
+        assert all(
+            any(e["name"] == "NVIDIA_VISIBLE_DEVICES" for e in c["env"])
+            for c in pinned["spec"]["containers"]
+            if c not in gpu
+        )
     with pytest.raises(ValueError, match="at least one container"):
         reviews.typical_pod(0)
 
@@ -115,8 +124,23 @@ def test_the_collector_is_frozen_while_timing_as_in_serve_and_thawed_after(tmp_p
     try:
         for argv, frozen in (([], True), (["--no-gc-freeze"], False)):
             seen.clear()
-            assert policy_bench.main(["--sizes", "1", "--repeats", "1", "--seconds", "0.01", "--no-pin",
-                                      "--json", str(tmp_path / "p.json"), *argv]) == 0
+            assert (
+                policy_bench.main(
+                    [
+                        "--sizes",
+                        "1",
+                        "--repeats",
+                        "1",
+                        "--seconds",
+                        "0.01",
+                        "--no-pin",
+                        "--json",
+                        str(tmp_path / "p.json"),
+                        *argv,
+                    ]
+                )
+                == 0
+            )
             assert json.loads((tmp_path / "p.json").read_text())["gc_freeze"] is frozen
             assert all(count > 0 for count in seen) if frozen else not any(seen)
             assert gc.get_freeze_count() == 0

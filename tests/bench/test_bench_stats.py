@@ -45,8 +45,7 @@ def test_percentile_rejects_no_samples_and_bad_fractions() -> None:
 
 
 def test_median_of_runs_is_per_key_and_ignores_one_disturbed_run() -> None:
-    runs = [{"rate": 100.0, "p99": 1.0}, {"rate": 110.0, "p99": 50.0}, {"rate": 105.0, "p99": 1.2},
-            {"rate": 104.0}]
+    runs = [{"rate": 100.0, "p99": 1.0}, {"rate": 110.0, "p99": 50.0}, {"rate": 105.0, "p99": 1.2}, {"rate": 104.0}]
     assert median_of_runs(runs) == {"rate": 104.5, "p99": 1.2}
 
 
@@ -63,12 +62,15 @@ def test_loglog_slope_of_linear_with_overhead_is_below_one() -> None:
     assert math.isfinite(slope)
 
 
-@pytest.mark.parametrize(("sizes", "values", "message"), [
-    ([1], [1.0], "at least two"),
-    ([1, 2], [1.0], "at least two"),
-    ([0, 2], [1.0, 2.0], "positive"),
-    ([2, 2], [1.0, 2.0], "not all be equal"),
-])
+@pytest.mark.parametrize(
+    ("sizes", "values", "message"),
+    [
+        ([1], [1.0], "at least two"),
+        ([1, 2], [1.0], "at least two"),
+        ([0, 2], [1.0, 2.0], "positive"),
+        ([2, 2], [1.0, 2.0], "not all be equal"),
+    ],
+)
 def test_loglog_slope_rejects_unusable_input(sizes: list[float], values: list[float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         loglog_slope(sizes, values)

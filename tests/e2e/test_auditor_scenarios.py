@@ -55,10 +55,17 @@ def row(report, pod: str, container: str | None = None):
 
 def test_exclusive_gpus_are_clean(node, monkeypatch, capsys):
     scenario = node(gpus=2)
-    scenario.add_pod("ml", "a", Ctr("main", allocated=[0], visible=[0], processes=[(0, 5 * GIB)],
-                                    env={"NVIDIA_VISIBLE_DEVICES": uuid_of(0)}))
-    scenario.add_pod("ml", "b", Ctr("main", allocated=[1], visible=[1], processes=[(1, 3 * GIB)]),
-                     Ctr("sidecar", env={"NVIDIA_VISIBLE_DEVICES": "void"}))
+    scenario.add_pod(
+        "ml",
+        "a",
+        Ctr("main", allocated=[0], visible=[0], processes=[(0, 5 * GIB)], env={"NVIDIA_VISIBLE_DEVICES": uuid_of(0)}),
+    )
+    scenario.add_pod(
+        "ml",
+        "b",
+        Ctr("main", allocated=[1], visible=[1], processes=[(1, 3 * GIB)]),
+        Ctr("sidecar", env={"NVIDIA_VISIBLE_DEVICES": "void"}),
+    )
     code, report, _ = audit_json(scenario, monkeypatch, capsys)
     assert code == 0 and report["findings"] == []
     assert report["summary"] == report["summary"] | {"containers": 3, "gpus": 2, "findings": 0}
@@ -70,15 +77,21 @@ def test_exclusive_gpus_are_clean(node, monkeypatch, capsys):
 def test_cuda_container_without_allocation_using_a_gpu(node, monkeypatch, capsys):
     scenario = node(gpus=2)
     scenario.add_pod("ml", "train", Ctr("main", allocated=[0], visible=[0], processes=[(0, GIB)]))
-    scenario.add_pod("web", "notebook", Ctr("jupyter", visible=[1], processes=[(1, 7 * GIB)],
-                                            env={"NVIDIA_VISIBLE_DEVICES": "all"}))
+    scenario.add_pod(
+        "web", "notebook", Ctr("jupyter", visible=[1], processes=[(1, 7 * GIB)], env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    )
     code, report, _ = audit_json(scenario, monkeypatch, capsys)
     assert code == 1
     used = [f for f in report["findings"] if f["kind"] == "used-unallocated"]
     assert len(used) == 1
     assert used[0] | {"message": ""} == used[0] | {
-        "namespace": "web", "pod": "notebook", "container": "jupyter", "gpu": uuid_of(1),
-        "pid": scenario.container("notebook", "jupyter").pids[1], "memory_bytes": 7 * GIB, "message": "",
+        "namespace": "web",
+        "pod": "notebook",
+        "container": "jupyter",
+        "gpu": uuid_of(1),
+        "pid": scenario.container("notebook", "jupyter").pids[1],
+        "memory_bytes": 7 * GIB,
+        "message": "",
     }
     assert ("env-mismatch", "jupyter", None) in kinds(report)
     assert ("visible-unallocated", "jupyter", uuid_of(1)) in kinds(report)
@@ -87,10 +100,19 @@ def test_cuda_container_without_allocation_using_a_gpu(node, monkeypatch, capsys
 def test_time_sliced_sharing_is_legitimate(node, monkeypatch, capsys):
     scenario = node(gpus=1)
     for replica in range(4):
-        scenario.add_pod("ml", f"infer-{replica}", Ctr(
-            "main", allocated=[0], device_ids=[f"{uuid_of(0)}::{replica}"], resource="nvidia.com/gpu.shared",
-            visible=[0], processes=[(0, (replica + 1) * GIB)], env={"NVIDIA_VISIBLE_DEVICES": uuid_of(0)},
-        ))
+        scenario.add_pod(
+            "ml",
+            f"infer-{replica}",
+            Ctr(
+                "main",
+                allocated=[0],
+                device_ids=[f"{uuid_of(0)}::{replica}"],
+                resource="nvidia.com/gpu.shared",
+                visible=[0],
+                processes=[(0, (replica + 1) * GIB)],
+                env={"NVIDIA_VISIBLE_DEVICES": uuid_of(0)},
+            ),
+        )
     code, report, _ = audit_json(scenario, monkeypatch, capsys)
     assert code == 0, report["findings"]
     assert sum(r["memory_bytes"].get(uuid_of(0), 0) for r in report["containers"]) == 10 * GIB
@@ -99,11 +121,23 @@ def test_time_sliced_sharing_is_legitimate(node, monkeypatch, capsys):
 
 def test_mig_process_on_a_sibling_slice(node, monkeypatch, capsys):
     scenario = node(gpus=1, mig_slots={0: 3})
-    scenario.add_pod("ml", "small", Ctr("main", allocated=["0:0"], resource="nvidia.com/mig-1g.10gb",
-                                        visible=["0:0"], processes=[("0:0", GIB), ("0:2", 2 * GIB)],
-                                        env={"NVIDIA_VISIBLE_DEVICES": uuid_of("0:0")}))
-    scenario.add_pod("ml", "other", Ctr("main", allocated=["0:1"], resource="nvidia.com/mig-1g.10gb",
-                                        visible=["0:1"], processes=[("0:1", GIB)]))
+    scenario.add_pod(
+        "ml",
+        "small",
+        Ctr(
+            "main",
+            allocated=["0:0"],
+            resource="nvidia.com/mig-1g.10gb",
+            visible=["0:0"],
+            processes=[("0:0", GIB), ("0:2", 2 * GIB)],
+            env={"NVIDIA_VISIBLE_DEVICES": uuid_of("0:0")},
+        ),
+    )
+    scenario.add_pod(
+        "ml",
+        "other",
+        Ctr("main", allocated=["0:1"], resource="nvidia.com/mig-1g.10gb", visible=["0:1"], processes=[("0:1", GIB)]),
+    )
     code, report, _ = audit_json(scenario, monkeypatch, capsys)
     assert code == 1
     assert kinds(report) == [("used-unallocated", "main", uuid_of("0:2"))]
@@ -126,8 +160,16 @@ def test_host_process_on_a_gpu_is_unattributed(node, monkeypatch, capsys):
     assert code == 1
     (finding,) = report["findings"]
     assert finding | {"message": ""} == {
-        "kind": "unattributed-process", "namespace": None, "pod": None, "container": None, "gpu": uuid_of(0),
-        "pid": pid, "memory_bytes": 300 << 20, "message": "", "pod_uid": None, "container_id": None,
+        "kind": "unattributed-process",
+        "namespace": None,
+        "pod": None,
+        "container": None,
+        "gpu": uuid_of(0),
+        "pid": pid,
+        "memory_bytes": 300 << 20,
+        "message": "",
+        "pod_uid": None,
+        "container_id": None,
     }
     assert report["unattributed_memory_bytes"] == {uuid_of(0): 300 << 20}
 
@@ -146,8 +188,11 @@ def test_every_cgroup_layout_attributes_processes(node, monkeypatch, capsys, lay
 
 def test_exempt_namespace_is_reported_but_not_flagged(node, monkeypatch, capsys):
     scenario = node(gpus=2)
-    scenario.add_pod("gpu-operator", "dcgm-exporter", Ctr("exporter", visible="all", processes=[(0, 100 << 20)],
-                                                          env={"NVIDIA_VISIBLE_DEVICES": "all"}))
+    scenario.add_pod(
+        "gpu-operator",
+        "dcgm-exporter",
+        Ctr("exporter", visible="all", processes=[(0, 100 << 20)], env={"NVIDIA_VISIBLE_DEVICES": "all"}),
+    )
     code, report, _ = audit_json(scenario, monkeypatch, capsys, "--exempt-namespace", "gpu-operator")
     assert code == 0 and report["findings"] == []
     assert row(report, "dcgm-exporter")["exempt"] is True
@@ -156,14 +201,27 @@ def test_exempt_namespace_is_reported_but_not_flagged(node, monkeypatch, capsys)
 
 def test_kai_fraction_pod_uses_the_gpu_of_its_reservation_pod(node, monkeypatch, capsys):
     scenario = node(gpus=2)
-    scenario.add_pod("kai-resource-reservation", "gpu-reservation-node-a-1",
-                     Ctr("resource-reservation", allocated=[1], visible=[1]), labels={"runai-gpu-group": "g-1"})
-    scenario.add_pod("team", "fraction", Ctr("main", visible=[1], processes=[(1, 10 * GIB)],
-                                             env={"NVIDIA_VISIBLE_DEVICES": "1"}),
-                     labels={"runai-gpu-group": "g-1"}, annotations={"gpu-fraction": "0.5"},
-                     scheduler_name="kai-scheduler")
-    scenario.add_pod("team", "impostor", Ctr("main", visible=[1], processes=[(1, GIB)]),
-                     labels={"runai-gpu-group": "g-1"}, annotations={"gpu-fraction": "0.5"})
+    scenario.add_pod(
+        "kai-resource-reservation",
+        "gpu-reservation-node-a-1",
+        Ctr("resource-reservation", allocated=[1], visible=[1]),
+        labels={"runai-gpu-group": "g-1"},
+    )
+    scenario.add_pod(
+        "team",
+        "fraction",
+        Ctr("main", visible=[1], processes=[(1, 10 * GIB)], env={"NVIDIA_VISIBLE_DEVICES": "1"}),
+        labels={"runai-gpu-group": "g-1"},
+        annotations={"gpu-fraction": "0.5"},
+        scheduler_name="kai-scheduler",
+    )
+    scenario.add_pod(
+        "team",
+        "impostor",
+        Ctr("main", visible=[1], processes=[(1, GIB)]),
+        labels={"runai-gpu-group": "g-1"},
+        annotations={"gpu-fraction": "0.5"},
+    )
     code, report, _ = audit_json(scenario, monkeypatch, capsys)
     assert code == 1
     assert {f["pod"] for f in report["findings"]} == {"impostor"}  # not scheduled by KAI: its label proves nothing
@@ -182,8 +240,12 @@ def test_dra_claim_counts_as_allocation(node, monkeypatch, capsys):
 
 def test_api_down_still_audits_and_names_containers_by_fallback(node, monkeypatch, capsys):
     scenario = node(gpus=2)
-    scenario.add_pod("ml", "train", Ctr("main", allocated=[0], visible=[0], processes=[(0, GIB)]),
-                     Ctr("logger", env={"NVIDIA_VISIBLE_DEVICES": "void"}))
+    scenario.add_pod(
+        "ml",
+        "train",
+        Ctr("main", allocated=[0], visible=[0], processes=[(0, GIB)]),
+        Ctr("logger", env={"NVIDIA_VISIBLE_DEVICES": "void"}),
+    )
     scenario.add_pod("web", "cuda", Ctr("app", processes=[(1, GIB)]))
     scenario.start()
     scenario.api.down = True
@@ -243,8 +305,14 @@ def test_console_script_writes_junit_and_exits_1(node, tmp_path):
     scenario.start()
     scenario.write_nvml()
     output = tmp_path / "audit.xml"
-    done = subprocess.run([str(CONSOLE_SCRIPT), *scenario.args("once", "--format", "junit", "--output", str(output))],
-                          check=False, env=scenario.env(), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(CONSOLE_SCRIPT), *scenario.args("once", "--format", "junit", "--output", str(output))],
+        check=False,
+        env=scenario.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1, done.stderr
     assert done.stdout == "" and 'type="used-unallocated"' in output.read_text()
 
@@ -279,4 +347,3 @@ def test_memory_nvml_does_not_report_is_counted_as_unknown_not_zero(node, monkey
     text = capsys.readouterr().out.splitlines()
     assert next(line for line in text if line.startswith("ml/blind/main")).endswith(" unknown")
     assert next(line for line in text if line.startswith("ml/half/main")).endswith("2048 MiB + 1 process unknown")
-

@@ -75,8 +75,9 @@ class Reply:
     headers: dict
 
 
-def send(conn: Connection, method: str, path: str, body: bytes | None = None,
-         content_type: str | None = "application/json") -> Reply:
+def send(
+    conn: Connection, method: str, path: str, body: bytes | None = None, content_type: str | None = "application/json"
+) -> Reply:
     headers = {"Content-Type": content_type} if content_type and body is not None else {}
     conn.request(method, path, body=body, headers=headers)
     response = conn.getresponse()
@@ -116,8 +117,20 @@ class Server:
 
 
 def run_certs(out_dir: Path) -> None:
-    subprocess.run([str(BIN / "gpu-fence-webhook"), "certs", "--service", SERVICE, "--namespace", NAMESPACE,
-                    "--out-dir", str(out_dir)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            str(BIN / "gpu-fence-webhook"),
+            "certs",
+            "--service",
+            SERVICE,
+            "--namespace",
+            NAMESPACE,
+            "--out-dir",
+            str(out_dir),
+        ],
+        check=True,
+        capture_output=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -130,10 +143,27 @@ def server(tmp_path_factory) -> Iterator[Server]:
     env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1", "TMPDIR": str(tmp)}
     with stderr_path.open("wb") as stderr:
         process = subprocess.Popen(
-            [str(BIN / "gpu-fence-webhook"), "serve", "--cert-file", str(tls / "tls.crt"), "--key-file",
-             str(tls / "tls.key"), "--bind", "127.0.0.1", "--port", str(port), "--workers", "2", "--threads", "4",
-             "--namespace", NAMESPACE],
-            stdout=subprocess.DEVNULL, stderr=stderr, env=env,
+            [
+                str(BIN / "gpu-fence-webhook"),
+                "serve",
+                "--cert-file",
+                str(tls / "tls.crt"),
+                "--key-file",
+                str(tls / "tls.key"),
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "2",
+                "--threads",
+                "4",
+                "--namespace",
+                NAMESPACE,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=env,
         )
     context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
     started = Server(port, tls, context, process, stderr_path)
@@ -281,11 +311,21 @@ def _bad_cases() -> list[tuple[str, bytes, str | None, int, str]]:
         ("/validate", b"this is not json", "application/json", 400, "invalid-json"),
         ("/validate", json.dumps(fixture("pod-create-kubectl")).encode(), "text/plain", 415, "wrong-content-type"),
         ("/validate", json.dumps(fixture("pod-create-kubectl")).encode(), None, 415, "wrong-content-type"),
-        ("/validate", (FIXTURES / "pod-create-v1beta1.json").read_bytes(), "application/json", 400,
-         "wrong-api-version"),
+        (
+            "/validate",
+            (FIXTURES / "pod-create-v1beta1.json").read_bytes(),
+            "application/json",
+            400,
+            "wrong-api-version",
+        ),
         ("/mutate", json.dumps(wrong_kind).encode(), "application/json", 400, "wrong-kind"),
-        ("/mutate", b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}', "application/json", 400,
-         "missing-request"),
+        (
+            "/mutate",
+            b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}',
+            "application/json",
+            400,
+            "missing-request",
+        ),
         ("/validate/warn", json.dumps(no_uid).encode(), "application/json", 400, "missing-uid"),
         ("/validate", b"", "application/json", 400, "empty-body"),
     ]
@@ -342,8 +382,11 @@ def test_metrics_merge_all_workers(server):
         server.post("/mutate", fixture("pod-create-replicaset-gpu-mix"))
     server.post("/validate", b"{", content_type="application/json")
     after = scrape(server)
-    assert reviews(after, "validate", "denied", "unpinned-container") - reviews(
-        before, "validate", "denied", "unpinned-container") == 12
+    assert (
+        reviews(after, "validate", "denied", "unpinned-container")
+        - reviews(before, "validate", "denied", "unpinned-container")
+        == 12
+    )
     assert reviews(after, "mutate", "patched") - reviews(before, "mutate", "patched") == 12
     key = ("gpu_fence_webhook_bad_requests_total", (("reason", "invalid-json"),))
     assert after[key] - before.get(key, 0) == 1
@@ -383,8 +426,13 @@ def test_logs_are_json_lines_and_the_kubernetes_client_is_never_imported(server)
 
 
 def _serve_fails(tmp_path: Path, *extra: str) -> str:
-    result = subprocess.run([str(BIN / "gpu-fence-webhook"), "serve", "--port", str(free_port()), *extra],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [str(BIN / "gpu-fence-webhook"), "serve", "--port", str(free_port()), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     return result.stderr
@@ -399,8 +447,15 @@ def test_serve_refuses_missing_or_mismatched_certificates_and_bad_config(tmp_pat
     assert "not a matching PEM certificate and key" in err
     config = tmp_path / "config.yaml"
     config.write_text("gpu_resourcez: [nvidia.com/gpu]\n")
-    err = _serve_fails(tmp_path, "--cert-file", str(server.tls_dir / "tls.crt"), "--key-file",
-                       str(server.tls_dir / "tls.key"), "--config", str(config))
+    err = _serve_fails(
+        tmp_path,
+        "--cert-file",
+        str(server.tls_dir / "tls.crt"),
+        "--key-file",
+        str(server.tls_dir / "tls.key"),
+        "--config",
+        str(config),
+    )
     assert "gpu_resourcez" in err
 
 

@@ -47,9 +47,10 @@ class Window:
     end: int
 
 
-WINDOWS = {name: Window(BASE + index * 3 * HOUR, BASE + index * 3 * HOUR + HOUR) for index, name in enumerate(
-    ["exclusive", "timeslice", "mig", "overreach", "renamed"]
-)}
+WINDOWS = {
+    name: Window(BASE + index * 3 * HOUR, BASE + index * 3 * HOUR + HOUR)
+    for index, name in enumerate(["exclusive", "timeslice", "mig", "overreach", "renamed"])
+}
 
 
 @dataclass
@@ -76,20 +77,38 @@ def card(om: OpenMetrics, window: Window, node: str, uuid: str, model: str) -> N
 
 
 def mig(om: OpenMetrics, window: Window, node: str, parent: str, uuid: str, *, model: str, slices: int) -> None:
-    labels = {"node": node, "gpu_uuid": uuid, "parent_uuid": parent, "model": f"{model} MIG {slices}g.{slices * 5}gb",
-              "mig_profile": f"{slices}g.{slices * 5}gb"}
+    labels = {
+        "node": node,
+        "gpu_uuid": uuid,
+        "parent_uuid": parent,
+        "model": f"{model} MIG {slices}g.{slices * 5}gb",
+        "mig_profile": f"{slices}g.{slices * 5}gb",
+    }
     om.series("gpu_fence_gpu_info", labels, 1, window.start, window.end)
     om.series("gpu_fence_gpu_share_ratio", {"node": node, "gpu_uuid": uuid}, slices / 7, window.start, window.end)
 
 
 def container(
-    om: OpenMetrics, window: Window, node: str, uuid: str, *, namespace: str, pod: str,
-    gib: float, allocated: bool = True, until: int | None = None,
+    om: OpenMetrics,
+    window: Window,
+    node: str,
+    uuid: str,
+    *,
+    namespace: str,
+    pod: str,
+    gib: float,
+    allocated: bool = True,
+    until: int | None = None,
 ) -> None:
     who = {"node": node, "namespace": namespace, "pod": pod, "container": "main", "gpu_uuid": uuid}
     end = window.end if until is None else until
-    om.series("gpu_fence_container_gpu_memory_bytes", {**who, "allocated": str(allocated).lower()}, gib * GIB,
-              window.start, end)
+    om.series(
+        "gpu_fence_container_gpu_memory_bytes",
+        {**who, "allocated": str(allocated).lower()},
+        gib * GIB,
+        window.start,
+        end,
+    )
     if allocated:
         om.series("gpu_fence_container_allocated_gpus", who, 1, window.start, window.end)
 
@@ -109,10 +128,12 @@ def scenarios() -> str:
     container(om, w, "ts", "GPU-t", namespace="ml", pod="a", gib=6)
     container(om, w, "ts", "GPU-t", namespace="ml", pod="b", gib=2)
     container(om, w, "ts", "GPU-t", namespace="research", pod="c", gib=4)
-    om.series("gpu_fence_pod_labels", {"namespace": "ml", "pod": "a", "label_example_com_team": "alpha"}, 1,
-              w.start, w.end)
-    om.series("gpu_fence_pod_labels", {"namespace": "ml", "pod": "b", "label_example_com_team": "beta"}, 1,
-              w.start, w.end)
+    om.series(
+        "gpu_fence_pod_labels", {"namespace": "ml", "pod": "a", "label_example_com_team": "alpha"}, 1, w.start, w.end
+    )
+    om.series(
+        "gpu_fence_pod_labels", {"namespace": "ml", "pod": "b", "label_example_com_team": "beta"}, 1, w.start, w.end
+    )
 
     # MIG: one A100 40GB (7.00/h) split 3g / 2g / 2g; the second 2g slice is used for the first half hour only.
     w = WINDOWS["mig"]
@@ -131,17 +152,29 @@ def scenarios() -> str:
     card(om, w, "cheap-7", "GPU-idle", T4)
     container(om, w, "over", "GPU-o", namespace="batch", pod="legit", gib=3)
     container(om, w, "over", "GPU-o", namespace="sneaky", pod="miner", gib=1, allocated=False)
-    om.series("gpu_fence_unattributed_gpu_memory_bytes", {"node": "over", "gpu_uuid": "GPU-o"}, 4 * GIB,
-              w.start, w.end)
+    om.series("gpu_fence_unattributed_gpu_memory_bytes", {"node": "over", "gpu_uuid": "GPU-o"}, 4 * GIB, w.start, w.end)
 
     # Scraped without honor_labels: Prometheus kept the auditor pod's own namespace/pod/container target labels
     # and renamed the workload's to exported_*. Billing it would charge everything to the auditor's namespace.
     w = WINDOWS["renamed"]
     card(om, w, "renamed", "GPU-r", T4)
-    om.series("gpu_fence_container_gpu_memory_bytes", {
-        "node": "renamed", "namespace": "gpu-fence", "pod": "gpu-fence-auditor-x7k2p", "container": "auditor",
-        "exported_namespace": "ml", "exported_pod": "train", "exported_container": "main", "gpu_uuid": "GPU-r",
-        "allocated": "true"}, 2 * GIB, w.start, w.end)
+    om.series(
+        "gpu_fence_container_gpu_memory_bytes",
+        {
+            "node": "renamed",
+            "namespace": "gpu-fence",
+            "pod": "gpu-fence-auditor-x7k2p",
+            "container": "auditor",
+            "exported_namespace": "ml",
+            "exported_pod": "train",
+            "exported_container": "main",
+            "gpu_uuid": "GPU-r",
+            "allocated": "true",
+        },
+        2 * GIB,
+        w.start,
+        w.end,
+    )
     return om.text()
 
 

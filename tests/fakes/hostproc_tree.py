@@ -30,8 +30,9 @@ LAYOUTS: Mapping[str, str] = {
 }
 
 
-def cgroup_text(pod_uid: str, container_id: str, *, layout: str = "systemd-containerd", qos: str = "burstable",
-                v1: bool = False) -> str:
+def cgroup_text(
+    pod_uid: str, container_id: str, *, layout: str = "systemd-containerd", qos: str = "burstable", v1: bool = False
+) -> str:
     """The ``/proc/<pid>/cgroup`` content of a process in that container (cgroup v2, or v1 with several lines)."""
     path = LAYOUTS[layout].format(uid=pod_uid, uid_=pod_uid.replace("-", "_"), cid=container_id, qos=qos)
     if v1:
@@ -60,8 +61,14 @@ class HostProcTree:
     def __str__(self) -> str:
         return str(self.root)
 
-    def rootfs(self, name: str, *, gpu_minors: Iterable[int] = (), control_nodes: bool = True,
-               extra: Mapping[str, tuple[int, int]] | None = None) -> Path:
+    def rootfs(
+        self,
+        name: str,
+        *,
+        gpu_minors: Iterable[int] = (),
+        control_nodes: bool = True,
+        extra: Mapping[str, tuple[int, int]] | None = None,
+    ) -> Path:
         """A container root file system with ``/dev`` holding the given GPUs (and, by default, the control nodes
         a GPU container gets: nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools, nvidia-caps/)."""
         fs = self.root / "_rootfs" / name
@@ -82,25 +89,44 @@ class HostProcTree:
             make_char_device(dev / node, major, minor)
         return fs
 
-    def add_process(self, pid: int, *, cgroup: str = "0::/\n",
-                    environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes = (),
-                    rootfs: Path | None = None) -> Path:
+    def add_process(
+        self,
+        pid: int,
+        *,
+        cgroup: str = "0::/\n",
+        environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes = (),
+        rootfs: Path | None = None,
+    ) -> Path:
         """Add ``/proc/<pid>``; ``environ`` pairs are written in order (duplicates allowed), bytes as given."""
         directory = self.root / str(pid)
         directory.mkdir()
         self._fill(directory, cgroup, environ, rootfs)
         return directory
 
-    def add_container_process(self, pid: int, pod_uid: str, container_id: str, *, rootfs: Path | None = None,
-                              environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes = (),
-                              layout: str = "systemd-containerd", qos: str = "burstable", v1: bool = False) -> Path:
+    def add_container_process(
+        self,
+        pid: int,
+        pod_uid: str,
+        container_id: str,
+        *,
+        rootfs: Path | None = None,
+        environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes = (),
+        layout: str = "systemd-containerd",
+        qos: str = "burstable",
+        v1: bool = False,
+    ) -> Path:
         """Add a process running in that pod's container (its cgroup file in the given layout)."""
         text = cgroup_text(pod_uid, container_id, layout=layout, qos=qos, v1=v1)
         return self.add_process(pid, cgroup=text, environ=environ, rootfs=rootfs)
 
-    def reuse_pid(self, pid: int, *, cgroup: str = "0::/\n",
-                  environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes = (),
-                  rootfs: Path | None = None) -> Path:
+    def reuse_pid(
+        self,
+        pid: int,
+        *,
+        cgroup: str = "0::/\n",
+        environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes = (),
+        rootfs: Path | None = None,
+    ) -> Path:
         """A new process takes over an exited one's pid. The new directory exists before the old one goes, so
         it cannot get the old inode number back, as a real new process gets a new inode in procfs."""
         staging = self.root / f"_new_{pid}"
@@ -130,8 +156,12 @@ class HostProcTree:
         (self.root / str(pid) / "cgroup").write_text(text)
 
     @staticmethod
-    def _fill(directory: Path, cgroup: str, environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes,
-              rootfs: Path | None) -> None:
+    def _fill(
+        directory: Path,
+        cgroup: str,
+        environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes,
+        rootfs: Path | None,
+    ) -> None:
         (directory / "cgroup").write_text(cgroup)
         if isinstance(environ, bytes):
             data = environ

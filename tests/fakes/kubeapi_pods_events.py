@@ -210,5 +210,11 @@ class FakeKubeApi:
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason,
-            "message": message}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }

@@ -38,9 +38,14 @@ class FakeKubeApi:
             "kind": f"{kind.capitalize()}WebhookConfiguration",
             "metadata": {"name": name, "resourceVersion": self._next()},
             "webhooks": [
-                {"name": hook, "clientConfig": {"service": {"name": "gpu-fence-webhook", "namespace": "gpu-fence",
-                                                            "path": "/validate"}},
-                 "admissionReviewVersions": ["v1"], "sideEffects": "None"}
+                {
+                    "name": hook,
+                    "clientConfig": {
+                        "service": {"name": "gpu-fence-webhook", "namespace": "gpu-fence", "path": "/validate"}
+                    },
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                }
                 for hook in hook_names
             ],
         }
@@ -109,8 +114,14 @@ class FakeKubeApi:
 
 
 def _status(code: int, message: str, reason: str = "") -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason,
-            "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -151,12 +162,18 @@ class FakeKubeApiServer:
 
     def kubeconfig(self, directory: Path) -> Path:
         path = directory / "kubeconfig"
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-        }))
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "fake",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                }
+            )
+        )
         return path
 
     def __enter__(self) -> FakeKubeApiServer:

@@ -41,8 +41,13 @@ from tests.fakes.podresources_server import FakeKubelet, claim, claim_device, co
 NVML_BUILD_DIR = Path(__file__).parent / "nvml" / "build"
 Device = int | str  # GPU index, "gpu:slot" MIG slot, or a literal GPU-/MIG- UUID
 
-RUNTIME_PREFIX = {"systemd-containerd": "containerd", "cgroupfs": "containerd", "systemd-crio": "cri-o",
-                  "cgroupfs-crio": "cri-o", "systemd-docker": "docker"}
+RUNTIME_PREFIX = {
+    "systemd-containerd": "containerd",
+    "cgroupfs": "containerd",
+    "systemd-crio": "cri-o",
+    "cgroupfs-crio": "cri-o",
+    "systemd-docker": "docker",
+}
 
 
 def uuid_of(device: Device) -> str:
@@ -150,9 +155,7 @@ class NodeScenario:
         return pid
 
     def nvml_config(self) -> FakeNvmlConfig:
-        gpus = tuple(
-            FakeGpu(index=i, name=self.gpu_name, mig=i in self.mig_slots) for i in range(self.gpu_count)
-        )
+        gpus = tuple(FakeGpu(index=i, name=self.gpu_name, mig=i in self.mig_slots) for i in range(self.gpu_count))
         migs = tuple(
             FakeMig(gpu_index=g, slot=s, gpu_instance_id=7 + s, slices=1, memory_total_bytes=10 * GIB)
             for g, count in sorted(self.mig_slots.items())
@@ -218,20 +221,32 @@ class NodeScenario:
                 devices = {ctr.resource: ids} if ids else {}
                 claims = []
                 if ctr.dra:
-                    claims.append(claim(f"{ctr.name}-gpu", p.namespace, *(
-                        claim_device("gpu.nvidia.com", *name.split("/", 1)) if "/" in name and "=" not in name
-                        else claim_device("gpu.nvidia.com", cdi=[name])
-                        for name in ctr.dra
-                    )))
+                    claims.append(
+                        claim(
+                            f"{ctr.name}-gpu",
+                            p.namespace,
+                            *(
+                                claim_device("gpu.nvidia.com", *name.split("/", 1))
+                                if "/" in name and "=" not in name
+                                else claim_device("gpu.nvidia.com", cdi=[name])
+                                for name in ctr.dra
+                            ),
+                        )
+                    )
                 containers.append(container(ctr.name, devices, claims))
             listed.append(pod(p.name, p.namespace, *containers))
         return listed
 
     def api_pod(self, p: Pod) -> dict[str, Any]:
         return make_pod(
-            p.namespace, p.name, p.uid, self.node,
+            p.namespace,
+            p.name,
+            p.uid,
+            self.node,
             [(ctr.name, ctr.container_id if ctr.running else None) for ctr in p.containers],
-            labels=p.labels, annotations=p.annotations, scheduler_name=p.scheduler_name,
+            labels=p.labels,
+            annotations=p.annotations,
+            scheduler_name=p.scheduler_name,
             runtime=RUNTIME_PREFIX[p.layout],
         )
 
@@ -253,8 +268,9 @@ class NodeScenario:
                 environ = {"PATH": "/usr/bin", "HOSTNAME": p.name, **ctr.env}
                 ctr.pids = [self.pid() for _ in range(1 + len(ctr.processes))]
                 for pid in ctr.pids:
-                    tree.add_container_process(pid, p.uid, ctr.container_id, rootfs=rootfs, environ=environ,
-                                               layout=p.layout, v1=p.v1)
+                    tree.add_container_process(
+                        pid, p.uid, ctr.container_id, rootfs=rootfs, environ=environ, layout=p.layout, v1=p.v1
+                    )
         for pid, _, _ in self.host_gpu_processes:
             tree.add_process(pid, cgroup="0::/system.slice/cuda-host.service\n", environ={"PATH": "/usr/bin"})
         self._write_filler(self.host_process_count)
@@ -275,10 +291,14 @@ class NodeScenario:
         assert self.kubelet is not None and self.library is not None and self.proc is not None
         base = [
             command,
-            "--node", self.node,
-            "--pod-resources-socket", str(self.kubelet.socket_path),
-            "--host-proc", str(self.proc.root),
-            "--nvml-lib", str(self.library),
+            "--node",
+            self.node,
+            "--pod-resources-socket",
+            str(self.kubelet.socket_path),
+            "--host-proc",
+            str(self.proc.root),
+            "--nvml-lib",
+            str(self.library),
         ]
         use_api = self.kubernetes if kubernetes is None else kubernetes
         if use_api and self.api is not None:
@@ -305,12 +325,22 @@ class NodeScenario:
         raise KeyError(f"{pod_name}/{name}")
 
 
-def dense_node(root: Path, *, gpus: int = 8, slots: int = 7, pods: int = 110, containers_per_pod: int = 4,
-               gpu_processes: int = 2000, host_processes: int = 30_000, kubernetes: bool = True) -> NodeScenario:
+def dense_node(
+    root: Path,
+    *,
+    gpus: int = 8,
+    slots: int = 7,
+    pods: int = 110,
+    containers_per_pod: int = 4,
+    gpu_processes: int = 2000,
+    host_processes: int = 30_000,
+    kubernetes: bool = True,
+) -> NodeScenario:
     """The benchmark's node, clean: every MIG slice shared (as replicas ``MIG-x::n``) by the pods in turn, each
     pod's first container running its share of the GPU processes, the other containers pinned to ``void``."""
-    scenario = NodeScenario(root, gpus=gpus, mig_slots={g: slots for g in range(gpus)},
-                            host_processes=host_processes, kubernetes=kubernetes)
+    scenario = NodeScenario(
+        root, gpus=gpus, mig_slots={g: slots for g in range(gpus)}, host_processes=host_processes, kubernetes=kubernetes
+    )
     slices = [f"{g}:{s}" for g in range(gpus) for s in range(slots)]
     per_pod, extra = divmod(gpu_processes, pods)
     for number in range(pods):

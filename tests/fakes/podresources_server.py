@@ -44,9 +44,7 @@ def pod(name: str, namespace: str, *containers: api_pb2.ContainerResources) -> a
     return api_pb2.PodResources(name=name, namespace=namespace, containers=list(containers))
 
 
-def claim(
-    claim_name: str, claim_namespace: str, *resources: api_pb2.ClaimResource
-) -> api_pb2.DynamicResource:
+def claim(claim_name: str, claim_namespace: str, *resources: api_pb2.ClaimResource) -> api_pb2.DynamicResource:
     return api_pb2.DynamicResource(claim_name=claim_name, claim_namespace=claim_namespace, claim_resources=resources)
 
 
@@ -100,9 +98,7 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
         for candidate in self.fake.pods:
             if candidate.name == request.pod_name and candidate.namespace == request.pod_namespace:
                 return api_pb2.GetPodResourcesResponse(pod_resources=candidate)
-        context.abort(
-            grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found"
-        )
+        context.abort(grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found")
 
 
 class _Release:

@@ -37,9 +37,15 @@ def env(name: str, value: str | None = None, **value_from: Any) -> dict[str, Any
     return entry
 
 
-def container(name: str = "app", *, image: str = "busybox:1.36", gpus: int | str | None = None,
-              resource: str = "nvidia.com/gpu", environment: Iterable[Mapping[str, Any]] | None = None,
-              **fields: Any) -> dict[str, Any]:
+def container(
+    name: str = "app",
+    *,
+    image: str = "busybox:1.36",
+    gpus: int | str | None = None,
+    resource: str = "nvidia.com/gpu",
+    environment: Iterable[Mapping[str, Any]] | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
     """A container; ``gpus`` sets ``resources.limits[resource]``; ``environment`` becomes ``env``."""
     body: dict[str, Any] = {"name": name, "image": image}
     if gpus is not None:
@@ -54,9 +60,15 @@ def gpu_container(name: str = "cuda", gpus: int | str = 1, **fields: Any) -> dic
     return container(name, image="nvidia/cuda:12.4.1-base-ubuntu22.04", gpus=gpus, **fields)
 
 
-def pod(*containers: dict[str, Any], name: str = "demo", namespace: str | None = None,
-        annotations: Mapping[str, str] | None = None, init: Iterable[dict[str, Any]] = (),
-        ephemeral: Iterable[dict[str, Any]] = (), **spec: Any) -> dict[str, Any]:
+def pod(
+    *containers: dict[str, Any],
+    name: str = "demo",
+    namespace: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+    init: Iterable[dict[str, Any]] = (),
+    ephemeral: Iterable[dict[str, Any]] = (),
+    **spec: Any,
+) -> dict[str, Any]:
     """A Pod with these containers (a default non-GPU one when none are given) and extra spec fields."""
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
@@ -75,12 +87,15 @@ def pod(*containers: dict[str, Any], name: str = "demo", namespace: str | None =
 
 def host_path_pod(path: str, *, mount_at: str = "/host") -> dict[str, Any]:
     """A pod whose one container mounts ``path`` from the host."""
-    return pod(container(volumeMounts=[{"name": "host", "mountPath": mount_at}]),
-               volumes=[{"name": "host", "hostPath": {"path": path}}])
+    return pod(
+        container(volumeMounts=[{"name": "host", "mountPath": mount_at}]),
+        volumes=[{"name": "host", "hostPath": {"path": path}}],
+    )
 
 
-def kai_fraction_pod(*containers: dict[str, Any], fraction_container: str | None = None,
-                     scheduler: str = "kai-scheduler") -> dict[str, Any]:
+def kai_fraction_pod(
+    *containers: dict[str, Any], fraction_container: str | None = None, scheduler: str = "kai-scheduler"
+) -> dict[str, Any]:
     annotations = {"gpu-fraction": "0.5"}
     if fraction_container is not None:
         annotations["gpu-fraction-container-name"] = fraction_container
@@ -131,30 +146,57 @@ def assert_valid_pod(document: Mapping[str, Any]) -> None:
 
 #: Every NVIDIA_VISIBLE_DEVICES value the toolkit research lists as an edge case (research §6), plus a few more.
 VISIBLE_DEVICES_EDGE_VALUES = (
-    "all", " all ", "ALL", "void", "VOID", "none", "", ",", "0,void", "void,0", "0,all", "none,all", "all,none",
-    "GPU-8e8b5f1c-3c1a-4d0e-9a57-2b1f2d8c9e01", "MIG-3b1e2f4a-5c6d-4e7f-8a9b-0c1d2e3f4a5b",
-    "MIG-GPU-8e8b5f1c-3c1a-4d0e-9a57-2b1f2d8c9e01/1/0", "0:1", "nvidia.com/gpu=all",
-    "/var/run/nvidia-container-devices", "0", "0,1", " void ", "void,all", "$(GPUS)", "$$(GPUS)",
+    "all",
+    " all ",
+    "ALL",
+    "void",
+    "VOID",
+    "none",
+    "",
+    ",",
+    "0,void",
+    "void,0",
+    "0,all",
+    "none,all",
+    "all,none",
+    "GPU-8e8b5f1c-3c1a-4d0e-9a57-2b1f2d8c9e01",
+    "MIG-3b1e2f4a-5c6d-4e7f-8a9b-0c1d2e3f4a5b",
+    "MIG-GPU-8e8b5f1c-3c1a-4d0e-9a57-2b1f2d8c9e01/1/0",
+    "0:1",
+    "nvidia.com/gpu=all",
+    "/var/run/nvidia-container-devices",
+    "0",
+    "0,1",
+    " void ",
+    "void,all",
+    "$(GPUS)",
+    "$$(GPUS)",
 )
 
 names = st.from_regex(r"\A[a-z]([a-z0-9-]{0,10}[a-z0-9])?\Z")
-env_names = st.sampled_from([NVD, "NVIDIA_DRIVER_CAPABILITIES", "CUDA_VISIBLE_DEVICES", "PATH", "HOME",
-                             "NVIDIA_MIG_MONITOR_DEVICES"])
+env_names = st.sampled_from(
+    [NVD, "NVIDIA_DRIVER_CAPABILITIES", "CUDA_VISIBLE_DEVICES", "PATH", "HOME", "NVIDIA_MIG_MONITOR_DEVICES"]
+)
 env_values = st.sampled_from(VISIBLE_DEVICES_EDGE_VALUES) | st.text(max_size=12)
 gpu_quantities = st.sampled_from([0, 1, 2, "0", "1", "2", "500m", "0.5"])
-gpu_resources = st.sampled_from(["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb",
-                                 "amd.com/gpu", "cpu"])
+gpu_resources = st.sampled_from(
+    ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb", "amd.com/gpu", "cpu"]
+)
 
 
 @st.composite
 def env_entries(draw: st.DrawFn) -> dict[str, Any]:
     name = draw(env_names)
     if draw(st.integers(0, 5)) == 0:
-        source = draw(st.sampled_from([
-            {"configMapKeyRef": {"name": "gpus", "key": "visible"}},
-            {"secretKeyRef": {"name": "gpus", "key": "visible"}},
-            {"fieldRef": {"fieldPath": "metadata.annotations['gpus']"}},
-        ]))
+        source = draw(
+            st.sampled_from(
+                [
+                    {"configMapKeyRef": {"name": "gpus", "key": "visible"}},
+                    {"secretKeyRef": {"name": "gpus", "key": "visible"}},
+                    {"fieldRef": {"fieldPath": "metadata.annotations['gpus']"}},
+                ]
+            )
+        )
         return {"name": name, "valueFrom": source}
     return {"name": name, "value": draw(env_values)}
 
@@ -174,12 +216,26 @@ def containers(draw: st.DrawFn, name: str, *, ephemeral: bool = False, sidecar: 
     if draw(st.integers(0, 4)) == 0:
         body["envFrom"] = [{"configMapRef": {"name": "settings"}}]
     if draw(st.integers(0, 5)) == 0:
-        body["securityContext"] = {"privileged": draw(st.booleans()),
-                                   "capabilities": {"add": draw(st.lists(st.sampled_from(
-                                       ["NET_ADMIN", "SYS_ADMIN", "ALL", "sys_admin", "CHOWN"]), max_size=2))}}
+        body["securityContext"] = {
+            "privileged": draw(st.booleans()),
+            "capabilities": {
+                "add": draw(
+                    st.lists(st.sampled_from(["NET_ADMIN", "SYS_ADMIN", "ALL", "sys_admin", "CHOWN"]), max_size=2)
+                )
+            },
+        }
     if draw(st.integers(0, 4)) == 0:
-        mount = draw(st.sampled_from(["/data", "/var/run/nvidia-container-devices/all", "/run/../dev",
-                                      "/var/run/nvidia-container-devicesall", "/host"]))
+        mount = draw(
+            st.sampled_from(
+                [
+                    "/data",
+                    "/var/run/nvidia-container-devices/all",
+                    "/run/../dev",
+                    "/var/run/nvidia-container-devicesall",
+                    "/host",
+                ]
+            )
+        )
         body["volumeMounts"] = [{"name": "vol", "mountPath": mount}]
     if sidecar:
         body["restartPolicy"] = "Always"
@@ -200,14 +256,23 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         spec["initContainers"] = [draw(containers(n, sidecar=draw(st.booleans()))) for n in init_names]
     if ephemeral_names:
         spec["ephemeralContainers"] = [draw(containers(n, ephemeral=True)) for n in ephemeral_names]
-    spec["volumes"] = [{"name": "vol", "hostPath": {"path": draw(st.sampled_from(["/data", "/dev", "/", "/dev/shm"]))}}
-                       if draw(st.booleans()) else {"name": "vol", "emptyDir": {}}]
+    spec["volumes"] = [
+        {"name": "vol", "hostPath": {"path": draw(st.sampled_from(["/data", "/dev", "/", "/dev/shm"]))}}
+        if draw(st.booleans())
+        else {"name": "vol", "emptyDir": {}}
+    ]
     if draw(st.booleans()):
         spec["runtimeClassName"] = draw(st.sampled_from(["nvidia", "runc", "nvidia-cdi"]))
     metadata: dict[str, Any] = {"name": draw(names)}
-    annotations = draw(st.dictionaries(st.sampled_from(["gpu-fraction", "team", "cdi.k8s.io/x",
-                                                        "nvidia.cdi.k8s.io/pod", "gpu-fraction-container-name"]),
-                                       st.sampled_from(["0.5", main_names[0], "nvidia.com/gpu=all"]), max_size=2))
+    annotations = draw(
+        st.dictionaries(
+            st.sampled_from(
+                ["gpu-fraction", "team", "cdi.k8s.io/x", "nvidia.cdi.k8s.io/pod", "gpu-fraction-container-name"]
+            ),
+            st.sampled_from(["0.5", main_names[0], "nvidia.com/gpu=all"]),
+            max_size=2,
+        )
+    )
     if annotations:
         metadata["annotations"] = annotations
         spec["schedulerName"] = draw(st.sampled_from(["kai-scheduler", "default-scheduler"]))
@@ -223,14 +288,28 @@ json_values = st.recursive(
 )
 
 _GRAFT_POINTS = (
-    ("spec",), ("metadata",), ("metadata", "annotations"), ("spec", "containers"), ("spec", "containers", 0),
-    ("spec", "containers", 0, "env"), ("spec", "containers", 0, "env", 0), ("spec", "containers", 0, "env", 0, "name"),
-    ("spec", "containers", 0, "env", 0, "value"), ("spec", "containers", 0, "env", 0, "valueFrom"),
-    ("spec", "containers", 0, "resources"), ("spec", "containers", 0, "resources", "limits"),
-    ("spec", "containers", 0, "name"), ("spec", "containers", 0, "securityContext"),
-    ("spec", "containers", 0, "volumeMounts"), ("spec", "volumes"), ("spec", "schedulerName"),
-    ("spec", "runtimeClassName"), ("spec", "initContainers"), ("spec", "ephemeralContainers"),
-    ("spec", "serviceAccountName"), ("metadata", "annotations", "gpu-fraction-container-name"),
+    ("spec",),
+    ("metadata",),
+    ("metadata", "annotations"),
+    ("spec", "containers"),
+    ("spec", "containers", 0),
+    ("spec", "containers", 0, "env"),
+    ("spec", "containers", 0, "env", 0),
+    ("spec", "containers", 0, "env", 0, "name"),
+    ("spec", "containers", 0, "env", 0, "value"),
+    ("spec", "containers", 0, "env", 0, "valueFrom"),
+    ("spec", "containers", 0, "resources"),
+    ("spec", "containers", 0, "resources", "limits"),
+    ("spec", "containers", 0, "name"),
+    ("spec", "containers", 0, "securityContext"),
+    ("spec", "containers", 0, "volumeMounts"),
+    ("spec", "volumes"),
+    ("spec", "schedulerName"),
+    ("spec", "runtimeClassName"),
+    ("spec", "initContainers"),
+    ("spec", "ephemeralContainers"),
+    ("spec", "serviceAccountName"),
+    ("metadata", "annotations", "gpu-fraction-container-name"),
 )
 
 

@@ -69,11 +69,21 @@ class StandInPolicy:
                 continue
             env = container.get("env")
             if env is None:
-                patch.append({"op": "add", "path": f"/spec/{field}/{index}/env",
-                              "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]})
+                patch.append(
+                    {
+                        "op": "add",
+                        "path": f"/spec/{field}/{index}/env",
+                        "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+                    }
+                )
             elif not any(e.get("name") == "NVIDIA_VISIBLE_DEVICES" for e in env):
-                patch.append({"op": "add", "path": f"/spec/{field}/{index}/env/-",
-                              "value": {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}})
+                patch.append(
+                    {
+                        "op": "add",
+                        "path": f"/spec/{field}/{index}/env/-",
+                        "value": {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+                    }
+                )
             else:
                 continue
             pinned.append(container["name"])
@@ -86,14 +96,24 @@ class StandInPolicy:
         found = []
         for _field, _index, container in _containers(pod, only):
             if (container.get("securityContext") or {}).get("privileged"):
-                found.append(Violation("privileged", container["name"], "privileged containers see every GPU; "
-                                       "remove securityContext.privileged"))
+                found.append(
+                    Violation(
+                        "privileged",
+                        container["name"],
+                        "privileged containers see every GPU; remove securityContext.privileged",
+                    )
+                )
             if not _is_gpu(container):
                 env = container.get("env") or []
                 values = [e.get("value") for e in env if e.get("name") == "NVIDIA_VISIBLE_DEVICES"]
                 if not values or values[0] not in ("void", "none"):
-                    found.append(Violation("unpinned-container", container["name"],
-                                           "request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"))
+                    found.append(
+                        Violation(
+                            "unpinned-container",
+                            container["name"],
+                            "request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void",
+                        )
+                    )
         return Validation(tuple(found), self.warnings)
 
     def validate_update(self, pod, old_pod, config):

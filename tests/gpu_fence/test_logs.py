@@ -38,8 +38,15 @@ def test_every_line_has_the_documented_keys_first_then_the_fields():
     document = render(made)
     assert list(document)[:5] == ["time", "level", "logger", "event", "message"]
     assert document["time"] == "2026-05-28T20:26:40.250Z"
-    assert document | {} == {"time": "2026-05-28T20:26:40.250Z", "level": "info", "logger": "gpu_fence.test",
-                             "event": "cycle", "message": "audit cycle completed", "containers": 3, "notes": None}
+    assert document | {} == {
+        "time": "2026-05-28T20:26:40.250Z",
+        "level": "info",
+        "logger": "gpu_fence.test",
+        "event": "cycle",
+        "message": "audit cycle completed",
+        "containers": 3,
+        "notes": None,
+    }
 
 
 def test_a_record_without_fields_is_a_log_event_with_its_message():
@@ -49,13 +56,18 @@ def test_a_record_without_fields_is_a_log_event_with_its_message():
 
 
 def test_fields_never_replace_the_lines_own_keys():
-    fields = {"event": "bad-request", "message": "body is empty", "time": 5, "level": "x", "logger": "y",
-              "exception": "z"}
+    fields = {
+        "event": "bad-request",
+        "message": "body is empty",
+        "time": 5,
+        "level": "x",
+        "logger": "y",
+        "exception": "z",
+    }
     document = render(record("bad request", fields=fields, level=logging.WARNING))
     assert document["message"] == "bad request" and document["level"] == "warning"
     assert document["logger"] == "gpu_fence.test" and TIME.match(document["time"])
-    assert (document["field_message"], document["field_time"], document["field_exception"]) == ("body is empty", 5,
-                                                                                                 "z")
+    assert (document["field_message"], document["field_time"], document["field_exception"]) == ("body is empty", 5, "z")
 
 
 def test_exceptions_are_one_string_field():
@@ -71,13 +83,13 @@ def test_exceptions_are_one_string_field():
 def test_values_json_cannot_hold_are_written_not_raised():
     loop: dict = {}
     loop["self"] = loop
-    document = render(record(fields={"event": "e", "path": Path("/x"), "huge": 2**70, "keys": {1: "a"},
-                                     "set": {"a"}}))
+    document = render(record(fields={"event": "e", "path": Path("/x"), "huge": 2**70, "keys": {1: "a"}, "set": {"a"}}))
     assert document["path"] == "/x" and document["huge"] == 2**70 and document["keys"] == {"1": "a"}
     assert document["set"] == "{'a'}"
     circular = render(record("still logged", fields={"event": "e", "loop": loop}))
-    assert circular["message"] == "still logged" and circular["event"] == "e" and "loop" in circular[
-        "unwritable_fields"]
+    assert (
+        circular["message"] == "still logged" and circular["event"] == "e" and "loop" in circular["unwritable_fields"]
+    )
 
 
 json_values = st.recursive(
@@ -129,8 +141,9 @@ def test_configure_sends_our_events_and_other_libraries_warnings_to_stderr_as_js
         "logging.getLogger('urllib3.connectionpool').warning('Retrying %s', 'GET /api')\n"
         "logging.getLogger('urllib3.connectionpool').info('below the root level')\n"
     )
-    result = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
     lines = [json.loads(line) for line in result.stderr.splitlines()]
     assert [(line["logger"], line["event"], line["message"]) for line in lines] == [
         ("gpu_fence.auditor", "started", "auditor started"),

@@ -26,40 +26,50 @@ UUID = "8e8b5f1c-3c1a-4d0e-9a57-2b1f2d8c9e01"
 # --- parse_visible_devices (research §1.2 and §6) -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("value", "visibility", "devices"), [
-    (None, Visibility.UNSET, ()),
-    ("all", Visibility.ALL, ()),
-    (" all ", Visibility.ALL, ()),
-    ("ALL", Visibility.LIST, ("ALL",)),
-    ("void", Visibility.VOID, ()),
-    ("VOID", Visibility.LIST, ("VOID",)),
-    ("none", Visibility.NONE, ()),
-    ("", Visibility.VOID, ()),
-    (",", Visibility.VOID, ()),
-    (" , ,", Visibility.VOID, ()),
-    ("0,void", Visibility.VOID, ()),
-    ("void,0", Visibility.VOID, ()),
-    ("all,void", Visibility.VOID, ()),
-    ("0,all", Visibility.ALL, ()),
-    ("none,all", Visibility.NONE, ()),
-    ("all,none", Visibility.ALL, ()),
-    ("0", Visibility.LIST, ("0",)),
-    ("0, 1,,2", Visibility.LIST, ("0", "1", "2")),
-    ("0,0", Visibility.LIST, ("0", "0")),
-    (f"GPU-{UUID}", Visibility.LIST, (f"GPU-{UUID}",)),
-    (f"MIG-{UUID}", Visibility.LIST, (f"MIG-{UUID}",)),
-    (f"MIG-GPU-{UUID}/1/0", Visibility.LIST, (f"MIG-GPU-{UUID}/1/0",)),
-    ("0:1", Visibility.LIST, ("0:1",)),
-    ("nvidia.com/gpu=all", Visibility.LIST, ("nvidia.com/gpu=all",)),
-    ("/var/run/nvidia-container-devices", Visibility.LIST, ("/var/run/nvidia-container-devices",)),
-])
+@pytest.mark.parametrize(
+    ("value", "visibility", "devices"),
+    [
+        (None, Visibility.UNSET, ()),
+        ("all", Visibility.ALL, ()),
+        (" all ", Visibility.ALL, ()),
+        ("ALL", Visibility.LIST, ("ALL",)),
+        ("void", Visibility.VOID, ()),
+        ("VOID", Visibility.LIST, ("VOID",)),
+        ("none", Visibility.NONE, ()),
+        ("", Visibility.VOID, ()),
+        (",", Visibility.VOID, ()),
+        (" , ,", Visibility.VOID, ()),
+        ("0,void", Visibility.VOID, ()),
+        ("void,0", Visibility.VOID, ()),
+        ("all,void", Visibility.VOID, ()),
+        ("0,all", Visibility.ALL, ()),
+        ("none,all", Visibility.NONE, ()),
+        ("all,none", Visibility.ALL, ()),
+        ("0", Visibility.LIST, ("0",)),
+        ("0, 1,,2", Visibility.LIST, ("0", "1", "2")),
+        ("0,0", Visibility.LIST, ("0", "0")),
+        (f"GPU-{UUID}", Visibility.LIST, (f"GPU-{UUID}",)),
+        (f"MIG-{UUID}", Visibility.LIST, (f"MIG-{UUID}",)),
+        (f"MIG-GPU-{UUID}/1/0", Visibility.LIST, (f"MIG-GPU-{UUID}/1/0",)),
+        ("0:1", Visibility.LIST, ("0:1",)),
+        ("nvidia.com/gpu=all", Visibility.LIST, ("nvidia.com/gpu=all",)),
+        ("/var/run/nvidia-container-devices", Visibility.LIST, ("/var/run/nvidia-container-devices",)),
+    ],
+)
 def test_parse_visible_devices(value, visibility, devices):
     assert parse_visible_devices(value) == VisibleDevices(visibility, devices)
 
 
-@pytest.mark.parametrize(("visibility", "safe"), [(Visibility.VOID, True), (Visibility.NONE, True),
-                                                  (Visibility.UNSET, False), (Visibility.ALL, False),
-                                                  (Visibility.LIST, False)])
+@pytest.mark.parametrize(
+    ("visibility", "safe"),
+    [
+        (Visibility.VOID, True),
+        (Visibility.NONE, True),
+        (Visibility.UNSET, False),
+        (Visibility.ALL, False),
+        (Visibility.LIST, False),
+    ],
+)
 def test_grants_no_gpu(visibility, safe):
     assert VisibleDevices(visibility).grants_no_gpu is safe
 
@@ -93,21 +103,52 @@ def test_parser_never_raises_and_is_whitespace_insensitive(value):
 # --- GPU requests -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("quantity", "positive"), [
-    (1, True), (0, False), (-1, False), ("1", True), ("0", False), ("0.0", False), ("500m", True), ("0m", False),
-    ("1e3", True), ("1Ki", True), (" 2 ", True), ("+1", True), ("-1", False), ("abc", False), ("", False),
-    (".", False), (None, False), (True, False), (False, False), ([1], False), ({"a": 1}, False), (0.5, True),
-    ("1..2", False), ("1x", False),
-])
+@pytest.mark.parametrize(
+    ("quantity", "positive"),
+    [
+        (1, True),
+        (0, False),
+        (-1, False),
+        ("1", True),
+        ("0", False),
+        ("0.0", False),
+        ("500m", True),
+        ("0m", False),
+        ("1e3", True),
+        ("1Ki", True),
+        (" 2 ", True),
+        ("+1", True),
+        ("-1", False),
+        ("abc", False),
+        ("", False),
+        (".", False),
+        (None, False),
+        (True, False),
+        (False, False),
+        ([1], False),
+        ({"a": 1}, False),
+        (0.5, True),
+        ("1..2", False),
+        ("1x", False),
+    ],
+)
 def test_quantity_is_positive(quantity, positive):
     assert quantity_is_positive(quantity) is positive
 
 
-@pytest.mark.parametrize(("resource", "matches"), [
-    ("nvidia.com/gpu", True), ("nvidia.com/gpu.shared", True), ("nvidia.com/mig-1g.10gb", True),
-    ("nvidia.com/gpumem", False), ("nvidia.com/gpucores", False), ("amd.com/gpu", False), ("gpu", False),
-    ("nvidia.com/mig", False),
-])
+@pytest.mark.parametrize(
+    ("resource", "matches"),
+    [
+        ("nvidia.com/gpu", True),
+        ("nvidia.com/gpu.shared", True),
+        ("nvidia.com/mig-1g.10gb", True),
+        ("nvidia.com/gpumem", False),
+        ("nvidia.com/gpucores", False),
+        ("amd.com/gpu", False),
+        ("gpu", False),
+        ("nvidia.com/mig", False),
+    ],
+)
 def test_default_gpu_resources(resource, matches):
     assert DEFAULT_GPU_RESOURCE_SET.matches(resource) is matches
 
@@ -118,27 +159,37 @@ def test_gpu_resources_from_patterns():
     assert resources.matches("example.com/slice-2") and not resources.matches("example.com/accel-2")
 
 
-@pytest.mark.parametrize(("container", "gpu"), [
-    ({"resources": {"limits": {"nvidia.com/gpu": 1}}}, True),
-    ({"resources": {"requests": {"nvidia.com/gpu": "1"}}}, True),
-    ({"resources": {"limits": {"nvidia.com/gpu": 0}, "requests": {"nvidia.com/gpu": 0}}}, False),
-    ({"resources": {"limits": {"amd.com/gpu": 1}}}, False),
-    ({"resources": {"claims": [{"name": "gpu"}]}}, True),
-    ({"resources": {"claims": []}}, False),
-    ({"resources": {"claims": "gpu"}}, False),
-    ({"resources": {"limits": ["nvidia.com/gpu"]}}, False),
-    ({"resources": "lots"}, False),
-    ({}, False),
-])
+@pytest.mark.parametrize(
+    ("container", "gpu"),
+    [
+        ({"resources": {"limits": {"nvidia.com/gpu": 1}}}, True),
+        ({"resources": {"requests": {"nvidia.com/gpu": "1"}}}, True),
+        ({"resources": {"limits": {"nvidia.com/gpu": 0}, "requests": {"nvidia.com/gpu": 0}}}, False),
+        ({"resources": {"limits": {"amd.com/gpu": 1}}}, False),
+        ({"resources": {"claims": [{"name": "gpu"}]}}, True),
+        ({"resources": {"claims": []}}, False),
+        ({"resources": {"claims": "gpu"}}, False),
+        ({"resources": {"limits": ["nvidia.com/gpu"]}}, False),
+        ({"resources": "lots"}, False),
+        ({}, False),
+    ],
+)
 def test_requests_gpu_resource(container, gpu):
     assert requests_gpu_resource(container) is gpu
 
 
 def test_iter_containers_covers_every_field_in_kubelet_order():
-    spec = {"ephemeralContainers": [{"name": "e"}], "containers": [{"name": "c"}, "junk"],
-            "initContainers": [{"name": "i"}], "volumes": []}
+    spec = {
+        "ephemeralContainers": [{"name": "e"}],
+        "containers": [{"name": "c"}, "junk"],
+        "initContainers": [{"name": "i"}],
+        "volumes": [],
+    }
     assert [(f, i, c["name"]) for f, i, c in iter_containers(spec)] == [
-        ("initContainers", 0, "i"), ("containers", 0, "c"), ("ephemeralContainers", 0, "e")]
+        ("initContainers", 0, "i"),
+        ("containers", 0, "c"),
+        ("ephemeralContainers", 0, "e"),
+    ]
     assert list(iter_containers({"containers": "nope"})) == []
 
 
@@ -146,8 +197,10 @@ def test_iter_containers_covers_every_field_in_kubelet_order():
 
 
 def kai_pod(annotations, scheduler="kai-scheduler", names=("first", "second")):
-    return {"metadata": {"annotations": annotations},
-            "spec": {"schedulerName": scheduler, "containers": [{"name": n} for n in names]}}
+    return {
+        "metadata": {"annotations": annotations},
+        "spec": {"schedulerName": scheduler, "containers": [{"name": n} for n in names]},
+    }
 
 
 def test_kai_fraction_container():
@@ -169,21 +222,33 @@ def test_kai_fraction_container_with_unhashable_scheduler_name():
 def test_recognition_never_raises_on_garbage(resources, annotations):
     requests_gpu_resource({"resources": resources})
     list(iter_containers({"containers": resources, "initContainers": annotations}))
-    pod = {"metadata": {"annotations": annotations}, "spec": {"schedulerName": "kai-scheduler",
-                                                              "containers": resources}}
+    pod = {
+        "metadata": {"annotations": annotations},
+        "spec": {"schedulerName": "kai-scheduler", "containers": resources},
+    }
     kai_fraction_container(pod, ["kai-scheduler"])
 
 
 # --- device ids ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("entry", "form"), [
-    ("0", DeviceIdForm.INDEX), ("12", DeviceIdForm.INDEX), (f"GPU-{UUID}", DeviceIdForm.GPU_UUID),
-    (f"MIG-{UUID}", DeviceIdForm.MIG_UUID), (f"MIG-GPU-{UUID}/1/0", DeviceIdForm.MIG_LEGACY),
-    ("0:1", DeviceIdForm.MIG_INDEX), ("nvidia.com/gpu=all", DeviceIdForm.CDI_NAME),
-    ("nvidia.com/gpu=0", DeviceIdForm.CDI_NAME), ("/var/run/nvidia-container-devices", DeviceIdForm.MOUNT_MARKER),
-    ("/run/nvidia-container-devices/0", DeviceIdForm.MOUNT_MARKER), ("VOID", DeviceIdForm.UNKNOWN),
-    ("a=b", DeviceIdForm.UNKNOWN), ("", DeviceIdForm.UNKNOWN),
-])
+@pytest.mark.parametrize(
+    ("entry", "form"),
+    [
+        ("0", DeviceIdForm.INDEX),
+        ("12", DeviceIdForm.INDEX),
+        (f"GPU-{UUID}", DeviceIdForm.GPU_UUID),
+        (f"MIG-{UUID}", DeviceIdForm.MIG_UUID),
+        (f"MIG-GPU-{UUID}/1/0", DeviceIdForm.MIG_LEGACY),
+        ("0:1", DeviceIdForm.MIG_INDEX),
+        ("nvidia.com/gpu=all", DeviceIdForm.CDI_NAME),
+        ("nvidia.com/gpu=0", DeviceIdForm.CDI_NAME),
+        ("/var/run/nvidia-container-devices", DeviceIdForm.MOUNT_MARKER),
+        ("/run/nvidia-container-devices/0", DeviceIdForm.MOUNT_MARKER),
+        ("VOID", DeviceIdForm.UNKNOWN),
+        ("a=b", DeviceIdForm.UNKNOWN),
+        ("", DeviceIdForm.UNKNOWN),
+    ],
+)
 def test_classify_device_id(entry, form):
     assert classify_device_id(entry) is form

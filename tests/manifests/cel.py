@@ -22,8 +22,9 @@ def compiled() -> tuple[list[tuple[str, Any]], list[tuple[str, Any]], list[Any]]
     policy = one(render("overlays/vap"), "ValidatingAdmissionPolicy", "gpu-fence")["spec"]
     env = celpy.Environment()
     variables = [(v["name"], env.program(env.compile(v["expression"]))) for v in policy["variables"]]
-    validations = [(v["message"].split(":", 1)[0], env.program(env.compile(v["expression"])))
-                   for v in policy["validations"]]
+    validations = [
+        (v["message"].split(":", 1)[0], env.program(env.compile(v["expression"]))) for v in policy["validations"]
+    ]
     conditions = [env.program(env.compile(c["expression"])) for c in policy["matchConditions"]]
     return variables, validations, conditions
 
@@ -40,8 +41,9 @@ def as_api_server_sends(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-def cel_denials(pod: dict[str, Any], old: dict[str, Any] | None = None, *, operation: str = "CREATE",
-                sub_resource: str = "") -> set[str]:
+def cel_denials(
+    pod: dict[str, Any], old: dict[str, Any] | None = None, *, operation: str = "CREATE", sub_resource: str = ""
+) -> set[str]:
     """The rule ids whose validation evaluates to false (a CEL error fails the test: failurePolicy is Fail).
 
     ``oldObject`` is null on CREATE; ``request.subResource`` is omitted when empty, as the API server sends it.

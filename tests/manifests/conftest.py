@@ -25,9 +25,7 @@ def kustomizations() -> list[str]:
     """``base`` and every overlay directory (relative to manifests/) that holds a kustomization."""
     found = ["base"]
     overlays = MANIFESTS / "overlays"
-    found += sorted(
-        f"overlays/{path.name}" for path in overlays.iterdir() if (path / "kustomization.yaml").is_file()
-    )
+    found += sorted(f"overlays/{path.name}" for path in overlays.iterdir() if (path / "kustomization.yaml").is_file())
     return found
 
 

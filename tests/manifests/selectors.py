@@ -36,4 +36,3 @@ def namespace_labels(name: str, mode: str | None = None) -> dict[str, str]:
     if mode is not None:
         labels["gpu-fence.io/mode"] = mode
     return labels
-

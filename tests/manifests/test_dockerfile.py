@@ -26,9 +26,13 @@ DOCKERFILE = REPO / "Dockerfile"
 
 def instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(
-        line for line in DOCKERFILE.read_text(encoding="utf-8").splitlines() if not line.lstrip().startswith("#")
-    ))
+    text = re.sub(
+        r"\\\n",
+        " ",
+        "\n".join(
+            line for line in DOCKERFILE.read_text(encoding="utf-8").splitlines() if not line.lstrip().startswith("#")
+        ),
+    )
     found = []
     for line in text.splitlines():
         if line.strip():
@@ -52,8 +56,9 @@ def test_dockerfile_shape() -> None:
     froms = [rest for keyword, rest in steps if keyword == "FROM"]
     assert froms == ["${PYTHON_IMAGE} AS build", "${PYTHON_IMAGE}"], "two stages on one pinned base"
     (base,) = [rest for keyword, rest in steps if keyword == "ARG" and rest.startswith("PYTHON_IMAGE=")]
-    assert re.fullmatch(r"PYTHON_IMAGE=docker\.io/library/python:3\.11\.\d+-slim-bookworm", base), \
+    assert re.fullmatch(r"PYTHON_IMAGE=docker\.io/library/python:3\.11\.\d+-slim-bookworm", base), (
         "a fully qualified base image with the patch version pinned"
+    )
     keywords = [keyword for keyword, _ in steps]
     assert "HEALTHCHECK" not in keywords
     final = stages()[-1]
@@ -96,16 +101,26 @@ def test_dockerfile_build_steps_install_both_entry_points(tmp_path: Path) -> Non
             for source in sources:
                 origin = REPO / source.rstrip("/")
                 if origin.is_dir():
-                    shutil.copytree(origin, destination if target.endswith("/") and len(sources) == 1
-                                    else destination / origin.name,
-                                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
+                    shutil.copytree(
+                        origin,
+                        destination if target.endswith("/") and len(sources) == 1 else destination / origin.name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                        dirs_exist_ok=True,
+                    )
                 else:
                     destination.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(origin, destination / origin.name)
         elif keyword == "RUN":
             command = _relocate(rest, root, created)
-            result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=workdir, env=env,
-                                    capture_output=True, text=True, timeout=800, check=False)
+            result = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", command],
+                cwd=workdir,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=800,
+                check=False,
+            )
             assert result.returncode == 0, f"RUN {rest}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     (copy_step,) = [rest for keyword, rest in final if keyword == "COPY"]
     _, source, target = copy_step.split()
@@ -115,7 +130,13 @@ def test_dockerfile_build_steps_install_both_entry_points(tmp_path: Path) -> Non
     assert not (environment / "bin" / "pip").exists(), "no installer in the final environment"
     assert not list(environment.rglob("*.whl")), "no wheel cache in the final environment"
     for program in ("gpu-fence-webhook", "gpu-fence-auditor"):
-        result = subprocess.run([str(environment / "bin" / program), "--help"], capture_output=True, text=True,
-                                timeout=120, check=False, env={"PATH": "/usr/bin:/bin"})
+        result = subprocess.run(
+            [str(environment / "bin" / program), "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env={"PATH": "/usr/bin:/bin"},
+        )
         assert result.returncode == 0, result.stderr
         assert "usage:" in result.stdout and "examples:" in result.stdout

@@ -23,11 +23,13 @@ def test_the_install_overlay_with_the_team_label_patch_builds(tmp_path: Path) ->
     directory = tmp_path / "my-gpu-fence"
     directory.mkdir()
     kustomization = heredoc.group(1) + "\n" + patch.group(1)
-    kustomization = kustomization.replace("<path-or-git-url-to-gpu-fence>/manifests",
-                                          os.path.relpath(MANIFESTS, directory))
+    kustomization = kustomization.replace(
+        "<path-or-git-url-to-gpu-fence>/manifests", os.path.relpath(MANIFESTS, directory)
+    )
     (directory / "kustomization.yaml").write_text(kustomization, encoding="utf-8")
-    result = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120,
-                            check=False)
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=False
+    )
     assert result.returncode == 0, result.stderr
     objects = [o for o in yaml.safe_load_all(result.stdout) if o]
     images = {c["image"] for w in workloads(objects) for c in pod_spec(w)["containers"]}

@@ -188,16 +188,22 @@ def _admitted_while_webhook_is_down(objects: list[dict[str, Any]], pod: dict[str
     policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
     for binding in (o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"):
         spec = binding["spec"]
-        if (spec["policyName"] in policies and "Deny" in spec["validationActions"]
-                and selector_matches(spec["matchResources"].get("namespaceSelector"), labels) and cel_denials(pod)):
+        if (
+            spec["policyName"] in policies
+            and "Deny" in spec["validationActions"]
+            and selector_matches(spec["matchResources"].get("namespaceSelector"), labels)
+            and cel_denials(pod)
+        ):
             return False
     return True
 
 
 def _replay(objects: list[dict[str, Any]], commands: list[str]) -> list[dict[str, Any]]:
-    kinds = {"validatingwebhookconfiguration": "ValidatingWebhookConfiguration",
-             "mutatingwebhookconfiguration": "MutatingWebhookConfiguration",
-             "validatingadmissionpolicybinding": "ValidatingAdmissionPolicyBinding"}
+    kinds = {
+        "validatingwebhookconfiguration": "ValidatingWebhookConfiguration",
+        "mutatingwebhookconfiguration": "MutatingWebhookConfiguration",
+        "validatingadmissionpolicybinding": "ValidatingAdmissionPolicyBinding",
+    }
     for command in commands:
         argv = shlex.split(command)
         assert argv[0] == "kubectl" and argv[2] in kinds, command
@@ -207,15 +213,21 @@ def _replay(objects: list[dict[str, Any]], commands: list[str]) -> list[dict[str
         elif argv[1] == "patch":
             assert "--type=json" in argv
             patch = json.loads(argv[argv.index("-p") + 1])
-            objects = [jsonpatch.apply_patch(o, patch) if o["kind"] == kind and o["metadata"]["name"] == names[0]
-                       else o for o in objects]
+            objects = [
+                jsonpatch.apply_patch(o, patch) if o["kind"] == kind and o["metadata"]["name"] == names[0] else o
+                for o in objects
+            ]
         else:
             raise AssertionError(f"the replay does not know: {command}")
     return objects
 
 
-PLAIN_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "team-a"},
-             "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}
+PLAIN_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "web", "namespace": "team-a"},
+    "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]},
+}
 FAIL_OPEN = "3. **Fail open cluster-wide**"
 EMERGENCY = "4. **Emergency**"
 VAP_TOO = "With the `vap` overlay, steps 3 and 4"

@@ -22,14 +22,38 @@ CERTS_GRANTS = {
     ("gpu-fence-certs", NAMESPACE, "", "secrets", "update", "gpu-fence-webhook-tls"),
     # "create" cannot be limited by name; namespace-bound (see certs-rbac.yaml and docs/operations.md).
     ("gpu-fence-certs", NAMESPACE, "", "secrets", "create", "*"),
-    ("gpu-fence-certs", "cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get",
-     "gpu-fence-mutating"),
-    ("gpu-fence-certs", "cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch",
-     "gpu-fence-mutating"),
-    ("gpu-fence-certs", "cluster", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "get",
-     "gpu-fence-validating"),
-    ("gpu-fence-certs", "cluster", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch",
-     "gpu-fence-validating"),
+    (
+        "gpu-fence-certs",
+        "cluster",
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        "get",
+        "gpu-fence-mutating",
+    ),
+    (
+        "gpu-fence-certs",
+        "cluster",
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        "patch",
+        "gpu-fence-mutating",
+    ),
+    (
+        "gpu-fence-certs",
+        "cluster",
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+        "get",
+        "gpu-fence-validating",
+    ),
+    (
+        "gpu-fence-certs",
+        "cluster",
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+        "patch",
+        "gpu-fence-validating",
+    ),
 }
 EXPECTED = {
     "base": AUDITOR_GRANTS | CERTS_GRANTS,
@@ -41,8 +65,11 @@ EXPECTED = {
 
 
 def grants(objects: list[dict[str, Any]]) -> set[tuple[str, str, str, str, str, str]]:
-    roles = {(o["kind"], o["metadata"].get("namespace", "cluster"), o["metadata"]["name"]): o
-             for o in objects if o["kind"] in ("Role", "ClusterRole")}
+    roles = {
+        (o["kind"], o["metadata"].get("namespace", "cluster"), o["metadata"]["name"]): o
+        for o in objects
+        if o["kind"] in ("Role", "ClusterRole")
+    }
     found: set[tuple[str, str, str, str, str, str]] = set()
     for binding in (o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
         ref = binding["roleRef"]
@@ -158,13 +185,15 @@ def _request_grant(method: str, path: str, query: dict[str, list[str]] | None = 
     return group, resource, verb, name
 
 
-def _covered(used: set[tuple[str, str, str, str]], granted: set[tuple[str, str, str, str, str, str]],
-             account: str) -> None:
+def _covered(
+    used: set[tuple[str, str, str, str]], granted: set[tuple[str, str, str, str, str, str]], account: str
+) -> None:
     mine = {(g[2], g[3], g[4], g[5]) for g in granted if g[0] == account}
     for call in used:
         assert call in mine or (*call[:3], "*") in mine, f"{account} calls {call} but no Role grants it"
-    unused = {grant for grant in mine
-              if grant not in used and not (grant[3] == "*" and any(c[:3] == grant[:3] for c in used))}
+    unused = {
+        grant for grant in mine if grant not in used and not (grant[3] == "*" and any(c[:3] == grant[:3] for c in used))
+    }
     assert not unused, f"{account} is granted {sorted(unused)} but never makes that call"
 
 
@@ -204,8 +233,17 @@ def test_auditor_is_granted_exactly_the_calls_it_makes(tmp_path: Path) -> None:
         pods = PodCache(client, "gpu-node-1", clock=lambda: now[0])
         assert pods.refresh()
         events = EventRecorder(client, "gpu-node-1", reemit_after=60, clock=lambda: now[0])
-        finding = Finding(FindingKind.USED_UNALLOCATED, "ml", "train", "main", "GPU-1", pid=1, memory_bytes=1,
-                          message="m", pod_uid="uid-1")
+        finding = Finding(
+            FindingKind.USED_UNALLOCATED,
+            "ml",
+            "train",
+            "main",
+            "GPU-1",
+            pid=1,
+            memory_bytes=1,
+            message="m",
+            pod_uid="uid-1",
+        )
         assert events.record([finding]) == 1  # create
         now[0] += 61
         assert events.record([finding]) == 1  # re-emit: patch

@@ -54,9 +54,15 @@ def test_every_rendered_object_validates(target: str) -> None:
 
 @pytest.mark.parametrize("target", KUSTOMIZATIONS)
 def test_namespaced_objects_land_in_the_gpu_fence_namespace(target: str) -> None:
-    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
-                      "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
-                      "ValidatingAdmissionPolicyBinding"}
+    cluster_scoped = {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     for obj in render(target):
         if obj["kind"] in cluster_scoped:
             assert "namespace" not in obj["metadata"], obj["metadata"]["name"]
@@ -76,8 +82,7 @@ def test_service_monitors_select_a_service_port_that_exists(target: str) -> None
     services = [o for o in objects if o["kind"] == "Service"]
     for monitor in (o for o in objects if o["kind"] == "ServiceMonitor"):
         wanted = monitor["spec"]["selector"].get("matchLabels", {})
-        selected = [s for s in services
-                    if all(s["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
+        selected = [s for s in services if all(s["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
         assert selected, f"ServiceMonitor {monitor['metadata']['name']} selects no Service"
         ports = {p.get("name") for s in selected for p in s["spec"]["ports"]}
         for endpoint in monitor["spec"]["endpoints"]:

@@ -19,8 +19,16 @@ from hypothesis import strategies as st
 from .cel import cel_denials, compiled
 from .conftest import one, render
 
-RULE_IDS = ("unpinned-container", "visible-devices-env", "privileged", "sys-admin-capability", "device-list-mount",
-            "cdi-annotation", "host-device-path", "mig-control-env")
+RULE_IDS = (
+    "unpinned-container",
+    "visible-devices-env",
+    "privileged",
+    "sys-admin-capability",
+    "device-list-mount",
+    "cdi-annotation",
+    "host-device-path",
+    "mig-control-env",
+)
 NVD = "NVIDIA_VISIBLE_DEVICES"
 VOID = {"name": NVD, "value": "void"}
 
@@ -63,8 +71,14 @@ def container(name: str = "app", *env: dict[str, Any], **fields: Any) -> dict[st
     return body
 
 
-def gpu(name: str = "cuda", *env: dict[str, Any], resource: str = "nvidia.com/gpu", amount: Any = "1",
-        section: str = "limits", **fields: Any) -> dict[str, Any]:
+def gpu(
+    name: str = "cuda",
+    *env: dict[str, Any],
+    resource: str = "nvidia.com/gpu",
+    amount: Any = "1",
+    section: str = "limits",
+    **fields: Any,
+) -> dict[str, Any]:
     return container(name, *env, resources={section: {resource: amount}}, **fields)
 
 
@@ -80,13 +94,17 @@ def nvd(value: str) -> dict[str, Any]:
 
 
 def host_path_pod(path: str) -> dict[str, Any]:
-    return pod(container("app", VOID, volumeMounts=[{"name": "host", "mountPath": "/host"}]),
-               volumes=[{"name": "host", "hostPath": {"path": path}}])
+    return pod(
+        container("app", VOID, volumeMounts=[{"name": "host", "mountPath": "/host"}]),
+        volumes=[{"name": "host", "hostPath": {"path": path}}],
+    )
 
 
 def mount_pod(path: str) -> dict[str, Any]:
-    return pod(container("app", VOID, volumeMounts=[{"name": "data", "mountPath": path}]),
-               volumes=[{"name": "data", "emptyDir": {}}])
+    return pod(
+        container("app", VOID, volumeMounts=[{"name": "data", "mountPath": path}]),
+        volumes=[{"name": "data", "emptyDir": {}}],
+    )
 
 
 def caps_pod(*capabilities: str) -> dict[str, Any]:
@@ -120,8 +138,9 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "allx-then-none": pod(container("app", nvd("allx,al,a l l,none"))),
     "reference": pod(container("app", nvd("$(OTHER)"))),
     "value-from-secret": pod(container("app", {"name": NVD, "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}})),
-    "value-from-field": pod(container("app", {"name": NVD, "valueFrom": {
-        "fieldRef": {"fieldPath": "metadata.annotations['x']"}}})),
+    "value-from-field": pod(
+        container("app", {"name": NVD, "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['x']"}}})
+    ),
     "gpu-and-sidecar": pod(gpu(), container("sidecar")),
     "gpu-and-pinned-sidecar": pod(gpu(), container("sidecar", VOID)),
     "gpu-sets-nvd": pod(gpu("cuda", nvd("all"))),
@@ -134,8 +153,10 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "gpu-mig": pod(gpu(resource="nvidia.com/mig-1g.5gb")),
     "gpu-lookalike": pod(gpu(resource="nvidia.com/gpux")),
     "amd-gpu": pod(gpu(resource="amd.com/gpu")),
-    "dra-claim": pod(container("cuda", resources={"claims": [{"name": "gpu"}]}),
-                     resourceClaims=[{"name": "gpu", "resourceClaimName": "gpu"}]),
+    "dra-claim": pod(
+        container("cuda", resources={"claims": [{"name": "gpu"}]}),
+        resourceClaims=[{"name": "gpu", "resourceClaimName": "gpu"}],
+    ),
     "kai-fraction": kai_pod(container("main", KAI_ENV), container("sidecar", VOID)),
     "kai-fraction-named": kai_pod(container("sidecar", VOID), container("main", KAI_ENV), name="main"),
     "kai-fraction-wrong-container": kai_pod(container("main", VOID), container("other", KAI_ENV)),
@@ -163,25 +184,59 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "init-unpinned": pod(container("app", VOID), initContainers=[container("init")]),
     "init-all": pod(container("app", VOID), initContainers=[container("init", nvd("all"))]),
     "sidecar-gpu-init": pod(container("app", VOID), initContainers=[gpu("init-gpu", restartPolicy="Always")]),
-    "init-privileged": pod(container("app", VOID), initContainers=[
-        container("init", VOID, securityContext={"privileged": True})]),
+    "init-privileged": pod(
+        container("app", VOID), initContainers=[container("init", VOID, securityContext={"privileged": True})]
+    ),
     "ephemeral-unpinned": pod(container("app", VOID), ephemeralContainers=[container("debug")]),
     "ephemeral-all": pod(container("app", VOID), ephemeralContainers=[container("debug", nvd("all"))]),
     "ephemeral-pinned": pod(container("app", VOID), ephemeralContainers=[container("debug", VOID)]),
-    "ephemeral-sys-admin": pod(container("app", VOID), ephemeralContainers=[
-        container("debug", VOID, securityContext={"capabilities": {"add": ["SYS_ADMIN"]}})]),
-    "ephemeral-device-mount": pod(container("app", VOID), ephemeralContainers=[
-        container("debug", VOID, volumeMounts=[{"name": "d", "mountPath": "/run/nvidia-container-devices/all"}])],
-        volumes=[{"name": "d", "emptyDir": {}}]),
-    "ephemeral-mig": pod(container("app", VOID), ephemeralContainers=[
-        container("debug", VOID, {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})]),
-    **{f"host-path {path}": host_path_pod(path) for path in (
-        "/", "/dev", "/dev/", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap1", "/dev/shm",
-        "/dev/fuse", "/dev/dri/card0", "/var", "/var/run", "/var/lib/kubelet", "/var/lib/kubelet/pods",
-        "/var/lib/kubelet/pod-resources/", "/run/nvidia/driver", "/run/nvidia-persistenced", "/etc/cdi",
-        "/etc/cdi/nvidia.yaml", "/etc", "/etc/ssl", "/var/run/docker.sock", "/run/containerd/containerd.sock",
-        "/run/crio", "/data", "/data/", "/opt/models", "/home/user/dev",
-    )},
+    "ephemeral-sys-admin": pod(
+        container("app", VOID),
+        ephemeralContainers=[container("debug", VOID, securityContext={"capabilities": {"add": ["SYS_ADMIN"]}})],
+    ),
+    "ephemeral-device-mount": pod(
+        container("app", VOID),
+        ephemeralContainers=[
+            container("debug", VOID, volumeMounts=[{"name": "d", "mountPath": "/run/nvidia-container-devices/all"}])
+        ],
+        volumes=[{"name": "d", "emptyDir": {}}],
+    ),
+    "ephemeral-mig": pod(
+        container("app", VOID),
+        ephemeralContainers=[container("debug", VOID, {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})],
+    ),
+    **{
+        f"host-path {path}": host_path_pod(path)
+        for path in (
+            "/",
+            "/dev",
+            "/dev/",
+            "/dev/nvidia0",
+            "/dev/nvidiactl",
+            "/dev/nvidia-caps/nvidia-cap1",
+            "/dev/shm",
+            "/dev/fuse",
+            "/dev/dri/card0",
+            "/var",
+            "/var/run",
+            "/var/lib/kubelet",
+            "/var/lib/kubelet/pods",
+            "/var/lib/kubelet/pod-resources/",
+            "/run/nvidia/driver",
+            "/run/nvidia-persistenced",
+            "/etc/cdi",
+            "/etc/cdi/nvidia.yaml",
+            "/etc",
+            "/etc/ssl",
+            "/var/run/docker.sock",
+            "/run/containerd/containerd.sock",
+            "/run/crio",
+            "/data",
+            "/data/",
+            "/opt/models",
+            "/home/user/dev",
+        )
+    },
 }
 
 #: Inputs the API server would pass but CEL cannot clean like the webhook does: the VAP denies them outright.
@@ -189,8 +244,10 @@ CEL_STRICTER: dict[str, tuple[dict[str, Any], str]] = {
     "host-path with a '.' segment": (host_path_pod("/data/./models"), "host-device-path"),
     "host-path with '//'": (host_path_pod("/data//models"), "host-device-path"),
     "host-path that is relative": (host_path_pod("data"), "host-device-path"),
-    "mount path with '..' naming the device dir": (mount_pod("/var/run/nvidia-container-devices/../x"),
-                                                   "device-list-mount"),
+    "mount path with '..' naming the device dir": (
+        mount_pod("/var/run/nvidia-container-devices/../x"),
+        "device-list-mount",
+    ),
 }
 
 
@@ -256,6 +313,7 @@ def test_gpu_quantity_recognition_agrees(amount: str) -> None:
 # Plain pod UPDATEs: only CDI annotations that are new or have a new value are judged, as webhook.policy.
 # validate_update judges them; the rest of an existing pod was judged at CREATE and cannot have changed.
 
+
 def annotated(base: dict[str, Any], annotations: dict[str, str] | None) -> dict[str, Any]:
     updated = copy.deepcopy(base)
     if annotations is None:
@@ -277,14 +335,20 @@ UPDATES: dict[str, tuple[dict[str, str] | None, dict[str, str] | None]] = {
     "cdi annotation removed": ({NRI: "nvidia.com/gpu=0", "team": "a"}, {"team": "a"}),
     "lookalike added": (None, {"example.com/cdi.k8s.io": "x", "cdi.k8s.io": "x"}),
     "no-boundary key added": (None, {"nvidia.cdi.k8s.io": "nvidia.com/gpu=all"}),
-    "mirror pod gets a cdi annotation": ({"kubernetes.io/config.mirror": "a"},
-                                         {"kubernetes.io/config.mirror": "a", NRI: "nvidia.com/gpu=all"}),
+    "mirror pod gets a cdi annotation": (
+        {"kubernetes.io/config.mirror": "a"},
+        {"kubernetes.io/config.mirror": "a", NRI: "nvidia.com/gpu=all"},
+    ),
 }
 #: Unpinned, privileged, SYS_ADMIN, a device-list mount, a protected hostPath, MIG env: everything but CDI.
 EVERYTHING_ELSE_WRONG = pod(
-    container("app", nvd("all"), {"name": "NVIDIA_MIG_CONFIG_DEVICES", "value": "all"},
-              securityContext={"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}},
-              volumeMounts=[{"name": "host", "mountPath": "/var/run/nvidia-container-devices/all"}]),
+    container(
+        "app",
+        nvd("all"),
+        {"name": "NVIDIA_MIG_CONFIG_DEVICES", "value": "all"},
+        securityContext={"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}},
+        volumeMounts=[{"name": "host", "mountPath": "/var/run/nvidia-container-devices/all"}],
+    ),
     container("sidecar"),
     volumes=[{"name": "host", "hostPath": {"path": "/dev"}}],
 )
@@ -306,8 +370,12 @@ def test_cel_judges_a_pod_update_as_validate_update_does(name: str) -> None:
 
 
 def test_update_fixtures_deny_and_allow() -> None:
-    outcomes = {name: cel_denials(annotated(EVERYTHING_ELSE_WRONG, new), annotated(EVERYTHING_ELSE_WRONG, old),
-                                  operation="UPDATE") for name, (old, new) in UPDATES.items()}
+    outcomes = {
+        name: cel_denials(
+            annotated(EVERYTHING_ELSE_WRONG, new), annotated(EVERYTHING_ELSE_WRONG, old), operation="UPDATE"
+        )
+        for name, (old, new) in UPDATES.items()
+    }
     assert outcomes["cdi annotation added"] == {"cdi-annotation"}
     assert outcomes["cdi annotation value changed"] == {"cdi-annotation"}
     assert outcomes["cdi annotation kept, other added"] == set()
@@ -316,6 +384,7 @@ def test_update_fixtures_deny_and_allow() -> None:
 
 # kubectl debug: an UPDATE of pods/ephemeralcontainers is judged on the ephemeral containers it adds (and the
 # hostPath volumes they mount), as the webhook judges it (webhook.review.new_container_names + validate(only=)).
+
 
 def python_debug_violations(pod: dict[str, Any], old: dict[str, Any]) -> set[str]:
     from gpu_fence.webhook.config import load_config
@@ -345,26 +414,46 @@ DEBUG_UPDATES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "clean pinned debugger on a broken pod": (BROKEN_POD, debugged(BROKEN_POD, container("debug", VOID))),
     "unpinned debugger": (BROKEN_POD, debugged(BROKEN_POD, container("debug"))),
     "debugger asks for all GPUs": (BROKEN_POD, debugged(BROKEN_POD, container("debug", nvd("all")))),
-    "privileged debugger": (BROKEN_POD, debugged(BROKEN_POD, container("debug", VOID,
-                                                                       securityContext={"privileged": True}))),
-    "SYS_ADMIN debugger": (BROKEN_POD, debugged(BROKEN_POD, container("debug", VOID, securityContext={
-        "capabilities": {"add": ["SYS_ADMIN"]}}))),
-    "debugger mounts the device list": (BROKEN_POD, debugged(BROKEN_POD, container("debug", VOID, volumeMounts=[
-        {"name": "host", "mountPath": "/run/nvidia-container-devices/all"}]))),
-    "debugger sets MIG env": (BROKEN_POD, debugged(BROKEN_POD, container(
-        "debug", VOID, {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}))),
-    "debugger mounts the pod's /dev hostPath": (BROKEN_POD, debugged(BROKEN_POD, container(
-        "debug", VOID, volumeMounts=[{"name": "host", "mountPath": "/host"}]))),
-    "clean debugger beside an old bad one": (debugged(BROKEN_POD, OLD_DEBUG),
-                                             debugged(BROKEN_POD, OLD_DEBUG, container("debug", VOID))),
+    "privileged debugger": (
+        BROKEN_POD,
+        debugged(BROKEN_POD, container("debug", VOID, securityContext={"privileged": True})),
+    ),
+    "SYS_ADMIN debugger": (
+        BROKEN_POD,
+        debugged(BROKEN_POD, container("debug", VOID, securityContext={"capabilities": {"add": ["SYS_ADMIN"]}})),
+    ),
+    "debugger mounts the device list": (
+        BROKEN_POD,
+        debugged(
+            BROKEN_POD,
+            container("debug", VOID, volumeMounts=[{"name": "host", "mountPath": "/run/nvidia-container-devices/all"}]),
+        ),
+    ),
+    "debugger sets MIG env": (
+        BROKEN_POD,
+        debugged(BROKEN_POD, container("debug", VOID, {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})),
+    ),
+    "debugger mounts the pod's /dev hostPath": (
+        BROKEN_POD,
+        debugged(BROKEN_POD, container("debug", VOID, volumeMounts=[{"name": "host", "mountPath": "/host"}])),
+    ),
+    "clean debugger beside an old bad one": (
+        debugged(BROKEN_POD, OLD_DEBUG),
+        debugged(BROKEN_POD, OLD_DEBUG, container("debug", VOID)),
+    ),
     "no new debugger": (debugged(BROKEN_POD, OLD_DEBUG), debugged(BROKEN_POD, OLD_DEBUG)),
     "clean pod, debugger mounts a device hostPath": (
         debugged(pod(container("app", VOID)), volumes=[HOST_DEV]),
-        debugged(pod(container("app", VOID)), container("debug", VOID, volumeMounts=[
-            {"name": "host-dev", "mountPath": "/gpu"}]), volumes=[HOST_DEV])),
+        debugged(
+            pod(container("app", VOID)),
+            container("debug", VOID, volumeMounts=[{"name": "host-dev", "mountPath": "/gpu"}]),
+            volumes=[HOST_DEV],
+        ),
+    ),
     "clean pod, device hostPath not mounted by the debugger": (
         debugged(pod(container("app", VOID)), volumes=[HOST_DEV]),
-        debugged(pod(container("app", VOID)), container("debug", VOID), volumes=[HOST_DEV])),
+        debugged(pod(container("app", VOID)), container("debug", VOID), volumes=[HOST_DEV]),
+    ),
 }
 
 
@@ -376,8 +465,10 @@ def test_cel_judges_kubectl_debug_as_the_webhook_does(name: str) -> None:
 
 
 def test_debug_fixtures_deny_and_allow() -> None:
-    outcomes = {name: cel_denials(new, old, operation="UPDATE", sub_resource="ephemeralcontainers")
-                for name, (old, new) in DEBUG_UPDATES.items()}
+    outcomes = {
+        name: cel_denials(new, old, operation="UPDATE", sub_resource="ephemeralcontainers")
+        for name, (old, new) in DEBUG_UPDATES.items()
+    }
     assert outcomes["clean pinned debugger on a broken pod"] == set()
     assert outcomes["clean debugger beside an old bad one"] == set()
     assert outcomes["debugger asks for all GPUs"] == {"visible-devices-env"}
@@ -390,9 +481,21 @@ def test_debug_fixtures_deny_and_allow() -> None:
 
 
 UPDATE_ANNOTATIONS = st.none() | st.dictionaries(
-    st.sampled_from(["cdi.k8s.io/gpu", "cdi.k8s.io/x", "nvidia.cdi.k8s.io", NRI, "nvidia.cdi.k8s.io.other", "team",
-                     "example.com/cdi.k8s.io", "cdi.k8s.io"]),
-    st.sampled_from(["", "nvidia.com/gpu=0", "nvidia.com/gpu=all"]), max_size=4)
+    st.sampled_from(
+        [
+            "cdi.k8s.io/gpu",
+            "cdi.k8s.io/x",
+            "nvidia.cdi.k8s.io",
+            NRI,
+            "nvidia.cdi.k8s.io.other",
+            "team",
+            "example.com/cdi.k8s.io",
+            "cdi.k8s.io",
+        ]
+    ),
+    st.sampled_from(["", "nvidia.com/gpu=0", "nvidia.com/gpu=all"]),
+    max_size=4,
+)
 
 
 @settings(max_examples=80, deadline=None)

@@ -15,17 +15,20 @@ from .selectors import namespace_labels, selector_matches
 
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 EXPECTED_RULES = [
-    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
-     "scope": "Namespaced"},
-    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods/ephemeralcontainers"],
-     "scope": "Namespaced"},
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"},
+    {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "operations": ["UPDATE"],
+        "resources": ["pods/ephemeralcontainers"],
+        "scope": "Namespaced",
+    },
 ]
 #: Validation also sees plain pod UPDATEs (a CDI annotation added after creation, V9/V10); a matchCondition
 #: narrows them to the ones that add or change such an annotation.
 EXPECTED_VALIDATING_RULES = [
     *EXPECTED_RULES,
-    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"],
-     "scope": "Namespaced"},
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"], "scope": "Namespaced"},
 ]
 
 
@@ -116,20 +119,32 @@ def test_gpu_operator_overlay_leaves_the_operator_namespace_alone() -> None:
     assert calls_for(objects, namespace_labels("team-a")) == {"mutate", "/validate"}
 
 
-def calls_webhook(hook: dict[str, Any], *, operation: str = "CREATE", obj: dict[str, Any],
-                  old: dict[str, Any] | None = None, sub_resource: str = "") -> bool:
+def calls_webhook(
+    hook: dict[str, Any],
+    *,
+    operation: str = "CREATE",
+    obj: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    sub_resource: str = "",
+) -> bool:
     """Whether the API server calls this webhook for the request, by its matchConditions (all must be true).
 
     The CEL variables are those the API server provides: ``object``, ``oldObject`` (null on CREATE) and
     ``request``, whose ``subResource`` is omitted when empty (``omitempty`` in admission/v1). An evaluation error
     fails the test: under failurePolicy Fail the API server would reject the request outright.
     """
-    request: dict[str, Any] = {"operation": operation, "namespace": "team-a",
-                               "userInfo": {"username": "alice", "groups": ["system:authenticated"]}}
+    request: dict[str, Any] = {
+        "operation": operation,
+        "namespace": "team-a",
+        "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+    }
     if sub_resource:
         request["subResource"] = sub_resource
-    activation = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
-                  "request": celpy.json_to_cel(request)}
+    activation = {
+        "object": celpy.json_to_cel(obj),
+        "oldObject": celpy.json_to_cel(old),
+        "request": celpy.json_to_cel(request),
+    }
     env = celpy.Environment()
     for condition in hook.get("matchConditions", []):
         result = env.program(env.compile(condition["expression"])).evaluate(activation)
@@ -145,8 +160,12 @@ def pod_with(annotations: dict[str, str] | None = None, labels: dict[str, str] |
         metadata["annotations"] = annotations
     if labels is not None:
         metadata["labels"] = labels
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
-            "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]},
+    }
 
 
 MIRROR = {"kubernetes.io/config.mirror": "abc"}
@@ -167,8 +186,9 @@ def test_match_conditions_skip_mirror_pods_and_nothing_else_on_create(target: st
         # kubectl debug: always judged, whatever happens to the annotations (the new container is what counts)
         debugged = pod_with({"team": "a"})
         assert calls_webhook(hook, operation="UPDATE", sub_resource="ephemeralcontainers", obj=debugged, old=debugged)
-        assert not calls_webhook(hook, operation="UPDATE", sub_resource="ephemeralcontainers",
-                                 obj=pod_with(MIRROR), old=pod_with(MIRROR))
+        assert not calls_webhook(
+            hook, operation="UPDATE", sub_resource="ephemeralcontainers", obj=pod_with(MIRROR), old=pod_with(MIRROR)
+        )
 
 
 def validating_hooks(target: str) -> list[dict[str, Any]]:
@@ -182,6 +202,7 @@ def test_plain_pod_updates_reach_validation_only_when_they_add_or_change_a_cdi_a
     from gpu_fence.webhook.policy import CDI_ANNOTATION_PREFIXES
 
     for hook in validating_hooks(target):
+
         def update(old: dict[str, Any], new: dict[str, Any], hook: dict[str, Any] = hook) -> bool:
             return calls_webhook(hook, operation="UPDATE", obj=new, old=old)
 
@@ -202,10 +223,19 @@ def test_plain_pod_updates_reach_validation_only_when_they_add_or_change_a_cdi_a
         assert not update(pod_with(MIRROR), pod_with({**MIRROR, "cdi.k8s.io/gpu": "nvidia.com/gpu=all"}))
 
 
-ANNOTATION_KEYS = st.sampled_from(["cdi.k8s.io/gpu", "cdi.k8s.io/other", "nvidia.cdi.k8s.io", "nvidia.cdi.k8s.io/pod",
-                                   "nvidia.cdi.k8s.io.x", "team", "example.com/cdi.k8s.io", "cdi.k8s.io"])
-ANNOTATIONS = st.none() | st.dictionaries(ANNOTATION_KEYS, st.sampled_from(["", "nvidia.com/gpu=0", "all"]),
-                                          max_size=4)
+ANNOTATION_KEYS = st.sampled_from(
+    [
+        "cdi.k8s.io/gpu",
+        "cdi.k8s.io/other",
+        "nvidia.cdi.k8s.io",
+        "nvidia.cdi.k8s.io/pod",
+        "nvidia.cdi.k8s.io.x",
+        "team",
+        "example.com/cdi.k8s.io",
+        "cdi.k8s.io",
+    ]
+)
+ANNOTATIONS = st.none() | st.dictionaries(ANNOTATION_KEYS, st.sampled_from(["", "nvidia.com/gpu=0", "all"]), max_size=4)
 
 
 @settings(max_examples=80, deadline=None)

@@ -159,10 +159,15 @@ def test_critical_priority_pods_have_a_quota_that_admits_them(target: str) -> No
         spec = workload["spec"]
         surge = spec.get("strategy", {}).get("rollingUpdate", {}).get("maxSurge", 0)
         needed = spec.get("replicas", 1) + (surge if isinstance(surge, int) else 1)
-        quotas = [q for q in find(objects, "ResourceQuota")
-                  if q["metadata"].get("namespace") == workload["metadata"].get("namespace")
-                  and any(e["scopeName"] == "PriorityClass" and e["operator"] == "In" and priority in e["values"]
-                          for e in q["spec"].get("scopeSelector", {}).get("matchExpressions", []))]
+        quotas = [
+            q
+            for q in find(objects, "ResourceQuota")
+            if q["metadata"].get("namespace") == workload["metadata"].get("namespace")
+            and any(
+                e["scopeName"] == "PriorityClass" and e["operator"] == "In" and priority in e["values"]
+                for e in q["spec"].get("scopeSelector", {}).get("matchExpressions", [])
+            )
+        ]
         assert quotas, f"{workload['metadata']['name']}: no ResourceQuota admits priority class {priority}"
         for quota in quotas:
             assert int(quota["spec"]["hard"]["pods"]) >= needed, "room for every replica and the rollout surge"

@@ -86,8 +86,15 @@ def base_env() -> dict[str, str]:
 
 
 def run_smoke(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env=env or base_env(), check=False)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=env or base_env(),
+        check=False,
+    )
 
 
 def results(out: Path) -> dict:
@@ -108,8 +115,9 @@ def assert_gone(pid: int) -> None:
 
 def test_dry_run_passes_and_records_everything(fake_lib: Path, fake_smi: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = run_smoke("--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--nvidia-smi", str(fake_smi),
-                     "--alloc-mib", "256")
+    done = run_smoke(
+        "--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--nvidia-smi", str(fake_smi), "--alloc-mib", "256"
+    )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     record = results(out)
@@ -117,8 +125,18 @@ def test_dry_run_passes_and_records_everything(fake_lib: Path, fake_smi: Path, t
 
     checks = checks_by_name(record)
     assert list(checks) == [
-        "nvml-lists-process", "nvml-memory", "pid-namespace", "auditor-exit", "auditor-finding", "finding-memory",
-        "finding-device", "summary-gpus", "repeatable", "nvidia-smi-agrees", "instance-ids", "process-gone",
+        "nvml-lists-process",
+        "nvml-memory",
+        "pid-namespace",
+        "auditor-exit",
+        "auditor-finding",
+        "finding-memory",
+        "finding-device",
+        "summary-gpus",
+        "repeatable",
+        "nvidia-smi-agrees",
+        "instance-ids",
+        "process-gone",
     ]
     assert {check["status"] for check in checks.values()} == {"pass"}
     assert "nvidia-smi" in checks["finding-device"]["detail"]  # the compute-apps row was found and compared
@@ -175,8 +193,18 @@ def test_a_fake_that_misreports_fails_the_checks_it_breaks(
     fake_lib: Path, tmp_path: Path, fault: str, failing: set[str]
 ) -> None:
     out = tmp_path / "out"
-    done = run_smoke("--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--dry-run-fault", fault,
-                     "--runs", "1", "--alloc-mib", "64")
+    done = run_smoke(
+        "--out",
+        str(out),
+        "--dry-run-fake-nvml",
+        str(fake_lib),
+        "--dry-run-fault",
+        fault,
+        "--runs",
+        "1",
+        "--alloc-mib",
+        "64",
+    )
     assert done.returncode == 1, done.stderr
     record = results(out)
     assert record["status"] == "fail"
@@ -191,8 +219,19 @@ def test_a_fake_that_misreports_fails_the_checks_it_breaks(
 def test_nvidia_smi_that_disagrees_with_nvml_fails(fake_lib: Path, fake_smi: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = base_env() | {"FAKE_SMI_DRIVER": "999.1"}
-    done = run_smoke("--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--nvidia-smi", str(fake_smi),
-                     "--runs", "1", "--alloc-mib", "64", env=env)
+    done = run_smoke(
+        "--out",
+        str(out),
+        "--dry-run-fake-nvml",
+        str(fake_lib),
+        "--nvidia-smi",
+        str(fake_smi),
+        "--runs",
+        "1",
+        "--alloc-mib",
+        "64",
+        env=env,
+    )
     assert done.returncode == 1, done.stderr
     check = checks_by_name(results(out))["nvidia-smi-agrees"]
     assert check["status"] == "fail"
@@ -298,8 +337,23 @@ def fake_libcuda(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("libcuda")
     source = directory / "fake_libcuda.c"
     source.write_text(FAKE_LIBCUDA)
-    subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1",
-                    "-o", str(directory / "libcuda.so.1"), str(source)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(directory / "libcuda.so.1"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return directory
 
 
@@ -315,8 +369,17 @@ def test_driver_api_holder_passes_every_check(fake_lib: Path, fake_libcuda: Path
     config = FakeNvmlConfig(gpus=(FakeGpu(0), FakeGpu(1))).write(tmp_path / "nvml.conf")
     out = tmp_path / "out"
     # Not a dry run: --cuda auto tries PyTorch (absent), then the driver API, as on a GPU machine without PyTorch.
-    done = run_smoke("--out", str(out), "--nvml-lib", str(fake_lib), "--alloc-mib", "128", "--runs", "2",
-                     env=cuda_env(fake_libcuda, config))
+    done = run_smoke(
+        "--out",
+        str(out),
+        "--nvml-lib",
+        str(fake_lib),
+        "--alloc-mib",
+        "128",
+        "--runs",
+        "2",
+        env=cuda_env(fake_libcuda, config),
+    )
     assert done.returncode == 0, done.stderr
     assert "CUDA through torch failed: PyTorch is not importable" in done.stderr
     record = results(out)
@@ -335,8 +398,15 @@ def test_driver_api_holder_passes_every_check(fake_lib: Path, fake_libcuda: Path
 
 def test_a_cuda_error_is_named_with_its_text(fake_lib: Path, fake_libcuda: Path, tmp_path: Path) -> None:
     config = FakeNvmlConfig(gpus=(FakeGpu(0),)).write(tmp_path / "nvml.conf")
-    done = run_smoke("--out", str(tmp_path / "out"), "--nvml-lib", str(fake_lib), "--cuda", "driver",
-                     env=cuda_env(fake_libcuda, config, FAKE_CUDA_FAIL="cuMemAlloc_v2"))
+    done = run_smoke(
+        "--out",
+        str(tmp_path / "out"),
+        "--nvml-lib",
+        str(fake_lib),
+        "--cuda",
+        "driver",
+        env=cuda_env(fake_libcuda, config, FAKE_CUDA_FAIL="cuMemAlloc_v2"),
+    )
     assert_one_line_cannot_run(done, "driver: cuMemAlloc_v2 failed: CUDA error 2 (out of memory)")
 
 
@@ -394,7 +464,10 @@ def test_sigterm_stops_the_cuda_process_and_the_kubelet(fake_lib: Path, tmp_path
     out = tmp_path / "out"
     process = subprocess.Popen(
         [sys.executable, str(SCRIPT), "--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--runs", "200"],
-        stderr=subprocess.PIPE, text=True, cwd=REPO, env=base_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=base_env(),
     )
     try:
         pid = wait_for_line(process, "auditing ")  # the CUDA stand-in and the kubelet are both up
@@ -526,8 +599,15 @@ def facts(**overrides) -> object:
     own = process(42, device="GPU-00000000-0000-4000-8000-000000000000", used=3 * MIB)
     report = {
         "summary": {"gpus": 1, "devices": 1},
-        "findings": [{"kind": "unattributed-process", "pid": 42, "gpu": own["device_uuid"],
-                      "memory_bytes": 3 * MIB, "message": "m"}],
+        "findings": [
+            {
+                "kind": "unattributed-process",
+                "pid": 42,
+                "gpu": own["device_uuid"],
+                "memory_bytes": 3 * MIB,
+                "message": "m",
+            }
+        ],
     }
     values = {
         "allocated_bytes": 2 * MIB,
@@ -562,9 +642,10 @@ def test_evaluate_all_good() -> None:
 
 def test_evaluate_other_pid_namespace_is_a_skip_not_a_failure() -> None:
     own = process(9001, device="GPU-00000000-0000-4000-8000-000000000000", used=3 * MIB)
-    report = {"summary": {"gpus": 1, "devices": 1},
-              "findings": [{"kind": "unattributed-process", "pid": 9001, "gpu": own["device_uuid"],
-                            "memory_bytes": 3 * MIB}]}
+    report = {
+        "summary": {"gpus": 1, "devices": 1},
+        "findings": [{"kind": "unattributed-process", "pid": 9001, "gpu": own["device_uuid"], "memory_bytes": 3 * MIB}],
+    }
     result = smoke.evaluate(facts(own=own, own_how="new-process", runs=({"exit_code": 1, "report": report},)))
     by_name = {check.name: check for check in result}
     assert by_name["pid-namespace"].status == "skip" and "9001" in by_name["pid-namespace"].detail
@@ -589,13 +670,23 @@ def test_evaluate_auditor_that_could_not_audit() -> None:
 def test_evaluate_device_against_cuda_and_nvidia_smi_on_a_mig_device() -> None:
     card, mig = "GPU-00000000-0000-4000-8000-000000000000", "MIG-00000000-0001-4000-8000-000000000010"
     own = process(42, device=mig, used=3 * MIB)
-    report = {"summary": {"gpus": 1, "devices": 2},
-              "findings": [{"kind": "unattributed-process", "pid": 42, "gpu": mig, "memory_bytes": 3 * MIB}]}
+    report = {
+        "summary": {"gpus": 1, "devices": 2},
+        "findings": [{"kind": "unattributed-process", "pid": 42, "gpu": mig, "memory_bytes": 3 * MIB}],
+    }
     devices = ({"uuid": card, "parent_uuid": None, "mig_enabled": True}, {"uuid": mig, "parent_uuid": card})
-    base = {"own": own, "devices": devices, "runs": ({"exit_code": 1, "report": report},),
-            "raw_own": {"gpu_instance_id": 7, "compute_instance_id": 0}}
-    good = {c.name: c for c in smoke.evaluate(facts(
-        **base, holder_uuid=mig[4:], smi_apps=({"pid": "42", "gpu_uuid": card, "used_memory": "3"},)))}
+    base = {
+        "own": own,
+        "devices": devices,
+        "runs": ({"exit_code": 1, "report": report},),
+        "raw_own": {"gpu_instance_id": 7, "compute_instance_id": 0},
+    }
+    good = {
+        c.name: c
+        for c in smoke.evaluate(
+            facts(**base, holder_uuid=mig[4:], smi_apps=({"pid": "42", "gpu_uuid": card, "used_memory": "3"},))
+        )
+    }
     assert good["finding-device"].status == "pass"
     assert good["finding-device"].detail.endswith("NVML, CUDA, nvidia-smi report")
     assert good["instance-ids"].status == "info"
@@ -604,8 +695,10 @@ def test_evaluate_device_against_cuda_and_nvidia_smi_on_a_mig_device() -> None:
 
 
 def test_evaluate_counts_and_nvidia_smi() -> None:
-    listed = ({"kind": "gpu", "uuid": "GPU-00000000-0000-4000-8000-000000000000"},
-              {"kind": "gpu", "uuid": "GPU-00000001-0000-4000-8000-000000000001"})
+    listed = (
+        {"kind": "gpu", "uuid": "GPU-00000000-0000-4000-8000-000000000000"},
+        {"kind": "gpu", "uuid": "GPU-00000001-0000-4000-8000-000000000001"},
+    )
     checks = {c.name: c for c in smoke.evaluate(facts(smi_list=listed, smi_gpus=({"driver_version": "580.1"},)))}
     assert checks["summary-gpus"].status == "fail" and "nvidia-smi -L 2" in checks["summary-gpus"].detail
     assert checks["nvidia-smi-agrees"].status == "fail" and "GPU UUIDs differ" in checks["nvidia-smi-agrees"].detail
@@ -616,7 +709,14 @@ def test_evaluate_process_that_stays_listed_after_exit() -> None:
 
 
 def test_markdown_of_a_cannot_run_record() -> None:
-    record = {"status": "cannot-run", "exit_code": 2, "started": "t0", "finished": "t1", "duration_seconds": 0.1,
-              "reason": "no usable NVIDIA driver (driver-not-loaded): ...", "checks": []}
+    record = {
+        "status": "cannot-run",
+        "exit_code": 2,
+        "started": "t0",
+        "finished": "t1",
+        "duration_seconds": 0.1,
+        "reason": "no usable NVIDIA driver (driver-not-loaded): ...",
+        "checks": [],
+    }
     text = smoke.summary_markdown(record)
     assert "**CANNOT-RUN** (exit 2)" in text and "Could not run: no usable NVIDIA driver" in text

@@ -74,8 +74,13 @@ def test_content_type_with_charset_is_accepted(client):
         ("/validate", body(), "text/plain", 415, "wrong-content-type"),
         ("/mutate", body(), "", 415, "wrong-content-type"),
         ("/validate", body("pod-create-v1beta1"), "application/json", 400, "wrong-api-version"),
-        ("/validate", b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}', "application/json", 400,
-         "missing-request"),
+        (
+            "/validate",
+            b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}',
+            "application/json",
+            400,
+            "missing-request",
+        ),
         ("/validate", b"[]", "application/json", 400, "not-an-object"),
     ],
 )
@@ -117,8 +122,10 @@ def test_internal_error_is_counted_logged_and_fails_closed(metrics, caplog):
     assert response.json["response"]["status"]["code"] == 500
     counts = samples(metrics)
     assert counts[("gpu_fence_webhook_internal_errors_total", (("endpoint", "validate"),))] == 1
-    assert counts[("gpu_fence_webhook_reviews_total", (("endpoint", "validate"), ("rule", "none"),
-                                                         ("verdict", "error")))] == 1
+    assert (
+        counts[("gpu_fence_webhook_reviews_total", (("endpoint", "validate"), ("rule", "none"), ("verdict", "error")))]
+        == 1
+    )
     [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert record.fields["error"] == "ValueError: bad rule table"
     assert record.fields["uid"] == json.loads(body())["request"]["uid"]

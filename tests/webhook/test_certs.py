@@ -44,8 +44,9 @@ DAY = dt.timedelta(days=1)
 
 def test_certs_out_dir_writes_a_verifiable_chain_with_private_keys(tmp_path):
     out = tmp_path / "tls"
-    code = cli.main(["certs", "--service", "gpu-fence-webhook", "--namespace", "gpu-fence", "--out-dir", str(out),
-                     "--days", "10"])
+    code = cli.main(
+        ["certs", "--service", "gpu-fence-webhook", "--namespace", "gpu-fence", "--out-dir", str(out), "--days", "10"]
+    )
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == ["ca.crt", "tls.crt", "tls.key"]
     assert stat.S_IMODE((out / "tls.key").stat().st_mode) == 0o600
@@ -53,10 +54,15 @@ def test_certs_out_dir_writes_a_verifiable_chain_with_private_keys(tmp_path):
     ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
     leaf.verify_directly_issued_by(ca)
     sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
-    assert sans == ["gpu-fence-webhook", "gpu-fence-webhook.gpu-fence", "gpu-fence-webhook.gpu-fence.svc",
-                    "gpu-fence-webhook.gpu-fence.svc.cluster.local"]
+    assert sans == [
+        "gpu-fence-webhook",
+        "gpu-fence-webhook.gpu-fence",
+        "gpu-fence-webhook.gpu-fence.svc",
+        "gpu-fence-webhook.gpu-fence.svc.cluster.local",
+    ]
     assert leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value == x509.ExtendedKeyUsage(
-        [ExtendedKeyUsageOID.SERVER_AUTH])
+        [ExtendedKeyUsageOID.SERVER_AUTH]
+    )
     assert dt.timedelta(days=9) < leaf.not_valid_after_utc - leaf.not_valid_before_utc <= dt.timedelta(days=10, hours=1)
     # what an API server does: verify the chain and the Service name with a stock TLS stack
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -85,11 +91,14 @@ def test_serving_is_good_checks_names_issuer_key_and_lifetime():
     assert not serving_is_good(KeyPair(b"garbage", b"garbage"), ca, NAMES, now=NOW, renew_before=renew)
 
 
-@pytest.mark.parametrize(("text", "ref"), [
-    ("gpu-fence", WebhookRef("", "gpu-fence")),
-    ("mutating/gpu-fence", WebhookRef("mutating", "gpu-fence")),
-    ("ValidatingWebhookConfiguration/x", WebhookRef("validating", "x")),
-])
+@pytest.mark.parametrize(
+    ("text", "ref"),
+    [
+        ("gpu-fence", WebhookRef("", "gpu-fence")),
+        ("mutating/gpu-fence", WebhookRef("mutating", "gpu-fence")),
+        ("ValidatingWebhookConfiguration/x", WebhookRef("validating", "x")),
+    ],
+)
 def test_webhook_refs(text, ref):
     assert parse_webhook_ref(text) == ref
 
@@ -114,9 +123,17 @@ def fake(tmp_path):
 
 
 def run_reconcile(server: FakeKubeApiServer, now: dt.datetime, **kwargs) -> list[str]:
-    return reconcile(connect(str(server.kubeconfig_path)), namespace="gpu-fence", secret_name="webhook-tls",
-                     webhook_refs=[WebhookRef("", "gpu-fence")], dns_names=NAMES, now=now, days=90, ca_days=365,
-                     **kwargs)
+    return reconcile(
+        connect(str(server.kubeconfig_path)),
+        namespace="gpu-fence",
+        secret_name="webhook-tls",
+        webhook_refs=[WebhookRef("", "gpu-fence")],
+        dns_names=NAMES,
+        now=now,
+        days=90,
+        ca_days=365,
+        **kwargs,
+    )
 
 
 def stored(api: FakeKubeApi) -> dict[str, bytes]:
@@ -126,13 +143,20 @@ def stored(api: FakeKubeApi) -> dict[str, bytes]:
 
 
 def ca_bundles(api: FakeKubeApi) -> list[bytes]:
-    return [base64.b64decode(hook["clientConfig"]["caBundle"])
-            for configuration in api.webhooks.values() for hook in configuration["webhooks"]]
+    return [
+        base64.b64decode(hook["clientConfig"]["caBundle"])
+        for configuration in api.webhooks.values()
+        for hook in configuration["webhooks"]
+    ]
 
 
 def test_first_run_publishes_the_ca_then_creates_the_secret(fake):
-    assert run_reconcile(fake, NOW) == ["ca-created", "patched mutating/gpu-fence", "patched validating/gpu-fence",
-                                        "serving-cert-issued"]
+    assert run_reconcile(fake, NOW) == [
+        "ca-created",
+        "patched mutating/gpu-fence",
+        "patched validating/gpu-fence",
+        "serving-cert-issued",
+    ]
     data = stored(fake.api)
     assert set(data) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
     assert ca_bundles(fake.api) == [data["ca.crt"]] * 3
@@ -164,8 +188,12 @@ def test_ca_rotation_publishes_old_and_new_ca_before_the_new_leaf(fake):
     old_ca = load_bundle(old["ca.crt"])[0]
     fake.api.log.clear()
     later = NOW + 340 * DAY  # the CA (365 d) expires within 30 d
-    assert run_reconcile(fake, later) == ["ca-rotated", "patched mutating/gpu-fence", "patched validating/gpu-fence",
-                                          "serving-cert-issued"]
+    assert run_reconcile(fake, later) == [
+        "ca-rotated",
+        "patched mutating/gpu-fence",
+        "patched validating/gpu-fence",
+        "serving-cert-issued",
+    ]
     new = stored(fake.api)
     bundle = load_bundle(new["ca.crt"])
     assert len(bundle) == 2 and bundle[1] == old_ca  # old CA kept while valid: old replicas stay trusted
@@ -179,16 +207,28 @@ def test_ca_rotation_publishes_old_and_new_ca_before_the_new_leaf(fake):
 
 
 def test_kind_qualified_refs_patch_only_that_kind(fake):
-    reconcile(connect(str(fake.kubeconfig_path)), namespace="gpu-fence", secret_name="webhook-tls",
-              webhook_refs=[WebhookRef("validating", "gpu-fence")], dns_names=NAMES, now=NOW)
+    reconcile(
+        connect(str(fake.kubeconfig_path)),
+        namespace="gpu-fence",
+        secret_name="webhook-tls",
+        webhook_refs=[WebhookRef("validating", "gpu-fence")],
+        dns_names=NAMES,
+        now=NOW,
+    )
     assert "caBundle" not in fake.api.webhooks[("mutating", "gpu-fence")]["webhooks"][0]["clientConfig"]
     assert "caBundle" in fake.api.webhooks[("validating", "gpu-fence")]["webhooks"][1]["clientConfig"]
 
 
 def test_missing_webhook_configuration_is_a_clear_error_before_any_write(fake):
     with pytest.raises(CertsError, match="no mutatingwebhookconfiguration or validatingwebhookconfiguration named"):
-        reconcile(connect(str(fake.kubeconfig_path)), namespace="gpu-fence", secret_name="webhook-tls",
-                  webhook_refs=[WebhookRef("", "nope")], dns_names=NAMES, now=NOW)
+        reconcile(
+            connect(str(fake.kubeconfig_path)),
+            namespace="gpu-fence",
+            secret_name="webhook-tls",
+            webhook_refs=[WebhookRef("", "nope")],
+            dns_names=NAMES,
+            now=NOW,
+        )
     assert fake.api.writes() == []
 
 
@@ -206,9 +246,20 @@ def test_concurrent_change_is_a_conflict_not_a_lost_update(fake):
 
 
 def test_cli_in_cluster_mode_end_to_end(fake, capsys):
-    args = ["certs", "--service", "gpu-fence-webhook", "--namespace", "gpu-fence", "--secret", "webhook-tls",
-            "--patch-webhooks", "mutating/gpu-fence", "validating/gpu-fence", "--kubeconfig",
-            str(fake.kubeconfig_path)]
+    args = [
+        "certs",
+        "--service",
+        "gpu-fence-webhook",
+        "--namespace",
+        "gpu-fence",
+        "--secret",
+        "webhook-tls",
+        "--patch-webhooks",
+        "mutating/gpu-fence",
+        "validating/gpu-fence",
+        "--kubeconfig",
+        str(fake.kubeconfig_path),
+    ]
     assert cli.main(args) == 0
     assert "serving-cert-issued" in capsys.readouterr().out
     assert cli.main(args) == 0
@@ -216,12 +267,32 @@ def test_cli_in_cluster_mode_end_to_end(fake, capsys):
 
 
 def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
-    assert cli.main(["certs", "--service", "s", "--namespace", "n", "--secret", "x", "--kubeconfig",
-                     str(tmp_path / "missing")]) == 2
+    assert (
+        cli.main(
+            ["certs", "--service", "s", "--namespace", "n", "--secret", "x", "--kubeconfig", str(tmp_path / "missing")]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("gpu-fence-webhook certs: error: no Kubernetes credentials") and err.count("\n") == 1
-    assert cli.main(["certs", "--service", "s", "--namespace", "n", "--out-dir", str(tmp_path), "--days", "30",
-                     "--ca-days", "10"]) == 2
+    assert (
+        cli.main(
+            [
+                "certs",
+                "--service",
+                "s",
+                "--namespace",
+                "n",
+                "--out-dir",
+                str(tmp_path),
+                "--days",
+                "30",
+                "--ca-days",
+                "10",
+            ]
+        )
+        == 2
+    )
     assert "cannot outlive" in capsys.readouterr().err
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -230,9 +301,26 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
 
 
 def test_days_must_be_positive(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "gpu_fence.webhook.cli", "certs", "--service", "s", "--namespace", "n",
-                             "--out-dir", str(tmp_path), "--days", "0"], check=False, capture_output=True, text=True,
-                            cwd=Path(__file__).parents[2])
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpu_fence.webhook.cli",
+            "certs",
+            "--service",
+            "s",
+            "--namespace",
+            "n",
+            "--out-dir",
+            str(tmp_path),
+            "--days",
+            "0",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    )
     assert result.returncode == 2
     assert "'0' must be at least 1" in result.stderr
 
@@ -253,8 +341,9 @@ def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_wr
     second = new_serving_cert(ca, NAMES, now=dt.datetime.now(dt.UTC), days=20)
     _write_pair(tmp_path, first)
     loaded: list[float] = []
-    store = CertificateStore(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), on_load=loaded.append,
-                             check_interval=0.0)
+    store = CertificateStore(
+        str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), on_load=loaded.append, check_interval=0.0
+    )
     store.load()
     original = store.context()
     assert original.minimum_version == ssl.TLSVersion.TLSv1_2

@@ -59,7 +59,7 @@ def test_the_example_file_documents_every_key():
 
 def test_the_policy_doc_lists_every_key_with_its_default():
     text = POLICY_DOC.read_text(encoding="utf-8")
-    section = text[text.index("## Configuration"):]
+    section = text[text.index("## Configuration") :]
     for field in dataclasses.fields(PolicyConfig):
         row = re.search(rf"^\| `{field.name}` \|(.*)$", section, re.MULTILINE)
         assert row, f"docs/policy.md has no row for {field.name}"
@@ -71,7 +71,9 @@ def test_the_policy_doc_lists_every_key_with_its_default():
 
 
 def test_a_full_file(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 gpu_resources: [nvidia.com/gpu, example.com/accel-*]
 visible_devices_aliases: [DOCKER_RESOURCE_GPU]
 kai_scheduler_names: [kai-scheduler, kai-scheduler-b]
@@ -79,7 +81,8 @@ nvidia_runtime_classes: [nvidia]
 exempt_namespaces: [kube-system, gpu-operator]
 exempt_service_accounts: [monitoring/dcgm-exporter]
 extra_host_device_paths: [/opt/nvidia, /dev/accel*]
-""")
+""",
+    )
     config = load_config(path)
     assert config.gpu_resource_set.matches("example.com/accel-1")
     assert not config.gpu_resource_set.matches("nvidia.com/gpu.shared")
@@ -108,30 +111,33 @@ def test_config_is_frozen_and_hashable():
         config.exempt_namespaces = ()  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(("text", "names"), [
-    ("exempt_namespace: [a]\n", ["exempt_namespace", "did you mean 'exempt_namespaces'"]),
-    ("colour: blue\n", ["colour", "known keys", "gpu_resources"]),
-    ("exempt_namespaces: kube-system\n", ["exempt_namespaces", "expected a list"]),
-    ("exempt_namespaces: {a: 1}\n", ["exempt_namespaces", "expected a list"]),
-    ("exempt_namespaces: [kube-system, 7]\n", ["exempt_namespaces[1]", "non-empty string"]),
-    ("exempt_namespaces: ['']\n", ["exempt_namespaces[0]"]),
-    ("exempt_namespaces: [Kube_System]\n", ["exempt_namespaces[0]", "namespace"]),
-    ("exempt_service_accounts: [gpu-operator]\n", ["exempt_service_accounts[0]", "namespace/serviceaccount"]),
-    ("exempt_service_accounts: [/sa]\n", ["exempt_service_accounts[0]"]),
-    ("gpu_resources: []\n", ["gpu_resources", "at least one"]),
-    ("gpu_resources:\n", ["gpu_resources", "at least one"]),
-    ("gpu_resources: ['*']\n", ["gpu_resources[0]", "domain-prefixed"]),
-    ("gpu_resources: [gpu]\n", ["gpu_resources[0]", "domain-prefixed"]),
-    ("gpu_resources: ['nvidia.com/*gpu']\n", ["gpu_resources[0]", "only at the end"]),
-    ("gpu_resources: [cpu]\n", ["gpu_resources[0]"]),
-    ("visible_devices_aliases: ['NOT VALID']\n", ["visible_devices_aliases[0]", "environment variable"]),
-    ("nvidia_runtime_classes: [NVIDIA]\n", ["nvidia_runtime_classes[0]"]),
-    ("kai_scheduler_names: [' kai ']\n", ["kai_scheduler_names[0]", "whitespace"]),
-    ("extra_host_device_paths: [dev/foo]\n", ["extra_host_device_paths[0]", "absolute"]),
-    ("extra_host_device_paths: ['/dev/*/x']\n", ["extra_host_device_paths[0]"]),
-    ("- a\n- b\n", ["must be a mapping"]),
-    ("just text\n", ["must be a mapping"]),
-])
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("exempt_namespace: [a]\n", ["exempt_namespace", "did you mean 'exempt_namespaces'"]),
+        ("colour: blue\n", ["colour", "known keys", "gpu_resources"]),
+        ("exempt_namespaces: kube-system\n", ["exempt_namespaces", "expected a list"]),
+        ("exempt_namespaces: {a: 1}\n", ["exempt_namespaces", "expected a list"]),
+        ("exempt_namespaces: [kube-system, 7]\n", ["exempt_namespaces[1]", "non-empty string"]),
+        ("exempt_namespaces: ['']\n", ["exempt_namespaces[0]"]),
+        ("exempt_namespaces: [Kube_System]\n", ["exempt_namespaces[0]", "namespace"]),
+        ("exempt_service_accounts: [gpu-operator]\n", ["exempt_service_accounts[0]", "namespace/serviceaccount"]),
+        ("exempt_service_accounts: [/sa]\n", ["exempt_service_accounts[0]"]),
+        ("gpu_resources: []\n", ["gpu_resources", "at least one"]),
+        ("gpu_resources:\n", ["gpu_resources", "at least one"]),
+        ("gpu_resources: ['*']\n", ["gpu_resources[0]", "domain-prefixed"]),
+        ("gpu_resources: [gpu]\n", ["gpu_resources[0]", "domain-prefixed"]),
+        ("gpu_resources: ['nvidia.com/*gpu']\n", ["gpu_resources[0]", "only at the end"]),
+        ("gpu_resources: [cpu]\n", ["gpu_resources[0]"]),
+        ("visible_devices_aliases: ['NOT VALID']\n", ["visible_devices_aliases[0]", "environment variable"]),
+        ("nvidia_runtime_classes: [NVIDIA]\n", ["nvidia_runtime_classes[0]"]),
+        ("kai_scheduler_names: [' kai ']\n", ["kai_scheduler_names[0]", "whitespace"]),
+        ("extra_host_device_paths: [dev/foo]\n", ["extra_host_device_paths[0]", "absolute"]),
+        ("extra_host_device_paths: ['/dev/*/x']\n", ["extra_host_device_paths[0]"]),
+        ("- a\n- b\n", ["must be a mapping"]),
+        ("just text\n", ["must be a mapping"]),
+    ],
+)
 def test_bad_files_name_the_key(tmp_path, text, names):
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as raised:

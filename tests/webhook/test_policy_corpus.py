@@ -15,13 +15,16 @@ def decide(filename: str, config: PolicyConfig, namespace: str = "default"):
     return [(p, evaluate(p, config, namespace=namespace)) for p in manifest_pods(filename)]
 
 
-@pytest.mark.parametrize("filename", [
-    "NVIDIA__gpu-operator__tests__gpu-pod.yaml",
-    "NVIDIA__k8s-device-plugin__testdata__job-1.yaml",
-    "Project-HAMi__HAMi__examples__nvidia__default_use.yaml",
-    "NVIDIA__KAI-Scheduler__docs__gpu-sharing__gpu-sharing.yaml",
-    "NVIDIA__k8s-dra-driver-gpu__demo__specs__quickstart__v1__gpu-test1.yaml",
-])
+@pytest.mark.parametrize(
+    "filename",
+    [
+        "NVIDIA__gpu-operator__tests__gpu-pod.yaml",
+        "NVIDIA__k8s-device-plugin__testdata__job-1.yaml",
+        "Project-HAMi__HAMi__examples__nvidia__default_use.yaml",
+        "NVIDIA__KAI-Scheduler__docs__gpu-sharing__gpu-sharing.yaml",
+        "NVIDIA__k8s-dra-driver-gpu__demo__specs__quickstart__v1__gpu-test1.yaml",
+    ],
+)
 def test_gpu_workloads_pass_untouched(config, filename):
     decisions = decide(filename, config)
     assert decisions
@@ -29,12 +32,19 @@ def test_gpu_workloads_pass_untouched(config, filename):
         assert decision.verdict == "allowed", decision
 
 
-@pytest.mark.parametrize(("filename", "pinned"), [
-    ("NVIDIA__KAI-Scheduler__docs__gpu-sharing__gpu-sharing-non-default-container.yaml",
-     ("sidecar", "another-sidecar")),
-    ("vllm-project__production-stack__src__gateway_inference_extension__configs__vllm__gpu-deployment.yaml",
-     ("lora-adapter-syncer",)),
-])
+@pytest.mark.parametrize(
+    ("filename", "pinned"),
+    [
+        (
+            "NVIDIA__KAI-Scheduler__docs__gpu-sharing__gpu-sharing-non-default-container.yaml",
+            ("sidecar", "another-sidecar"),
+        ),
+        (
+            "vllm-project__production-stack__src__gateway_inference_extension__configs__vllm__gpu-deployment.yaml",
+            ("lora-adapter-syncer",),
+        ),
+    ],
+)
 def test_non_gpu_sidecars_of_gpu_workloads_are_pinned(config, filename, pinned):
     [(document, decision)] = decide(filename, config)
     assert decision.verdict == "mutated"
@@ -46,14 +56,21 @@ def test_non_gpu_sidecars_of_gpu_workloads_are_pinned(config, filename, pinned):
     assert mutate(patched, config).patch == ()
 
 
-@pytest.mark.parametrize(("filename", "rules"), [
-    ("NVIDIA__gpu-operator__assets__state-device-plugin__0500_daemonset.yaml",
-     {"visible-devices-env", "privileged", "host-device-path"}),
-    ("NVIDIA__gpu-operator__assets__state-driver__0500_daemonset.yaml", {"privileged", "host-device-path"}),
-    ("NVIDIA__dcgm-exporter__dcgm-exporter.yaml", {"sys-admin-capability", "host-device-path"}),
-    ("NVIDIA__k8s-device-plugin__deployments__static__gpu-feature-discovery-daemonset-with-mig-mixed.yaml",
-     {"privileged", "mig-control-env"}),
-])
+@pytest.mark.parametrize(
+    ("filename", "rules"),
+    [
+        (
+            "NVIDIA__gpu-operator__assets__state-device-plugin__0500_daemonset.yaml",
+            {"visible-devices-env", "privileged", "host-device-path"},
+        ),
+        ("NVIDIA__gpu-operator__assets__state-driver__0500_daemonset.yaml", {"privileged", "host-device-path"}),
+        ("NVIDIA__dcgm-exporter__dcgm-exporter.yaml", {"sys-admin-capability", "host-device-path"}),
+        (
+            "NVIDIA__k8s-device-plugin__deployments__static__gpu-feature-discovery-daemonset-with-mig-mixed.yaml",
+            {"privileged", "mig-control-env"},
+        ),
+    ],
+)
 def test_gpu_system_daemonsets_are_rejected_outside_exemptions(config, filename, rules):
     [(_, decision)] = decide(filename, config)
     assert decision.verdict == "rejected"

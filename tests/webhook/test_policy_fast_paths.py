@@ -30,8 +30,23 @@ PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[Heal
 
 # Path pieces that exercise cleaning: empty components, ".", "..", the marker alone, glued to other text and
 # split across components, the two prefixes, and arbitrary text.
-_PIECES = st.sampled_from(["", ".", "..", "var", "run", "nvidia-container-devices", "nvidia-container-devicesall",
-                           "nvidia-container", "-devices", "x.nvidia-container-devices", "dev", "all", "0"])
+_PIECES = st.sampled_from(
+    [
+        "",
+        ".",
+        "..",
+        "var",
+        "run",
+        "nvidia-container-devices",
+        "nvidia-container-devicesall",
+        "nvidia-container",
+        "-devices",
+        "x.nvidia-container-devices",
+        "dev",
+        "all",
+        "0",
+    ]
+)
 mount_paths = st.lists(_PIECES | st.text(alphabet="/.-anvid", max_size=6), max_size=8).map("/".join) | st.text()
 
 
@@ -62,10 +77,25 @@ def test_a_flagged_path_always_contains_the_marker(path):
         assert policy._DEVICE_LIST_MARKER in path
 
 
-unwatched_names = st.sampled_from(["PATH", "HOME", "CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
-                                   "NVIDIA_VISIBLE_DEVICES_X", "nvidia_visible_devices", "DOCKER_RESOURCE"])
-unwatched_entries = st.builds(lambda name, value: {"name": name, "value": value}, unwatched_names,
-                              st.sampled_from(VISIBLE_DEVICES_EDGE_VALUES)) | json_values
+unwatched_names = st.sampled_from(
+    [
+        "PATH",
+        "HOME",
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "NVIDIA_VISIBLE_DEVICES_X",
+        "nvidia_visible_devices",
+        "DOCKER_RESOURCE",
+    ]
+)
+unwatched_entries = (
+    st.builds(
+        lambda name, value: {"name": name, "value": value},
+        unwatched_names,
+        st.sampled_from(VISIBLE_DEVICES_EDGE_VALUES),
+    )
+    | json_values
+)
 
 
 @PROPERTY
@@ -75,8 +105,12 @@ def test_env_entries_no_rule_reads_never_change_a_decision(document, extra, conf
     is no entry at all) anywhere in a container's env list changes neither the mutation nor the validation."""
     before = policy.evaluate(document, config, namespace="default")
     grown = copy.deepcopy(document)
-    bodies = [c for field in ("initContainers", "containers", "ephemeralContainers")
-              for c in grown["spec"].get(field, []) if isinstance(c.get("env"), list)]
+    bodies = [
+        c
+        for field in ("initContainers", "containers", "ephemeralContainers")
+        for c in grown["spec"].get(field, [])
+        if isinstance(c.get("env"), list)
+    ]
     if not bodies:
         return
     target = data.draw(st.sampled_from(bodies))
@@ -90,12 +124,19 @@ def test_env_entries_no_rule_reads_never_change_a_decision(document, extra, conf
 
 def test_every_env_name_a_rule_reads_is_watched():
     """The aliases and the MIG variables reach their rules through the filtered env."""
-    document = pod(container("app", env=[env("DOCKER_RESOURCE_GPU", "all"), env("NVIDIA_MIG_CONFIG_DEVICES", "all"),
-                                         env(NVD, "void")]))
+    document = pod(
+        container(
+            "app", env=[env("DOCKER_RESOURCE_GPU", "all"), env("NVIDIA_MIG_CONFIG_DEVICES", "all"), env(NVD, "void")]
+        )
+    )
     rules = [v.rule for v in policy.validate(document, ALIASED).violations]
     assert rules == ["visible-devices-env", "mig-control-env"]
-    assert policy._watched_env_names(ALIASED) == {NVD, "DOCKER_RESOURCE_GPU", "NVIDIA_MIG_CONFIG_DEVICES",
-                                                  "NVIDIA_MIG_MONITOR_DEVICES"}
+    assert policy._watched_env_names(ALIASED) == {
+        NVD,
+        "DOCKER_RESOURCE_GPU",
+        "NVIDIA_MIG_CONFIG_DEVICES",
+        "NVIDIA_MIG_MONITOR_DEVICES",
+    }
 
 
 def toolkit_parse(value: str) -> VisibleDevices:
@@ -110,8 +151,11 @@ def toolkit_parse(value: str) -> VisibleDevices:
 
 
 @PROPERTY
-@given(st.sampled_from(VISIBLE_DEVICES_EDGE_VALUES) | st.sampled_from(["void", "none", "all", "VOID", "", " "])
-       | st.text(alphabet=" ,voidnealVOID0", max_size=12))
+@given(
+    st.sampled_from(VISIBLE_DEVICES_EDGE_VALUES)
+    | st.sampled_from(["void", "none", "all", "VOID", "", " "])
+    | st.text(alphabet=" ,voidnealVOID0", max_size=12)
+)
 def test_visible_devices_shortcut_matches_the_toolkit_rule(value):
     assert parse_visible_devices(value) == toolkit_parse(value)
 
@@ -126,6 +170,8 @@ def test_recognition_still_reads_mappings_that_are_not_dicts():
     frozen = types.MappingProxyType
     assert requests_gpu_resource({"resources": frozen({"limits": frozen({"nvidia.com/gpu": "1"})})})
     assert requests_gpu_resource(frozen({"resources": {"requests": frozen({"nvidia.com/mig-1g.10gb": 1})}}))
-    kai = {"metadata": frozen({"annotations": frozen({"gpu-fraction": "0.5"})}),
-           "spec": frozen({"schedulerName": "kai-scheduler", "containers": [frozen({"name": "first"})]})}
+    kai = {
+        "metadata": frozen({"annotations": frozen({"gpu-fraction": "0.5"})}),
+        "spec": frozen({"schedulerName": "kai-scheduler", "containers": [frozen({"name": "first"})]}),
+    }
     assert kai_fraction_container(kai, ["kai-scheduler"]) == "first"

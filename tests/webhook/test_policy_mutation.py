@@ -37,8 +37,9 @@ def pinned_pod(document, config):
 
 def test_env_absent_adds_the_whole_array(config):
     patched, mutation = pinned_pod(pod(container("web")), config)
-    assert mutation.patch == ({"op": "add", "path": "/spec/containers/0/env",
-                               "value": [{"name": NVD, "value": "void"}]},)
+    assert mutation.patch == (
+        {"op": "add", "path": "/spec/containers/0/env", "value": [{"name": NVD, "value": "void"}]},
+    )
     assert mutation.pinned == ("web",)
     assert patched["spec"]["containers"][0]["env"] == [{"name": NVD, "value": "void"}]
 
@@ -62,14 +63,20 @@ def test_empty_and_null_env(config):
 
 
 def test_every_kind_of_container_is_pinned_and_gpu_ones_are_not(config):
-    document = pod(gpu_container("cuda"), container("sidecar"),
-                   init=[container("setup"), container("proxy", restartPolicy="Always")],
-                   ephemeral=[container("debug")])
+    document = pod(
+        gpu_container("cuda"),
+        container("sidecar"),
+        init=[container("setup"), container("proxy", restartPolicy="Always")],
+        ephemeral=[container("debug")],
+    )
     patched, mutation = pinned_pod(document, config)
     assert set(mutation.pinned) == {"sidecar", "setup", "proxy", "debug"}
     assert {op["path"] for op in mutation.patch} == {
-        "/spec/containers/1/env", "/spec/initContainers/0/env", "/spec/initContainers/1/env",
-        "/spec/ephemeralContainers/0/env"}
+        "/spec/containers/1/env",
+        "/spec/initContainers/0/env",
+        "/spec/initContainers/1/env",
+        "/spec/ephemeralContainers/0/env",
+    }
     assert "env" not in patched["spec"]["containers"][0]
     assert validate(patched, config).violations == ()
 
@@ -110,8 +117,9 @@ def test_kai_fraction_sidecars_are_pinned(config):
 def test_only_pins_the_named_ephemeral_containers(config):
     document = pod(container("main"), ephemeral=[container("old-debug"), container("debugger")])
     mutation = mutate(document, config, only={"debugger"})
-    assert mutation.patch == ({"op": "add", "path": "/spec/ephemeralContainers/1/env",
-                               "value": [{"name": NVD, "value": "void"}]},)
+    assert mutation.patch == (
+        {"op": "add", "path": "/spec/ephemeralContainers/1/env", "value": [{"name": NVD, "value": "void"}]},
+    )
     assert mutation.pinned == ("debugger",)
     assert mutate(document, config, only=()) == Mutation((), ())
 
@@ -123,8 +131,16 @@ def test_patch_values_are_fresh_objects(config):
     assert second.patch[0]["value"] == [{"name": NVD, "value": "void"}]
 
 
-@pytest.mark.parametrize("segment, escaped", [("a/b", "a~1b"), ("a~b", "a~0b"), ("~1", "~01"), ("/~", "~1~0"),
-                                              ("nvidia.com/gpu.present", "nvidia.com~1gpu.present")])
+@pytest.mark.parametrize(
+    "segment, escaped",
+    [
+        ("a/b", "a~1b"),
+        ("a~b", "a~0b"),
+        ("~1", "~01"),
+        ("/~", "~1~0"),
+        ("nvidia.com/gpu.present", "nvidia.com~1gpu.present"),
+    ],
+)
 def test_pointer_escaping(segment, escaped):
     pointer = policy._pointer("metadata", "annotations", segment)
     assert pointer == f"/metadata/annotations/{escaped}"
@@ -135,8 +151,9 @@ def test_pointer_escaping(segment, escaped):
 
 
 def test_own_apply_patch_agrees_with_jsonpatch_and_copies_on_write(config):
-    document = pod(gpu_container("cuda"), container("a"), container("b", environment=[env("X", "1")]),
-                   init=[container("i")])
+    document = pod(
+        gpu_container("cuda"), container("a"), container("b", environment=[env("X", "1")]), init=[container("i")]
+    )
     before = copy.deepcopy(document)
     mutation = mutate(document, config)
     ours = policy.apply_patch(document, mutation.patch)
@@ -214,7 +231,8 @@ def test_evaluate_does_not_modify_its_input(config):
 
 
 def test_pinned_pod_is_valid_for_every_container_field(config):
-    document = pod(container("a"), container("b", environment=[env("A", "1")]), init=[container("c")],
-                   ephemeral=[container("d")])
+    document = pod(
+        container("a"), container("b", environment=[env("A", "1")]), init=[container("c")], ephemeral=[container("d")]
+    )
     patched, _ = pinned_pod(document, config)
     assert all(env_of(c)[NVD] == "void" for c in all_containers(patched))

@@ -49,7 +49,7 @@ def test_mutation_only_adds_the_pin(document):
         for old, new in zip(document["spec"].get(field, []), patched["spec"].get(field, []), strict=True):
             old_env, new_env = old.get("env") or [], new.get("env") or []
             assert new_env[: len(old_env)] == old_env
-            assert new_env[len(old_env):] in ([], [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])
+            assert new_env[len(old_env) :] in ([], [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])
             assert {k: v for k, v in new.items() if k != "env"} == {k: v for k, v in old.items() if k != "env"}
     assert {k: v for k, v in patched.items() if k != "spec"} == {k: v for k, v in document.items() if k != "spec"}
 
@@ -61,8 +61,9 @@ def test_evaluate_is_mutate_then_validate(document):
     patched = apply_patch(document, decision.mutation.patch)
     assert decision.mutation == mutate(document, CONFIG)
     assert decision.validation == validate(patched, CONFIG)
-    assert decision.verdict == ("rejected" if decision.validation.violations else
-                                "mutated" if decision.mutation.patch else "allowed")
+    assert decision.verdict == (
+        "rejected" if decision.validation.violations else "mutated" if decision.mutation.patch else "allowed"
+    )
 
 
 @PROPERTY

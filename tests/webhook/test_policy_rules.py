@@ -29,8 +29,14 @@ def only_rule(document, config, rule: str) -> list[Violation]:
 
 def test_rule_table_matches_the_design():
     assert [rule.id for rule in RULES] == [
-        "unpinned-container", "visible-devices-env", "privileged", "sys-admin-capability", "device-list-mount",
-        "cdi-annotation", "host-device-path", "mig-control-env",
+        "unpinned-container",
+        "visible-devices-env",
+        "privileged",
+        "sys-admin-capability",
+        "device-list-mount",
+        "cdi-annotation",
+        "host-device-path",
+        "mig-control-env",
     ]
     assert all(rule.summary and rule.vectors for rule in RULES)
     vectors = [v for rule in RULES for v in rule.vectors]
@@ -74,8 +80,9 @@ def test_zero_gpus_is_no_request(config):
     assert broken(pod(container("zero", gpus="0")), config) == [("unpinned-container", "zero")]
 
 
-@pytest.mark.parametrize("resource", ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb",
-                                      "nvidia.com/mig-3g.40gb"])
+@pytest.mark.parametrize(
+    "resource", ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"]
+)
 def test_gpu_resources_in_limits_or_requests(config, resource):
     limits = pod(container("c", gpus=1, resource=resource))
     requests = pod(container("c", resources={"requests": {resource: "1"}}))
@@ -87,8 +94,10 @@ def test_amd_gpus_are_not_nvidia_gpus(config):
 
 
 def test_dra_claims_count_as_a_gpu_request(config):
-    document = pod(container("ctr", resources={"claims": [{"name": "gpu"}]}),
-                   resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}])
+    document = pod(
+        container("ctr", resources={"claims": [{"name": "gpu"}]}),
+        resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
+    )
     assert broken(document, config) == []
 
 
@@ -128,7 +137,7 @@ def test_objects_that_are_not_pods_are_rejected_with_a_reason(config, document):
 
 def test_message_names_rule_container_and_fix(config):
     [violation] = validate(pod(container("web")), config).violations
-    assert violation.message.startswith("unpinned-container: container \"web\"")
+    assert violation.message.startswith('unpinned-container: container "web"')
     assert "NVIDIA_VISIBLE_DEVICES=void" in violation.message and "nvidia.com/gpu" in violation.message
 
 
@@ -143,13 +152,31 @@ def test_every_edge_value_on_a_non_gpu_container(config, value):
     assert (violations == []) is expected_ok
 
 
-@pytest.mark.parametrize(("value", "allowed"), [
-    ("void", True), (" void ", True), ("0,void", True), ("void,0", True), ("", True), (",", True),
-    ("none", True), ("none,all", True), ("VOID", False), ("all", False), (" all ", False), ("ALL", False),
-    ("0,all", False), ("all,none", False), ("0", False), ("0:1", False), ("nvidia.com/gpu=all", False),
-    ("GPU-8e8b5f1c-3c1a-4d0e-9a57-2b1f2d8c9e01", False), ("MIG-GPU-8e8b5f1c-3c1a-4d0e-9a57-2b1f2d8c9e01/1/0", False),
-    ("/var/run/nvidia-container-devices", False),
-])
+@pytest.mark.parametrize(
+    ("value", "allowed"),
+    [
+        ("void", True),
+        (" void ", True),
+        ("0,void", True),
+        ("void,0", True),
+        ("", True),
+        (",", True),
+        ("none", True),
+        ("none,all", True),
+        ("VOID", False),
+        ("all", False),
+        (" all ", False),
+        ("ALL", False),
+        ("0,all", False),
+        ("all,none", False),
+        ("0", False),
+        ("0:1", False),
+        ("nvidia.com/gpu=all", False),
+        ("GPU-8e8b5f1c-3c1a-4d0e-9a57-2b1f2d8c9e01", False),
+        ("MIG-GPU-8e8b5f1c-3c1a-4d0e-9a57-2b1f2d8c9e01/1/0", False),
+        ("/var/run/nvidia-container-devices", False),
+    ],
+)
 def test_research_edge_cases_spelled_out(config, value, allowed):
     violations = only_rule(pod(container("c", environment=[env(NVD, value)])), config, "visible-devices-env")
     assert (violations == []) is allowed
@@ -165,11 +192,14 @@ def test_any_user_value_on_a_gpu_container_is_rejected(config, value):
     assert "requests a GPU" in violation.message and "remove NVIDIA_VISIBLE_DEVICES" in violation.message
 
 
-@pytest.mark.parametrize("source", [
-    {"configMapKeyRef": {"name": "gpus", "key": "visible"}},
-    {"secretKeyRef": {"name": "gpus", "key": "visible"}},
-    {"fieldRef": {"fieldPath": "metadata.annotations['gpus']"}},
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"configMapKeyRef": {"name": "gpus", "key": "visible"}},
+        {"secretKeyRef": {"name": "gpus", "key": "visible"}},
+        {"fieldRef": {"fieldPath": "metadata.annotations['gpus']"}},
+    ],
+)
 @pytest.mark.parametrize("gpus", [None, 1])
 def test_value_from_is_rejected(config, source, gpus):
     document = pod(container("c", gpus=gpus, environment=[env(NVD, **source)]))
@@ -211,8 +241,16 @@ def test_aliases_are_judged_like_the_variable():
 
 
 def test_other_variables_are_not_this_rule(config):
-    document = pod(container("c", environment=[env(NVD, "void"), env("CUDA_VISIBLE_DEVICES", "0,1"),
-                                               env("NVIDIA_DRIVER_CAPABILITIES", "all")]))
+    document = pod(
+        container(
+            "c",
+            environment=[
+                env(NVD, "void"),
+                env("CUDA_VISIBLE_DEVICES", "0,1"),
+                env("NVIDIA_DRIVER_CAPABILITIES", "all"),
+            ],
+        )
+    )
     assert broken(document, config) == []
 
 
@@ -227,15 +265,19 @@ def test_kai_fraction_container_is_a_gpu_container(config):
 
 
 def test_kai_fraction_container_may_take_its_config_map(config):
-    document = kai_fraction_pod(container("gpu-workload", environment=[env(NVD, **KAI_REF)]),
-                                container("sidecar", environment=[env(NVD, "void")]))
+    document = kai_fraction_pod(
+        container("gpu-workload", environment=[env(NVD, **KAI_REF)]),
+        container("sidecar", environment=[env(NVD, "void")]),
+    )
     assert broken(document, config) == []
 
 
 def test_kai_named_fraction_container(config):
-    document = kai_fraction_pod(container("sidecar", environment=[env(NVD, "void")]),
-                                container("worker", environment=[env(NVD, **KAI_REF)]),
-                                fraction_container="worker")
+    document = kai_fraction_pod(
+        container("sidecar", environment=[env(NVD, "void")]),
+        container("worker", environment=[env(NVD, **KAI_REF)]),
+        fraction_container="worker",
+    )
     assert broken(document, config) == []
 
 
@@ -250,8 +292,9 @@ def test_kai_exception_is_only_a_config_map_on_the_fraction_container(config):
 
 
 def test_kai_annotations_need_the_kai_scheduler(config):
-    document = kai_fraction_pod(container("gpu-workload", environment=[env(NVD, **KAI_REF)]),
-                                scheduler="default-scheduler")
+    document = kai_fraction_pod(
+        container("gpu-workload", environment=[env(NVD, **KAI_REF)]), scheduler="default-scheduler"
+    )
     assert broken(document, config) == [("visible-devices-env", "gpu-workload")]
     document["spec"]["schedulerName"] = ["kai-scheduler"]  # not a string: no scheduler, no crash
     assert broken(document, config) == [("visible-devices-env", "gpu-workload")]
@@ -287,8 +330,11 @@ def test_sys_admin_and_all_capabilities(config, capability):
 
 
 def test_dropping_sys_admin_is_fine(config):
-    document = pod(gpu_container("c", securityContext={"capabilities": {"add": ["NET_BIND_SERVICE"],
-                                                                         "drop": ["ALL", "SYS_ADMIN"]}}))
+    document = pod(
+        gpu_container(
+            "c", securityContext={"capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL", "SYS_ADMIN"]}}
+        )
+    )
     assert broken(document, config) == []
 
 
@@ -313,24 +359,44 @@ DEVICE_LIST_MOUNTS = [
 
 @pytest.mark.parametrize("mount_path", DEVICE_LIST_MOUNTS)
 def test_device_list_mounts(config, mount_path):
-    document = pod(gpu_container("c", volumeMounts=[{"name": "null", "mountPath": mount_path}]),
-                   volumes=[{"name": "null", "emptyDir": {}}])
+    document = pod(
+        gpu_container("c", volumeMounts=[{"name": "null", "mountPath": mount_path}]),
+        volumes=[{"name": "null", "emptyDir": {}}],
+    )
     assert broken(document, config) == [("device-list-mount", "c")]
 
 
-@pytest.mark.parametrize("mount_path", ["/var/run/nvidia-container", "/var/run/nvidia", "/run/nvidia-container-device",
-                                        "/var/run/secrets/token", "/nvidia-container-device"])
+@pytest.mark.parametrize(
+    "mount_path",
+    [
+        "/var/run/nvidia-container",
+        "/var/run/nvidia",
+        "/run/nvidia-container-device",
+        "/var/run/secrets/token",
+        "/nvidia-container-device",
+    ],
+)
 def test_other_mounts_are_fine(config, mount_path):
-    document = pod(gpu_container("c", volumeMounts=[{"name": "v", "mountPath": mount_path}]),
-                   volumes=[{"name": "v", "emptyDir": {}}])
+    document = pod(
+        gpu_container("c", volumeMounts=[{"name": "v", "mountPath": mount_path}]),
+        volumes=[{"name": "v", "emptyDir": {}}],
+    )
     assert broken(document, config) == []
 
 
 # --- cdi-annotation -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", ["cdi.k8s.io/device-plugin_abc", "nvidia.cdi.k8s.io/pod", "nvidia.cdi.k8s.io",
-                                 "nvidia.cdi.k8s.io/container.app", "nvidia.cdi.k8s.ioextra"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "cdi.k8s.io/device-plugin_abc",
+        "nvidia.cdi.k8s.io/pod",
+        "nvidia.cdi.k8s.io",
+        "nvidia.cdi.k8s.io/container.app",
+        "nvidia.cdi.k8s.ioextra",
+    ],
+)
 def test_cdi_annotations(config, key):
     document = pod(gpu_container(), annotations={key: "nvidia.com/gpu=all"})
     [violation] = validate(document, config).violations
@@ -343,11 +409,16 @@ def test_other_annotations_are_fine(config, key):
     assert broken(pod(gpu_container(), annotations={key: "x"}), config) == []
 
 
-
 def test_update_judges_the_cdi_annotations_it_adds_or_changes(config):
     before = pod(container(), annotations={"cdi.k8s.io/old": "nvidia.com/gpu=0", "team": "a"})
-    after = pod(container(), annotations={"cdi.k8s.io/old": "nvidia.com/gpu=0", "team": "b",
-                                          "nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=all"})
+    after = pod(
+        container(),
+        annotations={
+            "cdi.k8s.io/old": "nvidia.com/gpu=0",
+            "team": "b",
+            "nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=all",
+        },
+    )
     [violation] = validate_update(after, before, config).violations
     assert violation.rule == "cdi-annotation" and "nvidia.cdi.k8s.io/container.app" in violation.message
     changed = pod(container(), annotations={"cdi.k8s.io/old": "nvidia.com/gpu=all"})
@@ -358,19 +429,58 @@ def test_update_judges_the_cdi_annotations_it_adds_or_changes(config):
         assert validate_update(garbage, before, config).violations == ()
         assert [v.rule for v in validate_update(after, garbage, config).violations] == ["cdi-annotation"] * 2
 
+
 # --- host-device-path ---------------------------------------------------------------------------------------------
 
 REJECTED_HOST_PATHS = [
-    "/", "//", "/dev", "/dev/", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-caps/nvidia-cap1",
-    "/dev/dri", "/dev/dri/renderD128", "/dev/char", "/dev/char/195:0", "/etc", "/etc/cdi", "/etc/cdi/nvidia.yaml",
-    "/var/run/cdi", "/run/cdi", "/run", "/run/nvidia", "/run/nvidia/driver", "/var/run/nvidia", "/var",
-    "/var/lib/kubelet", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins/kubelet.sock",
-    "/var/lib/kubelet/pod-resources", "/var/run/docker.sock", "/run/containerd/containerd.sock",
-    "/var/run/crio/crio.sock", "/tmp/../dev", "/dev/shm/../nvidia0", "/./etc//cdi/", "dev",
+    "/",
+    "//",
+    "/dev",
+    "/dev/",
+    "/dev/nvidia0",
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-caps/nvidia-cap1",
+    "/dev/dri",
+    "/dev/dri/renderD128",
+    "/dev/char",
+    "/dev/char/195:0",
+    "/etc",
+    "/etc/cdi",
+    "/etc/cdi/nvidia.yaml",
+    "/var/run/cdi",
+    "/run/cdi",
+    "/run",
+    "/run/nvidia",
+    "/run/nvidia/driver",
+    "/var/run/nvidia",
+    "/var",
+    "/var/lib/kubelet",
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/device-plugins/kubelet.sock",
+    "/var/lib/kubelet/pod-resources",
+    "/var/run/docker.sock",
+    "/run/containerd/containerd.sock",
+    "/var/run/crio/crio.sock",
+    "/tmp/../dev",
+    "/dev/shm/../nvidia0",
+    "/./etc//cdi/",
+    "dev",
 ]
-ALLOWED_HOST_PATHS = ["/devices", "/dev/shm", "/dev/fuse", "/dev/log", "/data", "/etc/os-release",
-                      "/var/log", "/var/lib/kubelet/pods", "/run/nvidia-fabricmanager", "/etc/cdi-backup",
-                      "/sys", "/opt/nvidia"]
+ALLOWED_HOST_PATHS = [
+    "/devices",
+    "/dev/shm",
+    "/dev/fuse",
+    "/dev/log",
+    "/data",
+    "/etc/os-release",
+    "/var/log",
+    "/var/lib/kubelet/pods",
+    "/run/nvidia-fabricmanager",
+    "/etc/cdi-backup",
+    "/sys",
+    "/opt/nvidia",
+]
 
 
 @pytest.mark.parametrize("path", REJECTED_HOST_PATHS)
@@ -431,8 +541,10 @@ def test_non_gpu_container_with_env_from_is_covered_by_the_pin(config):
 
 def test_warnings_fit_the_api_server_limit(config):
     long_name = "c" * 300
-    document = pod(container(long_name, environment=[env(NVD, "void")], envFrom=[{"secretRef": {"name": "s"}}]),
-                   runtimeClassName="nvidia")
+    document = pod(
+        container(long_name, environment=[env(NVD, "void")], envFrom=[{"secretRef": {"name": "s"}}]),
+        runtimeClassName="nvidia",
+    )
     custom = PolicyConfig(visible_devices_aliases=("A" * 150,))
     warnings = validate(document, custom).warnings
     assert len(warnings) == 2
@@ -443,9 +555,12 @@ def test_warnings_fit_the_api_server_limit(config):
 
 
 def test_only_judges_the_named_ephemeral_containers(config):
-    document = pod(container("old", securityContext={"privileged": True}),
-                   ephemeral=[container("debugger"), container("earlier", environment=[env(NVD, "all")])],
-                   annotations={"nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=all"}, runtimeClassName="nvidia")
+    document = pod(
+        container("old", securityContext={"privileged": True}),
+        ephemeral=[container("debugger"), container("earlier", environment=[env(NVD, "all")])],
+        annotations={"nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=all"},
+        runtimeClassName="nvidia",
+    )
     result = validate(document, config, only={"debugger"})
     assert [(v.rule, v.container) for v in result.violations] == [("unpinned-container", "debugger")]
     assert result.warnings == ()
@@ -462,6 +577,7 @@ def test_only_judges_host_paths_the_new_container_mounts(config):
 
 
 def test_validation_rule_ids_in_table_order(config):
-    document = pod(container("c", securityContext={"privileged": True}),
-                   annotations={"cdi.k8s.io/x": "nvidia.com/gpu=all"})
+    document = pod(
+        container("c", securityContext={"privileged": True}), annotations={"cdi.k8s.io/x": "nvidia.com/gpu=all"}
+    )
     assert validate(document, config).rule_ids == ("unpinned-container", "privileged", "cdi-annotation")

@@ -55,9 +55,19 @@ def mutated(body: dict, policy: StandInPolicy | None = None) -> dict:
 
 
 @pytest.mark.parametrize("endpoint", list(Endpoint))
-@pytest.mark.parametrize("name", ["pod-create-kubectl", "pod-create-minimal", "pod-create-replicaset-gpu-mix",
-                                  "pod-create-dryrun", "pod-create-mirror", "pod-update-ephemeralcontainers",
-                                  "pod-delete", "deployment-create"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pod-create-kubectl",
+        "pod-create-minimal",
+        "pod-create-replicaset-gpu-mix",
+        "pod-create-dryrun",
+        "pod-create-mirror",
+        "pod-update-ephemeralcontainers",
+        "pod-delete",
+        "deployment-create",
+    ],
+)
 def test_every_response_echoes_version_kind_and_uid(name, endpoint):
     body = load(name)
     document = review(body, endpoint, None, StandInPolicy()).response
@@ -159,9 +169,14 @@ def crowded(containers: int, *, privileged: bool = False) -> dict:
     """A Pod CREATE with many unpinned containers: one violation each (two when privileged)."""
     body = load("pod-create-minimal")
     spec = body["request"]["object"]["spec"]
-    spec["containers"] = [{"name": f"worker-{index:03d}", "image": "busybox:1.36",
-                           **({"securityContext": {"privileged": True}} if privileged else {})}
-                          for index in range(containers)]
+    spec["containers"] = [
+        {
+            "name": f"worker-{index:03d}",
+            "image": "busybox:1.36",
+            **({"securityContext": {"privileged": True}} if privileged else {}),
+        }
+        for index in range(containers)
+    ]
     return body
 
 
@@ -179,8 +194,10 @@ def test_warn_mode_keeps_warnings_within_budget_and_counts_the_rest():
     assert all(len(w) <= MAX_WARNING_CHARS for w in warnings)
     *shown, summary = warnings
     # the first violations, in order, then one line that says how many were left out and where to find them
-    assert shown == [f"unpinned-container: container 'worker-{i:03d}': request nvidia.com/gpu, or set "
-                     "NVIDIA_VISIBLE_DEVICES=void" for i in range(len(shown))]
+    assert shown == [
+        f"unpinned-container: container 'worker-{i:03d}': request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"
+        for i in range(len(shown))
+    ]
     assert summary.startswith("gpu-fence: ") and "audit annotation" in summary and "check" in summary
     assert len(shown) + _more(summary) == 80
     # every rule stays in the audit annotation, whatever was cut
@@ -223,8 +240,13 @@ def test_a_denial_lists_the_first_violations_then_counts_the_rest():
 
 
 def test_one_huge_violation_is_cut_not_dropped():
-    huge = Violation("host-device-path", "", "host-device-path: volume 'v' mounts host path '/" + "d/" * 3000
-                     + "', which exposes /dev; remove the hostPath volume")
+    huge = Violation(
+        "host-device-path",
+        "",
+        "host-device-path: volume 'v' mounts host path '/"
+        + "d/" * 3000
+        + "', which exposes /dev; remove the hostPath volume",
+    )
 
     class OneHuge(StandInPolicy):
         def validate(self, pod, config, *, only=None):
@@ -238,8 +260,10 @@ def test_one_huge_violation_is_cut_not_dropped():
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=st.lists(st.integers(min_value=1, max_value=400), max_size=120),
-       advice=st.lists(st.text(min_size=1, max_size=200), max_size=30))
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=400), max_size=120),
+    advice=st.lists(st.text(min_size=1, max_size=200), max_size=30),
+)
 def test_any_number_and_size_of_violations_fits_and_is_accounted_for(lengths, advice):
     violations = tuple(Violation("privileged", f"c{i}", "privileged: " + "x" * n) for i, n in enumerate(lengths))
 
@@ -445,8 +469,15 @@ json_values = st.recursive(
 @given(
     request=st.fixed_dictionaries(
         {"uid": st.text(min_size=1, max_size=8), "operation": st.sampled_from(["CREATE", "UPDATE", "DELETE", "X"])},
-        optional={"kind": json_values, "object": json_values, "oldObject": json_values, "subResource": json_values,
-                  "namespace": json_values, "name": json_values, "dryRun": json_values},
+        optional={
+            "kind": json_values,
+            "object": json_values,
+            "oldObject": json_values,
+            "subResource": json_values,
+            "namespace": json_values,
+            "name": json_values,
+            "dryRun": json_values,
+        },
     ),
     endpoint=st.sampled_from(list(Endpoint)),
 )
@@ -466,9 +497,15 @@ REAL_CONFIG = PolicyConfig()
 
 
 def envelope(pod, *, operation="CREATE", sub_resource="", old=None, namespace="team-a") -> dict:
-    request = {"uid": "3b1f0c2e-0000-4000-8000-000000000abc", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-               "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": namespace,
-               "operation": operation, "object": pod, "oldObject": old}
+    request = {
+        "uid": "3b1f0c2e-0000-4000-8000-000000000abc",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": namespace,
+        "operation": operation,
+        "object": pod,
+        "oldObject": old,
+    }
     if sub_resource:
         request["subResource"] = sub_resource
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
@@ -540,10 +577,13 @@ def test_plain_pod_update_judges_only_annotations_it_adds_or_changes():
     # An annotation that was already there was judged at CREATE (or let through in warn mode): denying it now
     # would block every later update of the pod, finalizer removal included.
     kept = {"cdi.k8s.io/x": "nvidia.com/gpu=0"}
-    assert review(_annotation_update(kept, {**kept, "team": "a"}), Endpoint.VALIDATE, REAL_CONFIG,
-                  real_policy).verdict is Verdict.ALLOWED
-    changed = review(_annotation_update(kept, {"cdi.k8s.io/x": "nvidia.com/gpu=all"}), Endpoint.VALIDATE,
-                     REAL_CONFIG, real_policy)
+    assert (
+        review(_annotation_update(kept, {**kept, "team": "a"}), Endpoint.VALIDATE, REAL_CONFIG, real_policy).verdict
+        is Verdict.ALLOWED
+    )
+    changed = review(
+        _annotation_update(kept, {"cdi.k8s.io/x": "nvidia.com/gpu=all"}), Endpoint.VALIDATE, REAL_CONFIG, real_policy
+    )
     assert changed.verdict is Verdict.DENIED
     # the containers of an existing pod are not re-judged on a plain update (their env cannot change)
     unpinned = _annotation_update(None, {"team": "a"})

@@ -58,8 +58,15 @@ def _serve_args(tmp_path: Path, *, good: bool = True) -> argparse.Namespace:
     pair = new_serving_cert(new_ca(common_name="ca", now=now, days=3), service_dns_names("s", "ns"), now=now, days=2)
     (tmp_path / "tls.crt").write_bytes(pair.cert_pem if good else b"not a certificate")
     (tmp_path / "tls.key").write_bytes(pair.key_pem)
-    return argparse.Namespace(cert_file=str(tmp_path / "tls.crt"), key_file=str(tmp_path / "tls.key"),
-                              bind="127.0.0.1", port=8443, workers=2, threads=4, log_level="INFO")
+    return argparse.Namespace(
+        cert_file=str(tmp_path / "tls.crt"),
+        key_file=str(tmp_path / "tls.key"),
+        bind="127.0.0.1",
+        port=8443,
+        workers=2,
+        threads=4,
+        log_level="INFO",
+    )
 
 
 @pytest.fixture
@@ -71,8 +78,9 @@ def multiprocess_metrics(tmp_path, monkeypatch):
     monkeypatch.setattr(values, "ValueClass", values.ValueClass)
 
 
-def test_serve_runs_gunicorn_with_the_collector_off_and_the_fork_hooks(tmp_path, monkeypatch, collector,
-                                                                        multiprocess_metrics):
+def test_serve_runs_gunicorn_with_the_collector_off_and_the_fork_hooks(
+    tmp_path, monkeypatch, collector, multiprocess_metrics
+):
     seen = {}
 
     class Stub:

@@ -44,14 +44,34 @@ class BrokenInput:
         raise TimeoutError("timed out")
 
 
-def call(app, method: str, path: str, body: bytes = b"", *, length: str | None = "auto",
-         content_type: str | None = "application/json", terminated: bool = True, stream=None):
+def call(
+    app,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    *,
+    length: str | None = "auto",
+    content_type: str | None = "application/json",
+    terminated: bool = True,
+    stream=None,
+):
     """Call ``app`` as gunicorn does (``wsgi.input_terminated``), and return (status, headers, body)."""
-    environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "SCRIPT_NAME": "", "QUERY_STRING": "",
-               "SERVER_NAME": "localhost", "SERVER_PORT": "8443", "SERVER_PROTOCOL": "HTTP/1.1",
-               "wsgi.url_scheme": "https", "wsgi.input": stream if stream is not None else Reader(body),
-               "wsgi.errors": io.StringIO(), "wsgi.version": (1, 0), "wsgi.multithread": True,
-               "wsgi.multiprocess": True, "wsgi.run_once": False}
+    environ = {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "SERVER_NAME": "localhost",
+        "SERVER_PORT": "8443",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "wsgi.url_scheme": "https",
+        "wsgi.input": stream if stream is not None else Reader(body),
+        "wsgi.errors": io.StringIO(),
+        "wsgi.version": (1, 0),
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+    }
     if terminated:
         environ["wsgi.input_terminated"] = True
     if length == "auto":
@@ -82,8 +102,11 @@ def app(metrics):
 
 
 def counts(metrics: WebhookMetrics) -> dict[tuple, float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(metrics.exposition().decode()) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for s in family.samples
+    }
 
 
 def bad_requests(metrics: WebhookMetrics, reason: str) -> float:
@@ -140,18 +163,24 @@ def test_no_usable_length_reads_as_an_empty_body(app, metrics, length, terminate
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.one_of(st.none(), st.text(max_size=8), st.integers(-5, 10**9).map(str)),
-       st.sampled_from([None, "chunked", "gzip, chunked", "Chunked", " chunked ", "xchunked", "chunked;q=1",
-                        "identity"]))
+@given(
+    st.one_of(st.none(), st.text(max_size=8), st.integers(-5, 10**9).map(str)),
+    st.sampled_from([None, "chunked", "gzip, chunked", "Chunked", " chunked ", "xchunked", "chunked;q=1", "identity"]),
+)
 def test_content_length_reads_headers_as_werkzeug(value, encoding):
-    environ = {key: header for key, header in (("CONTENT_LENGTH", value), ("HTTP_TRANSFER_ENCODING", encoding))
-               if header is not None}
+    environ = {
+        key: header
+        for key, header in (("CONTENT_LENGTH", value), ("HTTP_TRANSFER_ENCODING", encoding))
+        if header is not None
+    }
     assert content_length(environ) == get_content_length(environ)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet="aAjJsonxt/; =\t,\"-+.8", max_size=30)
-       | st.sampled_from(["application/json", "Application/JSON; charset=utf-8", "application/json;", ""]))
+@given(
+    st.text(alphabet='aAjJsonxt/; =\t,"-+.8', max_size=30)
+    | st.sampled_from(["application/json", "Application/JSON; charset=utf-8", "application/json;", ""])
+)
 def test_mimetype_is_read_as_werkzeug(content_type):
     assert mimetype_of(content_type) == parse_options_header(content_type)[0].lower()
 
@@ -167,11 +196,17 @@ def test_a_failed_read_is_a_counted_logged_json_500(app, metrics, caplog):
     assert "TimeoutError: timed out" in json.loads(JsonLinesFormatter().format(record))["exception"]
 
 
-@pytest.mark.parametrize(("method", "path", "status"), [
-    ("GET", "/validate", "405 METHOD NOT ALLOWED"), ("PUT", "/mutate", "405 METHOD NOT ALLOWED"),
-    ("POST", "/validate/", "404 NOT FOUND"), ("POST", "/Validate", "404 NOT FOUND"),
-    ("GET", "/healthz", "200 OK"), ("OPTIONS", "/mutate", "200 OK"),
-])
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/validate", "405 METHOD NOT ALLOWED"),
+        ("PUT", "/mutate", "405 METHOD NOT ALLOWED"),
+        ("POST", "/validate/", "404 NOT FOUND"),
+        ("POST", "/Validate", "404 NOT FOUND"),
+        ("GET", "/healthz", "200 OK"),
+        ("OPTIONS", "/mutate", "200 OK"),
+    ],
+)
 def test_everything_else_goes_on_to_flask(app, method, path, status):
     got, headers, _, _ = call(app, method, path, BODY)
     assert got == status
@@ -185,10 +220,19 @@ def test_review_counters_count_every_call_per_label_set(app, metrics):
         call(app, "POST", "/mutate", BODY)
     call(app, "POST", "/validate", b"{", content_type="application/json")
     seen = counts(metrics)
-    assert seen[("gpu_fence_webhook_reviews_total", (("endpoint", "validate"), ("rule", "unpinned-container"),
-                                                     ("verdict", "denied")))] == 3
-    assert seen[("gpu_fence_webhook_reviews_total", (("endpoint", "mutate"), ("rule", "none"),
-                                                     ("verdict", "patched")))] == 3
+    assert (
+        seen[
+            (
+                "gpu_fence_webhook_reviews_total",
+                (("endpoint", "validate"), ("rule", "unpinned-container"), ("verdict", "denied")),
+            )
+        ]
+        == 3
+    )
+    assert (
+        seen[("gpu_fence_webhook_reviews_total", (("endpoint", "mutate"), ("rule", "none"), ("verdict", "patched")))]
+        == 3
+    )
     assert seen[("gpu_fence_webhook_review_duration_seconds_count", (("endpoint", "validate"),))] == 3
     assert bad_requests(metrics, "invalid-json") == 1
 
@@ -265,8 +309,12 @@ def test_the_direct_line_respects_the_level(metrics, pipe):
 
 def test_internal_errors_are_logged_through_logging_at_error_even_with_an_fd(metrics, pipe, caplog):
     read_end, write_end = pipe
-    app = create_app(None, policy=StandInPolicy(fail=ValueError("bad rule table")), metrics=metrics,
-                     review_log=ReviewLog(logging.getLogger("gpu_fence.webhook"), fd=write_end))
+    app = create_app(
+        None,
+        policy=StandInPolicy(fail=ValueError("bad rule table")),
+        metrics=metrics,
+        review_log=ReviewLog(logging.getLogger("gpu_fence.webhook"), fd=write_end),
+    )
     with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
         status, _, data, _ = call(app, "POST", "/validate", BODY)
     assert status == "200 OK" and orjson.loads(data)["response"]["status"]["code"] == 500
@@ -279,15 +327,22 @@ def test_a_closed_stderr_never_fails_a_review(metrics):
     read_end, write_end = os.pipe()
     os.close(read_end)
     os.close(write_end)  # writes now fail with EBADF
-    app = create_app(None, policy=StandInPolicy(), metrics=metrics,
-                     review_log=ReviewLog(logging.getLogger("gpu_fence.webhook"), fd=write_end))
+    app = create_app(
+        None,
+        policy=StandInPolicy(),
+        metrics=metrics,
+        review_log=ReviewLog(logging.getLogger("gpu_fence.webhook"), fd=write_end),
+    )
     status, _, _, _ = call(app, "POST", "/validate", BODY)
     assert status == "200 OK"
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.floats(min_value=0, max_value=4e9, allow_nan=False)
-       | st.integers(0, 4 * 10**9).map(lambda s: s + 0.9995) | st.integers(0, 4 * 10**9).map(lambda s: s + 0.9999996))
+@given(
+    st.floats(min_value=0, max_value=4e9, allow_nan=False)
+    | st.integers(0, 4 * 10**9).map(lambda s: s + 0.9995)
+    | st.integers(0, 4 * 10**9).map(lambda s: s + 0.9999996)
+)
 def test_the_cached_clock_text_is_rfc3339_millis(now):
     log = ReviewLog()
     assert log._timestamp(now) == rfc3339_millis(now)

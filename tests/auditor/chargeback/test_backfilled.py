@@ -123,8 +123,14 @@ def test_overreach_unattributed_and_unused_card(prometheus, prices_file):
         assert by["sneaky"]["request_cost"] == pytest.approx(0.0)
         assert document["overreach"] == [
             {
-                "namespace": "sneaky", "pod": "miner", "container": "main", "group": "sneaky", "node": "over",
-                "gpu_uuid": "GPU-o", "memory_gib_hours": pytest.approx(1.0), "cost": pytest.approx(0.3125),
+                "namespace": "sneaky",
+                "pod": "miner",
+                "container": "main",
+                "group": "sneaky",
+                "node": "over",
+                "gpu_uuid": "GPU-o",
+                "memory_gib_hours": pytest.approx(1.0),
+                "cost": pytest.approx(0.3125),
             }
         ]
         assert document["unattributed"]["cost"] == pytest.approx(2.50 * 4 / 8)  # 1.25
@@ -151,8 +157,17 @@ def test_table_csv_and_markdown_show_the_same_bill(prometheus, prices_file):
 def test_flat_price_and_relative_times_and_output_file(prometheus, tmp_path):
     window = window_args("exclusive")
     output = tmp_path / "bill.json"
-    result = run_chargeback("--prometheus", prometheus.url, *window, "--price-per-gpu-hour", "1.5",
-                            "--format", "json", "--output", str(output))
+    result = run_chargeback(
+        "--prometheus",
+        prometheus.url,
+        *window,
+        "--price-per-gpu-hour",
+        "1.5",
+        "--format",
+        "json",
+        "--output",
+        str(output),
+    )
     assert result.code == 0 and result.stdout == ""
     document = json.loads(output.read_text())
     assert document["total_gpu_cost"] == pytest.approx(2 * 1.5)  # two cards × 1 h × 1.50
@@ -163,8 +178,9 @@ def test_step_with_sub_millisecond_digits_keeps_every_sample(prometheus):
     # Prometheus counts time in milliseconds: a step of 600.0004 s is evaluated as 600 s, and every instant must
     # still find its samples (they used to be dropped from the second instant on, billing a fraction of the hour).
     window = window_args("exclusive")[:4]
-    result = run_chargeback("--prometheus", prometheus.url, *window, "--step", "600.0004", "--price-per-gpu-hour", "1",
-                            "--format", "json")
+    result = run_chargeback(
+        "--prometheus", prometheus.url, *window, "--step", "600.0004", "--price-per-gpu-hour", "1", "--format", "json"
+    )
     assert result.code == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["range"]["step_seconds"] == 600
@@ -176,17 +192,42 @@ def test_console_script(prometheus, prices_file):
     """The installed entry point, as an operator runs it (``--start -30d`` style values reach the subcommand)."""
     script = Path(sys.executable).with_name("gpu-fence-auditor")
     done = subprocess.run(
-        [str(script), "chargeback", "--prometheus", prometheus.url, *window_args("timeslice"),
-         "--prices", str(prices_file), "--format", "csv"],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            str(script),
+            "chargeback",
+            "--prometheus",
+            prometheus.url,
+            *window_args("timeslice"),
+            "--prices",
+            str(prices_file),
+            "--format",
+            "csv",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     rows = {row["group"]: row for row in csv.DictReader(io.StringIO(done.stdout))}
     assert float(rows["ml"]["usage_cost"]) == pytest.approx(2.00)
     relative = subprocess.run(
-        [str(script), "chargeback", "--prometheus", prometheus.url, "--start", "-30d", "--end", "-29d",
-         "--price-per-gpu-hour", "1"],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            str(script),
+            "chargeback",
+            "--prometheus",
+            prometheus.url,
+            "--start",
+            "-30d",
+            "--end",
+            "-29d",
+            "--price-per-gpu-hour",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     # Parsed, queried, and nothing there 29 days ago: the one-line "no data" error, not an argparse complaint.
     assert relative.returncode == 2

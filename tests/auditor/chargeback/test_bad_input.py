@@ -61,15 +61,23 @@ def test_server_that_is_not_prometheus(not_prometheus):
 @pytest.mark.e2e
 def test_empty_range(prometheus):
     before = BASE - 10 * HOUR  # no samples anywhere near
-    result = run_chargeback("--prometheus", prometheus.url, "--start", str(before), "--end", str(before + HOUR),
-                            "--price-per-gpu-hour", "1")
+    result = run_chargeback(
+        "--prometheus", prometheus.url, "--start", str(before), "--end", str(before + HOUR), "--price-per-gpu-hour", "1"
+    )
     assert_one_line_error(result, "no gpu_fence_gpu_info samples", "check the time range")
 
 
 @pytest.mark.e2e
 def test_unknown_label(prometheus):
-    result = run_chargeback("--prometheus", prometheus.url, *window_args("timeslice"), "--price-per-gpu-hour", "1",
-                            "--by", "label:cost-center")
+    result = run_chargeback(
+        "--prometheus",
+        prometheus.url,
+        *window_args("timeslice"),
+        "--price-per-gpu-hour",
+        "1",
+        "--by",
+        "label:cost-center",
+    )
     assert_one_line_error(result, "label_cost_center", "--pod-label cost-center")
 
 
@@ -113,8 +121,9 @@ def test_malformed_price_file(tmp_path: Path, content: str, fragments: tuple[str
 
 
 def test_missing_price_file(tmp_path: Path):
-    result = run_chargeback("--prometheus", "http://127.0.0.1:9", *window_args("exclusive"), "--prices",
-                            str(tmp_path / "nope.yaml"))
+    result = run_chargeback(
+        "--prometheus", "http://127.0.0.1:9", *window_args("exclusive"), "--prices", str(tmp_path / "nope.yaml")
+    )
     assert_one_line_error(result, "cannot read price file", "nope.yaml")
 
 
@@ -144,13 +153,20 @@ def test_bad_times_steps_and_grouping(arguments: list[str], fragments: tuple[str
 def test_bad_url_and_negative_flat_price():
     result = run_chargeback("--prometheus", "prometheus:9090", *window_args("exclusive"), "--price-per-gpu-hour", "1")
     assert_one_line_error(result, "expected an http:// or https:// URL")
-    result = run_chargeback("--prometheus", "http://127.0.0.1:9", *window_args("exclusive"),
-                            "--price-per-gpu-hour", "-2")
+    result = run_chargeback(
+        "--prometheus", "http://127.0.0.1:9", *window_args("exclusive"), "--price-per-gpu-hour", "-2"
+    )
     assert_one_line_error(result, "--price-per-gpu-hour must be a number >= 0")
 
 
 def test_unwritable_output(tmp_path: Path, prometheus):
-    result = run_chargeback("--prometheus", prometheus.url, *window_args("exclusive"), "--price-per-gpu-hour", "1",
-                            "--output", str(tmp_path / "missing-dir" / "bill.csv"))
+    result = run_chargeback(
+        "--prometheus",
+        prometheus.url,
+        *window_args("exclusive"),
+        "--price-per-gpu-hour",
+        "1",
+        "--output",
+        str(tmp_path / "missing-dir" / "bill.csv"),
+    )
     assert_one_line_error(result, "cannot write --output")
-

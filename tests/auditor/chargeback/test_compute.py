@@ -110,8 +110,13 @@ def test_unused_card_goes_to_platform_under_both_policies_and_unattributed_has_i
     unused = Device("n1", "GPU-b", "", "H100")
     a = owner("a")
     intervals = [
-        Interval(end=HOUR, seconds=HOUR, devices=(used, unused), memory=(Memory("n1", "GPU-a", a, True, GIB),),
-                 unattributed=(Unattributed("n1", "GPU-a", GIB),)),
+        Interval(
+            end=HOUR,
+            seconds=HOUR,
+            devices=(used, unused),
+            memory=(Memory("n1", "GPU-a", a, True, GIB),),
+            unattributed=(Unattributed("n1", "GPU-a", GIB),),
+        ),
         Interval(end=2 * HOUR, seconds=HOUR, devices=(used, unused)),
     ]
     for policy in IdlePolicy:
@@ -132,8 +137,11 @@ def test_unused_card_goes_to_platform_under_both_policies_and_unattributed_has_i
 def test_missing_price_and_unknown_device_are_noted_not_crashed():
     a = owner("a")
     interval = Interval(
-        end=60, seconds=60, devices=(Device("n1", "GPU-a", "", "T4"),),
-        memory=(Memory("n1", "GPU-zz", a, True, GIB),), allocations=(Allocation("n1", "GPU-zz", a, 1),),
+        end=60,
+        seconds=60,
+        devices=(Device("n1", "GPU-a", "", "T4"),),
+        memory=(Memory("n1", "GPU-zz", a, True, GIB),),
+        allocations=(Allocation("n1", "GPU-zz", a, 1),),
     )
     bill = compute_bill([interval], lambda node, model: None, IdlePolicy.PLATFORM)
     assert any("'T4'" in note for note in bill.notes)
@@ -177,8 +185,16 @@ def clusters(draw):
                     allocations.append(Allocation("n1", device.uuid, ref, 1))
             if draw(st.booleans()):
                 unattributed.append(Unattributed("n1", device.uuid, draw(st.integers(0, 4)) * GIB))
-        intervals.append(Interval(end=(step + 1) * 60.0, seconds=60.0, devices=tuple(cards), memory=tuple(memory),
-                                  allocations=tuple(allocations), unattributed=tuple(unattributed)))
+        intervals.append(
+            Interval(
+                end=(step + 1) * 60.0,
+                seconds=60.0,
+                devices=tuple(cards),
+                memory=tuple(memory),
+                allocations=tuple(allocations),
+                unattributed=tuple(unattributed),
+            )
+        )
     return intervals
 
 
@@ -217,8 +233,12 @@ def test_memory_on_a_mig_partitioned_card_itself_is_noted_as_such():
     card = Device("n1", "GPU-m", "", "A100")
     s3 = Device("n1", "MIG-3", "GPU-m", "A100 MIG 3g.40gb", 3 / 7)
     x = owner("x")
-    interval = Interval(end=HOUR, seconds=HOUR, devices=(card, s3),
-                        memory=(Memory("n1", "MIG-3", x, True, GIB), Memory("n1", "GPU-m", x, True, GIB)))
+    interval = Interval(
+        end=HOUR,
+        seconds=HOUR,
+        devices=(card, s3),
+        memory=(Memory("n1", "MIG-3", x, True, GIB), Memory("n1", "GPU-m", x, True, GIB)),
+    )
     bill = compute_bill([interval], flat(7.0), IdlePolicy.PLATFORM)
     assert math.isclose(by_group(bill)["x"].usage, 3.0)
     assert not any("no gpu_fence_gpu_info" in note for note in bill.notes), bill.notes

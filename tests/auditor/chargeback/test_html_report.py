@@ -34,7 +34,10 @@ def chromium(*arguments: str, profile: Path) -> subprocess.CompletedProcess[str]
     assert binary, "chromium is not installed (apt-get install chromium; CI's .ci/run does)"
     return subprocess.run(
         [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *arguments],
-        capture_output=True, text=True, timeout=180, check=True,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
     )
 
 
@@ -132,8 +135,19 @@ def report(prometheus, tmp_path_factory) -> Path:
     prices = directory / "prices.yaml"
     prices.write_text(PRICES_YAML, encoding="utf-8")
     output = directory / "bill.html"
-    result = run_chargeback("--prometheus", prometheus.url, *window_args("overreach"), "--prices", str(prices),
-                            "--idle", "platform", "--format", "html", "--output", str(output))
+    result = run_chargeback(
+        "--prometheus",
+        prometheus.url,
+        *window_args("overreach"),
+        "--prices",
+        str(prices),
+        "--idle",
+        "platform",
+        "--format",
+        "html",
+        "--output",
+        str(output),
+    )
     assert result.code == 0, result.stderr
     return output
 
@@ -151,7 +165,8 @@ def test_dom_has_charts_and_the_right_numbers(report: Path, tmp_path: Path):
     assert any(shape["tag"] == "path" for shape in timeline)
     comparison = dom.shapes["comparison"]
     assert {(shape["data-group"], shape["data-kind"]) for shape in comparison} >= {
-        ("batch", "request"), ("batch", "usage")
+        ("batch", "request"),
+        ("batch", "usage"),
     }
 
     rows = {row[0]: row for row in dom.tables["groups"][1:]}
@@ -184,5 +199,5 @@ def test_screenshot_is_not_blank(report: Path, tmp_path: Path):
     variance = sum((value - mean) ** 2 for value in luminance) / len(luminance)
     assert variance > 100, f"the page looks blank (mean {mean:.0f}, variance {variance:.1f})"
     # The overreach layer is drawn in red (#d62728): the chart was painted, not just the text.
-    red = sum(1 for row in rows[::2] for x in range(0, width * bpp, bpp) if row[x:x + 3] == b"\xd6\x27\x28")
+    red = sum(1 for row in rows[::2] for x in range(0, width * bpp, bpp) if row[x : x + 3] == b"\xd6\x27\x28")
     assert red > 50

@@ -93,11 +93,19 @@ def test_series_align_on_instants_and_mig_without_share_is_noted():
         Series({"node": "n", "gpu_uuid": "MIG-1", "parent_uuid": "GPU-1", "model": "m"}, ((60.0, 1.0),)),
     ]
     memory = [
-        Series({"node": "n", "gpu_uuid": "GPU-1", "namespace": "a", "pod": "p", "container": "c", "allocated": "false"},
-               ((120.0, 5.0), (120.0, float("nan")))),
+        Series(
+            {"node": "n", "gpu_uuid": "GPU-1", "namespace": "a", "pod": "p", "container": "c", "allocated": "false"},
+            ((120.0, 5.0), (120.0, float("nan"))),
+        ),
     ]
     intervals, notes = intervals_from_series(
-        [60.0, 120.0], 60.0, info=info, share=[], memory=memory, allocated=[], unattributed=[],
+        [60.0, 120.0],
+        60.0,
+        info=info,
+        share=[],
+        memory=memory,
+        allocated=[],
+        unattributed=[],
         group_of=lambda namespace, pod: f"{namespace}!",
     )
     assert [interval.end for interval in intervals] == [60.0, 120.0]
@@ -131,8 +139,17 @@ def test_text_renderers_agree():
 
 
 def test_series_renamed_by_a_scrape_without_honor_labels_are_refused():
-    renamed = Series({"node": "n", "gpu_uuid": "GPU-1", "namespace": "gpu-fence", "pod": "gpu-fence-auditor-1",
-                      "container": "auditor", "exported_namespace": "ml"}, ((60.0, 1.0),))
+    renamed = Series(
+        {
+            "node": "n",
+            "gpu_uuid": "GPU-1",
+            "namespace": "gpu-fence",
+            "pod": "gpu-fence-auditor-1",
+            "container": "auditor",
+            "exported_namespace": "ml",
+        },
+        ((60.0, 1.0),),
+    )
     for field in ("memory", "allocated"):
         arguments = {"info": [], "share": [], "memory": [], "allocated": [], "unattributed": [], field: [renamed]}
         with pytest.raises(ChargebackError, match=r"exported_namespace='ml'.*honor_labels: true"):
@@ -146,8 +163,12 @@ def hour_bill():
     start, step = 1_800_000_000.0, 600.0
     a = ContainerRef("a", "p", "c", "a")
     intervals = [
-        Interval(end=start + step * k, seconds=step, devices=(Device("n", "GPU-1", "", "T4"),),
-                 memory=(Memory("n", "GPU-1", a, True, 1 << 30),))
+        Interval(
+            end=start + step * k,
+            seconds=step,
+            devices=(Device("n", "GPU-1", "", "T4"),),
+            memory=(Memory("n", "GPU-1", a, True, 1 << 30),),
+        )
         for k in range(1, 7)
     ]
     return compute_bill(intervals, lambda node, model: 1.0, IdlePolicy.PLATFORM)
@@ -159,7 +180,7 @@ def test_html_time_axis_and_bar_titles_span_the_range():
     from gpu_fence.auditor.chargeback.times import iso
 
     page = render_html(hour_bill(), "namespace", 600)
-    timeline = page[page.index('<svg id="timeline"'):page.index("</svg>")]
+    timeline = page[page.index('<svg id="timeline"') : page.index("</svg>")]
     axis = re.findall(r'<text x="[^"]+" y="288" text-anchor="(?:start|end)">([^<]+)</text>', timeline)
     assert axis == [iso(1_800_000_000), iso(1_800_003_600)]  # the range's own start and end
     titles = re.findall(r"<title>a: [^,]+, ([^<]+)</title>", timeline)
@@ -174,7 +195,7 @@ def test_html_tables_and_charts_are_labelled_for_screen_readers():
     page = render_html(hostile_bill(), "namespace", 60)
     for table in re.findall(r"<table.*?</table>", page, flags=re.S):
         assert "<caption>" in table
-        head = table[table.index("<thead>"):table.index("</thead>")]
+        head = table[table.index("<thead>") : table.index("</thead>")]
         assert len(re.findall(r"<th[ >]", head)) == head.count('<th scope="col"') > 0
         for row in re.findall(r"<tbody>.*?</tbody>", table, flags=re.S)[0].split("<tr")[1:]:
             assert re.match(r'[^>]*><th scope="row"', row), row  # the group name heads its row

@@ -30,28 +30,54 @@ CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
 def auditor(tmp_path: Path):
     scenario = NodeScenario(tmp_path / "node", node="gpu-node-1", gpus=2)
     for name, team, replica, gib in (("a", "alpha", 0, 3), ("b", "beta", 1, 1)):
-        scenario.add_pod("ml", name, Ctr(
-            "main", allocated=[0], device_ids=[f"{uuid_of(0)}::{replica}"], resource="nvidia.com/gpu.shared",
-            visible=[0], processes=[(0, gib * GIB)], env={"NVIDIA_VISIBLE_DEVICES": uuid_of(0)},
-        ), labels={"team": team})
-    scenario.add_pod("web", "notebook", Ctr("jupyter", visible=[1], processes=[(1, 2 * GIB)],
-                                            env={"NVIDIA_VISIBLE_DEVICES": "all"}))
+        scenario.add_pod(
+            "ml",
+            name,
+            Ctr(
+                "main",
+                allocated=[0],
+                device_ids=[f"{uuid_of(0)}::{replica}"],
+                resource="nvidia.com/gpu.shared",
+                visible=[0],
+                processes=[(0, gib * GIB)],
+                env={"NVIDIA_VISIBLE_DEVICES": uuid_of(0)},
+            ),
+            labels={"team": team},
+        )
+    scenario.add_pod(
+        "web", "notebook", Ctr("jupyter", visible=[1], processes=[(1, 2 * GIB)], env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    )
     scenario.add_host_gpu_process(1, 2 * GIB)
     scenario.start()
     scenario.write_nvml()
     port = free_port()
     log = (tmp_path / "auditor.log").open("wb")
     process = subprocess.Popen(
-        [str(CONSOLE_SCRIPT), *scenario.args("run", "--interval", "1", "--metrics-port", str(port),
-                                             "--metrics-bind", "127.0.0.1", "--pod-label", "team", "--no-events")],
-        env=scenario.env(), stdout=log, stderr=subprocess.STDOUT,
+        [
+            str(CONSOLE_SCRIPT),
+            *scenario.args(
+                "run",
+                "--interval",
+                "1",
+                "--metrics-port",
+                str(port),
+                "--metrics-bind",
+                "127.0.0.1",
+                "--pod-label",
+                "team",
+                "--no-events",
+            ),
+        ],
+        env=scenario.env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
 
     def exported() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"auditor exited: {(tmp_path / 'auditor.log').read_text()[-2000:]}")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            return b'gpu_fence_container_gpu_memory_bytes{' in response.read()
+            return b"gpu_fence_container_gpu_memory_bytes{" in response.read()
 
     try:
         wait_for(exported, 60, "the auditor to export per-container GPU memory")
@@ -70,8 +96,13 @@ def auditor(tmp_path: Path):
 def test_prometheus_scrapes_the_auditor_and_chargeback_bills_it(auditor: str, tmp_path: Path):
     with PrometheusServer(tmp_path / "prometheus", scrape_targets=[auditor], scrape_interval="1s") as prometheus:
         # Wait until every series chargeback needs has been scraped at least once.
-        needed = ("gpu_fence_gpu_info", "gpu_fence_container_gpu_memory_bytes", "gpu_fence_container_allocated_gpus",
-                  "gpu_fence_unattributed_gpu_memory_bytes", "gpu_fence_pod_labels")
+        needed = (
+            "gpu_fence_gpu_info",
+            "gpu_fence_container_gpu_memory_bytes",
+            "gpu_fence_container_allocated_gpus",
+            "gpu_fence_unattributed_gpu_memory_bytes",
+            "gpu_fence_pod_labels",
+        )
         query = " and on() ".join(f"count({name}) > 0" for name in needed)
         wait_for(lambda: prometheus.query(query), 60, "Prometheus to scrape every chargeback series")
         start = int(time.time()) + 1  # a whole second after every series exists
@@ -81,9 +112,24 @@ def test_prometheus_scrapes_the_auditor_and_chargeback_bills_it(auditor: str, tm
             return float(sample["value"][1]) if float(sample["value"][1]) >= start + 6 else 0.0
 
         end = int(wait_for(scraped_until, 60, "six more seconds of scrapes"))  # the last scrape is within lookback
-        result = run_chargeback("--prometheus", prometheus.url, "--start", str(start), "--end", str(end),
-                                "--step", "1s", "--by", "label:team", "--price-per-gpu-hour", "3600",
-                                "--idle", "platform", "--format", "json")
+        result = run_chargeback(
+            "--prometheus",
+            prometheus.url,
+            "--start",
+            str(start),
+            "--end",
+            str(end),
+            "--step",
+            "1s",
+            "--by",
+            "label:team",
+            "--price-per-gpu-hour",
+            "3600",
+            "--idle",
+            "platform",
+            "--format",
+            "json",
+        )
     assert result.code == 0, result.stderr
     document = json.loads(result.stdout)
     seconds = end - start  # instants start+1 .. end, one second each; every card costs 1 per second
@@ -102,5 +148,8 @@ def test_prometheus_scrapes_the_auditor_and_chargeback_bills_it(auditor: str, tm
     assert document["platform"]["cost"] == pytest.approx(0.0)
     [overreach] = document["overreach"]
     assert (overreach["namespace"], overreach["pod"], overreach["node"], overreach["gpu_uuid"]) == (
-        "web", "notebook", "gpu-node-1", uuid_of(1)
+        "web",
+        "notebook",
+        "gpu-node-1",
+        uuid_of(1),
     )
