@@ -4,27 +4,28 @@ The kubelet serves it without authentication on a unix socket, ``<kubelet root-d
 and rate-limits all its callers together (100 QPS, burst 10), so every public method makes exactly one RPC and
 never retries; the caller's next cycle is the retry.
 
-Errors come out as :class:`KubeletUnavailable` with a short machine-readable ``reason`` (one of ``REASONS``, fit
-for a metric label) and a message that says what to fix. Nothing happens at import or construction: the channel
-is opened by the first call.
+Answers are the plain values of ``allocations``. Errors come out as :class:`KubeletUnavailable` with a short
+machine-readable ``reason`` (one of ``REASONS``, fit for a metric label) and a message that says what to fix.
+Nothing happens at import or construction: the channel is opened by the first call.
 """
 
 from __future__ import annotations
 
+import builtins
 import collections
 import os
 import re
 import socket
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from . import DEFAULT_SOCKET
+from .allocations import ClaimDevice, ContainerAllocation, DeviceAllocation, DynamicResource
 from .v1 import api_pb2, api_pb2_grpc
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 #: A dense node's List answer is well under 1 MiB; allow what other PodResources clients (NFD) allow.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -59,53 +60,6 @@ class KubeletUnavailable(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class DeviceAllocation:
-    """Devices of one extended resource, ids exactly as the kubelet reports them (see ``auditor.deviceids``)."""
-
-    resource_name: str
-    device_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ClaimDevice:
-    """One device of a DRA claim. ``driver_name``/``pool_name``/``device_name`` are sent from 1.31, ``share_id``
-    from 1.35 (None when the kubelet did not send it); ``cdi_devices`` are fully qualified CDI names."""
-
-    driver_name: str
-    pool_name: str
-    device_name: str
-    cdi_devices: tuple[str, ...]
-    share_id: str | None = None
-
-
-@dataclass(frozen=True)
-class DynamicResource:
-    """A DRA claim allocated to a container.
-
-    ``devices`` names each device as available: ``<pool>/<device>`` where the kubelet sends them (1.31+), then its
-    CDI device names. ``class_name`` is always empty: the API dropped it in 1.31 (field 1 is reserved) and it
-    stays only for the shape callers code against. ``claim_devices`` has every field per device.
-    """
-
-    class_name: str
-    claim_name: str
-    claim_namespace: str
-    devices: tuple[str, ...]
-    claim_devices: tuple[ClaimDevice, ...] = ()
-
-
-@dataclass(frozen=True)
-class ContainerAllocation:
-    """What the kubelet allocated to one container; containers with nothing allocated are listed too."""
-
-    namespace: str
-    pod: str
-    container: str
-    devices: tuple[DeviceAllocation, ...]
-    dynamic_resources: tuple[DynamicResource, ...]
 
 
 def _device_allocations(messages: Iterable[api_pb2.ContainerDevices]) -> tuple[DeviceAllocation, ...]:
@@ -164,17 +118,17 @@ class PodResourcesClient:
     def target(self) -> str:
         return f"unix://{os.path.abspath(self.socket_path)}"
 
-    def list(self) -> list[ContainerAllocation]:
+    def list(self) -> builtins.list[ContainerAllocation]:
         """Every container of every pod the kubelet knows on this node, with its allocation (one List RPC)."""
         response = self._call("List", api_pb2.ListPodResourcesRequest())
         return [allocation for pod in response.pod_resources for allocation in _container_allocations(pod)]
 
-    def allocatable(self) -> list[DeviceAllocation]:
+    def allocatable(self) -> builtins.list[DeviceAllocation]:
         """Every device the node's device plugins offer (one GetAllocatableResources RPC)."""
         response = self._call("GetAllocatableResources", api_pb2.AllocatableResourcesRequest())
         return list(_device_allocations(response.devices))
 
-    def get(self, namespace: str, pod: str) -> list[ContainerAllocation]:
+    def get(self, namespace: str, pod: str) -> builtins.list[ContainerAllocation]:
         """One pod's containers (one Get RPC); empty when the kubelet does not know the pod.
 
         Raises ``KubeletUnavailable(reason="unimplemented")`` where the kubelet lacks Get (before 1.27) or has it
