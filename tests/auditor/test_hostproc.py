@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpu_fence.auditor.cgroups import CONTAINERD, CRIO, CgroupIdentity
+from gpu_fence.auditor import hostproc
+from gpu_fence.auditor.cgroups import CONTAINERD, CRIO, CgroupIdentity, parse_cgroup
 from gpu_fence.auditor.hostproc import HostProc
 from tests.fakes.hostproc_tree import NVIDIA_MAJOR, HostProcTree, cgroup_text, make_char_device
 
@@ -242,19 +243,30 @@ def test_without_a_window_a_host_process_is_read_once(tree: HostProcTree) -> Non
     assert proc.cgroup_reads == 1
 
 
-def test_equal_cgroup_texts_share_one_parsed_identity(tree: HostProcTree, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The processes of one container have one cgroup text: it is parsed once and its identity object shared, and
-    the memo of texts starts afresh past its limit instead of growing with the node."""
+def test_equal_cgroup_texts_are_parsed_once_and_the_memo_stays_bounded(
+    tree: HostProcTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The processes of one container have one cgroup text: it is parsed once per scan of the whole node, not once
+    per process; past ``PARSED_LIMIT`` distinct texts the memo starts afresh instead of growing with the node (a
+    text parsed before is then parsed again)."""
+    parsed: list[str] = []
+    monkeypatch.setattr(hostproc, "parse_cgroup", lambda text: parsed.append(text) or parse_cgroup(text))
     for pid in range(100, 110):
         tree.add_container_process(pid, POD_A, C1)
     tree.add_container_process(110, POD_B, C2)
-    proc = HostProc(str(tree))
-    proc.container_pids()
-    assert len({id(identity) for identity in proc.identities(range(100, 110)).values()}) == 1
-    monkeypatch.setattr("gpu_fence.auditor.hostproc.PARSED_LIMIT", 1)
-    fresh = HostProc(str(tree))
-    assert fresh.container_pids() == {C1: 100, C2: 110}
-    assert len(fresh._parsed) == 1
+    assert HostProc(str(tree)).container_pids() == {C1: 100, C2: 110}
+    assert len(parsed) == 2  # eleven processes, two texts
+
+    a, b = CgroupIdentity(POD_A, C1, CONTAINERD), CgroupIdentity(POD_B, C2, CONTAINERD)
+
+    def parses_of_a_b_a(proc: HostProc) -> int:
+        parsed.clear()
+        assert [proc.identity(pid) for pid in (100, 110, 101)] == [a, b, a]
+        return len(parsed)
+
+    assert parses_of_a_b_a(HostProc(str(tree))) == 2
+    monkeypatch.setattr(hostproc, "PARSED_LIMIT", 1)
+    assert parses_of_a_b_a(HostProc(str(tree))) == 3  # the second text pushed the first one out
 
 
 def test_a_cgroup_file_longer_than_one_read_is_read_whole(tree: HostProcTree) -> None:

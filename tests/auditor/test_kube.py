@@ -102,8 +102,7 @@ def test_pod_cache_skips_malformed_pods_instead_of_failing_every_cycle(api):
     odd["metadata"]["labels"] = ["not-a-map"]
     fake.add_pod(junk)
     fake.add_pod(odd)
-    with fake._lock:
-        fake.pods["uid-meta"] = {"metadata": "not-an-object", "spec": {"nodeName": "node-a"}}
+    fake.add_pod({"metadata": "not-an-object", "spec": {"nodeName": "node-a"}}, uid="uid-meta")
     cache = PodCache(client, "node-a")
     assert cache.refresh() and cache.state == "kubernetes"
     assert set(cache.pods) == {"uid-1", "uid-junk", "uid-odd"}  # a pod without readable metadata is left out
@@ -193,8 +192,13 @@ def test_forbidden_events_are_counted_and_never_raise(api):
 def test_event_cache_is_bounded_and_an_existing_event_is_not_duplicated(api):
     fake, client = api
     recorder = EventRecorder(client, "node-a", max_entries=3, max_per_cycle=100)
-    recorder.record([finding(pod=f"p{i}") for i in range(10)])
-    assert len(recorder._seen) == 3 and len(fake.events) == 10
+    assert recorder.record([finding(pod=f"p{i}") for i in range(10)]) == 10
+    assert len(fake.events) == 10
+    # It remembers the last three: those are not due again; one it forgot is posted again, and the API's 409
+    # keeps the Event single.
+    assert recorder.record([finding(pod=f"p{i}") for i in (7, 8, 9)]) == 0
+    assert recorder.record([finding(pod="p6")]) == 1
+    assert len(fake.events) == 10
     again = EventRecorder(client, "node-a")  # a restarted auditor: the API answers 409, no second Event
     assert again.record([finding(pod="p0")]) == 1
     assert len(fake.events) == 10
@@ -268,8 +272,7 @@ def test_an_expired_event_is_posted_again_with_its_count(api):
     clock = Clock()
     recorder = EventRecorder(client, "node-a", reemit_after=600, clock=clock)
     assert recorder.record([finding()]) == 1
-    with fake._lock:
-        fake.events.clear()
+    fake.expire_events()
     clock.now += 600
     assert recorder.record([finding()]) == 1
     assert len(fake.event_patches()) == 1 and len(fake.event_posts()) == 2

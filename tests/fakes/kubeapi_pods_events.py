@@ -75,9 +75,15 @@ class FakeKubeApi:
 
     # --- state ---------------------------------------------------------------------------------------------
 
-    def add_pod(self, pod: dict[str, Any]) -> None:
+    def add_pod(self, pod: dict[str, Any], *, uid: str | None = None) -> None:
+        """Serve ``pod`` in the pod list; ``uid`` files an object whose own metadata has none (a malformed pod)."""
         with self._lock:
-            self.pods[pod["metadata"]["uid"]] = pod
+            self.pods[uid if uid is not None else pod["metadata"]["uid"]] = pod
+
+    def expire_events(self) -> None:
+        """Forget every Event, as the API server does an hour after their last update (its default ``--event-ttl``)."""
+        with self._lock:
+            self.events.clear()
 
     def event_posts(self) -> list[tuple[str, str, dict[str, list[str]]]]:
         return [r for r in self.requests if r[0] == "POST" and "/events" in r[1]]
