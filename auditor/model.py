@@ -46,10 +46,39 @@ class Gpu:
     mig_enabled: bool = False  # a physical card in MIG mode: its compute lives in its MIG devices
     profile: str = ""  # MIG profile, e.g. "3g.40gb"
     share: float = 1.0  # share of the physical card this device stands for (see docs/metrics.md)
+    compute_instance_id: int | None = None  # a MIG device's compute instance (NVML places processes by GI and CI)
 
     @property
     def is_mig(self) -> bool:
         return self.parent_uuid is not None
+
+    def mig_device(
+        self,
+        uuid: str,
+        *,
+        mig_index: int,
+        gpu_instance_id: int,
+        compute_instance_id: int,
+        memory_total_bytes: int,
+        profile: str,
+        share: float,
+        model: str | None = None,
+    ) -> Gpu:
+        """A MIG device of this card. The one place a MIG device is given its card's index and minor (see above);
+        its model is the card's unless NVML names it otherwise."""
+        return Gpu(
+            uuid=uuid,
+            index=self.index,
+            minor=self.minor,
+            model=self.model if model is None else model,
+            memory_total_bytes=memory_total_bytes,
+            parent_uuid=self.uuid,
+            mig_index=mig_index,
+            gpu_instance_id=gpu_instance_id,
+            profile=profile,
+            share=share,
+            compute_instance_id=compute_instance_id,
+        )
 
 
 @dataclass(frozen=True)

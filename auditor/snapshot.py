@@ -89,37 +89,12 @@ class _Draft:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# --- NVML → Gpu -------------------------------------------------------------------------------------------
-
-
-def gpus_from_nvml(devices: Iterable[Any]) -> tuple[Gpu, ...]:
-    """Our ``Gpu`` values from the NVML adapter's devices; a MIG device takes its card's index and minor."""
-    devices = list(devices)
-    cards = {d.uuid: d for d in devices if not d.parent_uuid}
-    gpus = []
-    for device in devices:
-        parent = cards.get(device.parent_uuid) if device.parent_uuid else None
-        gpus.append(
-            Gpu(
-                uuid=device.uuid,
-                index=parent.index if parent is not None else device.index,
-                minor=parent.minor if parent is not None else device.minor,
-                model=device.name or "",
-                memory_total_bytes=int(device.memory_total_bytes or 0),
-                parent_uuid=device.parent_uuid or None,
-                mig_index=device.mig_index if device.parent_uuid else None,
-                gpu_instance_id=device.gpu_instance_id if device.parent_uuid else None,
-                mig_enabled=bool(device.mig_enabled) and not device.parent_uuid,
-                profile=device.profile or "",
-                share=float(device.share) if device.share is not None else 1.0,
-            )
-        )
-    return tuple(gpus)
+# --- device ids → UUIDs ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class DeviceIndex:
-    """The lookups device-id normalisation needs, built once per cycle from NVML."""
+    """The lookups device-id normalisation needs, built once per cycle from NVML's devices."""
 
     gpus_by_index: Mapping[int, str]
     migs_by_instance: Mapping[tuple[int, int], str]
@@ -127,7 +102,7 @@ class DeviceIndex:
     uuids: frozenset[str]
 
     @classmethod
-    def build(cls, devices: Iterable[Any]) -> DeviceIndex:
+    def build(cls, devices: Iterable[Gpu]) -> DeviceIndex:
         devices = list(devices)
         cards = {d.uuid: d for d in devices if not d.parent_uuid}
         by_instance: dict[tuple[int, int], str] = {}
@@ -462,12 +437,11 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Any = time.tim
         runtime = inspect_runtime_containers(sources.hostproc, with_fallback_names=identity_source != "kubernetes")
     except OSError as error:
         raise CollectError("proc", f"cannot read host /proc at {sources.hostproc.root}: {error}") from error
-    gpus = gpus_from_nvml(nvml.devices)
     devices = DeviceIndex.build(nvml.devices)
     return assemble(
         options,
         now=now,
-        gpus=gpus,
+        gpus=nvml.devices,
         devices=devices,
         allocations=allocations,
         runtime=runtime,

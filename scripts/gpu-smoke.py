@@ -197,7 +197,7 @@ class Facts:
     allocated_bytes: int
     holder_pid: int
     holder_uuid: str | None  # what CUDA (or PyTorch) said its device is
-    devices: tuple[Mapping[str, Any], ...]  # the NVML adapter's devices (asdict of NvmlDevice)
+    devices: tuple[Mapping[str, Any], ...]  # the NVML adapter's devices (asdict of the model's Gpu)
     driver_version: str | None
     own: Mapping[str, Any] | None  # the NVML adapter's process that is the holder
     own_how: str  # pid | new-process | absent | ambiguous

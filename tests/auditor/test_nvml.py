@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_fence.auditor.model import Gpu
 from gpu_fence.auditor.nvml import NO_INSTANCE, REASONS, Nvml, NvmlError, NvmlSnapshot
 from tests.fakes.nvml import (
     CONFIG_ENV,
@@ -66,9 +67,10 @@ def process_set(snapshot: NvmlSnapshot) -> set[tuple[int, str, int | None, str]]
 def test_lists_whole_gpus_with_index_minor_name_and_memory(open_nvml: OpenNvml) -> None:
     snapshot = open_nvml(MIXED_NODE).snapshot()
 
+    assert all(type(device) is Gpu for device in snapshot.devices)  # the model's value, for the join as it is
     gpu0, gpu2 = by_uuid(snapshot)[GPU0], by_uuid(snapshot)[GPU2]
-    assert (gpu0.index, gpu0.minor, gpu0.name, gpu0.memory_total_bytes) == (0, 3, "NVIDIA H100 80GB HBM3", 80 * GIB)
-    assert (gpu2.index, gpu2.minor, gpu2.name, gpu2.memory_total_bytes) == (2, 7, "NVIDIA A100-SXM4-40GB", 40 * GIB)
+    assert (gpu0.index, gpu0.minor, gpu0.model, gpu0.memory_total_bytes) == (0, 3, "NVIDIA H100 80GB HBM3", 80 * GIB)
+    assert (gpu2.index, gpu2.minor, gpu2.model, gpu2.memory_total_bytes) == (2, 7, "NVIDIA A100-SXM4-40GB", 40 * GIB)
     assert not gpu0.mig_enabled and not gpu0.is_mig and gpu0.share == 1.0 and gpu0.parent_uuid is None
     assert snapshot.problems == ()
     assert snapshot.driver_version == "550.163.01"
@@ -90,7 +92,7 @@ def test_mig_devices_carry_parent_instance_ids_share_and_profile(open_nvml: Open
     assert (one.gpu_instance_id, one.mig_index) == (9, 2)
     assert [three.share, two.share, one.share] == pytest.approx([3 / 7, 2 / 7, 1 / 7])
     assert [three.profile, two.profile, one.profile] == ["3g.40gb", "2g.20gb", "1g.10gb"]
-    assert three.name == "NVIDIA H100 80GB HBM3"  # the card's model; the slice is the profile
+    assert three.model == "NVIDIA H100 80GB HBM3"  # the card's model; the slice is the profile
     assert three.memory_total_bytes == 40 * GIB and three.is_mig and not three.mig_enabled
 
 
@@ -123,8 +125,8 @@ def test_mig_device_without_a_name_suffix_has_no_profile(open_nvml: OpenNvml) ->
     )
     mig = open_nvml(config).snapshot().devices[1]
 
-    assert mig.profile is None
-    assert mig.name == "NVIDIA H100 80GB HBM3"
+    assert mig.profile == ""
+    assert mig.model == "NVIDIA H100 80GB HBM3"
 
 
 def test_node_without_gpus_is_an_empty_snapshot(open_nvml: OpenNvml) -> None:
@@ -154,7 +156,7 @@ def test_unreadable_name_or_memory_keeps_the_gpu_and_says_so(open_nvml: OpenNvml
     snapshot = open_nvml(config).snapshot()
 
     assert by_uuid(snapshot)[GPU2].memory_total_bytes == 0
-    assert by_uuid(snapshot)[GPU0].name == ""
+    assert by_uuid(snapshot)[GPU0].model == ""
     assert {(p.device, p.reason) for p in snapshot.problems} == {(GPU2, "unknown"), (GPU0, "no-permission")}
     assert any("memory" in p.message for p in snapshot.problems)
 

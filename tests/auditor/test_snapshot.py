@@ -3,33 +3,34 @@
 from __future__ import annotations
 
 from gpu_fence.auditor import snapshot as snapshot_module
-from gpu_fence.auditor.model import Identity
-from gpu_fence.auditor.nvml import NvmlDevice
-from gpu_fence.auditor.podresources.client import ClaimDevice, ContainerAllocation, DeviceAllocation, DynamicResource
-from gpu_fence.auditor.snapshot import DeviceIndex, RuntimeContainer, SnapshotOptions, assemble, gpus_from_nvml
+from gpu_fence.auditor.model import Gpu, Identity
+from gpu_fence.auditor.podresources.allocations import (
+    ClaimDevice,
+    ContainerAllocation,
+    DeviceAllocation,
+    DynamicResource,
+)
+from gpu_fence.auditor.snapshot import DeviceIndex, RuntimeContainer, SnapshotOptions, assemble
 from tests.fakes.kubeapi_pods_events import make_pod
 
 G0 = "GPU-00000000-0000-4000-8000-000000000000"
 G1 = "GPU-00000001-0000-4000-8000-000000000001"
 M0 = "MIG-00000001-0000-4000-8000-000000000010"
-DEVICES = (
-    NvmlDevice(G0, 0, 0, "H100", 80 << 30),
-    NvmlDevice(G1, 1, 1, "H100", 80 << 30, mig_enabled=True),
-    NvmlDevice(
+CARD1 = Gpu(G1, 1, 1, "H100", 80 << 30, mig_enabled=True)
+GPUS = (
+    Gpu(G0, 0, 0, "H100", 80 << 30),
+    CARD1,
+    CARD1.mig_device(
         M0,
-        1,
-        None,
-        "H100 MIG 3g.40gb",
-        40 << 30,
-        parent_uuid=G1,
         mig_index=0,
         gpu_instance_id=2,
-        share=3 / 7,
+        compute_instance_id=0,
+        memory_total_bytes=40 << 30,
         profile="3g.40gb",
+        share=3 / 7,
     ),
 )
-GPUS = gpus_from_nvml(DEVICES)
-INDEX = DeviceIndex.build(DEVICES)
+INDEX = DeviceIndex.build(GPUS)
 OPTIONS = SnapshotOptions(node="node-a", pod_label_keys=("team",))
 
 
@@ -60,11 +61,12 @@ def by_name(snapshot):
     return {(c.pod, c.container): c for c in snapshot.containers}
 
 
-def test_mig_device_takes_its_cards_index_and_minor():
-    mig = next(g for g in GPUS if g.uuid == M0)
-    assert (mig.index, mig.minor, mig.parent_uuid, mig.profile) == (1, 1, G1, "3g.40gb")
-    assert mig.gpu_instance_id == 2  # what the pre-R470 "MIG-<card>/<gi>/<ci>" form is resolved by
-    assert next(g for g in GPUS if g.uuid == G1).mig_enabled
+def test_device_ids_resolve_through_the_index_of_the_gpus():
+    assert INDEX.normalize("nvidia1/gi2") == M0  # GKE MIG: the card's index and the slice's GPU instance
+    assert INDEX.normalize("1:0") == M0  # the toolkit's <gpu>:<mig> form: the slice's position on its card
+    assert INDEX.normalize(f"MIG-{G1}/2/0") == M0  # pre-R470: the card's UUID and the GPU instance
+    assert INDEX.normalize("0") == G0 and INDEX.normalize("nvidia0/vgpu3") == G0
+    assert INDEX.resolve_dra("gpu-1") == G1 and INDEX.resolve_dra("node-a/gpu-0-mig-3g") is None
 
 
 def test_api_names_containers_and_normalises_allocations():
