@@ -21,7 +21,6 @@ not read), so visibility is reported per card; the audit lets a container that h
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections import defaultdict
@@ -35,7 +34,10 @@ from .deviceids import is_gpu_resource, normalize_device_id
 from .kube import containers_by_id, kai_gpu_groups, pod_labels
 from .model import Container, Gpu, GpuProcess, Identity, NodeSnapshot
 
-SERVICEACCOUNT_NAMESPACE = "root/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+#: The pod's namespace as its service account sees it, in the container's root: the fallback's pod namespace.
+SERVICEACCOUNT_NAMESPACE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
+#: Set by the runtime to the pod name (unless the pod sets ``hostname``): the fallback's pod name.
+HOSTNAME_ENV = "HOSTNAME"
 _UUID_IN_TEXT = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}")
 _DRA_INDEX = re.compile(r"^gpu-([0-9]+)$")
 
@@ -329,39 +331,39 @@ def _freeze(draft: _Draft, cards: Mapping[int, str]) -> Container:
 # --- collect: the I/O ------------------------------------------------------------------------------------
 
 
-def _read_small(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as file:
-            return file.read(4096).strip() or None
-    except OSError:
-        return None
-
-
 def inspect_runtime_containers(hostproc: Any, *, with_fallback_names: bool) -> dict[str, RuntimeContainer]:
     """One live pid per container (incremental scan) and what it shows: GPU nodes, env, and fallback names."""
     found: dict[str, RuntimeContainer] = {}
     pids = hostproc.container_pids()
     identities = hostproc.identities(pids.values())
+    names = (VISIBLE_DEVICES_ENV, HOSTNAME_ENV) if with_fallback_names else (VISIBLE_DEVICES_ENV,)
     for container_id, pid in pids.items():
         identity = identities.get(pid)
         if identity is None:
             continue  # exited since the scan
-        env = hostproc.environ(pid, VISIBLE_DEVICES_ENV)
+        env = hostproc.environ(pid, *names)
         hostname = namespace = None
         if with_fallback_names:
-            hostname = hostproc.environ(pid, "HOSTNAME")
-            namespace = _read_small(f"{hostproc.root}/{pid}/{SERVICEACCOUNT_NAMESPACE}")
+            hostname = env.get(HOSTNAME_ENV) if env is not None else None
+            namespace = _text(hostproc.read_root_file(pid, SERVICEACCOUNT_NAMESPACE))
         found[container_id] = RuntimeContainer(
             container_id=container_id,
             pod_uid=identity.pod_uid,
             pid=pid,
             visible_minors=hostproc.visible_minors(pid),
-            visible_devices_env=env,
-            env_read=env is not None or os.path.exists(f"{hostproc.root}/{pid}/environ"),
+            visible_devices_env=env.get(VISIBLE_DEVICES_ENV) if env is not None else None,
+            env_read=env is not None,
             hostname=hostname,
             namespace_file=namespace,
         )
     return found
+
+
+def _text(data: bytes | None) -> str | None:
+    """A small file's text, stripped; None when it could not be read or holds only whitespace."""
+    if data is None:
+        return None
+    return data.decode("utf-8", errors="replace").strip() or None
 
 
 def identify_processes(hostproc: Any, nvml_processes: Iterable[Any]) -> list[tuple]:
@@ -372,7 +374,7 @@ def identify_processes(hostproc: Any, nvml_processes: Iterable[Any]) -> list[tup
     for process in nvml_processes:
         identity = identities.get(process.pid)
         error = None
-        if identity is None and not os.path.exists(f"{hostproc.root}/{process.pid}"):
+        if identity is None and not hostproc.exists(process.pid):
             error = "the process exited before its cgroup could be read"
         rows.append(
             (

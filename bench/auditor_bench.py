@@ -9,9 +9,10 @@ own, as on a node where the kubelet and the API server are other processes. The 
 ``auditor.daemon.Auditor`` through ``--cycles`` cycles, timing each phase by wrapping the adapters' methods:
 
 ``kubelet`` (PodResources ``List``), ``nvml`` (the NVML snapshot), ``proc_identity`` (the incremental /proc scan
-and cgroup reads), ``visibility`` (``/dev/nvidia*`` and environ of one pid per container), ``kube_cache`` (the pod
-cache's list/ensure), ``join`` (the rest of ``collect``: assembling the snapshot), ``audit`` (the pure audit),
-``outputs`` (JSON report, metrics update and exposition, deduplicated Events as ``run`` posts them).
+and cgroup reads), ``visibility`` (``/dev/nvidia*``, environ and root files of one pid per container),
+``kube_cache`` (the pod cache's list/ensure), ``join`` (the rest of ``collect``: assembling the snapshot),
+``audit`` (the pure audit), ``outputs`` (JSON report, metrics update and exposition, deduplicated Events as ``run``
+posts them).
 
 Warm cycles (second and later) are what a running DaemonSet pays; the first one reads every cgroup file once. Of the
 warm cycles, the first ``startup_spread + recheck_scans`` (10) still re-read the host processes the first scan found
@@ -134,8 +135,10 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
     clock.wrap(sources.nvml, "snapshot", "nvml")
     clock.wrap(sources.hostproc, "container_pids", "proc_identity")
     clock.wrap(sources.hostproc, "identities", "proc_identity")
+    clock.wrap(sources.hostproc, "exists", "proc_identity")
     clock.wrap(sources.hostproc, "visible_minors", "visibility")
     clock.wrap(sources.hostproc, "environ", "visibility")
+    clock.wrap(sources.hostproc, "read_root_file", "visibility")
     if sources.pods is not None:
         clock.wrap(sources.pods, "ensure", "kube_cache")
     collect_seconds = [0.0]
