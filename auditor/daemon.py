@@ -31,7 +31,7 @@ from typing import Any
 from gpu_fence import logs
 
 from .audit import audit
-from .model import AuditPolicy, AuditResult, NodeSnapshot
+from .model import AuditPolicy, AuditResult, FailureReason, NodeSnapshot
 from .report import FORMATS, render
 from .snapshot import CollectError, SnapshotOptions, Sources, collect
 
@@ -249,7 +249,7 @@ class Auditor:
         """Fail fast, with what to fix, on what no cycle could ever get past."""
         if not Path(self.args.host_proc).is_dir():
             raise CollectError(
-                "proc",
+                FailureReason.PROC,
                 f"host proc root {self.args.host_proc} is not a directory (mount the host's "
                 "/proc and pass --host-proc)",
             )
@@ -281,7 +281,7 @@ class Auditor:
         socket_path = self.args.pod_resources_socket
         if not os.path.exists(socket_path):
             raise CollectError(
-                "kubelet",
+                FailureReason.KUBELET,
                 f"kubelet PodResources socket {socket_path} does not exist (mount /var/lib/kubelet/pod-resources "
                 "from the host, or pass --pod-resources-socket)",
             )
@@ -296,7 +296,7 @@ class Auditor:
         try:
             nvml.open()
         except NvmlError as error:
-            raise CollectError("nvml", str(error)) from error
+            raise CollectError(FailureReason.NVML, str(error)) from error
         return nvml
 
     def cycle(self) -> tuple[NodeSnapshot, AuditResult]:
@@ -309,13 +309,15 @@ class Auditor:
         except CollectError as error:
             # Start the failing adapter afresh next cycle: a restarted kubelet makes a new socket, a
             # re-initialised NVML sees GPUs that came back.
-            if error.source == "kubelet":
+            if error.source is FailureReason.KUBELET:
                 self._drop("podresources")
-            elif error.source == "nvml":
+            elif error.source is FailureReason.NVML:
                 self._drop("nvml")
             raise
         if self.api_problem:
-            snapshot = _with_note(snapshot, f"Kubernetes API unavailable: {self.api_problem}")
+            snapshot = snapshot.with_degraded(
+                FailureReason.KUBERNETES_API, f"Kubernetes API unavailable: {self.api_problem}"
+            )
         return snapshot, audit(snapshot, self.policy)
 
     def _drop(self, name: str) -> None:
@@ -330,12 +332,6 @@ class Auditor:
     def close(self) -> None:
         self._drop("podresources")
         self._drop("nvml")
-
-
-def _with_note(snapshot: NodeSnapshot, note: str) -> NodeSnapshot:
-    from dataclasses import replace
-
-    return replace(snapshot, notes=(*snapshot.notes, note))
 
 
 # --- once ------------------------------------------------------------------------------------------------
@@ -494,20 +490,20 @@ def run_daemon(args: argparse.Namespace) -> int:
                 "cycle-failed",
                 error.reason,
                 level=logging.WARNING,
-                reason=error.source,
+                reason=error.source.value,
                 failures_in_row=failures_in_row,
             )
         except Exception as error:
             failures_in_row += 1
             health.last_error = f"internal error: {error}"
-            metrics.failed("internal")
+            metrics.failed(FailureReason.INTERNAL)
             logs.event(
                 log,
                 "cycle-failed",
                 f"internal error: {error}",
                 level=logging.ERROR,
                 exc_info=error if args.debug else None,
-                reason="internal",
+                reason=FailureReason.INTERNAL.value,
                 failures_in_row=failures_in_row,
             )
         else:
@@ -522,7 +518,7 @@ def run_daemon(args: argparse.Namespace) -> int:
                 failures_before = events.failures
                 written = events.record(result.findings)
                 if events.failures > failures_before:
-                    metrics.failed("kubernetes-api")
+                    metrics.failed(FailureReason.KUBERNETES_API)
             logs.event(
                 log,
                 "cycle",
@@ -531,7 +527,7 @@ def run_daemon(args: argparse.Namespace) -> int:
                 duration_seconds=round(duration, 4),
                 containers=len(result.rows),
                 findings=len(result.findings),
-                identity=snapshot.identity_source,
+                identity=snapshot.identity_source.value,
                 events=written,
                 notes=list(snapshot.notes) or None,
             )
@@ -578,7 +574,6 @@ def _label_clash(keys: list[str]) -> str | None:
 
 def _count_degraded(snapshot: NodeSnapshot, metrics: Any) -> None:
     """A cycle that completed with a degraded source still counts that source's failure."""
-    if any(note.startswith("NVML:") for note in snapshot.notes):
-        metrics.failed("nvml")
-    if any(note.startswith("Kubernetes API unavailable") for note in snapshot.notes):
-        metrics.failed("kubernetes-api")
+    for reason in FailureReason:
+        if reason in snapshot.degraded:
+            metrics.failed(reason)

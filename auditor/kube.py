@@ -3,8 +3,8 @@
 Identity: one node-scoped pod list (``fieldSelector=spec.nodeName=NODE``), cached, relisted every
 ``relist_interval`` seconds and early (at most every ``min_relist_interval``) when a cycle meets a pod uid the
 cache does not know, so a new pod is named within one cycle without a watch connection per node. Pods stay plain
-dicts, as the API returned them. When the API is unreachable the last list is kept (state ``kubernetes-stale``);
-when it has never answered the state is ``unavailable`` and the snapshot falls back to other sources.
+dicts, as the API returned them. When the API is unreachable the last list is kept (state ``KUBERNETES_STALE``);
+when it has never answered the state is ``FALLBACK``: the snapshot names containers from other sources.
 
 Events: one Event per distinct finding (namespace, pod uid, container, kind, GPU), re-emitted (count + 1,
 ``lastTimestamp``) at most every ``reemit_after`` seconds, remembered in a bounded LRU so memory stays flat
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from .model import Finding
+from .model import Finding, IdentitySource
 
 KAI_GPU_GROUP_LABEL = "runai-gpu-group"
 KAI_MULTI_GROUP_PREFIX = KAI_GPU_GROUP_LABEL + "/"
@@ -155,10 +155,11 @@ class PodCache:
         self._known_containers: set[str] = set()
 
     @property
-    def state(self) -> str:
+    def state(self) -> IdentitySource:
+        """The names this cache gives: a fresh list, the last one while the API fails, or none (it never answered)."""
         if self._listed_at is None:
-            return "unavailable"
-        return "kubernetes-stale" if self.last_error else "kubernetes"
+            return IdentitySource.FALLBACK
+        return IdentitySource.KUBERNETES_STALE if self.last_error else IdentitySource.KUBERNETES
 
     def refresh(self, *, force: bool = False) -> bool:
         """Relist when due (or forced); True when the cache is fresh after the call. Never raises.

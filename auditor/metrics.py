@@ -30,9 +30,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .model import AuditResult, FindingKind, NodeSnapshot
+from .model import AuditResult, FailureReason, FindingKind, NodeSnapshot
 
-FAILURE_REASONS = ("kubelet", "nvml", "kubernetes-api", "proc", "internal")
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
@@ -221,8 +220,8 @@ class AuditorMetrics:
             ["method"],
             registry=self.registry,
         )
-        for reason in FAILURE_REASONS:
-            self.failures.labels(reason=reason)
+        for reason in FailureReason:
+            self.failures.labels(reason=reason.value)
         self._kubelet_seen: Tally[str] = Tally()
 
     def observe(self, snapshot: NodeSnapshot, result: AuditResult, duration: float) -> None:
@@ -230,8 +229,8 @@ class AuditorMetrics:
         self.cycle_duration.observe(duration)
         self.last_success.set(snapshot.time + duration)
 
-    def failed(self, reason: str) -> None:
-        self.failures.labels(reason=reason if reason in FAILURE_REASONS else "internal").inc()
+    def failed(self, reason: FailureReason) -> None:
+        self.failures.labels(reason=reason.value).inc()
 
     def sync_kubelet_calls(self, calls: Mapping[str, int]) -> None:
         """Add the PodResources client's own call counts since the last sync (the client counts, we export)."""

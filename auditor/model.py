@@ -7,7 +7,7 @@ can write a whole node by hand.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 
@@ -18,6 +18,25 @@ class Identity(Enum):
     FALLBACK = "fallback"  # API unavailable: names from PodResources + the container's HOSTNAME / namespace file
     UID = "uid"  # only the cgroup's pod uid and container id are known
     KUBELET = "kubelet"  # only the kubelet's PodResources entry is known (no running process was found)
+
+
+class IdentitySource(Enum):
+    """Where one cycle's container names came from: the report's ``summary.identity``."""
+
+    KUBERNETES = "kubernetes"  # the node's pod list, fresh
+    KUBERNETES_STALE = "kubernetes-stale"  # the last pod list, kept while the API does not answer
+    FALLBACK = "fallback"  # no pod list (API not used, or it never answered): PodResources and the containers' files
+
+
+class FailureReason(Enum):
+    """Why a cycle failed, or which source it ran without in part: the ``reason`` label of
+    ``gpu_fence_audit_cycle_failures_total`` (in this order, the order its series are exported in)."""
+
+    KUBELET = "kubelet"
+    NVML = "nvml"
+    KUBERNETES_API = "kubernetes-api"
+    PROC = "proc"
+    INTERNAL = "internal"
 
 
 class FindingKind(Enum):
@@ -142,8 +161,14 @@ class NodeSnapshot:
     gpus: tuple[Gpu, ...]
     containers: tuple[Container, ...]
     processes: tuple[GpuProcess, ...]
-    identity_source: str = "kubernetes"  # "kubernetes", "kubernetes-stale", "fallback", "disabled"
+    identity_source: IdentitySource = IdentitySource.KUBERNETES
     notes: tuple[str, ...] = ()  # degraded conditions worth saying in the report (GPU lost, API down, ...)
+    #: the sources this cycle ran without in part (a GPU unreadable, the API down): each counts as a failure cause
+    degraded: frozenset[FailureReason] = frozenset()
+
+    def with_degraded(self, reason: FailureReason, note: str) -> NodeSnapshot:
+        """This snapshot with one more source it ran without in part, and the note that says so."""
+        return replace(self, degraded=self.degraded | {reason}, notes=(*self.notes, note))
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def to_json(snapshot: NodeSnapshot, result: AuditResult) -> dict[str, Any]:
             "gpus": physical_gpu_count(snapshot),
             "findings": len(result.findings),
             "devices": len(snapshot.gpus),
-            "identity": snapshot.identity_source,
+            "identity": snapshot.identity_source.value,
         },
         "containers": [_row_json(row) for row in result.rows],
         "findings": [_finding_json(finding) for finding in result.findings],
@@ -126,7 +126,7 @@ def to_text(snapshot: NodeSnapshot, result: AuditResult) -> str:
     lines = [
         f"node {snapshot.node} at {rfc3339(snapshot.time)}: {len(result.rows)} containers, "
         f"{physical_gpu_count(snapshot)} GPUs ({len(snapshot.gpus)} devices), {len(result.findings)} findings "
-        f"[identity: {snapshot.identity_source}]",
+        f"[identity: {snapshot.identity_source.value}]",
     ]
     lines.extend(f"note: {note}" for note in snapshot.notes)
     gpu_rows = [row for row in result.rows if row.allocated or row.used or row.visible]

@@ -32,7 +32,7 @@ from gpu_fence.vocabulary import VISIBLE_DEVICES_ENV, kai_fraction_container, pa
 
 from .deviceids import is_gpu_resource, normalize_device_id
 from .kube import containers_by_id, kai_gpu_groups, pod_labels
-from .model import Container, Gpu, GpuProcess, Identity, NodeSnapshot
+from .model import Container, FailureReason, Gpu, GpuProcess, Identity, IdentitySource, NodeSnapshot
 
 #: The pod's namespace as its service account sees it, in the container's root: the fallback's pod namespace.
 SERVICEACCOUNT_NAMESPACE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -43,9 +43,9 @@ _DRA_INDEX = re.compile(r"^gpu-([0-9]+)$")
 
 
 class CollectError(Exception):
-    """A cycle could not be audited. ``source`` is a failure reason of the metrics (kubelet, nvml, proc)."""
+    """A cycle could not be audited: ``source`` is the one that failed, ``reason`` says what to fix."""
 
-    def __init__(self, source: str, reason: str) -> None:
+    def __init__(self, source: FailureReason, reason: str) -> None:
         super().__init__(reason)
         self.source = source
         self.reason = reason
@@ -187,15 +187,16 @@ def assemble(
     devices: DeviceIndex,
     allocations: Sequence[Any],
     runtime: Mapping[str, RuntimeContainer],
-    processes: Sequence[tuple[int, str, int | None, str | None, str | None, str | None]],
+    processes: Sequence[GpuProcess],
     pods: Mapping[str, Mapping[str, Any]] | None,
-    identity_source: str,
+    identity_source: IdentitySource,
     notes: Sequence[str] = (),
+    degraded: Iterable[FailureReason] = (),
 ) -> NodeSnapshot:
     """Join the sources into a ``NodeSnapshot``.
 
-    ``processes`` are ``(pid, gpu_uuid, used_bytes, pod_uid, container_id, identity_error)``; ``pods`` the cached
-    pod list by uid (None when the API never answered).
+    ``processes`` are NVML's, each with the cgroup identity of its pid; ``pods`` the cached pod list by uid (None
+    when the API never answered); ``notes`` and ``degraded`` what the cycle read only in part.
     """
     drafts: dict[tuple[str, str, str], _Draft] = {}
     by_id: dict[str, _Draft] = {}
@@ -237,7 +238,7 @@ def assemble(
     #    evidence (its NVIDIA_VISIBLE_DEVICES or its GPU nodes equal an allocation), then by elimination.
     unnamed = [found for cid, found in runtime.items() if cid not in by_id and found.pod_uid not in (pods or {})]
     cards = {gpu.minor: gpu.uuid for gpu in gpus if not gpu.is_mig and gpu.minor is not None}
-    if identity_source != "kubernetes" and unnamed:
+    if identity_source is not IdentitySource.KUBERNETES and unnamed:
         # Candidates by pod, built once: matching each unnamed container against every kubelet container would be
         # quadratic on a dense node.
         unclaimed: dict[tuple[str | None, str | None], list[_Draft]] = defaultdict(list)
@@ -256,7 +257,7 @@ def assemble(
 
     # 3. what is still unnamed: a sandbox (pause) container, a pod newer than the list, one the API never showed.
     #    Reported (by uid) only when it holds a GPU process or a GPU device node.
-    process_containers = {process[4] for process in processes if process[4]}
+    process_containers = {process.container_id for process in processes if process.container_id}
     for container_id, found in runtime.items():
         if container_id in by_id or (not found.visible_minors and container_id not in process_containers):
             continue
@@ -269,11 +270,16 @@ def assemble(
         by_id[container_id] = draft
 
     containers = tuple(_freeze(draft, cards) for draft in drafts.values())
-    gpu_processes = tuple(
-        GpuProcess(pid, uuid, used, pod_uid=pod_uid, container_id=cid, identity_error=error)
-        for pid, uuid, used, pod_uid, cid, error in processes
+    return NodeSnapshot(
+        options.node,
+        now,
+        tuple(gpus),
+        containers,
+        tuple(processes),
+        identity_source,
+        tuple(notes),
+        frozenset(degraded),
     )
-    return NodeSnapshot(options.node, now, tuple(gpus), containers, gpu_processes, identity_source, tuple(notes))
 
 
 def _fallback_match(
@@ -366,27 +372,27 @@ def _text(data: bytes | None) -> str | None:
     return data.decode("utf-8", errors="replace").strip() or None
 
 
-def identify_processes(hostproc: Any, nvml_processes: Iterable[Any]) -> list[tuple]:
-    """NVML processes with the cgroup identity of their host pid (or why it could not be read)."""
+def identify_processes(hostproc: Any, nvml_processes: Iterable[Any]) -> list[GpuProcess]:
+    """NVML's processes with the cgroup identity of their host pid (or why it could not be read)."""
     nvml_processes = list(nvml_processes)
     identities = hostproc.identities({p.pid for p in nvml_processes})
-    rows = []
+    found = []
     for process in nvml_processes:
         identity = identities.get(process.pid)
         error = None
         if identity is None and not hostproc.exists(process.pid):
             error = "the process exited before its cgroup could be read"
-        rows.append(
-            (
+        found.append(
+            GpuProcess(
                 process.pid,
                 process.device_uuid,
                 process.used_memory_bytes,
-                identity.pod_uid if identity else None,
-                identity.container_id if identity else None,
-                error,
+                pod_uid=identity.pod_uid if identity else None,
+                container_id=identity.container_id if identity else None,
+                identity_error=error,
             )
         )
-    return rows
+    return found
 
 
 @dataclass
@@ -406,39 +412,44 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Any = time.tim
 
     now = clock()
     notes: list[str] = []
+    degraded: set[FailureReason] = set()
     try:
         allocations = sources.podresources.list()
     except KubeletUnavailable as error:
-        raise CollectError("kubelet", f"kubelet PodResources API unavailable: {error}") from error
+        raise CollectError(FailureReason.KUBELET, f"kubelet PodResources API unavailable: {error}") from error
     try:
         nvml = sources.nvml.snapshot()
     except NvmlError as error:
-        raise CollectError("nvml", str(error)) from error
-    notes.extend(f"NVML: {problem.device or 'node'}: {problem.message}" for problem in nvml.problems)
+        raise CollectError(FailureReason.NVML, str(error)) from error
+    if nvml.problems:
+        degraded.add(FailureReason.NVML)
+        notes.extend(f"NVML: {problem.device or 'node'}: {problem.message}" for problem in nvml.problems)
     try:
         processes = identify_processes(sources.hostproc, nvml.processes)
-        pod_uids = {row[3] for row in processes if row[3]}
-        container_ids = {row[4] for row in processes if row[4]}
         pods = None
-        identity_source = "disabled"
+        identity_source = IdentitySource.FALLBACK
         if sources.pods is not None:
-            sources.pods.ensure(pod_uids, container_ids)
+            sources.pods.ensure(
+                {process.pod_uid for process in processes if process.pod_uid},
+                {process.container_id for process in processes if process.container_id},
+            )
             identity_source = sources.pods.state
-            if sources.pods.state != "unavailable":
+            if identity_source is not IdentitySource.FALLBACK:
                 pods = sources.pods.pods
             if sources.pods.last_error:
+                degraded.add(FailureReason.KUBERNETES_API)
                 when = "stale pod list in use" if pods is not None else "names from PodResources and /proc"
                 notes.append(f"Kubernetes API unavailable ({sources.pods.last_error}): {when}")
-        if sources.pods is None:
+        else:
             notes.append(
                 "Kubernetes API not used: names from PodResources and each container's HOSTNAME and "
                 "service-account namespace file"
             )
-        if identity_source in ("disabled", "unavailable"):
-            identity_source = "fallback"
-        runtime = inspect_runtime_containers(sources.hostproc, with_fallback_names=identity_source != "kubernetes")
+        runtime = inspect_runtime_containers(
+            sources.hostproc, with_fallback_names=identity_source is not IdentitySource.KUBERNETES
+        )
     except OSError as error:
-        raise CollectError("proc", f"cannot read host /proc at {sources.hostproc.root}: {error}") from error
+        raise CollectError(FailureReason.PROC, f"cannot read host /proc at {sources.hostproc.root}: {error}") from error
     devices = DeviceIndex.build(nvml.devices)
     return assemble(
         options,
@@ -451,4 +462,5 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Any = time.tim
         pods=pods,
         identity_source=identity_source,
         notes=notes,
+        degraded=degraded,
     )

@@ -194,7 +194,7 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
                     "containers": len(result.rows),
                     "findings": len(result.findings),
                     "gpu_processes": len(snapshot.processes),
-                    "identity": snapshot.identity_source,
+                    "identity": snapshot.identity_source.value,
                     "rss_bytes": machine.rss_bytes(),
                     "peak_rss_bytes": machine.peak_rss_bytes(),
                 }

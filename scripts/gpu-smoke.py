@@ -925,7 +925,7 @@ def time_cycles(flags: Sequence[str], count: int) -> dict[str, Any]:
             auditor.cycle()
             samples.append(round(time.perf_counter() - started, 6))
     except CollectError as error:
-        return {"error": f"{error.source}: {error.reason}", "cycle_seconds": samples}
+        return {"error": f"{error.source.value}: {error.reason}", "cycle_seconds": samples}
     finally:
         auditor.close()
     return {

@@ -1,5 +1,6 @@
 """``run``: the real console script against a scenario node, scraped over HTTP, then stopped with SIGTERM.
-Plus the pieces of the loop that are pure: backoff, health, metric rendering, argument errors."""
+Plus the pieces of the loop that are pure: backoff, health, argument errors (metric rendering is
+``test_metrics.py``'s)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_fence.auditor.audit import audit
 from gpu_fence.auditor.cli import main
 from gpu_fence.auditor.daemon import Health, backoff
-from gpu_fence.auditor.metrics import AuditorMetrics, label_name
-from gpu_fence.auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
+from gpu_fence.auditor.model import IdentitySource
 from tests.fakes.node_scenario import Ctr, NodeScenario, uuid_of
 from tests.fakes.nvml import GIB, FakeError
 
@@ -193,7 +192,7 @@ def test_the_second_cycle_freezes_what_the_process_holds_for_good(scenario, monk
         del first
         second, _ = auditor.cycle()
         frozen = gc.get_freeze_count()
-        assert frozen > 1000 and second.identity_source == "kubernetes"
+        assert frozen > 1000 and second.identity_source is IdentitySource.KUBERNETES
         auditor.cycle()
         assert gc.get_freeze_count() <= frozen  # once only (frozen objects may still be freed by refcount)
     finally:
@@ -311,23 +310,6 @@ def test_health_window():
     now[0] = 161
     code, message = health.check()
     assert code == 503 and "31s ago" in message
-
-
-def test_metrics_render_latest_audit_without_stale_series():
-    g0, g1 = "GPU-0", "GPU-1"
-    gpus = (Gpu(g0, 0, 0, "H100", 80 * GIB), Gpu(g1, 1, 1, "H100", 80 * GIB))
-    first = NodeSnapshot(
-        "n", 0.0, gpus, (Container("a", "p", "c", "u", "c1", allocated=(g0,)),), (GpuProcess(1, g1, GIB, "u", "c1"),)
-    )
-    metrics = AuditorMetrics("n")
-    metrics.observe(first, audit(first), 0.01)
-    assert value(samples(metrics.exposition().decode()), "gpu_fence_container_gpu_memory_bytes", allocated="false")
-    empty = NodeSnapshot("n", 1.0, gpus, (), ())
-    metrics.observe(empty, audit(empty), 0.01)
-    rendered = samples(metrics.exposition().decode())
-    assert value(rendered, "gpu_fence_container_gpu_memory_bytes") == 0
-    assert value(rendered, "gpu_fence_gpu_share_ratio", gpu_uuid=g1) == 1
-    assert label_name("app.kubernetes.io/part-of") == "label_app_kubernetes_io_part_of"
 
 
 @pytest.mark.parametrize("bad", [["--interval", "0"], ["--interval", "soon"], ["--metrics-port", "70000"]])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_fence.auditor.audit import audit
-from gpu_fence.auditor.metrics import AuditorMetrics
-from gpu_fence.auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
+from gpu_fence.auditor.metrics import AuditorMetrics, label_name
+from gpu_fence.auditor.model import Container, FailureReason, Gpu, GpuProcess, NodeSnapshot
 
 G0, G1 = "GPU-0", "GPU-1"
 GIB = 2**30
@@ -41,6 +41,20 @@ def names(metrics: AuditorMetrics) -> set[str]:
     }
 
 
+def samples(metrics: AuditorMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """(sample name, sorted labels) → value, from one scrape."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+    }
+
+
+def total(metrics: AuditorMetrics, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples that carry ``labels``."""
+    return sum(v for (n, ls), v in samples(metrics).items() if n == name and set(labels.items()) <= set(ls))
+
+
 def busy_node() -> NodeSnapshot:
     train = Container("ml", "train", "main", "uid-1", "c1", allocated=(G0,), labels=(("team", "vision"),))
     return NodeSnapshot(
@@ -68,7 +82,7 @@ def test_attribution_series_vanish_once_the_latest_audit_is_older_than_the_healt
     clock.now += 90  # exactly the window: still fresh
     assert set(ATTRIBUTION) <= names(metrics)
     clock.now += 1
-    metrics.failed("kubelet")
+    metrics.failed(FailureReason.KUBELET)
     present = names(metrics)
     assert not present & set(ATTRIBUTION)
     # health, failures and cycle metrics stay: they are how the outage is seen
@@ -105,11 +119,7 @@ def test_processes_of_unknown_memory_are_counted_beside_the_memory_gauge():
     )
     metrics = AuditorMetrics("n")
     metrics.observe(snapshot, audit(snapshot), 0.01)
-    found = {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(metrics.exposition().decode())
-        for sample in family.samples
-    }
+    found = samples(metrics)
 
     def key(name: str, **labels: str) -> tuple:
         who = {"node": "n", "namespace": "ml", "pod": "train", "container": "main"}
@@ -129,7 +139,7 @@ def test_no_created_series_are_exposed():
     metrics = AuditorMetrics("n")
     snapshot = busy_node()
     metrics.observe(snapshot, audit(snapshot), 0.01)
-    metrics.failed("kubelet")
+    metrics.failed(FailureReason.KUBELET)
     metrics.sync_kubelet_calls({"List": 1})
     present = names(metrics)
     assert "gpu_fence_audit_cycle_failures_total" in present
@@ -150,3 +160,31 @@ def test_every_exported_family_is_documented():
     for family in families:
         documented = f"`{family}_total`" if f"{family}_total" in names(metrics) else f"`{family}`"
         assert f"| {documented} |" in doc, family
+
+
+def test_each_cycle_renders_the_latest_audit_only():
+    """A container gone from the latest audit is gone from the scrape, with no stale series to clear by hand."""
+    first = NodeSnapshot(
+        "n", 0.0, GPUS, (Container("a", "p", "c", "u", "c1", allocated=(G0,)),), (GpuProcess(1, G1, GIB, "u", "c1"),)
+    )
+    metrics = AuditorMetrics("n")
+    metrics.observe(first, audit(first), 0.01)
+    assert total(metrics, "gpu_fence_container_gpu_memory_bytes", allocated="false") == GIB
+    empty = NodeSnapshot("n", 1.0, GPUS, (), ())
+    metrics.observe(empty, audit(empty), 0.01)
+    assert total(metrics, "gpu_fence_container_gpu_memory_bytes") == 0
+    assert total(metrics, "gpu_fence_gpu_share_ratio", gpu_uuid=G1) == 1
+    assert label_name("app.kubernetes.io/part-of") == "label_app_kubernetes_io_part_of"
+
+
+def test_every_failure_reason_is_exported_from_the_start_and_counted_by_its_own_label():
+    metrics = AuditorMetrics("n")
+    failures = "gpu_fence_audit_cycle_failures_total"
+    assert {reason: total(metrics, failures, reason=reason.value) for reason in FailureReason} == dict.fromkeys(
+        FailureReason, 0.0
+    )
+    metrics.failed(FailureReason.KUBERNETES_API)
+    metrics.failed(FailureReason.KUBERNETES_API)
+    metrics.failed(FailureReason.PROC)
+    assert total(metrics, failures, reason="kubernetes-api") == 2 and total(metrics, failures, reason="proc") == 1
+    assert total(metrics, failures) == 3

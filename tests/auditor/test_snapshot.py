@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpu_fence.auditor import snapshot as snapshot_module
-from gpu_fence.auditor.model import Gpu, Identity
+from gpu_fence.auditor.model import FailureReason, Gpu, GpuProcess, Identity, IdentitySource
 from gpu_fence.auditor.podresources.allocations import (
     ClaimDevice,
     ContainerAllocation,
@@ -43,7 +43,7 @@ def running(cid, uid, pid, *, minors=(), env=None, hostname=None, namespace=None
     return RuntimeContainer(cid, uid, pid, frozenset(minors), env, True, hostname=hostname, namespace_file=namespace)
 
 
-def build(allocations, runtime, pods, processes=(), identity="kubernetes"):
+def build(allocations, runtime, pods, processes=(), identity=IdentitySource.KUBERNETES, **extra):
     return assemble(
         OPTIONS,
         now=0.0,
@@ -54,6 +54,7 @@ def build(allocations, runtime, pods, processes=(), identity="kubernetes"):
         processes=list(processes),
         pods=None if pods is None else {p["metadata"]["uid"]: p for p in pods},
         identity_source=identity,
+        **extra,
     )
 
 
@@ -67,6 +68,20 @@ def test_device_ids_resolve_through_the_index_of_the_gpus():
     assert INDEX.normalize(f"MIG-{G1}/2/0") == M0  # pre-R470: the card's UUID and the GPU instance
     assert INDEX.normalize("0") == G0 and INDEX.normalize("nvidia0/vgpu3") == G0
     assert INDEX.resolve_dra("gpu-1") == G1 and INDEX.resolve_dra("node-a/gpu-0-mig-3g") is None
+
+
+def test_the_snapshot_carries_the_identity_source_the_notes_and_the_degraded_sources():
+    snapshot = build(
+        [],
+        [],
+        None,
+        identity=IdentitySource.FALLBACK,
+        notes=["NVML: GPU-x: lost"],
+        degraded=[FailureReason.NVML, FailureReason.NVML],
+    )
+    assert snapshot.identity_source is IdentitySource.FALLBACK
+    assert snapshot.notes == ("NVML: GPU-x: lost",) and snapshot.degraded == {FailureReason.NVML}
+    assert snapshot.gpus == GPUS
 
 
 def test_api_names_containers_and_normalises_allocations():
@@ -111,7 +126,7 @@ def test_fallback_names_by_evidence_then_by_elimination():
         running("c2", "uid-1", 11, hostname="train", namespace="ml"),
         running("c1", "uid-1", 10, minors=[0], hostname="train", namespace="ml"),
     ]
-    containers = by_name(build(allocations, runtime, None, identity="fallback"))
+    containers = by_name(build(allocations, runtime, None, identity=IdentitySource.FALLBACK))
     assert containers[("train", "main")].container_id == "c1"
     assert containers[("train", "logger")].container_id == "c2"
     assert {c.identity for c in containers.values()} == {Identity.FALLBACK}
@@ -120,7 +135,8 @@ def test_fallback_names_by_evidence_then_by_elimination():
 def test_fallback_matching_looks_only_at_the_containers_own_pod(monkeypatch):
     """Without the API a dense node has hundreds of unnamed containers; matching each against every PodResources
     container is quadratic (tens of ms at 440 containers). Work is counted, not timed: reads of a draft's
-    ``in_kubelet`` stay linear in the containers."""
+    ``in_kubelet`` stay linear in the containers. A private contract is the point here (the fallback's cost), so
+    the test counts on the join's private draft rather than on its answer, which a quadratic join gives too."""
     reads = [0]
 
     class CountingDraft(snapshot_module._Draft):
@@ -137,15 +153,15 @@ def test_fallback_matching_looks_only_at_the_containers_own_pod(monkeypatch):
         for i in range(pods)
         for k, name in enumerate(("main", "side"))
     ]
-    containers = build(allocations, runtime, None, identity="fallback").containers
+    containers = build(allocations, runtime, None, identity=IdentitySource.FALLBACK).containers
     assert sum(c.identity is Identity.FALLBACK for c in containers) == 0  # two candidates each: no guess
     assert reads[0] <= 10 * len(allocations)
 
 
 def test_unnamed_containers_are_rows_only_when_they_touch_a_gpu():
     runtime = [running("c1", "uid-9", 10, minors=[0]), running("c2", "uid-9", 11), running("c3", "uid-9", 12)]
-    processes = [(12, G0, 1 << 20, "uid-9", "c3", None)]
-    snapshot = build([], runtime, None, processes, identity="fallback")
+    processes = [GpuProcess(12, G0, 1 << 20, pod_uid="uid-9", container_id="c3")]
+    snapshot = build([], runtime, None, processes, identity=IdentitySource.FALLBACK)
     assert sorted(c.container_id for c in snapshot.containers) == ["c1", "c3"]
     assert {c.identity for c in snapshot.containers} == {Identity.UID}
     assert snapshot.processes[0].container_id == "c3"
@@ -200,6 +216,6 @@ def test_the_pod_list_tells_init_and_ephemeral_containers_from_regular_ones():
         [alloc("ml", "train", "main")],
         [running("c1", "uid-1", 10, hostname="train", namespace="ml")],
         None,
-        identity="fallback",
+        identity=IdentitySource.FALLBACK,
     )
     assert by_name(fallback)[("train", "main")].spec_field is None  # PodResources does not say which list
