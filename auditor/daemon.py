@@ -31,9 +31,11 @@ from typing import Any
 from gpu_fence import logs
 
 from .audit import audit
+from .collect import CollectError, collect
 from .model import AuditPolicy, AuditResult, FailureReason, NodeSnapshot
 from .report import FORMATS, render
-from .snapshot import CollectError, SnapshotOptions, Sources, collect
+from .snapshot import SnapshotOptions
+from .sources import HostProcSource, NvmlSource, PodResourcesSource, PodSource, Sources
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULTS = {
@@ -212,7 +214,11 @@ def _port(text: str) -> int:
 
 
 class Auditor:
-    """Holds the adapters across cycles and runs one cycle at a time."""
+    """Holds the sources across cycles and runs one cycle at a time.
+
+    A source that failed a cycle (the kubelet, NVML) is closed and opened afresh by the next one: a restarted
+    kubelet listens on a new socket, a re-initialised NVML sees GPUs that came back.
+    """
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -229,7 +235,10 @@ class Auditor:
         )
         self.api_client: Any = None
         self.api_problem: str | None = None
-        self._sources: Sources | None = None
+        self._hostproc: HostProcSource | None = None
+        self._pods: PodSource | None = None
+        self._podresources: PodResourcesSource | None = None
+        self._nvml: NvmlSource | None = None
         #: PodResources RPCs made, by method, over every client this auditor built (one is rebuilt per outage).
         self.kubelet_calls: Counter[str] = Counter()
         self.cycles = 0  # cycles attempted
@@ -262,22 +271,21 @@ class Auditor:
                 self.api_problem = error.reason
 
     def sources(self) -> Sources:
-        if self._sources is None:
+        """The sources of the next cycle, opening those not open (raises ``CollectError`` when one cannot open)."""
+        if self._hostproc is None:
             from .hostproc import HostProc
             from .kube import PodCache
 
-            pods = None
+            self._hostproc = HostProc(self.args.host_proc)
             if self.api_client is not None:
-                pods = PodCache(self.api_client, self.node, relist_interval=self.args.pod_relist_interval)
-            self._sources = Sources(podresources=None, nvml=None, hostproc=HostProc(self.args.host_proc), pods=pods)
-        sources = self._sources
-        if sources.podresources is None:
-            sources.podresources = self._podresources()
-        if sources.nvml is None:
-            sources.nvml = self._nvml()
-        return sources
+                self._pods = PodCache(self.api_client, self.node, relist_interval=self.args.pod_relist_interval)
+        if self._podresources is None:
+            self._podresources = self._open_podresources()
+        if self._nvml is None:
+            self._nvml = self._open_nvml()
+        return Sources(self._podresources, self._nvml, self._hostproc, self._pods)
 
-    def _podresources(self) -> Any:
+    def _open_podresources(self) -> PodResourcesSource:
         socket_path = self.args.pod_resources_socket
         if not os.path.exists(socket_path):
             raise CollectError(
@@ -289,7 +297,7 @@ class Auditor:
 
         return PodResourcesClient(socket_path, calls=self.kubelet_calls)
 
-    def _nvml(self) -> Any:
+    def _open_nvml(self) -> NvmlSource:
         from .nvml import Nvml, NvmlError
 
         nvml = Nvml(self.args.nvml_lib)
@@ -304,15 +312,9 @@ class Auditor:
         if self.cycles == 2:
             self._freeze_long_lived()
         try:
-            sources = self.sources()
-            snapshot = collect(sources, self.options)
+            snapshot = collect(self.sources(), self.options)
         except CollectError as error:
-            # Start the failing adapter afresh next cycle: a restarted kubelet makes a new socket, a
-            # re-initialised NVML sees GPUs that came back.
-            if error.source is FailureReason.KUBELET:
-                self._drop("podresources")
-            elif error.source is FailureReason.NVML:
-                self._drop("nvml")
+            self._restart(error.source)
             raise
         if self.api_problem:
             snapshot = snapshot.with_degraded(
@@ -320,18 +322,23 @@ class Auditor:
             )
         return snapshot, audit(snapshot, self.policy)
 
-    def _drop(self, name: str) -> None:
-        if self._sources is None:
+    def _restart(self, source: FailureReason) -> None:
+        """Close the adapter of a source that failed, so that the next cycle opens it afresh."""
+        if source is FailureReason.KUBELET:
+            adapter: PodResourcesSource | NvmlSource | None = self._podresources
+            self._podresources = None
+        elif source is FailureReason.NVML:
+            adapter = self._nvml
+            self._nvml = None
+        else:
             return
-        adapter = getattr(self._sources, name)
-        setattr(self._sources, name, None)
         if adapter is not None:
             with contextlib.suppress(Exception):  # closing a broken adapter has nothing left to report
                 adapter.close()
 
     def close(self) -> None:
-        self._drop("podresources")
-        self._drop("nvml")
+        self._restart(FailureReason.KUBELET)
+        self._restart(FailureReason.NVML)
 
 
 # --- once ------------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The auditor's values: what one node looks like in one cycle, and what the audit says about it.
 
-Everything here is a frozen dataclass built by ``auditor.snapshot`` from the adapters (PodResources, NVML,
-host /proc, the Kubernetes API) and read by the pure ``auditor.audit``. No I/O, no library imports: a test
-can write a whole node by hand.
+Everything here is a frozen dataclass or an enum: ``auditor.collect`` reads the sources (PodResources, NVML, host
+/proc, the Kubernetes API), ``auditor.snapshot`` joins what they say into a ``NodeSnapshot``, and the pure
+``auditor.audit`` reads it. No I/O, no library imports: a test can write a whole node by hand.
 """
 
 from __future__ import annotations

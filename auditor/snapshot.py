@@ -1,7 +1,6 @@
-"""Assemble one ``NodeSnapshot`` from the adapters: PodResources, NVML, host /proc and the pod cache.
-
-``collect`` does the reading (one kubelet ``List``, one NVML snapshot, one incremental /proc scan, the pod cache)
-and hands plain values to ``assemble``, which is pure: it joins the sources into containers and processes.
+"""Join what the sources said into one ``NodeSnapshot``: the kubelet's allocations, NVML's devices and processes,
+what host /proc shows of each container, and the node's pod list. Pure: ``auditor.collect`` does the reading and
+hands plain values to ``assemble``, which joins them into containers and processes.
 
 How a container is named (``Identity`` in the report):
 1. **kubernetes**: the runtime container id from the process's cgroup matches a ``containerID`` in the node's pod
@@ -22,33 +21,20 @@ not read), so visibility is reported per card; the audit lets a container that h
 from __future__ import annotations
 
 import re
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from gpu_fence.vocabulary import VISIBLE_DEVICES_ENV, kai_fraction_container, parse_visible_devices
+from gpu_fence.vocabulary import kai_fraction_container, parse_visible_devices
 
 from .deviceids import is_gpu_resource, normalize_device_id
 from .kube import containers_by_id, kai_gpu_groups, pod_labels
 from .model import Container, FailureReason, Gpu, GpuProcess, Identity, IdentitySource, NodeSnapshot
+from .podresources.allocations import ContainerAllocation
 
-#: The pod's namespace as its service account sees it, in the container's root: the fallback's pod namespace.
-SERVICEACCOUNT_NAMESPACE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
-#: Set by the runtime to the pod name (unless the pod sets ``hostname``): the fallback's pod name.
-HOSTNAME_ENV = "HOSTNAME"
 _UUID_IN_TEXT = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}")
 _DRA_INDEX = re.compile(r"^gpu-([0-9]+)$")
-
-
-class CollectError(Exception):
-    """A cycle could not be audited: ``source`` is the one that failed, ``reason`` says what to fix."""
-
-    def __init__(self, source: FailureReason, reason: str) -> None:
-        super().__init__(reason)
-        self.source = source
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -88,7 +74,6 @@ class _Draft:
     identity: Identity = Identity.KUBELET
     in_kubelet: bool = False
     spec_field: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # --- device ids → UUIDs ---------------------------------------------------------------------------------
@@ -145,7 +130,9 @@ class DeviceIndex:
         return None
 
 
-def normalize_allocation(allocation: Any, devices: DeviceIndex) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def normalize_allocation(
+    allocation: ContainerAllocation, devices: DeviceIndex
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(allocated UUIDs, one per id; unresolved ids) of one PodResources container."""
     allocated: list[str] = []
     unresolved: list[str] = []
@@ -158,14 +145,14 @@ def normalize_allocation(allocation: Any, devices: DeviceIndex) -> tuple[tuple[s
                 allocated.append(uuid)
             else:
                 unresolved.append(f"{group.resource_name}:{raw}")
-    for claim in getattr(allocation, "dynamic_resources", ()) or ():
+    for claim in allocation.dynamic_resources:
         # One UUID per claimed device: its device name (``<pool>/<device>``) first, else its CDI names.
         # Devices of drivers that are not GPU drivers (NICs, FPGAs) are not ours to count.
         per_device = [
             (f"{d.pool_name}/{d.device_name}" if d.device_name else "", *d.cdi_devices)
-            for d in getattr(claim, "claim_devices", ())
+            for d in claim.claim_devices
             if not d.driver_name or "gpu" in d.driver_name
-        ] or [(name,) for name in claim.devices if not getattr(claim, "claim_devices", ())]
+        ] or [(name,) for name in claim.devices if not claim.claim_devices]
         for names in per_device:
             uuid = next((u for u in (devices.resolve_dra(n) for n in names if n) if u), None)
             if uuid:
@@ -185,7 +172,7 @@ def assemble(
     now: float,
     gpus: Sequence[Gpu],
     devices: DeviceIndex,
-    allocations: Sequence[Any],
+    allocations: Sequence[ContainerAllocation],
     runtime: Mapping[str, RuntimeContainer],
     processes: Sequence[GpuProcess],
     pods: Mapping[str, Mapping[str, Any]] | None,
@@ -198,7 +185,7 @@ def assemble(
     ``processes`` are NVML's, each with the cgroup identity of its pid; ``pods`` the cached pod list by uid (None
     when the API never answered); ``notes`` and ``degraded`` what the cycle read only in part.
     """
-    drafts: dict[tuple[str, str, str], _Draft] = {}
+    drafts: dict[tuple[str | None, str | None, str | None], _Draft] = {}
     by_id: dict[str, _Draft] = {}
     for allocation in allocations:
         allocated, unresolved = normalize_allocation(allocation, devices)
@@ -221,18 +208,18 @@ def assemble(
         groups = kai_gpu_groups(pod)
         fraction = kai_fraction_container(pod, options.kai_scheduler_names) if groups else None
         for container_id, (container_name, spec_field) in containers_by_id(pod).items():
-            draft = drafts.get((namespace, name, container_name))
-            if draft is None:
+            named = drafts.get((namespace, name, container_name))
+            if named is None:
                 if container_id not in runtime:
                     continue  # not running and not in PodResources (a finished init container)
-                draft = _Draft(namespace, name, container_name)
-                drafts[(namespace, name, container_name)] = draft
-            draft.pod_uid, draft.container_id, draft.labels = uid, container_id, chosen
-            draft.identity, draft.spec_field = Identity.KUBERNETES, spec_field
+                named = _Draft(namespace, name, container_name)
+                drafts[(namespace, name, container_name)] = named
+            named.pod_uid, named.container_id, named.labels = uid, container_id, chosen
+            named.identity, named.spec_field = Identity.KUBERNETES, spec_field
             if namespace == options.kai_reservation_namespace or container_name == fraction:
-                draft.kai_groups = groups
-            draft.runtime = runtime.get(container_id)
-            by_id[container_id] = draft
+                named.kai_groups = groups
+            named.runtime = runtime.get(container_id)
+            by_id[container_id] = named
 
     # 2. runtime containers the API did not name: fall back to the container's own files, matching first by
     #    evidence (its NVIDIA_VISIBLE_DEVICES or its GPU nodes equal an allocation), then by elimination.
@@ -242,18 +229,18 @@ def assemble(
         # Candidates by pod, built once: matching each unnamed container against every kubelet container would be
         # quadratic on a dense node.
         unclaimed: dict[tuple[str | None, str | None], list[_Draft]] = defaultdict(list)
-        for (namespace, pod, _), draft in drafts.items():
+        for (namespace, pod_name, _), draft in drafts.items():
             if draft.in_kubelet and draft.container_id is None:
-                unclaimed[(namespace, pod)].append(draft)
+                unclaimed[(namespace, pod_name)].append(draft)
         for by_evidence in (True, False):
             for found in unnamed:
                 if found.container_id in by_id:
                     continue
-                draft = _fallback_match(found, unclaimed, devices, cards, by_evidence=by_evidence)
-                if draft is not None:
-                    draft.identity = Identity.FALLBACK
-                    draft.pod_uid, draft.container_id, draft.runtime = found.pod_uid, found.container_id, found
-                    by_id[found.container_id] = draft
+                matched = _fallback_match(found, unclaimed, devices, cards, by_evidence=by_evidence)
+                if matched is not None:
+                    matched.identity = Identity.FALLBACK
+                    matched.pod_uid, matched.container_id, matched.runtime = found.pod_uid, found.container_id, found
+                    by_id[found.container_id] = matched
 
     # 3. what is still unnamed: a sandbox (pause) container, a pod newer than the list, one the API never showed.
     #    Reported (by uid) only when it holds a GPU process or a GPU device node.
@@ -331,136 +318,4 @@ def _freeze(draft: _Draft, cards: Mapping[int, str]) -> Container:
         identity=draft.identity,
         pid=found.pid if found is not None else None,
         spec_field=draft.spec_field,
-    )
-
-
-# --- collect: the I/O ------------------------------------------------------------------------------------
-
-
-def inspect_runtime_containers(hostproc: Any, *, with_fallback_names: bool) -> dict[str, RuntimeContainer]:
-    """One live pid per container (incremental scan) and what it shows: GPU nodes, env, and fallback names."""
-    found: dict[str, RuntimeContainer] = {}
-    pids = hostproc.container_pids()
-    identities = hostproc.identities(pids.values())
-    names = (VISIBLE_DEVICES_ENV, HOSTNAME_ENV) if with_fallback_names else (VISIBLE_DEVICES_ENV,)
-    for container_id, pid in pids.items():
-        identity = identities.get(pid)
-        if identity is None:
-            continue  # exited since the scan
-        env = hostproc.environ(pid, *names)
-        hostname = namespace = None
-        if with_fallback_names:
-            hostname = env.get(HOSTNAME_ENV) if env is not None else None
-            namespace = _text(hostproc.read_root_file(pid, SERVICEACCOUNT_NAMESPACE))
-        found[container_id] = RuntimeContainer(
-            container_id=container_id,
-            pod_uid=identity.pod_uid,
-            pid=pid,
-            visible_minors=hostproc.visible_minors(pid),
-            visible_devices_env=env.get(VISIBLE_DEVICES_ENV) if env is not None else None,
-            env_read=env is not None,
-            hostname=hostname,
-            namespace_file=namespace,
-        )
-    return found
-
-
-def _text(data: bytes | None) -> str | None:
-    """A small file's text, stripped; None when it could not be read or holds only whitespace."""
-    if data is None:
-        return None
-    return data.decode("utf-8", errors="replace").strip() or None
-
-
-def identify_processes(hostproc: Any, nvml_processes: Iterable[Any]) -> list[GpuProcess]:
-    """NVML's processes with the cgroup identity of their host pid (or why it could not be read)."""
-    nvml_processes = list(nvml_processes)
-    identities = hostproc.identities({p.pid for p in nvml_processes})
-    found = []
-    for process in nvml_processes:
-        identity = identities.get(process.pid)
-        error = None
-        if identity is None and not hostproc.exists(process.pid):
-            error = "the process exited before its cgroup could be read"
-        found.append(
-            GpuProcess(
-                process.pid,
-                process.device_uuid,
-                process.used_memory_bytes,
-                pod_uid=identity.pod_uid if identity else None,
-                container_id=identity.container_id if identity else None,
-                identity_error=error,
-            )
-        )
-    return found
-
-
-@dataclass
-class Sources:
-    """The adapters one auditor holds across cycles (``pods`` is None with ``--no-kubernetes``)."""
-
-    podresources: Any
-    nvml: Any
-    hostproc: Any
-    pods: Any | None = None
-
-
-def collect(sources: Sources, options: SnapshotOptions, *, clock: Any = time.time) -> NodeSnapshot:
-    """Read every source once and assemble the snapshot; raises ``CollectError`` when the cycle cannot be audited."""
-    from .nvml import NvmlError  # noqa: PLC0415 - keeps NVML out of --help
-    from .podresources.client import KubeletUnavailable  # noqa: PLC0415 - keeps gRPC out of --help
-
-    now = clock()
-    notes: list[str] = []
-    degraded: set[FailureReason] = set()
-    try:
-        allocations = sources.podresources.list()
-    except KubeletUnavailable as error:
-        raise CollectError(FailureReason.KUBELET, f"kubelet PodResources API unavailable: {error}") from error
-    try:
-        nvml = sources.nvml.snapshot()
-    except NvmlError as error:
-        raise CollectError(FailureReason.NVML, str(error)) from error
-    if nvml.problems:
-        degraded.add(FailureReason.NVML)
-        notes.extend(f"NVML: {problem.device or 'node'}: {problem.message}" for problem in nvml.problems)
-    try:
-        processes = identify_processes(sources.hostproc, nvml.processes)
-        pods = None
-        identity_source = IdentitySource.FALLBACK
-        if sources.pods is not None:
-            sources.pods.ensure(
-                {process.pod_uid for process in processes if process.pod_uid},
-                {process.container_id for process in processes if process.container_id},
-            )
-            identity_source = sources.pods.state
-            if identity_source is not IdentitySource.FALLBACK:
-                pods = sources.pods.pods
-            if sources.pods.last_error:
-                degraded.add(FailureReason.KUBERNETES_API)
-                when = "stale pod list in use" if pods is not None else "names from PodResources and /proc"
-                notes.append(f"Kubernetes API unavailable ({sources.pods.last_error}): {when}")
-        else:
-            notes.append(
-                "Kubernetes API not used: names from PodResources and each container's HOSTNAME and "
-                "service-account namespace file"
-            )
-        runtime = inspect_runtime_containers(
-            sources.hostproc, with_fallback_names=identity_source is not IdentitySource.KUBERNETES
-        )
-    except OSError as error:
-        raise CollectError(FailureReason.PROC, f"cannot read host /proc at {sources.hostproc.root}: {error}") from error
-    devices = DeviceIndex.build(nvml.devices)
-    return assemble(
-        options,
-        now=now,
-        gpus=nvml.devices,
-        devices=devices,
-        allocations=allocations,
-        runtime=runtime,
-        processes=processes,
-        pods=pods,
-        identity_source=identity_source,
-        notes=notes,
-        degraded=degraded,
     )

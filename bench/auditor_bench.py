@@ -10,9 +10,9 @@ own, as on a node where the kubelet and the API server are other processes. The 
 
 ``kubelet`` (PodResources ``List``), ``nvml`` (the NVML snapshot), ``proc_identity`` (the incremental /proc scan
 and cgroup reads), ``visibility`` (``/dev/nvidia*``, environ and root files of one pid per container),
-``kube_cache`` (the pod cache's list/ensure), ``join`` (the rest of ``collect``: assembling the snapshot),
-``audit`` (the pure audit), ``outputs`` (JSON report, metrics update and exposition, deduplicated Events as ``run``
-posts them).
+``kube_cache`` (the pod cache's list/ensure), ``join`` (the rest of ``auditor.collect.collect``: assembling the
+snapshot), ``audit`` (the pure audit), ``outputs`` (JSON report, metrics update and exposition, deduplicated Events
+as ``run`` posts them).
 
 Warm cycles (second and later) are what a running DaemonSet pays; the first one reads every cgroup file once. Of the
 warm cycles, the first ``startup_spread + recheck_scans`` (10) still re-read the host processes the first scan found

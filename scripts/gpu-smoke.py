@@ -909,8 +909,8 @@ def run_once(flags: Sequence[str], deadline: Deadline) -> dict[str, Any]:
 def time_cycles(flags: Sequence[str], count: int) -> dict[str, Any]:
     """The audit cycle alone (no interpreter start): one auditor, one warm-up cycle, then ``count`` timed ones."""
     from gpu_fence.auditor.cli import build_parser
+    from gpu_fence.auditor.collect import CollectError
     from gpu_fence.auditor.daemon import Auditor
-    from gpu_fence.auditor.snapshot import CollectError
 
     args = build_parser().parse_args(["once", *flags])
     auditor = Auditor(args)
