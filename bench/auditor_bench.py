@@ -125,9 +125,10 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
     from gpu_fence.auditor.kube import EventRecorder
     from gpu_fence.auditor.metrics import AuditorMetrics
     from gpu_fence.auditor.report import render
+    from gpu_fence.auditor.settings import AuditSettings
 
     args = build_parser().parse_args(list(auditor_args))
-    auditor = daemon.Auditor(args)
+    auditor = daemon.Auditor(AuditSettings.from_args(args))
     auditor.preflight()
     clock = PhaseClock()
     sources = auditor.sources()

@@ -911,9 +911,10 @@ def time_cycles(flags: Sequence[str], count: int) -> dict[str, Any]:
     from gpu_fence.auditor.cli import build_parser
     from gpu_fence.auditor.collect import CollectError
     from gpu_fence.auditor.daemon import Auditor
+    from gpu_fence.auditor.settings import AuditSettings
 
     args = build_parser().parse_args(["once", *flags])
-    auditor = Auditor(args)
+    auditor = Auditor(AuditSettings.from_args(args))
     samples: list[float] = []
     try:
         auditor.preflight()

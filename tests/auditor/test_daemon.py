@@ -1,6 +1,6 @@
 """``run``: the real console script against a scenario node, scraped over HTTP, then stopped with SIGTERM.
-Plus the pieces of the loop that are pure: backoff, health, argument errors (metric rendering is
-``test_metrics.py``'s)."""
+Plus the pieces of the loop that are pure (backoff) and ``once``'s start-up errors. The HTTP server and health
+are ``test_server.py``'s, the flags ``test_settings.py``'s."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_fence.auditor.cli import main
-from gpu_fence.auditor.daemon import Health, backoff
+from gpu_fence.auditor.daemon import backoff
 from gpu_fence.auditor.model import IdentitySource
 from tests.fakes.node_scenario import Ctr, NodeScenario, uuid_of
 from tests.fakes.nvml import GIB, FakeError
@@ -181,9 +181,10 @@ def test_the_second_cycle_freezes_what_the_process_holds_for_good(scenario, monk
 
     from gpu_fence.auditor.cli import build_parser
     from gpu_fence.auditor.daemon import Auditor
+    from gpu_fence.auditor.settings import AuditSettings
 
     monkeypatch.setenv("FAKE_NVML_CONFIG", scenario.env()["FAKE_NVML_CONFIG"])
-    auditor = Auditor(build_parser().parse_args(scenario.args("once")))
+    auditor = Auditor(AuditSettings.from_args(build_parser().parse_args(scenario.args("once"))))
     gc.unfreeze()
     try:
         auditor.preflight()
@@ -296,49 +297,6 @@ def test_backoff_after_a_very_long_outage_stays_capped():
     """--interval is a float: 2**n past ~1024 failures in a row must not overflow and end the loop."""
     assert backoff(30.0, 1100, 300.0) == 300.0
     assert backoff(30.0, 10**6, 300.0) == 300.0
-
-
-def test_health_window():
-    now = [100.0]
-    health = Health(interval=10, unhealthy_after=3, clock=lambda: now[0])
-    assert health.check()[0] == 200  # starting
-    now[0] = 131
-    health.last_error = "kubelet down"
-    assert health.check() == (503, "no successful audit cycle in 31s: kubelet down")
-    health.last_success = 130
-    assert health.check()[0] == 200
-    now[0] = 161
-    code, message = health.check()
-    assert code == 503 and "31s ago" in message
-
-
-@pytest.mark.parametrize("bad", [["--interval", "0"], ["--interval", "soon"], ["--metrics-port", "70000"]])
-def test_bad_flags_are_usage_errors(bad, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["run", *bad])
-    assert exit_info.value.code == 2
-    assert "gpu-fence-auditor run: error:" in capsys.readouterr().err
-
-
-def test_pod_labels_that_become_one_metric_label_are_refused(tmp_path, capsys):
-    """``a.b`` and ``a_b`` both export as ``label_a_b``: one value would silently replace the other on every pod."""
-    assert (
-        main(
-            [
-                "run",
-                "--no-kubernetes",
-                "--host-proc",
-                str(tmp_path),
-                "--pod-label",
-                "team.name",
-                "--pod-label",
-                "team_name",
-            ]
-        )
-        == 2
-    )
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "team.name" in err and "team_name" in err and "label_team_name" in err
 
 
 def test_missing_host_proc_is_a_one_line_reason(tmp_path, capsys):
