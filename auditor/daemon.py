@@ -274,30 +274,23 @@ def run_daemon(args: argparse.Namespace) -> int:
         started = time.monotonic()
         try:
             snapshot, result = auditor.cycle()
-        except CollectError as error:
+        except Exception as error:  # a CollectError names the source that failed; anything else is ours
             failures_in_row += 1
-            health.last_error = error.reason
-            metrics.failed(error.source)
-            metrics.sync_kubelet_calls(auditor.kubelet_calls)
+            if isinstance(error, CollectError):
+                source, message, level, trace = error.source, error.reason, logging.WARNING, None
+                metrics.sync_kubelet_calls(auditor.kubelet_calls)
+            else:
+                source, message, level = FailureReason.INTERNAL, f"internal error: {error}", logging.ERROR
+                trace = error if settings.debug else None
+            health.last_error = message
+            metrics.failed(source)
             logs.event(
                 log,
                 "cycle-failed",
-                error.reason,
-                level=logging.WARNING,
-                reason=error.source.value,
-                failures_in_row=failures_in_row,
-            )
-        except Exception as error:
-            failures_in_row += 1
-            health.last_error = f"internal error: {error}"
-            metrics.failed(FailureReason.INTERNAL)
-            logs.event(
-                log,
-                "cycle-failed",
-                f"internal error: {error}",
-                level=logging.ERROR,
-                exc_info=error if settings.debug else None,
-                reason=FailureReason.INTERNAL.value,
+                message,
+                level=level,
+                exc_info=trace,
+                reason=source.value,
                 failures_in_row=failures_in_row,
             )
         else:

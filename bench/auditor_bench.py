@@ -142,25 +142,9 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
     clock.wrap(sources.hostproc, "read_root_file", "visibility")
     if sources.pods is not None:
         clock.wrap(sources.pods, "ensure", "kube_cache")
-    collect_seconds = [0.0]
-    audit_seconds = [0.0]
-    original_collect, original_audit = daemon.collect, daemon.audit
-
-    def timed_collect(*call_args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return original_collect(*call_args, **kwargs)
-        finally:
-            collect_seconds[0] += time.perf_counter() - started
-
-    def timed_audit(*call_args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return original_audit(*call_args, **kwargs)
-        finally:
-            audit_seconds[0] += time.perf_counter() - started
-
-    daemon.collect, daemon.audit = timed_collect, timed_audit
+    # The whole of collect, then less the sources' own phases below: what is left is the join.
+    clock.wrap(daemon, "collect", "join")
+    clock.wrap(daemon, "audit", "audit")
     metrics = AuditorMetrics(auditor.node, args.pod_label)
     events = EventRecorder(auditor.api_client, auditor.node) if auditor.api_client is not None else None
     rss_before_cycles = machine.rss_bytes()  # every library imported and every adapter open: the fixed cost
@@ -168,7 +152,6 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
     try:
         for _ in range(cycles):
             clock.reset()
-            collect_seconds[0] = audit_seconds[0] = 0.0
             calls_before = sum(sources.podresources.calls.values())
             started = time.perf_counter()
             snapshot, result = auditor.cycle()
@@ -182,10 +165,9 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
                 events.record(result.findings)
             outputs = time.perf_counter() - outputs_started
             phases = dict(clock.seconds)
-            phases["join"] = collect_seconds[0] - sum(
+            phases["join"] -= sum(
                 phases[name] for name in ("kubelet", "nvml", "proc_identity", "visibility", "kube_cache")
             )
-            phases["audit"] = audit_seconds[0]
             phases["outputs"] = outputs
             rows.append(
                 {

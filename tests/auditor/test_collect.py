@@ -28,31 +28,29 @@ OPTIONS = SnapshotOptions(node="node-a")
 
 
 @dataclass
-class Kubelet:
-    allocations: Sequence[ContainerAllocation] = ()
+class Answering:
+    """A source whose one call answers ``answer``, or raises ``error``."""
+
+    answer: Any = None
     error: Exception | None = None
 
+    def _call(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+    def close(self) -> None:
+        pass
+
+
+class Kubelet(Answering):
     def list(self) -> Sequence[ContainerAllocation]:
-        if self.error is not None:
-            raise self.error
-        return self.allocations
-
-    def close(self) -> None:
-        pass
+        return self._call()
 
 
-@dataclass
-class Driver:
-    snapshot_: NvmlSnapshot = field(default_factory=lambda: NvmlSnapshot((Gpu(G0, 0, 0, "H100"),), (), ()))
-    error: Exception | None = None
-
+class Driver(Answering):
     def snapshot(self) -> NvmlSnapshot:
-        if self.error is not None:
-            raise self.error
-        return self.snapshot_
-
-    def close(self) -> None:
-        pass
+        return self._call()
 
 
 @dataclass

@@ -186,15 +186,11 @@ def test_processes_of_every_kind_on_a_whole_gpu(open_nvml: OpenNvml) -> None:
 
 
 def test_processes_in_mig_devices_are_attributed_to_the_mig_device(open_nvml: OpenNvml) -> None:
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(
-            FakeProcess(MIG10, pid=200, used_memory_bytes=5 * GIB),
-            FakeProcess(MIG10, pid=201, used_memory_bytes=None),
-            FakeProcess(MIG12, pid=202, used_memory_bytes=GIB, kind="mps"),
-            FakeProcess(0, pid=300, used_memory_bytes=GIB),
-        ),
+    config = MIXED_NODE.running(
+        FakeProcess(MIG10, pid=200, used_memory_bytes=5 * GIB),
+        FakeProcess(MIG10, pid=201, used_memory_bytes=None),
+        FakeProcess(MIG12, pid=202, used_memory_bytes=GIB, kind="mps"),
+        FakeProcess(0, pid=300, used_memory_bytes=GIB),
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -209,18 +205,15 @@ def test_processes_in_mig_devices_are_attributed_to_the_mig_device(open_nvml: Op
 
 def test_parent_aggregate_denied_still_reads_mig_device_handles(open_nvml: OpenNvml) -> None:
     """nvml.h: the parent handle gives the aggregate only to privileged callers; per-instance lists still work."""
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(FakeProcess(MIG11, pid=210, used_memory_bytes=GIB),),
-        errors=tuple(
+    config = MIXED_NODE.running(FakeProcess(MIG11, pid=210, used_memory_bytes=GIB)).with_errors(
+        *(
             FakeError(function, "NO_PERMISSION", device=GPU1)
             for function in (
                 "nvmlDeviceGetComputeRunningProcesses_v3",
                 "nvmlDeviceGetGraphicsRunningProcesses_v3",
                 "nvmlDeviceGetMPSComputeRunningProcesses_v3",
             )
-        ),
+        )
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -230,17 +223,14 @@ def test_parent_aggregate_denied_still_reads_mig_device_handles(open_nvml: OpenN
 
 def test_parent_view_alone_attributes_by_gpu_and_compute_instance_ids(open_nvml: OpenNvml) -> None:
     """When the MIG handles list nothing, the parent's gpuInstanceId/computeInstanceId place each process."""
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(
-            FakeProcess(1, pid=220, used_memory_bytes=GIB, gpu_instance_id=3, compute_instance_id=0),
-            FakeProcess(1, pid=221, used_memory_bytes=2 * GIB, gpu_instance_id=9, compute_instance_id=0),
-        ),
-        errors=tuple(
+    config = MIXED_NODE.running(
+        FakeProcess(1, pid=220, used_memory_bytes=GIB, gpu_instance_id=3, compute_instance_id=0),
+        FakeProcess(1, pid=221, used_memory_bytes=2 * GIB, gpu_instance_id=9, compute_instance_id=0),
+    ).with_errors(
+        *(
             FakeError("nvmlDeviceGetComputeRunningProcesses_v3", "NOT_SUPPORTED", device=mig)
             for mig in (MIG10, MIG11, MIG12)
-        ),
+        )
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -249,10 +239,8 @@ def test_parent_view_alone_attributes_by_gpu_and_compute_instance_ids(open_nvml:
 
 def test_parent_view_places_an_unknown_compute_instance_by_its_gpu_instance(open_nvml: OpenNvml) -> None:
     """A GPU instance with one MIG device is unambiguous even when the compute instance id is not one we know."""
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(FakeProcess(1, pid=225, used_memory_bytes=GIB, gpu_instance_id=3, compute_instance_id=5),),
+    config = MIXED_NODE.running(
+        FakeProcess(1, pid=225, used_memory_bytes=GIB, gpu_instance_id=3, compute_instance_id=5)
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -261,11 +249,7 @@ def test_parent_view_places_an_unknown_compute_instance_by_its_gpu_instance(open
 
 
 def test_process_seen_by_parent_and_mig_handle_is_listed_once(fake_lib: Path, open_nvml: OpenNvml) -> None:
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(FakeProcess(MIG10, pid=230, used_memory_bytes=7 * GIB),),
-    )
+    config = MIXED_NODE.running(FakeProcess(MIG10, pid=230, used_memory_bytes=7 * GIB))
     counters = FakeNvmlCounters(fake_lib)
     counters.reset()
     snapshot = open_nvml(config).snapshot()
@@ -276,10 +260,8 @@ def test_process_seen_by_parent_and_mig_handle_is_listed_once(fake_lib: Path, op
 
 
 def test_process_in_no_known_mig_device_counts_on_the_card_with_a_problem(open_nvml: OpenNvml) -> None:
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(FakeProcess(1, pid=240, used_memory_bytes=GIB, gpu_instance_id=13, compute_instance_id=0),),
+    config = MIXED_NODE.running(
+        FakeProcess(1, pid=240, used_memory_bytes=GIB, gpu_instance_id=13, compute_instance_id=0)
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -308,10 +290,8 @@ def test_process_in_several_lists_of_one_device_is_one_entry(open_nvml: OpenNvml
 def test_process_of_a_mig_device_with_odd_ids_in_the_parent_view_is_not_counted_twice(open_nvml: OpenNvml) -> None:
     """The MIG handle already placed the process; the parent's aggregate entry with ids that match no MIG device
     is the same memory, not a second process on the whole card."""
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(FakeProcess(MIG10, pid=262, used_memory_bytes=GIB, gpu_instance_id=13, compute_instance_id=0),),
+    config = MIXED_NODE.running(
+        FakeProcess(MIG10, pid=262, used_memory_bytes=GIB, gpu_instance_id=13, compute_instance_id=0)
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -322,14 +302,10 @@ def test_process_of_a_mig_device_with_odd_ids_in_the_parent_view_is_not_counted_
 def test_a_process_size_larger_than_its_device_is_unknown_with_a_problem(open_nvml: OpenNvml) -> None:
     """A reading past the device's memory is garbage (a driver bug, a torn read): billing it would put exabytes on
     one container, so it counts as unknown and says so."""
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(
-            FakeProcess(0, pid=270, used_memory_bytes=2**63),
-            FakeProcess(MIG12, pid=271, used_memory_bytes=11 * GIB),  # a 10 GiB slice
-            FakeProcess(0, pid=272, used_memory_bytes=80 * GIB),  # the whole card: fine
-        ),
+    config = MIXED_NODE.running(
+        FakeProcess(0, pid=270, used_memory_bytes=2**63),
+        FakeProcess(MIG12, pid=271, used_memory_bytes=11 * GIB),  # a 10 GiB slice
+        FakeProcess(0, pid=272, used_memory_bytes=80 * GIB),  # the whole card: fine
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -479,11 +455,8 @@ def test_gpu_lost_on_one_device_is_a_problem_and_the_others_are_reported(open_nv
 
 def test_gpu_lost_while_listing_processes_drops_that_whole_card(open_nvml: OpenNvml) -> None:
     """A card that is lost mid-read is not half-reported: its MIG devices and processes go with it."""
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(FakeProcess(MIG10, pid=810), FakeProcess(0, pid=811)),
-        errors=(FakeError("nvmlDeviceGetMPSComputeRunningProcesses_v3", "GPU_IS_LOST", device=MIG12),),
+    config = MIXED_NODE.running(FakeProcess(MIG10, pid=810), FakeProcess(0, pid=811)).with_errors(
+        FakeError("nvmlDeviceGetMPSComputeRunningProcesses_v3", "GPU_IS_LOST", device=MIG12)
     )
     snapshot = open_nvml(config).snapshot()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpu_fence.auditor.cli import main
-from tests.fakes.node_scenario import Ctr, NodeScenario, cgroup_layouts, uuid_of
+from tests.fakes.node_scenario import Ctr, NodeScenario, cgroup_layouts, replica_holder, uuid_of
 from tests.fakes.nvml import GIB, FakeError
 
 pytestmark = pytest.mark.e2e
@@ -100,19 +100,7 @@ def test_cuda_container_without_allocation_using_a_gpu(node, monkeypatch, capsys
 def test_time_sliced_sharing_is_legitimate(node, monkeypatch, capsys):
     scenario = node(gpus=1)
     for replica in range(4):
-        scenario.add_pod(
-            "ml",
-            f"infer-{replica}",
-            Ctr(
-                "main",
-                allocated=[0],
-                device_ids=[f"{uuid_of(0)}::{replica}"],
-                resource="nvidia.com/gpu.shared",
-                visible=[0],
-                processes=[(0, (replica + 1) * GIB)],
-                env={"NVIDIA_VISIBLE_DEVICES": uuid_of(0)},
-            ),
-        )
+        scenario.add_pod("ml", f"infer-{replica}", replica_holder(0, replica, (replica + 1) * GIB))
     code, report, _ = audit_json(scenario, monkeypatch, capsys)
     assert code == 0, report["findings"]
     assert sum(r["memory_bytes"].get(uuid_of(0), 0) for r in report["containers"]) == 10 * GIB

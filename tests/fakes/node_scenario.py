@@ -92,6 +92,29 @@ class Ctr:
     pids: list[int] = field(default_factory=list)
 
 
+def replica_holder(
+    device: Device,
+    replica: int,
+    used_bytes: int | None,
+    *,
+    processes: int = 1,
+    name: str = "main",
+    resource: str = "nvidia.com/gpu.shared",
+) -> Ctr:
+    """A container holding replica ``replica`` of a shared (time-sliced or MPS) device, as NVIDIA's device plugin
+    allocates it (``<uuid>::<replica>``): it sees the device, names it in ``NVIDIA_VISIBLE_DEVICES`` and runs
+    ``processes`` processes of ``used_bytes`` each on it."""
+    return Ctr(
+        name,
+        allocated=[device],
+        device_ids=[f"{uuid_of(device)}::{replica}"],
+        resource=resource,
+        visible=[device],
+        processes=[(device, used_bytes)] * processes,
+        env={"NVIDIA_VISIBLE_DEVICES": uuid_of(device)},
+    )
+
+
 @dataclass
 class Pod:
     namespace: str
@@ -346,15 +369,8 @@ def dense_node(
     for number in range(pods):
         device = slices[number % len(slices)]
         count = per_pod + (1 if number < extra else 0)
-        first = Ctr(
-            "main",
-            allocated=[device],
-            device_ids=[f"{uuid_of(device)}::{number // len(slices)}"],
-            resource="nvidia.com/mig-1g.10gb",
-            visible=[device],
-            processes=[(device, 64 << 20)] * count,
-            env={"NVIDIA_VISIBLE_DEVICES": uuid_of(device)},
-        )
+        replica = number // len(slices)
+        first = replica_holder(device, replica, 64 << 20, processes=count, resource="nvidia.com/mig-1g.10gb")
         sidecars = [Ctr(f"side{n}", env={"NVIDIA_VISIBLE_DEVICES": "void"}) for n in range(1, containers_per_pod)]
         scenario.add_pod(f"team-{number % 10}", f"job-{number}", first, *sidecars, labels={"team": f"t{number % 5}"})
     return scenario
@@ -367,4 +383,4 @@ def cgroup_layouts() -> Iterable[tuple[str, bool]]:
             yield layout, v1
 
 
-__all__ = ["Ctr", "NodeScenario", "Pod", "cgroup_layouts", "cgroup_text", "dense_node", "uuid_of"]
+__all__ = ["Ctr", "NodeScenario", "Pod", "cgroup_layouts", "cgroup_text", "dense_node", "replica_holder", "uuid_of"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.chargeback_scenarios import run_chargeback
-from tests.fakes.node_scenario import Ctr, NodeScenario, uuid_of
+from tests.fakes.node_scenario import Ctr, NodeScenario, replica_holder, uuid_of
 from tests.fakes.nvml import GIB
 from tests.fakes.prometheus import PrometheusServer, free_port, wait_for
 
@@ -30,20 +30,7 @@ CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
 def auditor(tmp_path: Path):
     scenario = NodeScenario(tmp_path / "node", node="gpu-node-1", gpus=2)
     for name, team, replica, gib in (("a", "alpha", 0, 3), ("b", "beta", 1, 1)):
-        scenario.add_pod(
-            "ml",
-            name,
-            Ctr(
-                "main",
-                allocated=[0],
-                device_ids=[f"{uuid_of(0)}::{replica}"],
-                resource="nvidia.com/gpu.shared",
-                visible=[0],
-                processes=[(0, gib * GIB)],
-                env={"NVIDIA_VISIBLE_DEVICES": uuid_of(0)},
-            ),
-            labels={"team": team},
-        )
+        scenario.add_pod("ml", name, replica_holder(0, replica, gib * GIB), labels={"team": team})
     scenario.add_pod(
         "web", "notebook", Ctr("jupyter", visible=[1], processes=[(1, 2 * GIB)], env={"NVIDIA_VISIBLE_DEVICES": "all"})
     )
