@@ -66,11 +66,26 @@ def test_price_lookup_order():
     assert Prices(models=(("x", 1.0),)).per_hour("n", "y") is None
 
 
-def test_label_names_are_the_exporters_own():
-    # --by label:KEY must find the label under exactly the name the auditor exports it as: one function, not a copy.
-    from gpu_fence.auditor import metrics
+@pytest.mark.parametrize("key", ["team", "app.kubernetes.io/part-of", "example.com/cost-center", "a-b_c.d"])
+def test_label_names_are_the_exporters_own(key: str):
+    """--by label:KEY must find the label under exactly the name the auditor exports --pod-label KEY as."""
+    from prometheus_client.parser import text_string_to_metric_families
 
-    assert label_name is metrics.label_name
+    from gpu_fence.auditor.audit import audit
+    from gpu_fence.auditor.metrics import AuditorMetrics
+    from gpu_fence.auditor.model import Container, NodeSnapshot
+
+    pod = Container("ml", "train", "main", "uid-1", "c1", labels=((key, "vision"),))
+    snapshot = NodeSnapshot("n", 0.0, (), (pod,), ())
+    metrics = AuditorMetrics("n", [key])
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    (exported,) = (
+        sample.labels
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+        if sample.name == "gpu_fence_pod_labels"
+    )
+    assert exported[label_name(key)] == "vision"
 
 
 def test_label_names_are_sanitised_like_prometheus():
