@@ -69,8 +69,9 @@ class HostProc:
     """Reads the proc tree at ``root``: the host's (``--host-proc``) or a test's. Not thread-safe: one auditor cycle
     at a time uses it.
 
-    The contract, stated per read as dcgm-exporter's ``ProcFS`` states its own ("empty and nil when the key is
-    absent; an error when environ is unreadable", ``internal/pkg/transformation/procfs.go``):
+    The contract, stated per read as dcgm-exporter's ``ProcFS`` states its own (``ReadEnviron``: an absent key is
+    an empty string and no error, an environ that is missing or unreadable an error; NVIDIA/dcgm-exporter
+    ``internal/pkg/transformation/procfs.go``), with None for unknown where that returns an error:
 
     - Reading one process never raises. A file that cannot be read (the process exited or is exiting, it is not
       ours to read, a directory stands where a file should) is ``None``: unknown, never empty.

@@ -350,8 +350,8 @@ def test_environ(tree: HostProcTree, environ: list[tuple[str, str]], expected: s
 
 
 def test_environ_tells_an_unset_variable_from_an_unreadable_environment(tree: HostProcTree) -> None:
-    """The contract, as dcgm-exporter's ProcFS states its own: absent is an answer (the name is left out),
-    unreadable is unknown (None), so that "no NVIDIA_VISIBLE_DEVICES" is never claimed for a process not read."""
+    """The contract, in the manner of dcgm-exporter's ProcFS.ReadEnviron: absent is an answer (the name is left
+    out), unreadable is unknown (None), so that "no NVIDIA_VISIBLE_DEVICES" is never claimed for a process not read."""
     tree.add_process(10, environ=[("PATH", "/bin")])
     gone = tree.add_process(11, environ=[("NVIDIA_VISIBLE_DEVICES", "all")])
     (gone / "environ").unlink()
