@@ -94,7 +94,9 @@ class Auditor:
 
     def preflight(self) -> None:
         """Fail fast, with what to fix, on what no cycle could ever get past."""
-        if not Path(self.settings.host_proc).is_dir():
+        from .hostproc import HostProc
+
+        if not HostProc(self.settings.host_proc).root_is_directory():
             raise CollectError(
                 FailureReason.PROC,
                 f"host proc root {self.settings.host_proc} is not a directory (mount the host's "

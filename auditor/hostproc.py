@@ -104,6 +104,10 @@ class HostProc:
     def _path(self, pid: int, name: str) -> str:
         return f"{self.root}/{pid}/{name}"
 
+    def root_is_directory(self) -> bool:
+        """Whether the root is a directory at all: a proc root that is not is a configuration error, not a cycle's."""
+        return os.path.isdir(self.root)
+
     def exists(self, pid: int) -> bool:
         """Whether ``/proc/<pid>`` is there: a process, live or a zombie not yet reaped."""
         return os.path.exists(f"{self.root}/{pid}")

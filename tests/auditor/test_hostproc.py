@@ -41,6 +41,7 @@ def test_pids_lists_only_processes(tree: HostProcTree) -> None:
 
 def test_a_missing_proc_root_is_an_error_not_an_empty_node(tmp_path: Path) -> None:
     proc = HostProc(str(tmp_path / "not-mounted"))
+    assert not proc.root_is_directory() and HostProc(str(tmp_path)).root_is_directory()
     with pytest.raises(FileNotFoundError, match="not-mounted"):
         proc.pids()
     with pytest.raises(FileNotFoundError, match="not-mounted"):
