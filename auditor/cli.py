@@ -12,6 +12,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from gpu_fence.exit_status import run_subcommand
+
 from . import chargeback, daemon
 
 EPILOG = """\
@@ -39,17 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.run(args))
-    except KeyboardInterrupt:
-        return 130
-    except Exception as error:
-        if args.debug:
-            raise
-        print(f"gpu-fence-auditor {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    return run_subcommand(build_parser(), argv)
 
 
 if __name__ == "__main__":

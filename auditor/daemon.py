@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_fence import logs
+from gpu_fence.exit_status import ExitStatus
 
 from .audit import audit
 from .model import AuditPolicy, AuditResult, NodeSnapshot
@@ -341,14 +342,14 @@ def _with_note(snapshot: NodeSnapshot, note: str) -> NodeSnapshot:
 # --- once ------------------------------------------------------------------------------------------------
 
 
-def run_once(args: argparse.Namespace) -> int:
+def run_once(args: argparse.Namespace) -> ExitStatus:
     auditor = Auditor(args)
     try:
         auditor.preflight()
         snapshot, result = auditor.cycle()
     except CollectError as error:
         print(f"gpu-fence-auditor once: cannot audit: {error.reason}", file=sys.stderr)
-        return 2
+        return ExitStatus.ERROR
     finally:
         auditor.close()
     text = render(args.format, snapshot, result)
@@ -360,10 +361,10 @@ def run_once(args: argparse.Namespace) -> int:
             temporary.replace(target)
         except OSError as error:
             print(f"gpu-fence-auditor once: cannot write --output {args.output}: {error.strerror}", file=sys.stderr)
-            return 2
+            return ExitStatus.ERROR
     else:
         sys.stdout.write(text)
-    return 1 if result.findings else 0
+    return ExitStatus.FINDINGS if result.findings else ExitStatus.SUCCESS
 
 
 # --- run -------------------------------------------------------------------------------------------------
@@ -432,7 +433,7 @@ def backoff(interval: float, failures_in_row: int, maximum: float) -> float:
     return min(interval * 2 ** min(failures_in_row - 1, 64), max(maximum, interval))
 
 
-def run_daemon(args: argparse.Namespace) -> int:
+def run_daemon(args: argparse.Namespace) -> ExitStatus:
     from .kube import EventRecorder
     from .metrics import AuditorMetrics
 
@@ -443,7 +444,7 @@ def run_daemon(args: argparse.Namespace) -> int:
     clash = _label_clash(args.pod_label)
     if clash:
         print(f"gpu-fence-auditor run: {clash}", file=sys.stderr)
-        return 2
+        return ExitStatus.ERROR
     auditor = Auditor(args)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -452,7 +453,7 @@ def run_daemon(args: argparse.Namespace) -> int:
         auditor.preflight()
     except CollectError as error:
         print(f"gpu-fence-auditor run: cannot start: {error.reason}", file=sys.stderr)
-        return 2
+        return ExitStatus.ERROR
     health = Health(args.interval, args.unhealthy_after)
     # The per-container series go stale with /healthz: an audit older than the health window is no measurement.
     metrics = AuditorMetrics(auditor.node, args.pod_label, stale_after=health.window)
@@ -463,7 +464,7 @@ def run_daemon(args: argparse.Namespace) -> int:
             f"gpu-fence-auditor run: cannot serve on {args.metrics_bind}:{args.metrics_port}: {error.strerror}",
             file=sys.stderr,
         )
-        return 2
+        return ExitStatus.ERROR
     events = None
     if auditor.api_client is not None and not args.no_events:
         events = EventRecorder(auditor.api_client, auditor.node, reemit_after=args.event_interval * 60)
@@ -558,7 +559,7 @@ def run_daemon(args: argparse.Namespace) -> int:
     server.shutdown()
     server.server_close()
     auditor.close()
-    return 0
+    return ExitStatus.SUCCESS
 
 
 def _label_clash(keys: list[str]) -> str | None:

@@ -37,6 +37,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gpu_fence.exit_status import ExitStatus
+
 DEFAULT_DAYS = 365
 DEFAULT_CA_DAYS = 3650
 DEFAULT_RENEW_BEFORE_DAYS = 30
@@ -498,7 +500,7 @@ def add_arguments(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitStatus:
     now = dt.datetime.now(dt.UTC)
     names = service_dns_names(args.service, args.namespace)
     if args.days > args.ca_days:
@@ -513,7 +515,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as error:
             raise CertsError(f"cannot write to --out-dir {args.out_dir}: {error.strerror}") from None
         print(f"wrote {args.out_dir}/ca.crt, tls.crt, tls.key for {', '.join(names)}")
-        return 0
+        return ExitStatus.SUCCESS
     if args.renew_before >= args.days:
         raise CertsError(f"--renew-before {args.renew_before} must be shorter than --days {args.days}")
     refs = [parse_webhook_ref(text) for text in args.patch_webhooks]
@@ -532,7 +534,7 @@ def run(args: argparse.Namespace) -> int:
         f"Secret {args.namespace}/{args.secret}: " + (", ".join(actions) if actions else "up to date, no change"),
         file=sys.stdout,
     )
-    return 0
+    return ExitStatus.SUCCESS
 
 
 def _positive_int(text: str) -> int:

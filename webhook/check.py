@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import IO, Any
 
+from gpu_fence.exit_status import ExitStatus
+
 from . import policy
 from .config import ConfigError, PolicyConfig, load_config
 from .discovery import (
@@ -121,8 +123,8 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None) -> int:
-    """Run the check for parsed arguments; return the exit code (0 clean, 1 rejections, 2 could not run)."""
+def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None) -> ExitStatus:
+    """Run the check for parsed arguments; return the exit status (0 clean, 1 rejections, 2 could not run)."""
     out = stdout if stdout is not None else sys.stdout
     try:
         _check_usage(args)
@@ -133,11 +135,11 @@ def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[
             report = check_documents(read_all(args.paths, stdin), config, args.namespace or DEFAULT_NAMESPACE)
     except (CheckError, ConfigError) as error:
         _error(str(error))
-        return 2
+        return ExitStatus.ERROR
     except SourceErrors as errors:
         for message in errors.messages:
             _error(message)
-        return 2
+        return ExitStatus.ERROR
     colour = args.output is None and _wants_colour(out)
     text = render(report, args.format, colour=colour)
     if args.output is None:
@@ -149,8 +151,8 @@ def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[
                 handle.write(text)
         except OSError as error:
             _error(f"{args.output}: cannot write the report: {error.strerror or error}")
-            return 2
-    return 1 if report.rejected else 0
+            return ExitStatus.ERROR
+    return ExitStatus.FINDINGS if report.rejected else ExitStatus.SUCCESS
 
 
 def _check_usage(args: argparse.Namespace) -> None:

@@ -4,8 +4,8 @@ Each subcommand lives in its own module, which contributes ``add_arguments(parse
 Those modules keep heavy imports (the ``kubernetes`` client, gunicorn) inside functions, so that building
 the parser, and the ``serve`` path above all, stays fast.
 
-Exit codes, for every subcommand: 0 ok, 1 rejections found (``check``), 2 could not run (usage, unreadable
-input, bad configuration). Errors are one line on stderr; ``--debug`` shows the traceback.
+Exit codes, for every subcommand (``gpu_fence.exit_status``): 0 ok, 1 rejections found (``check``), 2 could not
+run (usage, unreadable input, bad configuration). Errors are one line on stderr; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+
+from gpu_fence.exit_status import run_subcommand
 
 from . import certs, check, serving
 
@@ -42,17 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.run(args))
-    except KeyboardInterrupt:
-        return 130
-    except Exception as error:
-        if args.debug:
-            raise
-        print(f"gpu-fence-webhook {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    return run_subcommand(build_parser(), argv)
 
 
 if __name__ == "__main__":
