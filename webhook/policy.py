@@ -16,8 +16,9 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
+from gpu_fence.verdicts import Verdict
 from gpu_fence.vocabulary import (
     CONTAINER_FIELDS,
     MIG_CONTROL_ENVS,
@@ -74,8 +75,6 @@ class Rule:
 NO_MUTATION = Mutation(patch=(), pinned=())
 NO_VIOLATIONS = Validation(violations=(), warnings=())
 
-Verdict = Literal["exempt", "rejected", "mutated", "allowed"]
-
 
 @dataclass(frozen=True)
 class Decision:
@@ -88,12 +87,12 @@ class Decision:
     @property
     def verdict(self) -> Verdict:
         if self.exempt is not None:
-            return "exempt"
+            return Verdict.EXEMPT
         if self.validation.violations:
-            return "rejected"
+            return Verdict.REJECTED
         if self.mutation.patch:
-            return "mutated"
-        return "allowed"
+            return Verdict.MUTATED
+        return Verdict.ALLOWED
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from gpu_fence.verdicts import ReviewVerdict
+
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 MAX_WARNING_CHARS = 120
@@ -45,15 +47,6 @@ class Endpoint(Enum):
     MUTATE = "mutate"
     VALIDATE = "validate"  # enforce: violations deny
     VALIDATE_WARN = "validate-warn"  # warn: allowed, violations returned as warnings
-
-
-class Verdict(Enum):
-    ALLOWED = "allowed"  # nothing to do (also: not a pod, not an operation we judge)
-    PATCHED = "patched"
-    DENIED = "denied"
-    WARNED = "warned"
-    EXEMPT = "exempt"
-    ERROR = "error"  # internal error: denied on /validate, allowed elsewhere
 
 
 class BadReview(ValueError):
@@ -105,7 +98,7 @@ class Outcome:
     """What one review decided: the response document plus what logs and metrics need."""
 
     response: dict
-    verdict: Verdict
+    verdict: ReviewVerdict
     rules: tuple[str, ...] = ()
     error: str | None = None
     request: Request | None = field(default=None, compare=False)
@@ -206,27 +199,27 @@ def new_container_names(request: Request) -> frozenset[str] | None:
 
 def _judge(request: Request, endpoint: Endpoint, config: Any, policy: Policy) -> Outcome:
     if not request.is_pod or not _is_judged(request):
-        return _answer(request, allowed=True, verdict=Verdict.ALLOWED)
+        return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED)
     pod = request.obj
     assert pod is not None  # parse() guarantees an object for Pod CREATE/UPDATE
     reason = policy.exemption(pod, config, namespace=request.namespace)
     if reason:
-        return _answer(request, allowed=True, verdict=Verdict.EXEMPT, audit={"exempt": reason})
+        return _answer(request, allowed=True, verdict=ReviewVerdict.EXEMPT, audit={"exempt": reason})
     if request.operation == "UPDATE" and request.sub_resource == "":
         if endpoint is Endpoint.MUTATE:  # containers are immutable: nothing to pin
-            return _answer(request, allowed=True, verdict=Verdict.ALLOWED)
+            return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED)
         return _validated(request, endpoint, policy.validate_update(pod, request.old_obj, config))
     only = new_container_names(request)
     if only is not None and not only:
-        return _answer(request, allowed=True, verdict=Verdict.ALLOWED)  # no new ephemeral container
+        return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED)  # no new ephemeral container
     if endpoint is Endpoint.MUTATE:
         mutation = policy.mutate(pod, config, only=only)
         if not mutation.patch:
-            return _answer(request, allowed=True, verdict=Verdict.ALLOWED)
+            return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED)
         return _answer(
             request,
             allowed=True,
-            verdict=Verdict.PATCHED,
+            verdict=ReviewVerdict.PATCHED,
             patch=list(mutation.patch),
             audit={"pinned": ",".join(mutation.pinned)},
         )
@@ -237,7 +230,7 @@ def _validated(request: Request, endpoint: Endpoint, validation: Any) -> Outcome
     advice = [str(text) for text in validation.warnings]
     violations = tuple(validation.violations)
     if not violations:
-        return _answer(request, allowed=True, verdict=Verdict.ALLOWED, warnings=budget_warnings((), advice))
+        return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED, warnings=budget_warnings((), advice))
     rules = tuple(dict.fromkeys(violation.rule for violation in violations))
     audit = {"rules": ",".join(rules)}
     lines = [describe(violation) for violation in violations]
@@ -245,7 +238,7 @@ def _validated(request: Request, endpoint: Endpoint, validation: Any) -> Outcome
         return _answer(
             request,
             allowed=True,
-            verdict=Verdict.WARNED,
+            verdict=ReviewVerdict.WARNED,
             rules=rules,
             warnings=budget_warnings(lines, advice),
             audit=audit,
@@ -253,7 +246,7 @@ def _validated(request: Request, endpoint: Endpoint, validation: Any) -> Outcome
     return _answer(
         request,
         allowed=False,
-        verdict=Verdict.DENIED,
+        verdict=ReviewVerdict.DENIED,
         rules=rules,
         warnings=budget_warnings((), advice),
         audit=audit,
@@ -378,16 +371,16 @@ def _internal_error(request: Request, endpoint: Endpoint, reason: str) -> Outcom
             "Retry; if it persists, report it to the cluster administrators."
         )
         status = {"code": 500, "reason": "InternalError", "status": "Failure", "message": message}
-        return _answer(request, allowed=False, verdict=Verdict.ERROR, audit=audit, status=status, error=reason)
+        return _answer(request, allowed=False, verdict=ReviewVerdict.ERROR, audit=audit, status=status, error=reason)
     warnings = [truncate_warning(f"gpu-fence: internal error, pod not checked: {reason}")]
-    return _answer(request, allowed=True, verdict=Verdict.ERROR, audit=audit, warnings=warnings, error=reason)
+    return _answer(request, allowed=True, verdict=ReviewVerdict.ERROR, audit=audit, warnings=warnings, error=reason)
 
 
 def _answer(
     request: Request,
     *,
     allowed: bool,
-    verdict: Verdict,
+    verdict: ReviewVerdict,
     rules: tuple[str, ...] = (),
     patch: list[dict] | None = None,
     warnings: list[str] | None = None,

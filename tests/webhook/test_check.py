@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gpu_fence.verdicts import Verdict
 from gpu_fence.webhook import cli
 from gpu_fence.webhook.reports import Finding, PodSpecResult, Report, render_text
 
@@ -419,7 +420,7 @@ def test_render_text_shows_exemption_reason_and_warnings() -> None:
                 "kube-system",
                 "agent",
                 "spec.template",
-                "exempt",
+                Verdict.EXEMPT,
                 exempt_reason="namespace kube-system is exempt",
             ),
             PodSpecResult(
@@ -429,7 +430,7 @@ def test_render_text_shows_exemption_reason_and_warnings() -> None:
                 "default",
                 "",
                 "",
-                "rejected",
+                Verdict.REJECTED,
                 violations=(Finding("privileged", "c", "privileged: container c is privileged", 14),),
                 warnings=("runtimeClassName nvidia on a pod with no GPU container",),
             ),

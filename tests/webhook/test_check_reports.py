@@ -12,6 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpu_fence.verdicts import Verdict
 from gpu_fence.webhook.policy import RULES
 from gpu_fence.webhook.reports import (
     Finding,
@@ -34,7 +35,7 @@ REJECTED = PodSpecResult(
     "ml",
     "app",
     "spec.template",
-    "rejected",
+    Verdict.REJECTED,
     pinned=("sidecar",),
     violations=(
         Finding("privileged", "main", 'privileged: container "main" is privileged', 20),
@@ -50,11 +51,18 @@ EXEMPT = PodSpecResult(
     "kube-system",
     "agent",
     "spec.template",
-    "exempt",
+    Verdict.EXEMPT,
     exempt_reason="namespace kube-system is exempt",
 )
 LIVE = PodSpecResult(
-    "cluster", 0, "Pod", "team-a", "p", "", "rejected", violations=(Finding("privileged", "c", "privileged: ...", 0),)
+    "cluster",
+    0,
+    "Pod",
+    "team-a",
+    "p",
+    "",
+    Verdict.REJECTED,
+    violations=(Finding("privileged", "c", "privileged: ...", 0),),
 )
 
 
@@ -124,7 +132,9 @@ def test_sarif_rules_and_results() -> None:
 
 
 def test_sarif_result_for_an_unknown_rule_has_no_rule_index() -> None:
-    odd = PodSpecResult("a.yaml", 1, "Pod", "d", "p", "", "rejected", violations=(Finding("new-rule", None, "m", 1),))
+    odd = PodSpecResult(
+        "a.yaml", 1, "Pod", "d", "p", "", Verdict.REJECTED, violations=(Finding("new-rule", None, "m", 1),)
+    )
     [result] = json.loads(render_sarif(Report((odd,)), RULES))["runs"][0]["results"]
     assert "ruleIndex" not in result
 
