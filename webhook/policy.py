@@ -27,6 +27,7 @@ from gpu_fence.vocabulary import (
     parse_visible_devices,
     requests_gpu_resource,
 )
+from gpu_fence.warning_text import MAX_WARNING_CHARS, clip
 
 from .config import PolicyConfig
 
@@ -150,7 +151,6 @@ CDI_ANNOTATION_PREFIXES = ("cdi.k8s.io/", "nvidia.cdi.k8s.io")
 #: specific entries (``/dev/nvidia*``, ``/dev/dri``, ``/dev/char``), so ``/dev/shm`` stays allowed.
 _ANCESTOR_ONLY_PATHS = frozenset({"/dev"})
 PIN_VALUE = "void"
-WARNING_LIMIT = 120
 _NAME_LIMIT = 63
 
 # --------------------------------------------------------------------------------------------------------------
@@ -192,12 +192,8 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 _EMPTY: Mapping[str, Any] = {}
 
 
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _quote(text: Any) -> str:
-    return '"' + _clip(text if isinstance(text, str) else repr(text), _NAME_LIMIT) + '"'
+    return '"' + clip(text if isinstance(text, str) else repr(text), _NAME_LIMIT) + '"'
 
 
 def _kai_fraction_name(pod: Mapping[str, Any], config: PolicyConfig) -> str | None:
@@ -623,7 +619,7 @@ def _warnings(pod: _Pod) -> list[str]:
                 f"runtimeClassName {_quote(runtime_class)} on a pod with no GPU container: its "
                 f"containers are pinned to {VISIBLE_DEVICES_ENV}=void"
             )
-    return [_clip(warning, WARNING_LIMIT) for warning in warnings]
+    return [clip(warning, MAX_WARNING_CHARS) for warning in warnings]
 
 
 # --------------------------------------------------------------------------------------------------------------

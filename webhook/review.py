@@ -22,10 +22,10 @@ from typing import Any, Protocol
 import orjson
 
 from gpu_fence.verdicts import ReviewVerdict
+from gpu_fence.warning_text import MAX_WARNING_CHARS, truncate_warning
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
-MAX_WARNING_CHARS = 120
 #: The API server keeps at most 4096 characters of warnings per request, from every webhook, policy and its own
 #: checks together; past that it cuts each warning to 256 characters and then drops the rest without a word
 #: (``truncateAtTotalRunes = 4 * 1024`` in k8s.io/apiserver/pkg/endpoints/filters/warning.go; the docs: "If more
@@ -333,18 +333,6 @@ def describe(violation: Any) -> str:
     if container and container not in message:
         return f"{violation.rule}: container {container!r}: {message}"
     return f"{violation.rule}: {message}"
-
-
-def truncate_warning(text: str, limit: int = MAX_WARNING_CHARS) -> str:
-    """Cut a warning to ``limit`` characters on a character boundary, marking the cut with an ellipsis.
-
-    Characters, not bytes: Python strings cannot split a UTF-8 sequence. Control characters are replaced,
-    because a warning becomes an HTTP ``Warning`` header on the client side.
-    """
-    clean = "".join(char if char.isprintable() else " " for char in text)
-    if len(clean) <= limit:
-        return clean
-    return clean[: limit - 1] + "…"
 
 
 def _is_judged(request: Request) -> bool:

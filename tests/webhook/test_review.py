@@ -19,17 +19,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_fence.verdicts import ReviewVerdict
+from gpu_fence.warning_text import MAX_WARNING_CHARS
 from gpu_fence.webhook import policy as real_policy
 from gpu_fence.webhook import review as review_module
 from gpu_fence.webhook.config import PolicyConfig
 from gpu_fence.webhook.review import (
-    MAX_WARNING_CHARS,
     BadReview,
     Endpoint,
     new_container_names,
     parse,
     review,
-    truncate_warning,
 )
 from tests.fakes.pods import mangled_pods, pods
 from tests.fakes.stand_in_policy import StandInPolicy, Validation, Violation
@@ -447,15 +446,6 @@ def test_bad_envelopes_raise_a_clear_bad_review(body, reason, needle):
 
 
 # -- properties -------------------------------------------------------------------------------------------------
-
-
-@given(st.text(max_size=400))
-def test_truncated_warnings_fit_and_keep_short_ones(text):
-    out = truncate_warning(text)
-    assert len(out) <= MAX_WARNING_CHARS
-    assert all(char.isprintable() for char in out)
-    if len(text) <= MAX_WARNING_CHARS and text.isprintable():
-        assert out == text
 
 
 json_values = st.recursive(
