@@ -17,6 +17,12 @@ from typing import Any
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 MIG_CONTROL_ENVS = ("NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES")
 
+#: Where the toolkit reads a device list from mounts instead of the env (``requestsFromMounts`` in
+#: ``cuda_image.go``, with ``accept-nvidia-visible-devices-as-volume-mounts``): a ``/dev/null`` mounted at a
+#: destination that starts with one of these names the devices after the prefix, with no "/" boundary. The device
+#: plugin's volume-mounts strategy sets ``NVIDIA_VISIBLE_DEVICES`` to the first as a marker.
+DEVICE_LIST_MOUNT_PREFIXES = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
+
 #: Default resource names that mean "this container was allocated an NVIDIA GPU". A trailing ``*`` is a
 #: prefix match: ``nvidia.com/gpu.*`` covers renamed time-slicing resources such as ``nvidia.com/gpu.shared``.
 DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.*", "nvidia.com/mig-*")
@@ -236,6 +242,6 @@ def classify_device_id(entry: str) -> DeviceIdForm:
         return DeviceIdForm.MIG_INDEX
     if "=" in entry and "/" in entry.split("=", 1)[0]:
         return DeviceIdForm.CDI_NAME
-    if entry.startswith(("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")):
+    if entry.startswith(DEVICE_LIST_MOUNT_PREFIXES):
         return DeviceIdForm.MOUNT_MARKER
     return DeviceIdForm.UNKNOWN

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from gpu_fence.verdicts import Verdict
 from gpu_fence.vocabulary import (
     CONTAINER_FIELDS,
+    DEVICE_LIST_MOUNT_PREFIXES,
     MIG_CONTROL_ENVS,
     VISIBLE_DEVICES_ENV,
     kai_fraction_container,
@@ -145,7 +146,6 @@ RULES: tuple[Rule, ...] = (
 )
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
-DEVICE_LIST_MOUNT_PREFIXES = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
 CDI_ANNOTATION_PREFIXES = ("cdi.k8s.io/", "nvidia.cdi.k8s.io")
 #: Host paths that are protected only at or above themselves: hostPaths inside ``/dev`` are judged by the more
 #: specific entries (``/dev/nvidia*``, ``/dev/dri``, ``/dev/char``), so ``/dev/shm`` stays allowed.
@@ -482,13 +482,15 @@ def _is_device_list_path(cleaned: str) -> bool:
     ".../nvidia-container-devicesall" means "all". The marker deeper in a path is flagged too, as defence in
     depth: ``/var/run/../var/run/nvidia-container-devices/0`` cleans to ``/var/var/run/...``, which today's
     toolkit ignores, yet no legitimate workload mounts anything under that name."""
-    return cleaned.startswith(DEVICE_LIST_MOUNT_PREFIXES) or "/nvidia-container-devices" in cleaned
+    return cleaned.startswith(DEVICE_LIST_MOUNT_PREFIXES) or _DEVICE_LIST_COMPONENT in cleaned
 
 
-#: Every path :func:`_is_device_list_path` accepts contains this. Cleaning drops ``.``, ``..`` and empty components
-#: but never changes the text of a component, and the marker holds no ``/``, so a cleaned path can contain it only
-#: if the raw path does: testing the raw path first skips the clean for all ordinary mounts.
-_DEVICE_LIST_MARKER = "nvidia-container-devices"
+#: Every path :func:`_is_device_list_path` accepts contains this (the prefixes' last component). Cleaning drops
+#: ``.``, ``..`` and empty components but never changes the text of a component, and the marker holds no ``/``, so a
+#: cleaned path can contain it only if the raw path does: testing the raw path first skips the clean for all
+#: ordinary mounts.
+_DEVICE_LIST_MARKER = posixpath.basename(DEVICE_LIST_MOUNT_PREFIXES[0])
+_DEVICE_LIST_COMPONENT = "/" + _DEVICE_LIST_MARKER
 
 
 def device_list_mount(pod: _Pod) -> list[Violation]:
