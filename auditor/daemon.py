@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from gpu_fence import logs
+from gpu_fence import kai, logs
 from gpu_fence.exit_status import ExitStatus
 
 from .audit import audit
@@ -173,16 +173,16 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kai-reservation-namespace",
-        default="kai-resource-reservation",
+        default=kai.DEFAULT_RESERVATION_NAMESPACE,
         metavar="NS",
-        help="namespace of KAI's GPU reservation pods (default: kai-resource-reservation)",
+        help=f"namespace of KAI's GPU reservation pods (default: {kai.DEFAULT_RESERVATION_NAMESPACE})",
     )
     parser.add_argument(
         "--kai-scheduler-name",
         action="append",
         default=None,
         metavar="NAME",
-        help="schedulerName of KAI fractional pods (repeatable; default: kai-scheduler)",
+        help=f"schedulerName of KAI fractional pods (repeatable; default: {', '.join(kai.DEFAULT_SCHEDULER_NAMES)})",
     )
     parser.add_argument(
         "--pod-relist-interval",
@@ -222,7 +222,7 @@ class Auditor:
             node=self.node,
             pod_label_keys=tuple(args.pod_label),
             kai_reservation_namespace=args.kai_reservation_namespace,
-            kai_scheduler_names=tuple(args.kai_scheduler_name or ("kai-scheduler",)),
+            kai_scheduler_names=tuple(args.kai_scheduler_name or kai.DEFAULT_SCHEDULER_NAMES),
         )
         self.policy = AuditPolicy(
             exempt_namespaces=frozenset(args.exempt_namespace),

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_fence import kai
 from gpu_fence.vocabulary import VISIBLE_DEVICES_ENV, kai_fraction_container, parse_visible_devices
 
 from .deviceids import is_gpu_resource, normalize_device_id
@@ -53,8 +54,8 @@ class CollectError(Exception):
 class SnapshotOptions:
     node: str
     pod_label_keys: tuple[str, ...] = ()
-    kai_reservation_namespace: str = "kai-resource-reservation"
-    kai_scheduler_names: tuple[str, ...] = ("kai-scheduler",)
+    kai_reservation_namespace: str = kai.DEFAULT_RESERVATION_NAMESPACE
+    kai_scheduler_names: tuple[str, ...] = kai.DEFAULT_SCHEDULER_NAMES
 
 
 @dataclass(frozen=True)

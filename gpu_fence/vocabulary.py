@@ -14,6 +14,8 @@ from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any
 
+from .kai import FRACTION_ANNOTATIONS, FRACTION_CONTAINER_ANNOTATION
+
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 MIG_CONTROL_ENVS = ("NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES")
 
@@ -26,10 +28,6 @@ DEVICE_LIST_MOUNT_PREFIXES = ("/var/run/nvidia-container-devices", "/run/nvidia-
 #: Default resource names that mean "this container was allocated an NVIDIA GPU". A trailing ``*`` is a
 #: prefix match: ``nvidia.com/gpu.*`` covers renamed time-slicing resources such as ``nvidia.com/gpu.shared``.
 DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.*", "nvidia.com/mig-*")
-
-#: Pod annotations by which the KAI scheduler marks a fractional-GPU pod.
-KAI_FRACTION_ANNOTATIONS = ("gpu-fraction", "gpu-memory")
-KAI_FRACTION_CONTAINER_ANNOTATION = "gpu-fraction-container-name"
 
 #: Where each kind of container lives in a pod spec, in the order the kubelet starts them.
 CONTAINER_FIELDS = ("initContainers", "containers", "ephemeralContainers")
@@ -144,12 +142,12 @@ def kai_fraction_container(pod: Mapping[str, Any], kai_scheduler_names: Iterable
     annotations = metadata.get("annotations")
     if not _is_mapping(annotations):
         return None
-    if not any(key in annotations for key in KAI_FRACTION_ANNOTATIONS):
+    if not any(key in annotations for key in FRACTION_ANNOTATIONS):
         return None
     scheduler = spec.get("schedulerName")
     if not isinstance(scheduler, str) or scheduler not in set(kai_scheduler_names):
         return None
-    named = annotations.get(KAI_FRACTION_CONTAINER_ANNOTATION)
+    named = annotations.get(FRACTION_CONTAINER_ANNOTATION)
     if isinstance(named, str) and named:
         return named
     containers = spec.get("containers")
