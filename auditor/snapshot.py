@@ -30,9 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_fence import kai
-from gpu_fence.vocabulary import VISIBLE_DEVICES_ENV, kai_fraction_container, parse_visible_devices
+from gpu_fence.vocabulary import (
+    DEFAULT_GPU_RESOURCE_SET,
+    VISIBLE_DEVICES_ENV,
+    kai_fraction_container,
+    parse_visible_devices,
+)
 
-from .deviceids import is_gpu_resource, normalize_device_id
+from .deviceids import normalize_device_id
 from .kube import containers_by_id, kai_gpu_groups, pod_labels
 from .model import Container, Gpu, GpuProcess, Identity, NodeSnapshot
 
@@ -174,7 +179,7 @@ def normalize_allocation(allocation: Any, devices: DeviceIndex) -> tuple[tuple[s
     allocated: list[str] = []
     unresolved: list[str] = []
     for group in allocation.devices:
-        if not is_gpu_resource(group.resource_name):
+        if not DEFAULT_GPU_RESOURCE_SET.matches(group.resource_name):
             continue
         for raw in group.device_ids:
             uuid = devices.normalize(raw)
