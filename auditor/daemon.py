@@ -151,7 +151,11 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="this node's name (default: $NODE_NAME, else the host name)",
     )
-    parser.add_argument("--kubeconfig", metavar="F", help="kubeconfig file (default: the in-cluster service account)")
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="F",
+        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then the in-cluster service account)",
+    )
     parser.add_argument(
         "--no-kubernetes",
         action="store_true",

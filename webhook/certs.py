@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpu_fence.exit_status import ExitStatus
+from gpu_fence.kubeconfig import KubeConfigError, load_configuration
 
 DEFAULT_DAYS = 365
 DEFAULT_CA_DAYS = 3650
@@ -338,17 +339,13 @@ class Cluster:
 
 
 def connect(kubeconfig: str | None) -> Cluster:
-    from kubernetes import client, config  # noqa: PLC0415 - only certs talks to the API
+    from kubernetes import client  # noqa: PLC0415 - only certs talks to the API
 
     try:
-        if kubeconfig:
-            api_client = config.new_client_from_config(config_file=kubeconfig)
-        else:
-            config.load_incluster_config()
-            api_client = client.ApiClient()
-    except (config.ConfigException, OSError) as error:
+        api_client = client.ApiClient(load_configuration(kubeconfig))
+    except KubeConfigError as error:
         raise CertsError(
-            f"no Kubernetes credentials: {error} (run in a pod with a service account, or pass --kubeconfig)"
+            f"no Kubernetes credentials: {error.reason} (run in a pod with a service account, or pass --kubeconfig)"
         ) from None
     return Cluster(client.CoreV1Api(api_client), client.AdmissionregistrationV1Api(api_client))
 
@@ -496,7 +493,11 @@ def add_arguments(subparsers: Any) -> None:
         metavar="DAYS",
         help="with --secret: renew certificates that expire within this many days",
     )
-    parser.add_argument("--kubeconfig", help="with --secret: kubeconfig file (default: in-cluster service account)")
+    parser.add_argument(
+        "--kubeconfig",
+        help="with --secret: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, "
+        "then the in-cluster service account)",
+    )
     parser.set_defaults(run=run)
 
 

@@ -24,6 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import IO, Any
 
 from gpu_fence.exit_status import ExitStatus
+from gpu_fence.kubeconfig import KubeConfigError, load_configuration
 
 from . import policy
 from .config import ConfigError, PolicyConfig, load_config
@@ -330,21 +331,13 @@ def list_cluster_pods(namespace: str | None, kubeconfig: str | None) -> list[dic
     field names (``initContainers``, not ``init_containers``), as the policy expects.
     """
     from kubernetes import client  # noqa: PLC0415 - slow to import; only this path needs it
-    from kubernetes import config as kube_config  # noqa: PLC0415
     from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
     from urllib3.exceptions import HTTPError  # noqa: PLC0415
 
-    configuration = client.Configuration()
-    # $KUBECONFIG is read here, not through the client's default (fixed when the client is first imported).
-    config_file = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     try:
-        if kubeconfig or os.environ.get("KUBECONFIG") or os.path.exists(config_file):
-            kube_config.load_kube_config(config_file=config_file, client_configuration=configuration)
-        else:
-            config_file = "the in-cluster service account"
-            kube_config.load_incluster_config(client_configuration=configuration)
-    except (kube_config.ConfigException, OSError, ValueError, TypeError) as error:
-        raise ClusterError(f"cannot load Kubernetes configuration from {config_file}: {error}") from None
+        configuration = load_configuration(kubeconfig)
+    except KubeConfigError as error:
+        raise ClusterError(f"cannot load Kubernetes configuration from {error.source}: {error.reason}") from None
     configuration.retries = 1  # fail fast and clearly on an unreachable API instead of retrying silently
     api = client.CoreV1Api(client.ApiClient(configuration))
     pods: list[dict[str, Any]] = []

@@ -266,6 +266,14 @@ def test_cli_in_cluster_mode_end_to_end(fake, capsys):
     assert "up to date, no change" in capsys.readouterr().out
 
 
+def test_cli_in_cluster_mode_finds_the_kubeconfig_as_every_command_does(fake, capsys, monkeypatch):
+    """No --kubeconfig: $KUBECONFIG, as ``check --cluster`` and the auditor read it (``gpu_fence.kubeconfig``)."""
+    monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig_path))
+    args = ["certs", "--service", "gpu-fence-webhook", "--namespace", "gpu-fence", "--secret", "webhook-tls"]
+    assert cli.main([*args, "--patch-webhooks", "gpu-fence"]) == 0
+    assert "serving-cert-issued" in capsys.readouterr().out
+
+
 def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
     assert (
         cli.main(
