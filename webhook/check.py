@@ -280,7 +280,7 @@ def _evaluate_site(
 def _result(decision: Decision, *, finding_line: Callable[[str, str | None], int], **fields: Any) -> PodSpecResult:
     violations = tuple(
         Finding(
-            violation.rule, violation.container, violation.message, finding_line(violation.rule, violation.container)
+            violation.rule, violation.container, violation.detail, finding_line(violation.rule, violation.container)
         )
         for violation in decision.validation.violations
     )

@@ -38,11 +38,17 @@ from .config import PolicyConfig
 
 @dataclass(frozen=True)
 class Violation:
-    """One broken rule. ``container`` is None for pod-level rules; ``message`` names rule, container and fix."""
+    """One broken rule. ``container`` is None for pod-level rules; ``detail`` says what is wrong and the fix."""
 
     rule: str
     container: str | None
-    message: str
+    detail: str
+
+    @property
+    def message(self) -> str:
+        """The violation in one line, led by its rule id so that people and log searches find it: what denials,
+        warnings and every report of the check say."""
+        return f"{self.rule}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -210,8 +216,7 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
         problem = Violation(
             UNPINNED_CONTAINER,
             None,
-            f"{UNPINNED_CONTAINER}: the object is not a Pod (not a JSON "
-            "object), so no container can be pinned; submit a Pod manifest",
+            "the object is not a Pod (not a JSON object), so no container can be pinned; submit a Pod manifest",
         )
         return _Pod({}, {}, (), (problem,), config, only is None)
     spec = pod.get("spec")
@@ -221,8 +226,7 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
             Violation(
                 UNPINNED_CONTAINER,
                 None,
-                f"{UNPINNED_CONTAINER}: the pod has no readable spec, "
-                "so no container can be pinned; give the Pod a spec object",
+                "the pod has no readable spec, so no container can be pinned; give the Pod a spec object",
             )
         )
         spec = {}
@@ -240,7 +244,7 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
                 Violation(
                     UNPINNED_CONTAINER,
                     None,
-                    f"{UNPINNED_CONTAINER}: spec.{field} is not a list, "
+                    f"spec.{field} is not a list, "
                     f"so its containers cannot be pinned; make spec.{field} a list of containers",
                 )
             )
@@ -253,8 +257,7 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
                     Violation(
                         UNPINNED_CONTAINER,
                         label,
-                        f"{UNPINNED_CONTAINER}: spec.{label} is not "
-                        "an object, so it cannot be pinned; make it a container object",
+                        f"spec.{label} is not an object, so it cannot be pinned; make it a container object",
                     )
                 )
                 continue
@@ -350,8 +353,7 @@ def unpinned_container(pod: _Pod) -> list[Violation]:
                 Violation(
                     UNPINNED_CONTAINER,
                     container.name,
-                    f"{UNPINNED_CONTAINER}: container "
-                    f"{_quote(container.name)} has an env that is not a list, so "
+                    f"container {_quote(container.name)} has an env that is not a list, so "
                     f"{VISIBLE_DEVICES_ENV}=void cannot be pinned; make env a list of name/value",
                 )
             )
@@ -360,8 +362,7 @@ def unpinned_container(pod: _Pod) -> list[Violation]:
                 Violation(
                     UNPINNED_CONTAINER,
                     container.name,
-                    f"{UNPINNED_CONTAINER}: container "
-                    f"{_quote(container.name)} requests no GPU and does not set {VISIBLE_DEVICES_ENV}"
+                    f"container {_quote(container.name)} requests no GPU and does not set {VISIBLE_DEVICES_ENV}"
                     f"; add env {VISIBLE_DEVICES_ENV}=void (or request nvidia.com/gpu)",
                 )
             )
@@ -424,7 +425,7 @@ def visible_devices_env(pod: _Pod) -> list[Violation]:
                 Violation(
                     VISIBLE_DEVICES,
                     container.name,
-                    f"{VISIBLE_DEVICES}: container {_quote(container.name)} {problem}; {fix}",
+                    f"container {_quote(container.name)} {problem}; {fix}",
                 )
             )
     return found
@@ -439,7 +440,7 @@ def privileged(pod: _Pod) -> list[Violation]:
                 Violation(
                     PRIVILEGED,
                     container.name,
-                    f"{PRIVILEGED}: container {_quote(container.name)} is "
+                    f"container {_quote(container.name)} is "
                     "privileged and sees every device of the node, GPUs included; remove "
                     "securityContext.privileged (request nvidia.com/gpu for a GPU)",
                 )
@@ -461,8 +462,7 @@ def sys_admin_capability(pod: _Pod) -> list[Violation]:
                     Violation(
                         SYS_ADMIN_CAPABILITY,
                         container.name,
-                        f"{SYS_ADMIN_CAPABILITY}: container "
-                        f"{_quote(container.name)} adds capability {_quote(capability)}, which the "
+                        f"container {_quote(container.name)} adds capability {_quote(capability)}, which the "
                         "NVIDIA toolkit treats as privileged; remove it from "
                         "securityContext.capabilities.add",
                     )
@@ -508,8 +508,7 @@ def device_list_mount(pod: _Pod) -> list[Violation]:
                     Violation(
                         DEVICE_LIST_MOUNT,
                         container.name,
-                        f"{DEVICE_LIST_MOUNT}: container "
-                        f"{_quote(container.name)} mounts a volume at {_quote(path)}, which the "
+                        f"container {_quote(container.name)} mounts a volume at {_quote(path)}, which the "
                         "NVIDIA toolkit reads as a GPU request; remove the volumeMount and request "
                         "nvidia.com/gpu",
                     )
@@ -524,7 +523,7 @@ def cdi_annotation(pod: _Pod) -> list[Violation]:
         Violation(
             CDI_ANNOTATION,
             None,
-            f"{CDI_ANNOTATION}: pod annotation {_quote(key)} asks the runtime for CDI "
+            f"pod annotation {_quote(key)} asks the runtime for CDI "
             "devices; remove the annotation and request nvidia.com/gpu",
         )
         for key in _mapping(pod.metadata.get("annotations"))
@@ -554,7 +553,7 @@ def host_device_path(pod: _Pod) -> list[Violation]:
                 Violation(
                     HOST_DEVICE_PATH,
                     None,
-                    f"{HOST_DEVICE_PATH}: volume {_quote(name)} mounts host "
+                    f"volume {_quote(name)} mounts host "
                     f"path {_quote(path)}, which exposes {reached}; remove the hostPath volume "
                     "(request nvidia.com/gpu for a GPU)",
                 )
@@ -571,8 +570,7 @@ def mig_control_env(pod: _Pod) -> list[Violation]:
                     Violation(
                         MIG_CONTROL_ENV,
                         container.name,
-                        f"{MIG_CONTROL_ENV}: container "
-                        f"{_quote(container.name)} sets {name}, which controls MIG on the whole GPU; "
+                        f"container {_quote(container.name)} sets {name}, which controls MIG on the whole GPU; "
                         "remove it",
                     )
                 )

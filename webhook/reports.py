@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 from gpu_fence.verdicts import Verdict
 
+from .policy import Violation
+
 #: Output formats of ``gpu-fence-webhook check``.
 FORMATS = ("text", "json", "junit", "sarif")
 
@@ -40,12 +42,9 @@ class RuleInfo(Protocol):
 
 
 @dataclass(frozen=True)
-class Finding:
-    """One violation of one rule, with the line that reports point at (the container's, when known)."""
+class Finding(Violation):
+    """A violation with the line that reports point at (the container's, when known)."""
 
-    rule: str
-    container: str | None
-    message: str
     line: int
 
 
@@ -163,10 +162,8 @@ def render_text(report: Report, *, colour: bool = False) -> str:
             if result.pinned:
                 lines.append(f"            pinned NVIDIA_VISIBLE_DEVICES=void on: {', '.join(result.pinned)}")
             for finding in result.violations:
-                # Policy messages start with their rule id ("privileged: container ..."); colour it, not repeat it.
-                message = finding.message.removeprefix(f"{finding.rule}: ")
                 where = f"line {finding.line}: " if finding.line else ""
-                lines.append(f"            {where}{_paint(finding.rule, 'rejected', colour)}: {message}")
+                lines.append(f"            {where}{_paint(finding.rule, 'rejected', colour)}: {finding.detail}")
             for warning in result.warnings:
                 lines.append(f"            {_paint('warning', 'warning', colour)}: {warning}")
         lines.append("")

@@ -431,7 +431,7 @@ def test_render_text_shows_exemption_reason_and_warnings() -> None:
                 "",
                 "",
                 Verdict.REJECTED,
-                violations=(Finding("privileged", "c", "privileged: container c is privileged", 14),),
+                violations=(Finding("privileged", "c", "container c is privileged", 14),),
                 warnings=("runtimeClassName nvidia on a pod with no GPU container",),
             ),
         ),

@@ -38,8 +38,8 @@ REJECTED = PodSpecResult(
     Verdict.REJECTED,
     pinned=("sidecar",),
     violations=(
-        Finding("privileged", "main", 'privileged: container "main" is privileged', 20),
-        Finding("cdi-annotation", None, 'cdi-annotation: pod annotation "cdi.k8s.io/x"', 9),
+        Finding("privileged", "main", 'container "main" is privileged', 20),
+        Finding("cdi-annotation", None, 'pod annotation "cdi.k8s.io/x"', 9),
     ),
     warnings=("a warning",),
     spec_line=12,
@@ -62,7 +62,7 @@ LIVE = PodSpecResult(
     "p",
     "",
     Verdict.REJECTED,
-    violations=(Finding("privileged", "c", "privileged: ...", 0),),
+    violations=(Finding("privileged", "c", "...", 0),),
 )
 
 
