@@ -196,6 +196,27 @@ def test_a_failed_read_is_a_counted_logged_json_500(app, metrics, caplog):
     assert "TimeoutError: timed out" in json.loads(JsonLinesFormatter().format(record))["exception"]
 
 
+def test_a_bug_in_front_of_flask_and_one_behind_it_get_the_same_answer(app, metrics, caplog):
+    @app.get("/boom")
+    def boom():
+        raise TimeoutError("timed out")
+
+    with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
+        in_front = call(app, "POST", "/validate", b"", length="100", stream=BrokenInput())
+        behind = call(app, "GET", "/boom")
+    body = orjson.dumps({"error": "internal-error", "message": "internal error: TimeoutError"})
+    for status, headers, data, _ in (in_front, behind):
+        assert (status.split()[0], headers["Content-Type"], data) == ("500", "application/json", body)
+    found = counts(metrics)
+    for label in ("validate", "boom"):
+        assert found[("gpu_fence_webhook_internal_errors_total", (("endpoint", label),))] == 1
+    lines = [json.loads(JsonLinesFormatter().format(record)) for record in caplog.records]
+    assert [line.pop("path") for line in lines] == ["/validate", "/boom"]
+    for line in lines:
+        line.pop("time"), line.pop("exception")
+    assert lines[0] == lines[1]
+
+
 @pytest.mark.parametrize(
     ("method", "path", "status"),
     [
