@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import orjson
 from flask import Flask, Response, request
@@ -25,6 +25,9 @@ from .metrics import CONTENT_TYPE, WebhookMetrics
 from .review import Policy
 from .wsgi import MAX_BODY_BYTES, ROUTES, ReviewEndpoints, ReviewLog, error_body, internal_error
 
+if TYPE_CHECKING:
+    from .config import PolicyConfig
+
 __all__ = ["MAX_BODY_BYTES", "create_app"]
 
 log = logging.getLogger("gpu_fence.webhook")
@@ -33,7 +36,7 @@ _HTTP_REASONS = {404: "not-found", 405: "method-not-allowed", 413: "body-too-lar
 
 
 def create_app(
-    config: Any,
+    config: PolicyConfig,
     *,
     policy: Policy | None = None,
     metrics: WebhookMetrics | None = None,

@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -34,6 +34,9 @@ from gpu_fence import logs
 
 from .metrics import WebhookMetrics
 from .review import BadReview, Endpoint, Outcome, Policy, review
+
+if TYPE_CHECKING:
+    from .config import PolicyConfig
 
 #: Larger than any Pod the API server accepts (etcd's default request limit is 1.5 MiB) with room for the
 #: oldObject of an ephemeral-containers update, small enough that a flood of big bodies cannot exhaust memory.
@@ -54,7 +57,7 @@ class ReviewEndpoints:
     """WSGI middleware: answers the three review endpoints, hands every other request to ``app``."""
 
     def __init__(
-        self, app: WSGIApp, config: Any, policy: Policy, metrics: WebhookMetrics, review_log: ReviewLog
+        self, app: WSGIApp, config: PolicyConfig, policy: Policy, metrics: WebhookMetrics, review_log: ReviewLog
     ) -> None:
         self.app = app
         self.config = config
@@ -102,7 +105,7 @@ class _TooLarge(BadReview):
         super().__init__("body-too-large", f"body larger than {MAX_BODY_BYTES} bytes", 413)
 
 
-def _read_json_body(environ: dict[str, Any]) -> Any:
+def _read_json_body(environ: dict[str, Any]) -> object:
     mimetype = mimetype_of(environ.get("CONTENT_TYPE", ""))
     if mimetype != "application/json":
         raise BadReview("wrong-content-type", f"Content-Type must be application/json, got {mimetype or 'none'!r}", 415)

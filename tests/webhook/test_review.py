@@ -12,6 +12,7 @@ import copy
 import json
 import re
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import jsonpatch
 import pytest
@@ -24,8 +25,15 @@ from gpu_fence.webhook import policy as real_policy
 from gpu_fence.webhook import review as review_module
 from gpu_fence.webhook.config import PolicyConfig
 from gpu_fence.webhook.review import (
+    AdmissionRequest,
+    AdmissionResponse,
+    AdmissionReview,
+    AdmissionReviewResponse,
     BadReview,
     Endpoint,
+    GroupVersionKind,
+    Operation,
+    ResponseStatus,
     new_container_names,
     parse,
     review,
@@ -85,6 +93,41 @@ def test_every_response_echoes_version_kind_and_uid(name, endpoint):
     for key in response.get("auditAnnotations", {}):
         # the API server prefixes "<webhook name>/": the key must be a valid qualified-name part
         assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", key), key
+
+
+def keys(typed: type) -> frozenset[str]:
+    return typed.__required_keys__ | typed.__optional_keys__
+
+
+V1_FIXTURES = sorted(path.stem for path in FIXTURES.glob("*.json") if path.stem != "pod-create-v1beta1")
+
+
+@pytest.mark.parametrize("name", V1_FIXTURES)
+def test_the_request_type_describes_what_api_servers_send(name):
+    """The fixtures are requests real API servers sent (SOURCES.tsv): every key they use is one the type names."""
+    body = load(name)
+    assert set(body) == keys(AdmissionReview)
+    request = body["request"]
+    assert AdmissionRequest.__required_keys__ <= set(request) <= keys(AdmissionRequest)
+    assert request["operation"] in get_args(Operation)
+    assert set(request["kind"]) == keys(GroupVersionKind)
+
+
+@pytest.mark.parametrize("endpoint", list(Endpoint))
+@pytest.mark.parametrize(
+    "policy",
+    [StandInPolicy(), StandInPolicy(warnings=("advice",)), StandInPolicy(fail=ValueError("bug"))],
+    ids=["plain", "warnings", "failing"],
+)
+@pytest.mark.parametrize("name", V1_FIXTURES)
+def test_every_answer_has_the_shape_its_type_names(name, policy, endpoint):
+    document = review(load(name), endpoint, PolicyConfig(), policy).response
+    assert set(document) == keys(AdmissionReviewResponse)
+    response = document["response"]
+    assert AdmissionResponse.__required_keys__ <= set(response) <= keys(AdmissionResponse)
+    if "status" in response:
+        assert set(response["status"]) == keys(ResponseStatus)
+    assert response.get("patchType", "JSONPatch") in get_args(get_type_hints(AdmissionResponse)["patchType"])
 
 
 def test_mutate_pins_non_gpu_containers_with_a_patch_that_applies():
