@@ -205,9 +205,12 @@ class ReviewLog:
     errors always go through the logging module, at ERROR.
     """
 
-    def __init__(self, logger: logging.Logger = log, *, fd: int | None = None) -> None:
+    def __init__(
+        self, logger: logging.Logger = log, *, fd: int | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.logger = logger
         self.fd = fd
+        self._clock = clock  # the line's "time", in Unix seconds
         self._second_stamp: tuple[float, str] = (math.nan, "")
 
     def write(self, endpoint: Endpoint, outcome: Outcome, seconds: float) -> None:
@@ -223,7 +226,7 @@ class ReviewLog:
             logs.event(self.logger, "review", message, **fields)
             return
         document = {
-            "time": self._timestamp(time.time()),
+            "time": self._timestamp(self._clock()),
             "level": "info",
             "logger": self.logger.name,
             "event": "review",

@@ -364,7 +364,20 @@ def test_a_closed_stderr_never_fails_a_review(metrics):
     | st.integers(0, 4 * 10**9).map(lambda s: s + 0.9995)
     | st.integers(0, 4 * 10**9).map(lambda s: s + 0.9999996)
 )
-def test_the_cached_clock_text_is_rfc3339_millis(now):
-    log = ReviewLog()
-    assert log._timestamp(now) == rfc3339_millis(now)
-    assert log._timestamp(now + 0.25) == rfc3339_millis(now + 0.25)  # the cached second, or a new one
+def test_the_direct_line_time_is_rfc3339_millis_through_the_cached_second(now):
+    """The line formats the date and time once a second: a second line in the same second, or in the next, says
+    what ``gpu_fence.logs`` would."""
+    outcome = review(json.loads(BODY), Endpoint.MUTATE, None, StandInPolicy())
+    times = iter((now, now + 0.25))
+    read_end, write_end = os.pipe()
+    try:
+        logger = logging.getLogger("gpu_fence.webhook.clock-test")
+        logger.setLevel(logging.INFO)
+        log = ReviewLog(logger, fd=write_end, clock=lambda: next(times))
+        log.write(Endpoint.MUTATE, outcome, 0.001)
+        log.write(Endpoint.MUTATE, outcome, 0.001)
+        lines = os.read(read_end, 1 << 16).splitlines()
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert [json.loads(line)["time"] for line in lines] == [rfc3339_millis(now), rfc3339_millis(now + 0.25)]
