@@ -343,6 +343,25 @@ def _write_pair(directory: Path, pair: KeyPair) -> None:
         staging.replace(directory / name)
 
 
+def served_serial(store: CertificateStore, ca: KeyPair) -> int:
+    """The serial of the certificate a new connection gets: a real TLS handshake with the store's current context,
+    from a client that trusts ``ca`` and checks the Service name."""
+    server_end, client_end = socket.socketpair()
+    client = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    accepted: list[ssl.SSLSocket] = []
+    server = threading.Thread(target=lambda: accepted.append(store.context().wrap_socket(server_end, server_side=True)))
+    server.start()
+    try:
+        with client.wrap_socket(client_end, server_hostname=NAMES[2]) as connection:
+            certificate = connection.getpeercert(binary_form=True)
+    finally:
+        server.join(timeout=10)
+        for end in (*accepted, server_end):
+            end.close()
+    assert certificate is not None
+    return x509.load_der_x509_certificate(certificate).serial_number
+
+
 def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_written_pair(tmp_path, caplog):
     ca = new_ca(common_name="ca", now=dt.datetime.now(dt.UTC), days=30)
     first = new_serving_cert(ca, NAMES, now=dt.datetime.now(dt.UTC), days=10)
@@ -353,16 +372,15 @@ def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_wr
         str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), on_load=loaded.append, check_interval=0.0
     )
     store.load()
-    original = store.context()
-    assert original.minimum_version == ssl.TLSVersion.TLSv1_2
-    assert loaded == [first.cert.not_valid_after_utc.timestamp()]
-    assert store.context() is original  # unchanged files: the same context, no rebuild
+    assert store.context().minimum_version == ssl.TLSVersion.TLSv1_2
+    assert served_serial(store, ca) == served_serial(store, ca) == first.cert.serial_number
+    assert loaded == [first.cert.not_valid_after_utc.timestamp()]  # unchanged files: loaded once, never rebuilt
 
     (tmp_path / "tls.key").write_bytes(second.key_pem)  # key renewed, certificate not yet: a mismatched pair
     with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
         assert store.reload_if_changed() is False
         assert store.reload_if_changed() is False  # the same rejected pair is logged once
-    assert store.context() is original
+    assert served_serial(store, ca) == first.cert.serial_number
     (failed,) = [json.loads(JsonLinesFormatter().format(record)) for record in caplog.records]
     assert failed["event"] == "certificate-reload-failed" and failed["level"] == "warning"
     assert "not a matching PEM certificate and key" in failed["reason"]
@@ -370,12 +388,13 @@ def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_wr
 
     (tmp_path / "tls.crt").unlink()  # mid-swap: a file briefly missing
     assert store.reload_if_changed() is False
-    assert store.context() is original
+    assert served_serial(store, ca) == first.cert.serial_number
+    assert len(loaded) == 1
 
     _write_pair(tmp_path, second)
     with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
         assert store.reload_if_changed() is True
-    assert store.context() is not original
+    assert served_serial(store, ca) == second.cert.serial_number
     (reloaded,) = [json.loads(JsonLinesFormatter().format(record)) for record in caplog.records]
     assert reloaded["event"] == "certificate-reloaded" and reloaded["level"] == "info"
     assert reloaded["not_after"] == second.cert.not_valid_after_utc.isoformat()
