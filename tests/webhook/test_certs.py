@@ -63,6 +63,11 @@ def test_certs_out_dir_writes_a_verifiable_chain_with_private_keys(tmp_path):
     assert leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value == x509.ExtendedKeyUsage(
         [ExtendedKeyUsageOID.SERVER_AUTH]
     )
+    # both keys only sign; only the CA signs certificates (and CRLs); both usages critical
+    for cert, signs_certificates in ((ca, True), (leaf, False)):
+        usage = cert.extensions.get_extension_for_class(x509.KeyUsage)
+        assert usage.critical and usage.value.digital_signature and not usage.value.key_encipherment
+        assert usage.value.key_cert_sign is usage.value.crl_sign is signs_certificates
     assert dt.timedelta(days=9) < leaf.not_valid_after_utc - leaf.not_valid_before_utc <= dt.timedelta(days=10, hours=1)
     # what an API server does: verify the chain and the Service name with a stock TLS stack
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
