@@ -202,6 +202,11 @@ def _quote(text: Any) -> str:
     return '"' + clip(text if isinstance(text, str) else repr(text), _NAME_LIMIT) + '"'
 
 
+def _in_container(rule: str, container: _Container, detail: str) -> Violation:
+    """A violation by one container: its detail names the container first, quoted and clipped, as people read it."""
+    return Violation(rule, container.name, f"container {_quote(container.name)} {detail}")
+
+
 def _kai_fraction_name(pod: Mapping[str, Any], config: PolicyConfig) -> str | None:
     # The vocabulary looks schedulerName up in a set; anything but a string could not name a scheduler anyway.
     if not isinstance(_mapping(pod.get("spec")).get("schedulerName"), str):
@@ -350,19 +355,19 @@ def unpinned_container(pod: _Pod) -> list[Violation]:
             continue
         if not container.env_readable:
             found.append(
-                Violation(
+                _in_container(
                     UNPINNED_CONTAINER,
-                    container.name,
-                    f"container {_quote(container.name)} has an env that is not a list, so "
-                    f"{VISIBLE_DEVICES_ENV}=void cannot be pinned; make env a list of name/value",
+                    container,
+                    f"has an env that is not a list, so {VISIBLE_DEVICES_ENV}=void cannot be pinned; "
+                    "make env a list of name/value",
                 )
             )
         elif not _sets_visible_devices(container):
             found.append(
-                Violation(
+                _in_container(
                     UNPINNED_CONTAINER,
-                    container.name,
-                    f"container {_quote(container.name)} requests no GPU and does not set {VISIBLE_DEVICES_ENV}"
+                    container,
+                    f"requests no GPU and does not set {VISIBLE_DEVICES_ENV}"
                     f"; add env {VISIBLE_DEVICES_ENV}=void (or request nvidia.com/gpu)",
                 )
             )
@@ -421,13 +426,7 @@ def visible_devices_env(pod: _Pod) -> list[Violation]:
                 if container.gpu
                 else f"request nvidia.com/gpu, or remove {name}"
             )
-            found.append(
-                Violation(
-                    VISIBLE_DEVICES,
-                    container.name,
-                    f"container {_quote(container.name)} {problem}; {fix}",
-                )
-            )
+            found.append(_in_container(VISIBLE_DEVICES, container, f"{problem}; {fix}"))
     return found
 
 
@@ -437,11 +436,10 @@ def privileged(pod: _Pod) -> list[Violation]:
         flag = _mapping(container.body.get("securityContext")).get("privileged")
         if flag is True or (isinstance(flag, str) and flag.lower() == "true"):
             found.append(
-                Violation(
+                _in_container(
                     PRIVILEGED,
-                    container.name,
-                    f"container {_quote(container.name)} is "
-                    "privileged and sees every device of the node, GPUs included; remove "
+                    container,
+                    "is privileged and sees every device of the node, GPUs included; remove "
                     "securityContext.privileged (request nvidia.com/gpu for a GPU)",
                 )
             )
@@ -459,10 +457,10 @@ def sys_admin_capability(pod: _Pod) -> list[Violation]:
         for capability in added:
             if isinstance(capability, str) and capability.upper().removeprefix("CAP_") in ("SYS_ADMIN", "ALL"):
                 found.append(
-                    Violation(
+                    _in_container(
                         SYS_ADMIN_CAPABILITY,
-                        container.name,
-                        f"container {_quote(container.name)} adds capability {_quote(capability)}, which the "
+                        container,
+                        f"adds capability {_quote(capability)}, which the "
                         "NVIDIA toolkit treats as privileged; remove it from "
                         "securityContext.capabilities.add",
                     )
@@ -505,10 +503,10 @@ def device_list_mount(pod: _Pod) -> list[Violation]:
             path = mount.get("mountPath")
             if isinstance(path, str) and _DEVICE_LIST_MARKER in path and _is_device_list_path(clean_path(path)):
                 found.append(
-                    Violation(
+                    _in_container(
                         DEVICE_LIST_MOUNT,
-                        container.name,
-                        f"container {_quote(container.name)} mounts a volume at {_quote(path)}, which the "
+                        container,
+                        f"mounts a volume at {_quote(path)}, which the "
                         "NVIDIA toolkit reads as a GPU request; remove the volumeMount and request "
                         "nvidia.com/gpu",
                     )
@@ -567,11 +565,8 @@ def mig_control_env(pod: _Pod) -> list[Violation]:
         for name, _ in container.env:
             if name in MIG_CONTROL_ENVS:
                 found.append(
-                    Violation(
-                        MIG_CONTROL_ENV,
-                        container.name,
-                        f"container {_quote(container.name)} sets {name}, which controls MIG on the whole GPU; "
-                        "remove it",
+                    _in_container(
+                        MIG_CONTROL_ENV, container, f"sets {name}, which controls MIG on the whole GPU; remove it"
                     )
                 )
     return found
