@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpu_fence.exit_status import run_subcommand
+from gpu_fence import command_line
 
 from . import certs, check, serving
 
@@ -30,21 +30,16 @@ exit codes: 0 ok, 1 rejections found (check), 2 could not run
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gpu-fence-webhook",
-        description="Admission webhook that keeps Kubernetes pods off GPUs they were not allocated.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    return command_line.build_parser(
+        "gpu-fence-webhook",
+        "Admission webhook that keeps Kubernetes pods off GPUs they were not allocated.",
+        EPILOG,
+        [module.add_arguments for module in (serving, certs, check)],
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (serving, certs, check):
-        module.add_arguments(subparsers)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_subcommand(build_parser(), argv)
+    return command_line.run_subcommand(build_parser(), argv)
 
 
 if __name__ == "__main__":
