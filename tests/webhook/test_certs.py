@@ -279,56 +279,25 @@ def test_cli_in_cluster_mode_finds_the_kubeconfig_as_every_command_does(fake, ca
     assert "serving-cert-issued" in capsys.readouterr().out
 
 
+#: What every ``certs`` run names: the Service and its namespace.
+SERVICE_ARGS = ("certs", "--service", "s", "--namespace", "n")
+
+
 def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
-    assert (
-        cli.main(
-            ["certs", "--service", "s", "--namespace", "n", "--secret", "x", "--kubeconfig", str(tmp_path / "missing")]
-        )
-        == 2
-    )
+    assert cli.main([*SERVICE_ARGS, "--secret", "x", "--kubeconfig", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpu-fence-webhook certs: error: no Kubernetes credentials") and err.count("\n") == 1
-    assert (
-        cli.main(
-            [
-                "certs",
-                "--service",
-                "s",
-                "--namespace",
-                "n",
-                "--out-dir",
-                str(tmp_path),
-                "--days",
-                "30",
-                "--ca-days",
-                "10",
-            ]
-        )
-        == 2
-    )
+    assert cli.main([*SERVICE_ARGS, "--out-dir", str(tmp_path), "--days", "30", "--ca-days", "10"]) == 2
     assert "cannot outlive" in capsys.readouterr().err
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert cli.main(["certs", "--service", "s", "--namespace", "n", "--out-dir", str(blocker / "sub")]) == 2
+    assert cli.main([*SERVICE_ARGS, "--out-dir", str(blocker / "sub")]) == 2
     assert "cannot write to --out-dir" in capsys.readouterr().err
 
 
 def test_days_must_be_positive(tmp_path):
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpu_fence.webhook.cli",
-            "certs",
-            "--service",
-            "s",
-            "--namespace",
-            "n",
-            "--out-dir",
-            str(tmp_path),
-            "--days",
-            "0",
-        ],
+        [sys.executable, "-m", "gpu_fence.webhook.cli", *SERVICE_ARGS, "--out-dir", str(tmp_path), "--days", "0"],
         check=False,
         capture_output=True,
         text=True,

@@ -22,6 +22,7 @@ from gpu_fence.webhook.reports import (
     render_json,
     render_junit,
     render_sarif,
+    render_text,
     result_to_dict,
 )
 from gpu_fence.webhook.sources import parse_documents
@@ -64,6 +65,26 @@ LIVE = PodSpecResult(
     Verdict.REJECTED,
     violations=(Finding("privileged", "c", "...", 0),),
 )
+
+
+def test_text_shows_pins_findings_warnings_exemption_and_the_summary() -> None:
+    text = render_text(Report((REJECTED, EXEMPT), skipped=2))
+    assert (
+        "deploy/app.yaml\n"
+        "  rejected  Deployment ml/app spec.template (line 4)\n"
+        "            pinned NVIDIA_VISIBLE_DEVICES=void on: sidecar\n"
+        '            line 20: privileged: container "main" is privileged\n'
+        '            line 9: cdi-annotation: pod annotation "cdi.k8s.io/x"\n'
+        "            warning: a warning\n"
+    ) in text
+    assert (
+        "kube/agent.yaml\n"
+        "  exempt    DaemonSet kube-system/agent spec.template (line 1)\n"
+        "            exempt: namespace kube-system is exempt\n"
+    ) in text
+    assert text.endswith(
+        "2 pod specs: 0 allowed, 0 mutated, 1 rejected, 1 exempt; 2 skipped (not Kubernetes objects)\n"
+    )
 
 
 def test_json_contract_is_the_documented_one() -> None:
