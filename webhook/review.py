@@ -1,4 +1,4 @@
-"""The AdmissionReview envelope: a parsed ``admission.k8s.io/v1`` request in, a response dict out.
+"""The AdmissionReview envelope: a parsed ``admission.k8s.io/v1`` request in, a typed response out.
 
 Pure: no Flask, no sockets, no clock, no logging. The web layer (``webhook.app``) parses the body, calls
 :func:`review`, serialises the result and records metrics and logs from the returned :class:`Outcome`.
