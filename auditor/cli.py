@@ -12,6 +12,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from gpu_fence import command_line
+
 from . import chargeback, daemon
 
 EPILOG = """\
@@ -25,31 +27,16 @@ exit codes: 0 clean, 1 findings (once), 2 could not audit / could not run
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gpu-fence-auditor",
-        description="Audit GPU visibility and usage of every container on this node against its kubelet allocation.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    return command_line.build_parser(
+        "gpu-fence-auditor",
+        "Audit GPU visibility and usage of every container on this node against its kubelet allocation.",
+        EPILOG,
+        [module.add_arguments for module in (daemon, chargeback)],
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    daemon.add_arguments(subparsers)
-    chargeback.add_arguments(subparsers)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.run(args))
-    except KeyboardInterrupt:
-        return 130
-    except Exception as error:
-        if args.debug:
-            raise
-        print(f"gpu-fence-auditor {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    return command_line.run_subcommand(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_fence import logs
+from gpu_fence.exit_status import ExitStatus
 
 from .audit import audit
 from .collect import CollectError, collect
@@ -184,14 +185,14 @@ class Auditor:
 # --- once ------------------------------------------------------------------------------------------------
 
 
-def run_once(args: argparse.Namespace) -> int:
+def run_once(args: argparse.Namespace) -> ExitStatus:
     auditor = Auditor(AuditSettings.from_args(args))
     try:
         auditor.preflight()
         snapshot, result = auditor.cycle()
     except CollectError as error:
         print(f"gpu-fence-auditor once: cannot audit: {error.reason}", file=sys.stderr)
-        return 2
+        return ExitStatus.ERROR
     finally:
         auditor.close()
     text = render(args.format, snapshot, result)
@@ -203,10 +204,10 @@ def run_once(args: argparse.Namespace) -> int:
             temporary.replace(target)
         except OSError as error:
             print(f"gpu-fence-auditor once: cannot write --output {args.output}: {error.strerror}", file=sys.stderr)
-            return 2
+            return ExitStatus.ERROR
     else:
         sys.stdout.write(text)
-    return 1 if result.findings else 0
+    return ExitStatus.FINDINGS if result.findings else ExitStatus.SUCCESS
 
 
 # --- run -------------------------------------------------------------------------------------------------
@@ -223,7 +224,7 @@ def backoff(interval: float, failures_in_row: int, maximum: float) -> float:
     return min(interval * 2 ** min(failures_in_row - 1, 64), max(maximum, interval))
 
 
-def run_daemon(args: argparse.Namespace) -> int:
+def run_daemon(args: argparse.Namespace) -> ExitStatus:
     from .kube import EventRecorder
     from .metrics import AuditorMetrics
 
@@ -235,7 +236,7 @@ def run_daemon(args: argparse.Namespace) -> int:
     clash = label_clash(settings.audit.pod_label_keys)
     if clash:
         print(f"gpu-fence-auditor run: {clash}", file=sys.stderr)
-        return 2
+        return ExitStatus.ERROR
     auditor = Auditor(settings.audit)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -244,7 +245,7 @@ def run_daemon(args: argparse.Namespace) -> int:
         auditor.preflight()
     except CollectError as error:
         print(f"gpu-fence-auditor run: cannot start: {error.reason}", file=sys.stderr)
-        return 2
+        return ExitStatus.ERROR
     health = Health(settings.interval, settings.unhealthy_after)
     # The per-container series go stale with /healthz: an audit older than the health window is no measurement.
     metrics = AuditorMetrics(auditor.node, settings.audit.pod_label_keys, stale_after=health.window)
@@ -255,7 +256,7 @@ def run_daemon(args: argparse.Namespace) -> int:
             f"gpu-fence-auditor run: cannot serve on {settings.metrics_bind}:{settings.metrics_port}: {error.strerror}",
             file=sys.stderr,
         )
-        return 2
+        return ExitStatus.ERROR
     events = None
     if auditor.api_client is not None and settings.events:
         events = EventRecorder(auditor.api_client, auditor.node, reemit_after=settings.event_interval * 60)
@@ -343,7 +344,7 @@ def run_daemon(args: argparse.Namespace) -> int:
     server.shutdown()
     server.server_close()
     auditor.close()
-    return 0
+    return ExitStatus.SUCCESS
 
 
 def _count_degraded(snapshot: NodeSnapshot, metrics: AuditorMetrics) -> None:

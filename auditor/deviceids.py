@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCE_SET, DeviceIdForm, GpuResources, classify_device_id
+from gpu_fence.vocabulary import DeviceIdForm, classify_device_id
 
 _REPLICA = re.compile(r"^(?P<id>.+)::(?P<replica>[0-9]+)$")
 _GKE = re.compile(r"^nvidia(?P<gpu>[0-9]+)(?:/gi(?P<gi>[0-9]+))?(?:/vgpu(?P<replica>[0-9]+))?$")
@@ -123,8 +123,3 @@ def normalize_device_id(
     if ref.mig_position is not None:
         return (migs_by_position or {}).get((ref.gpu_index, ref.mig_position))
     return gpus_by_index.get(ref.gpu_index)
-
-
-def is_gpu_resource(resource_name: str, resources: GpuResources = DEFAULT_GPU_RESOURCE_SET) -> bool:
-    """True for extended resources that allocate NVIDIA GPUs (``nvidia.com/gpu``, ``…/gpu.shared``, ``…/mig-*``)."""
-    return resources.matches(resource_name)

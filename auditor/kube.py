@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from gpu_fence.kubeconfig import KubeConfigError, load_configuration
+
 from .model import Finding, IdentitySource
 
 KAI_GPU_GROUP_LABEL = "runai-gpu-group"
@@ -53,20 +55,15 @@ class KubernetesUnavailable(Exception):
 
 
 def load_api_client(kubeconfig: str | None, *, timeout: float = 10.0) -> Any:
-    """An ``ApiClient`` from ``--kubeconfig`` or the in-cluster service account, failing fast (no retries)."""
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
+    """An ``ApiClient`` configured as ``gpu_fence.kubeconfig`` finds it, failing fast (no retries)."""
+    from kubernetes import client
 
-    configuration = client.Configuration()
     try:
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            config.load_incluster_config(client_configuration=configuration)
-    except (ConfigException, OSError, ValueError, TypeError) as error:
-        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+        configuration = load_configuration(kubeconfig)
+    except KubeConfigError as error:
+        where = error.source if error.in_cluster else f"kubeconfig {error.source}"
         raise KubernetesUnavailable(
-            f"cannot configure the Kubernetes client from {where}: {error} "
+            f"cannot configure the Kubernetes client from {where}: {error.reason} "
             "(pass --kubeconfig FILE, run in a pod, or use --no-kubernetes)"
         ) from error
     configuration.retries = 0  # a cycle must not stall on an API that is down: the next cycle retries

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from gpu_fence import kai
+
 
 class Identity(Enum):
     """How a container's names were learnt; the report says so, because the fallbacks can be wrong."""
@@ -176,7 +178,7 @@ class AuditPolicy:
     """Settings of the audit itself (the flags that change verdicts, not where data comes from)."""
 
     exempt_namespaces: frozenset[str] = frozenset()
-    kai_reservation_namespace: str = "kai-resource-reservation"
+    kai_reservation_namespace: str = kai.DEFAULT_RESERVATION_NAMESPACE
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_fence import kai
+
 from .podresources import DEFAULT_SOCKET
 from .report import FORMATS
 
@@ -44,12 +46,12 @@ class AuditSettings:
     pod_resources_socket: str = DEFAULT_SOCKET
     host_proc: str = "/proc"
     nvml_lib: str | None = None  # None: the library path's libnvidia-ml.so.1
-    kubeconfig: str | None = None  # None: the in-cluster service account
+    kubeconfig: str | None = None  # None: $KUBECONFIG, ~/.kube/config, then the in-cluster service account
     kubernetes: bool = True  # False: --no-kubernetes
     exempt_namespaces: frozenset[str] = frozenset()
     pod_label_keys: tuple[str, ...] = ()
-    kai_reservation_namespace: str = "kai-resource-reservation"
-    kai_scheduler_names: tuple[str, ...] = ("kai-scheduler",)
+    kai_reservation_namespace: str = kai.DEFAULT_RESERVATION_NAMESPACE
+    kai_scheduler_names: tuple[str, ...] = kai.DEFAULT_SCHEDULER_NAMES
     pod_relist_interval: float = 60.0
 
     @classmethod
@@ -190,7 +192,11 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="this node's name (default: $NODE_NAME, else the host name)",
     )
-    parser.add_argument("--kubeconfig", metavar="F", help="kubeconfig file (default: the in-cluster service account)")
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="F",
+        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then the in-cluster service account)",
+    )
     parser.add_argument(
         "--no-kubernetes",
         action="store_true",

@@ -26,9 +26,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_fence.vocabulary import kai_fraction_container, parse_visible_devices
+from gpu_fence import kai
+from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCE_SET, kai_fraction_container, parse_visible_devices
 
-from .deviceids import is_gpu_resource, normalize_device_id
+from .deviceids import normalize_device_id
 from .kube import containers_by_id, kai_gpu_groups, pod_labels
 from .model import Container, FailureReason, Gpu, GpuProcess, Identity, IdentitySource, NodeSnapshot
 from .podresources.allocations import ContainerAllocation
@@ -41,8 +42,8 @@ _DRA_INDEX = re.compile(r"^gpu-([0-9]+)$")
 class SnapshotOptions:
     node: str
     pod_label_keys: tuple[str, ...] = ()
-    kai_reservation_namespace: str = "kai-resource-reservation"
-    kai_scheduler_names: tuple[str, ...] = ("kai-scheduler",)
+    kai_reservation_namespace: str = kai.DEFAULT_RESERVATION_NAMESPACE
+    kai_scheduler_names: tuple[str, ...] = kai.DEFAULT_SCHEDULER_NAMES
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def normalize_allocation(
     allocated: list[str] = []
     unresolved: list[str] = []
     for group in allocation.devices:
-        if not is_gpu_resource(group.resource_name):
+        if not DEFAULT_GPU_RESOURCE_SET.matches(group.resource_name):
             continue
         for raw in group.device_ids:
             uuid = devices.normalize(raw)

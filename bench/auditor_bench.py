@@ -46,6 +46,7 @@ from typing import Any
 import orjson
 
 from bench import machine
+from bench.results import publish
 from bench.stats import loglog_slope
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -462,9 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     report["machine"] = machine.describe()
     report["node_dir"] = args.node_dir or tempfile.gettempdir()
-    sys.stdout.write(markdown(report))
-    if args.json:
-        Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    publish(report, markdown(report), args.json)
     return 0
 
 

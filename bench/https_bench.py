@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from bench import loadgen, machine, reviews
+from bench.results import publish
 from bench.server import NOOP_PATH
 from bench.stats import median_of_runs
 
@@ -520,9 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"https_bench: {error}", file=sys.stderr)
             return 2
     report["machine"] = machine.describe()
-    sys.stdout.write(markdown(report))
-    if args.json:
-        Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    publish(report, markdown(report), args.json)
     return 0
 
 

@@ -23,12 +23,12 @@ import gc
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from bench import machine, reviews
+from bench.results import publish
 from bench.stats import latency_summary, median_of_runs, percentile
 
 TARGET_PODS_PER_SECOND = 20_000  # DESIGN: policy evaluation, typical pods, one core
@@ -217,9 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpu = None if args.no_pin else machine.pin_to_one_core()
     report = run(args.sizes, args.repeats, args.seconds, gc_freeze=args.gc_freeze)
     report["machine"] = {**described, "pinned_cpu": cpu}
-    sys.stdout.write(markdown(report))
-    if args.json:
-        Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    publish(report, markdown(report), args.json)
     return 0
 
 

@@ -14,16 +14,20 @@ from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any
 
+from .kai import FRACTION_ANNOTATIONS, FRACTION_CONTAINER_ANNOTATION
+
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 MIG_CONTROL_ENVS = ("NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES")
+
+#: Where the toolkit reads a device list from mounts instead of the env (``requestsFromMounts`` in
+#: ``cuda_image.go``, with ``accept-nvidia-visible-devices-as-volume-mounts``): a ``/dev/null`` mounted at a
+#: destination that starts with one of these names the devices after the prefix, with no "/" boundary. The device
+#: plugin's volume-mounts strategy sets ``NVIDIA_VISIBLE_DEVICES`` to the first as a marker.
+DEVICE_LIST_MOUNT_PREFIXES = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
 
 #: Default resource names that mean "this container was allocated an NVIDIA GPU". A trailing ``*`` is a
 #: prefix match: ``nvidia.com/gpu.*`` covers renamed time-slicing resources such as ``nvidia.com/gpu.shared``.
 DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.*", "nvidia.com/mig-*")
-
-#: Pod annotations by which the KAI scheduler marks a fractional-GPU pod.
-KAI_FRACTION_ANNOTATIONS = ("gpu-fraction", "gpu-memory")
-KAI_FRACTION_CONTAINER_ANNOTATION = "gpu-fraction-container-name"
 
 #: Where each kind of container lives in a pod spec, in the order the kubelet starts them.
 CONTAINER_FIELDS = ("initContainers", "containers", "ephemeralContainers")
@@ -138,12 +142,12 @@ def kai_fraction_container(pod: Mapping[str, Any], kai_scheduler_names: Iterable
     annotations = metadata.get("annotations")
     if not _is_mapping(annotations):
         return None
-    if not any(key in annotations for key in KAI_FRACTION_ANNOTATIONS):
+    if not any(key in annotations for key in FRACTION_ANNOTATIONS):
         return None
     scheduler = spec.get("schedulerName")
     if not isinstance(scheduler, str) or scheduler not in set(kai_scheduler_names):
         return None
-    named = annotations.get(KAI_FRACTION_CONTAINER_ANNOTATION)
+    named = annotations.get(FRACTION_CONTAINER_ANNOTATION)
     if isinstance(named, str) and named:
         return named
     containers = spec.get("containers")
@@ -236,6 +240,6 @@ def classify_device_id(entry: str) -> DeviceIdForm:
         return DeviceIdForm.MIG_INDEX
     if "=" in entry and "/" in entry.split("=", 1)[0]:
         return DeviceIdForm.CDI_NAME
-    if entry.startswith(("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")):
+    if entry.startswith(DEVICE_LIST_MOUNT_PREFIXES):
         return DeviceIdForm.MOUNT_MARKER
     return DeviceIdForm.UNKNOWN

@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import orjson
 from flask import Flask, Response, request
 from prometheus_client import disable_created_metrics
 from werkzeug.exceptions import HTTPException
 
-from gpu_fence import logs
-
 from .metrics import CONTENT_TYPE, WebhookMetrics
 from .review import Policy
-from .wsgi import MAX_BODY_BYTES, ROUTES, ReviewEndpoints, ReviewLog
+from .wsgi import MAX_BODY_BYTES, ROUTES, ReviewEndpoints, ReviewLog, error_body, internal_error
+
+if TYPE_CHECKING:
+    from .config import PolicyConfig
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]
 
@@ -35,7 +36,7 @@ _HTTP_REASONS = {404: "not-found", 405: "method-not-allowed", 413: "body-too-lar
 
 
 def create_app(
-    config: Any,
+    config: PolicyConfig,
     *,
     policy: Policy | None = None,
     metrics: WebhookMetrics | None = None,
@@ -98,22 +99,13 @@ def create_app(
             413: f"body larger than {MAX_BODY_BYTES} bytes",
         }.get(code, error.description or error.name)
         metrics.count_bad_request(reason)
-        return _error(code, reason, message)
+        return _json_bytes(code, error_body(reason, message))
 
     @app.errorhandler(Exception)
     def unexpected(error: Exception) -> Response:
         # Unreachable by input (review() catches policy errors); kept so that a bug in this layer still
         # answers JSON, is logged and is counted rather than leaking a traceback page.
-        metrics.internal_errors.labels(request.path.strip("/").replace("/", "-") or "root").inc()
-        logs.event(
-            log,
-            "internal-error",
-            f"internal error: {type(error).__name__}",
-            level=logging.ERROR,
-            exc_info=error,
-            path=request.path,
-        )
-        return _error(500, "internal-error", f"internal error: {type(error).__name__}")
+        return _json_bytes(*internal_error(metrics, request.path, error))
 
     return app
 
@@ -123,8 +115,8 @@ def _answered_in_front_of_flask() -> Response:
 
 
 def _json(status: int, document: dict) -> Response:
-    return Response(orjson.dumps(document), status=status, mimetype="application/json")
+    return _json_bytes(status, orjson.dumps(document))
 
 
-def _error(status: int, reason: str, message: str) -> Response:
-    return _json(status, {"error": reason, "message": message})
+def _json_bytes(status: int, payload: bytes) -> Response:
+    return Response(payload, status=status, mimetype="application/json")

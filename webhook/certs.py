@@ -37,6 +37,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gpu_fence.exit_status import ExitStatus
+from gpu_fence.kubeconfig import KubeConfigError, load_configuration
+
 DEFAULT_DAYS = 365
 DEFAULT_CA_DAYS = 3650
 DEFAULT_RENEW_BEFORE_DAYS = 30
@@ -97,20 +100,7 @@ def new_ca(*, common_name: str, now: dt.datetime, days: int) -> KeyPair:
         .not_valid_before(now - BACKDATE)
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -132,25 +122,27 @@ def new_serving_cert(ca: KeyPair, dns_names: Sequence[str], *, now: dt.datetime,
         .not_valid_after(not_after)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(name) for name in dns_names]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=False,
-                crl_sign=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     return KeyPair(_cert_pem(cert), _key_pem(key))
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """digitalSignature for both (an ECDSA key signs, it never enciphers); certificate and CRL signing for the CA."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def load_bundle(pem: bytes) -> list[x509.Certificate]:
@@ -336,17 +328,13 @@ class Cluster:
 
 
 def connect(kubeconfig: str | None) -> Cluster:
-    from kubernetes import client, config  # noqa: PLC0415 - only certs talks to the API
+    from kubernetes import client  # noqa: PLC0415 - only certs talks to the API
 
     try:
-        if kubeconfig:
-            api_client = config.new_client_from_config(config_file=kubeconfig)
-        else:
-            config.load_incluster_config()
-            api_client = client.ApiClient()
-    except (config.ConfigException, OSError) as error:
+        api_client = client.ApiClient(load_configuration(kubeconfig))
+    except KubeConfigError as error:
         raise CertsError(
-            f"no Kubernetes credentials: {error} (run in a pod with a service account, or pass --kubeconfig)"
+            f"no Kubernetes credentials: {error.reason} (run in a pod with a service account, or pass --kubeconfig)"
         ) from None
     return Cluster(client.CoreV1Api(api_client), client.AdmissionregistrationV1Api(api_client))
 
@@ -494,11 +482,15 @@ def add_arguments(subparsers: Any) -> None:
         metavar="DAYS",
         help="with --secret: renew certificates that expire within this many days",
     )
-    parser.add_argument("--kubeconfig", help="with --secret: kubeconfig file (default: in-cluster service account)")
+    parser.add_argument(
+        "--kubeconfig",
+        help="with --secret: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, "
+        "then the in-cluster service account)",
+    )
     parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitStatus:
     now = dt.datetime.now(dt.UTC)
     names = service_dns_names(args.service, args.namespace)
     if args.days > args.ca_days:
@@ -513,7 +505,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as error:
             raise CertsError(f"cannot write to --out-dir {args.out_dir}: {error.strerror}") from None
         print(f"wrote {args.out_dir}/ca.crt, tls.crt, tls.key for {', '.join(names)}")
-        return 0
+        return ExitStatus.SUCCESS
     if args.renew_before >= args.days:
         raise CertsError(f"--renew-before {args.renew_before} must be shorter than --days {args.days}")
     refs = [parse_webhook_ref(text) for text in args.patch_webhooks]
@@ -532,7 +524,7 @@ def run(args: argparse.Namespace) -> int:
         f"Secret {args.namespace}/{args.secret}: " + (", ".join(actions) if actions else "up to date, no change"),
         file=sys.stdout,
     )
-    return 0
+    return ExitStatus.SUCCESS
 
 
 def _positive_int(text: str) -> int:

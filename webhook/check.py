@@ -23,6 +23,9 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import IO, Any
 
+from gpu_fence.exit_status import ExitStatus
+from gpu_fence.kubeconfig import KubeConfigError, load_configuration
+
 from . import policy
 from .config import ConfigError, PolicyConfig, load_config
 from .discovery import (
@@ -121,8 +124,8 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None) -> int:
-    """Run the check for parsed arguments; return the exit code (0 clean, 1 rejections, 2 could not run)."""
+def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None) -> ExitStatus:
+    """Run the check for parsed arguments; return the exit status (0 clean, 1 rejections, 2 could not run)."""
     out = stdout if stdout is not None else sys.stdout
     try:
         _check_usage(args)
@@ -133,11 +136,11 @@ def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[
             report = check_documents(read_all(args.paths, stdin), config, args.namespace or DEFAULT_NAMESPACE)
     except (CheckError, ConfigError) as error:
         _error(str(error))
-        return 2
+        return ExitStatus.ERROR
     except SourceErrors as errors:
         for message in errors.messages:
             _error(message)
-        return 2
+        return ExitStatus.ERROR
     colour = args.output is None and _wants_colour(out)
     text = render(report, args.format, colour=colour)
     if args.output is None:
@@ -149,8 +152,8 @@ def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[
                 handle.write(text)
         except OSError as error:
             _error(f"{args.output}: cannot write the report: {error.strerror or error}")
-            return 2
-    return 1 if report.rejected else 0
+            return ExitStatus.ERROR
+    return ExitStatus.FINDINGS if report.rejected else ExitStatus.SUCCESS
 
 
 def _check_usage(args: argparse.Namespace) -> None:
@@ -277,7 +280,7 @@ def _evaluate_site(
 def _result(decision: Decision, *, finding_line: Callable[[str, str | None], int], **fields: Any) -> PodSpecResult:
     violations = tuple(
         Finding(
-            violation.rule, violation.container, violation.message, finding_line(violation.rule, violation.container)
+            violation.rule, violation.container, violation.detail, finding_line(violation.rule, violation.container)
         )
         for violation in decision.validation.violations
     )
@@ -328,21 +331,13 @@ def list_cluster_pods(namespace: str | None, kubeconfig: str | None) -> list[dic
     field names (``initContainers``, not ``init_containers``), as the policy expects.
     """
     from kubernetes import client  # noqa: PLC0415 - slow to import; only this path needs it
-    from kubernetes import config as kube_config  # noqa: PLC0415
     from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
     from urllib3.exceptions import HTTPError  # noqa: PLC0415
 
-    configuration = client.Configuration()
-    # $KUBECONFIG is read here, not through the client's default (fixed when the client is first imported).
-    config_file = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     try:
-        if kubeconfig or os.environ.get("KUBECONFIG") or os.path.exists(config_file):
-            kube_config.load_kube_config(config_file=config_file, client_configuration=configuration)
-        else:
-            config_file = "the in-cluster service account"
-            kube_config.load_incluster_config(client_configuration=configuration)
-    except (kube_config.ConfigException, OSError, ValueError, TypeError) as error:
-        raise ClusterError(f"cannot load Kubernetes configuration from {config_file}: {error}") from None
+        configuration = load_configuration(kubeconfig)
+    except KubeConfigError as error:
+        raise ClusterError(f"cannot load Kubernetes configuration from {error.source}: {error.reason}") from None
     configuration.retries = 1  # fail fast and clearly on an unreachable API instead of retrying silently
     api = client.CoreV1Api(client.ApiClient(configuration))
     pods: list[dict[str, Any]] = []

@@ -4,8 +4,8 @@ Each subcommand lives in its own module, which contributes ``add_arguments(parse
 Those modules keep heavy imports (the ``kubernetes`` client, gunicorn) inside functions, so that building
 the parser, and the ``serve`` path above all, stays fast.
 
-Exit codes, for every subcommand: 0 ok, 1 rejections found (``check``), 2 could not run (usage, unreadable
-input, bad configuration). Errors are one line on stderr; ``--debug`` shows the traceback.
+Exit codes, for every subcommand (``gpu_fence.exit_status``): 0 ok, 1 rejections found (``check``), 2 could not
+run (usage, unreadable input, bad configuration). Errors are one line on stderr; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+
+from gpu_fence import command_line
 
 from . import certs, check, serving
 
@@ -28,31 +30,16 @@ exit codes: 0 ok, 1 rejections found (check), 2 could not run
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gpu-fence-webhook",
-        description="Admission webhook that keeps Kubernetes pods off GPUs they were not allocated.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    return command_line.build_parser(
+        "gpu-fence-webhook",
+        "Admission webhook that keeps Kubernetes pods off GPUs they were not allocated.",
+        EPILOG,
+        [module.add_arguments for module in (serving, certs, check)],
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (serving, certs, check):
-        module.add_arguments(subparsers)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.run(args))
-    except KeyboardInterrupt:
-        return 130
-    except Exception as error:
-        if args.debug:
-            raise
-        print(f"gpu-fence-webhook {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    return command_line.run_subcommand(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from gpu_fence import kai
 from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCES, VISIBLE_DEVICES_ENV, GpuResources
 
 #: Host paths that open a route to GPU devices or to what decides device access: device nodes, CDI spec
@@ -65,7 +66,7 @@ class PolicyConfig:
     #: Extra env names the node's toolkit reads like NVIDIA_VISIBLE_DEVICES (its ``swarm-resource`` setting, V13).
     visible_devices_aliases: tuple[str, ...] = ()
     #: schedulerName values under which KAI fraction annotations are trusted as a GPU allocation.
-    kai_scheduler_names: tuple[str, ...] = ("kai-scheduler",)
+    kai_scheduler_names: tuple[str, ...] = kai.DEFAULT_SCHEDULER_NAMES
     #: runtimeClassName values whose handler is the NVIDIA runtime (warned about on pods with no GPU container).
     nvidia_runtime_classes: tuple[str, ...] = ("nvidia", "nvidia-cdi", "nvidia-legacy")
     #: Namespaces whose pods are admitted untouched (the webhook's own namespace is added by ``load_config``).

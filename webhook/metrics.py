@@ -23,6 +23,8 @@ from prometheus_client import (
     multiprocess,
 )
 
+from gpu_fence.verdicts import ReviewVerdict
+
 #: Seconds. Starts at 0.25 ms so a 1 ms review is distinguishable from a 0.3 ms one; ends past the API
 #: server's 10 s default webhook timeout.
 DURATION_BUCKETS = (
@@ -107,7 +109,7 @@ class WebhookMetrics:
         if histogram is None:
             histogram = self._duration_children[endpoint] = self.duration.labels(endpoint)
         histogram.observe(seconds)
-        if verdict == "error":
+        if verdict == ReviewVerdict.ERROR:
             self.internal_errors.labels(endpoint).inc()
 
     def count_bad_request(self, reason: str) -> None:

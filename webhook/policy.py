@@ -16,16 +16,19 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
+from gpu_fence.verdicts import Verdict
 from gpu_fence.vocabulary import (
     CONTAINER_FIELDS,
+    DEVICE_LIST_MOUNT_PREFIXES,
     MIG_CONTROL_ENVS,
     VISIBLE_DEVICES_ENV,
     kai_fraction_container,
     parse_visible_devices,
     requests_gpu_resource,
 )
+from gpu_fence.warning_text import MAX_WARNING_CHARS, clip
 
 from .config import PolicyConfig
 
@@ -35,11 +38,17 @@ from .config import PolicyConfig
 
 @dataclass(frozen=True)
 class Violation:
-    """One broken rule. ``container`` is None for pod-level rules; ``message`` names rule, container and fix."""
+    """One broken rule. ``container`` is None for pod-level rules; ``detail`` says what is wrong and the fix."""
 
     rule: str
     container: str | None
-    message: str
+    detail: str
+
+    @property
+    def message(self) -> str:
+        """The violation in one line, led by its rule id so that people and log searches find it: what denials,
+        warnings and every report of the check say."""
+        return f"{self.rule}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -74,8 +83,6 @@ class Rule:
 NO_MUTATION = Mutation(patch=(), pinned=())
 NO_VIOLATIONS = Validation(violations=(), warnings=())
 
-Verdict = Literal["exempt", "rejected", "mutated", "allowed"]
-
 
 @dataclass(frozen=True)
 class Decision:
@@ -88,12 +95,12 @@ class Decision:
     @property
     def verdict(self) -> Verdict:
         if self.exempt is not None:
-            return "exempt"
+            return Verdict.EXEMPT
         if self.validation.violations:
-            return "rejected"
+            return Verdict.REJECTED
         if self.mutation.patch:
-            return "mutated"
-        return "allowed"
+            return Verdict.MUTATED
+        return Verdict.ALLOWED
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -145,13 +152,11 @@ RULES: tuple[Rule, ...] = (
 )
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
-DEVICE_LIST_MOUNT_PREFIXES = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
 CDI_ANNOTATION_PREFIXES = ("cdi.k8s.io/", "nvidia.cdi.k8s.io")
 #: Host paths that are protected only at or above themselves: hostPaths inside ``/dev`` are judged by the more
 #: specific entries (``/dev/nvidia*``, ``/dev/dri``, ``/dev/char``), so ``/dev/shm`` stays allowed.
 _ANCESTOR_ONLY_PATHS = frozenset({"/dev"})
 PIN_VALUE = "void"
-WARNING_LIMIT = 120
 _NAME_LIMIT = 63
 
 # --------------------------------------------------------------------------------------------------------------
@@ -193,12 +198,13 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 _EMPTY: Mapping[str, Any] = {}
 
 
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _quote(text: Any) -> str:
-    return '"' + _clip(text if isinstance(text, str) else repr(text), _NAME_LIMIT) + '"'
+    return '"' + clip(text if isinstance(text, str) else repr(text), _NAME_LIMIT) + '"'
+
+
+def _in_container(rule: str, container: _Container, detail: str) -> Violation:
+    """A violation by one container: its detail names the container first, quoted and clipped, as people read it."""
+    return Violation(rule, container.name, f"container {_quote(container.name)} {detail}")
 
 
 def _kai_fraction_name(pod: Mapping[str, Any], config: PolicyConfig) -> str | None:
@@ -215,8 +221,7 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
         problem = Violation(
             UNPINNED_CONTAINER,
             None,
-            f"{UNPINNED_CONTAINER}: the object is not a Pod (not a JSON "
-            "object), so no container can be pinned; submit a Pod manifest",
+            "the object is not a Pod (not a JSON object), so no container can be pinned; submit a Pod manifest",
         )
         return _Pod({}, {}, (), (problem,), config, only is None)
     spec = pod.get("spec")
@@ -226,8 +231,7 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
             Violation(
                 UNPINNED_CONTAINER,
                 None,
-                f"{UNPINNED_CONTAINER}: the pod has no readable spec, "
-                "so no container can be pinned; give the Pod a spec object",
+                "the pod has no readable spec, so no container can be pinned; give the Pod a spec object",
             )
         )
         spec = {}
@@ -245,7 +249,7 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
                 Violation(
                     UNPINNED_CONTAINER,
                     None,
-                    f"{UNPINNED_CONTAINER}: spec.{field} is not a list, "
+                    f"spec.{field} is not a list, "
                     f"so its containers cannot be pinned; make spec.{field} a list of containers",
                 )
             )
@@ -258,8 +262,7 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
                     Violation(
                         UNPINNED_CONTAINER,
                         label,
-                        f"{UNPINNED_CONTAINER}: spec.{label} is not "
-                        "an object, so it cannot be pinned; make it a container object",
+                        f"spec.{label} is not an object, so it cannot be pinned; make it a container object",
                     )
                 )
                 continue
@@ -352,21 +355,19 @@ def unpinned_container(pod: _Pod) -> list[Violation]:
             continue
         if not container.env_readable:
             found.append(
-                Violation(
+                _in_container(
                     UNPINNED_CONTAINER,
-                    container.name,
-                    f"{UNPINNED_CONTAINER}: container "
-                    f"{_quote(container.name)} has an env that is not a list, so "
-                    f"{VISIBLE_DEVICES_ENV}=void cannot be pinned; make env a list of name/value",
+                    container,
+                    f"has an env that is not a list, so {VISIBLE_DEVICES_ENV}=void cannot be pinned; "
+                    "make env a list of name/value",
                 )
             )
         elif not _sets_visible_devices(container):
             found.append(
-                Violation(
+                _in_container(
                     UNPINNED_CONTAINER,
-                    container.name,
-                    f"{UNPINNED_CONTAINER}: container "
-                    f"{_quote(container.name)} requests no GPU and does not set {VISIBLE_DEVICES_ENV}"
+                    container,
+                    f"requests no GPU and does not set {VISIBLE_DEVICES_ENV}"
                     f"; add env {VISIBLE_DEVICES_ENV}=void (or request nvidia.com/gpu)",
                 )
             )
@@ -425,13 +426,7 @@ def visible_devices_env(pod: _Pod) -> list[Violation]:
                 if container.gpu
                 else f"request nvidia.com/gpu, or remove {name}"
             )
-            found.append(
-                Violation(
-                    VISIBLE_DEVICES,
-                    container.name,
-                    f"{VISIBLE_DEVICES}: container {_quote(container.name)} {problem}; {fix}",
-                )
-            )
+            found.append(_in_container(VISIBLE_DEVICES, container, f"{problem}; {fix}"))
     return found
 
 
@@ -441,11 +436,10 @@ def privileged(pod: _Pod) -> list[Violation]:
         flag = _mapping(container.body.get("securityContext")).get("privileged")
         if flag is True or (isinstance(flag, str) and flag.lower() == "true"):
             found.append(
-                Violation(
+                _in_container(
                     PRIVILEGED,
-                    container.name,
-                    f"{PRIVILEGED}: container {_quote(container.name)} is "
-                    "privileged and sees every device of the node, GPUs included; remove "
+                    container,
+                    "is privileged and sees every device of the node, GPUs included; remove "
                     "securityContext.privileged (request nvidia.com/gpu for a GPU)",
                 )
             )
@@ -463,11 +457,10 @@ def sys_admin_capability(pod: _Pod) -> list[Violation]:
         for capability in added:
             if isinstance(capability, str) and capability.upper().removeprefix("CAP_") in ("SYS_ADMIN", "ALL"):
                 found.append(
-                    Violation(
+                    _in_container(
                         SYS_ADMIN_CAPABILITY,
-                        container.name,
-                        f"{SYS_ADMIN_CAPABILITY}: container "
-                        f"{_quote(container.name)} adds capability {_quote(capability)}, which the "
+                        container,
+                        f"adds capability {_quote(capability)}, which the "
                         "NVIDIA toolkit treats as privileged; remove it from "
                         "securityContext.capabilities.add",
                     )
@@ -487,13 +480,15 @@ def _is_device_list_path(cleaned: str) -> bool:
     ".../nvidia-container-devicesall" means "all". The marker deeper in a path is flagged too, as defence in
     depth: ``/var/run/../var/run/nvidia-container-devices/0`` cleans to ``/var/var/run/...``, which today's
     toolkit ignores, yet no legitimate workload mounts anything under that name."""
-    return cleaned.startswith(DEVICE_LIST_MOUNT_PREFIXES) or "/nvidia-container-devices" in cleaned
+    return cleaned.startswith(DEVICE_LIST_MOUNT_PREFIXES) or _DEVICE_LIST_COMPONENT in cleaned
 
 
-#: Every path :func:`_is_device_list_path` accepts contains this. Cleaning drops ``.``, ``..`` and empty components
-#: but never changes the text of a component, and the marker holds no ``/``, so a cleaned path can contain it only
-#: if the raw path does: testing the raw path first skips the clean for all ordinary mounts.
-_DEVICE_LIST_MARKER = "nvidia-container-devices"
+#: Every path :func:`_is_device_list_path` accepts contains this (the prefixes' last component). Cleaning drops
+#: ``.``, ``..`` and empty components but never changes the text of a component, and the marker holds no ``/``, so a
+#: cleaned path can contain it only if the raw path does: testing the raw path first skips the clean for all
+#: ordinary mounts.
+_DEVICE_LIST_MARKER = posixpath.basename(DEVICE_LIST_MOUNT_PREFIXES[0])
+_DEVICE_LIST_COMPONENT = "/" + _DEVICE_LIST_MARKER
 
 
 def device_list_mount(pod: _Pod) -> list[Violation]:
@@ -508,11 +503,10 @@ def device_list_mount(pod: _Pod) -> list[Violation]:
             path = mount.get("mountPath")
             if isinstance(path, str) and _DEVICE_LIST_MARKER in path and _is_device_list_path(clean_path(path)):
                 found.append(
-                    Violation(
+                    _in_container(
                         DEVICE_LIST_MOUNT,
-                        container.name,
-                        f"{DEVICE_LIST_MOUNT}: container "
-                        f"{_quote(container.name)} mounts a volume at {_quote(path)}, which the "
+                        container,
+                        f"mounts a volume at {_quote(path)}, which the "
                         "NVIDIA toolkit reads as a GPU request; remove the volumeMount and request "
                         "nvidia.com/gpu",
                     )
@@ -527,7 +521,7 @@ def cdi_annotation(pod: _Pod) -> list[Violation]:
         Violation(
             CDI_ANNOTATION,
             None,
-            f"{CDI_ANNOTATION}: pod annotation {_quote(key)} asks the runtime for CDI "
+            f"pod annotation {_quote(key)} asks the runtime for CDI "
             "devices; remove the annotation and request nvidia.com/gpu",
         )
         for key in _mapping(pod.metadata.get("annotations"))
@@ -557,7 +551,7 @@ def host_device_path(pod: _Pod) -> list[Violation]:
                 Violation(
                     HOST_DEVICE_PATH,
                     None,
-                    f"{HOST_DEVICE_PATH}: volume {_quote(name)} mounts host "
+                    f"volume {_quote(name)} mounts host "
                     f"path {_quote(path)}, which exposes {reached}; remove the hostPath volume "
                     "(request nvidia.com/gpu for a GPU)",
                 )
@@ -571,12 +565,8 @@ def mig_control_env(pod: _Pod) -> list[Violation]:
         for name, _ in container.env:
             if name in MIG_CONTROL_ENVS:
                 found.append(
-                    Violation(
-                        MIG_CONTROL_ENV,
-                        container.name,
-                        f"{MIG_CONTROL_ENV}: container "
-                        f"{_quote(container.name)} sets {name}, which controls MIG on the whole GPU; "
-                        "remove it",
+                    _in_container(
+                        MIG_CONTROL_ENV, container, f"sets {name}, which controls MIG on the whole GPU; remove it"
                     )
                 )
     return found
@@ -624,7 +614,7 @@ def _warnings(pod: _Pod) -> list[str]:
                 f"runtimeClassName {_quote(runtime_class)} on a pod with no GPU container: its "
                 f"containers are pinned to {VISIBLE_DEVICES_ENV}=void"
             )
-    return [_clip(warning, WARNING_LIMIT) for warning in warnings]
+    return [clip(warning, MAX_WARNING_CHARS) for warning in warnings]
 
 
 # --------------------------------------------------------------------------------------------------------------

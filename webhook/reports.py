@@ -16,8 +16,9 @@ from itertools import groupby
 from pathlib import PurePath
 from typing import Any, Protocol
 
-#: Verdicts of one pod spec, in the order summaries list them.
-VERDICTS = ("allowed", "mutated", "rejected", "exempt")
+from gpu_fence.verdicts import Verdict
+
+from .policy import Violation
 
 #: Output formats of ``gpu-fence-webhook check``.
 FORMATS = ("text", "json", "junit", "sarif")
@@ -41,12 +42,9 @@ class RuleInfo(Protocol):
 
 
 @dataclass(frozen=True)
-class Finding:
-    """One violation of one rule, with the line that reports point at (the container's, when known)."""
+class Finding(Violation):
+    """A violation with the line that reports point at (the container's, when known)."""
 
-    rule: str
-    container: str | None
-    message: str
     line: int
 
 
@@ -64,7 +62,7 @@ class PodSpecResult:
     namespace: str
     name: str
     path: str
-    verdict: str
+    verdict: Verdict
     pinned: tuple[str, ...] = ()
     violations: tuple[Finding, ...] = ()
     warnings: tuple[str, ...] = ()
@@ -79,16 +77,16 @@ class Report:
     results: tuple[PodSpecResult, ...]
     skipped: int = 0
 
-    def count(self, verdict: str) -> int:
+    def count(self, verdict: Verdict) -> int:
         return sum(1 for result in self.results if result.verdict == verdict)
 
     @property
     def rejected(self) -> bool:
-        return any(result.verdict == "rejected" for result in self.results)
+        return any(result.verdict is Verdict.REJECTED for result in self.results)
 
     def summary(self) -> dict[str, int]:
         counts = {"pod_specs": len(self.results)}
-        counts.update((verdict, self.count(verdict)) for verdict in VERDICTS)
+        counts.update((verdict.value, self.count(verdict)) for verdict in Verdict)
         counts["skipped"] = self.skipped
         return counts
 
@@ -105,7 +103,7 @@ def result_to_dict(result: PodSpecResult) -> dict[str, Any]:
         "namespace": result.namespace,
         "name": result.name,
         "path": result.path,
-        "verdict": result.verdict,
+        "verdict": result.verdict.value,
         "pinned": list(result.pinned),
         "violations": [
             {"rule": finding.rule, "container": finding.container, "message": finding.message}
@@ -122,7 +120,14 @@ def render_json(report: Report) -> str:
 
 # --- text -------------------------------------------------------------------------------------------------
 
-_COLOURS = {"allowed": "32", "mutated": "36", "rejected": "1;31", "exempt": "2", "warning": "33", "dim": "2"}
+_COLOURS = {
+    Verdict.ALLOWED: "32",
+    Verdict.MUTATED: "36",
+    Verdict.REJECTED: "1;31",
+    Verdict.EXEMPT: "2",
+    "warning": "33",
+    "dim": "2",
+}
 
 
 def _paint(text: str, style: str, colour: bool) -> str:
@@ -139,7 +144,7 @@ def _describe(result: PodSpecResult) -> str:
 def summary_line(report: Report) -> str:
     counts = report.summary()
     noun = "pod spec" if counts["pod_specs"] == 1 else "pod specs"
-    parts = ", ".join(f"{counts[verdict]} {verdict}" for verdict in VERDICTS)
+    parts = ", ".join(f"{counts[verdict]} {verdict}" for verdict in Verdict)
     skipped = counts["skipped"]
     tail = f"; {skipped} skipped (not Kubernetes objects)" if skipped else ""
     return f"{counts['pod_specs']} {noun}: {parts}{tail}"
@@ -157,10 +162,8 @@ def render_text(report: Report, *, colour: bool = False) -> str:
             if result.pinned:
                 lines.append(f"            pinned NVIDIA_VISIBLE_DEVICES=void on: {', '.join(result.pinned)}")
             for finding in result.violations:
-                # Policy messages start with their rule id ("privileged: container ..."); colour it, not repeat it.
-                message = finding.message.removeprefix(f"{finding.rule}: ")
                 where = f"line {finding.line}: " if finding.line else ""
-                lines.append(f"            {where}{_paint(finding.rule, 'rejected', colour)}: {message}")
+                lines.append(f"            {where}{_paint(finding.rule, 'rejected', colour)}: {finding.detail}")
             for warning in result.warnings:
                 lines.append(f"            {_paint('warning', 'warning', colour)}: {warning}")
         lines.append("")
@@ -185,8 +188,8 @@ def render_junit(report: Report) -> str:
     totals = {"tests": 0, "failures": 0, "skipped": 0}
     for source, group in groupby(report.results, key=lambda result: result.source):
         results = list(group)
-        failures = sum(1 for result in results if result.verdict == "rejected")
-        skipped = sum(1 for result in results if result.verdict == "exempt")
+        failures = sum(1 for result in results if result.verdict is Verdict.REJECTED)
+        skipped = sum(1 for result in results if result.verdict is Verdict.EXEMPT)
         suite = ET.SubElement(
             suites,
             "testsuite",
@@ -204,14 +207,14 @@ def render_junit(report: Report) -> str:
             if result.line:
                 case.set("file", source)
                 case.set("line", str(result.line))
-            if result.verdict == "rejected":
+            if result.verdict is Verdict.REJECTED:
                 rules = sorted({finding.rule for finding in result.violations})
                 failure = ET.SubElement(case, "failure", type="rejected", message=f"rejected: {', '.join(rules)}")
                 failure.text = "\n".join(
                     f"{finding.rule} [{finding.container or 'pod'}] line {finding.line}: {finding.message}"
                     for finding in result.violations
                 )
-            elif result.verdict == "exempt":
+            elif result.verdict is Verdict.EXEMPT:
                 ET.SubElement(case, "skipped", message=f"exempt: {result.exempt_reason or 'exempt'}")
             notes = []
             if result.pinned:

@@ -1,7 +1,11 @@
-"""The AdmissionReview envelope: a parsed ``admission.k8s.io/v1`` request in, a response dict out.
+"""The AdmissionReview envelope: a parsed ``admission.k8s.io/v1`` request in, a typed response out.
 
 Pure: no Flask, no sockets, no clock, no logging. The web layer (``webhook.app``) parses the body, calls
 :func:`review`, serialises the result and records metrics and logs from the returned :class:`Outcome`.
+
+The envelope is typed as kopf types it (``kopf/_cogs/structs/reviews.py``, nolar/kopf commit 1c103481):
+``TypedDict`` request and response, ``Literal`` operations. A body arrives as untrusted JSON, so :func:`parse`
+takes any object and checks the parts the webhook reads; :class:`AdmissionReview` is what a usable one looks like.
 
 The contract followed here (see ``docs/webhook.md``): the response echoes ``apiVersion``/``kind``/``uid``;
 ``patchType`` appears only together with a patch; a denial carries ``status.code`` 403 (500 for an internal
@@ -17,13 +21,18 @@ import base64
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypedDict
 
 import orjson
 
-API_VERSION = "admission.k8s.io/v1"
-KIND = "AdmissionReview"
-MAX_WARNING_CHARS = 120
+from gpu_fence.verdicts import ReviewVerdict
+from gpu_fence.warning_text import MAX_WARNING_CHARS, truncate_warning
+
+if TYPE_CHECKING:
+    from .config import PolicyConfig
+
+API_VERSION: Final = "admission.k8s.io/v1"
+KIND: Final = "AdmissionReview"
 #: The API server keeps at most 4096 characters of warnings per request, from every webhook, policy and its own
 #: checks together; past that it cuts each warning to 256 characters and then drops the rest without a word
 #: (``truncateAtTotalRunes = 4 * 1024`` in k8s.io/apiserver/pkg/endpoints/filters/warning.go; the docs: "If more
@@ -39,21 +48,148 @@ MAX_DENY_CLAUSE_CHARS = 400
 MAX_AUDIT_VALUE_CHARS = 1024
 
 
+# -- the AdmissionReview, as the API server sends it and as the webhook answers -------------------------------------
+
+#: A Kubernetes object as JSON decodes it: plain dicts and lists, API field names.
+RawObject = dict[str, Any]
+Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+
+
+class GroupVersionKind(TypedDict):
+    group: str
+    version: str
+    kind: str
+
+
+class GroupVersionResource(TypedDict):
+    group: str
+    version: str
+    resource: str
+
+
+class UserInfo(TypedDict, total=False):
+    username: str
+    uid: str
+    groups: list[str]
+    extra: dict[str, list[str]]
+
+
+# The keys every request and every response has, in a base of their own: ``Required[...]`` would say the same to a
+# type checker, but under postponed annotations the class forgets it at run time (``__required_keys__``).
+class _RequestKeys(TypedDict):
+    uid: str
+    kind: GroupVersionKind
+    operation: Operation
+
+
+class AdmissionRequest(_RequestKeys, total=False):
+    """``request`` of an ``admission.k8s.io/v1`` AdmissionReview (what the API server may send)."""
+
+    resource: GroupVersionResource
+    subResource: str
+    requestKind: GroupVersionKind
+    requestResource: GroupVersionResource
+    requestSubResource: str
+    name: str
+    namespace: str
+    userInfo: UserInfo
+    object: RawObject | None
+    oldObject: RawObject | None
+    dryRun: bool
+    options: RawObject | None
+
+
+class AdmissionReview(TypedDict):
+    apiVersion: Literal["admission.k8s.io/v1"]
+    kind: Literal["AdmissionReview"]
+    request: AdmissionRequest
+
+
+class ResponseStatus(TypedDict):
+    """``response.status`` of a denial: the API server shows ``message`` to the client."""
+
+    code: int
+    reason: str
+    status: Literal["Failure"]
+    message: str
+
+
+class _ResponseKeys(TypedDict):
+    uid: str
+    allowed: bool
+
+
+class AdmissionResponse(_ResponseKeys, total=False):
+    patchType: Literal["JSONPatch"]  # only with a patch
+    patch: str  # base64 of the JSON Patch
+    status: ResponseStatus
+    warnings: list[str]
+    auditAnnotations: dict[str, str]
+
+
+class AdmissionReviewResponse(TypedDict):
+    apiVersion: Literal["admission.k8s.io/v1"]
+    kind: Literal["AdmissionReview"]
+    response: AdmissionResponse
+
+
+# -- what the envelope needs of a policy ------------------------------------------------------------------------------
+
+
+class PolicyViolation(Protocol):
+    """One broken rule (``webhook.policy.Violation`` is one)."""
+
+    @property
+    def rule(self) -> str: ...
+
+    @property
+    def container(self) -> str | None: ...
+
+    @property
+    def message(self) -> str: ...
+
+
+class PolicyMutation(Protocol):
+    @property
+    def patch(self) -> Sequence[Mapping[str, Any]]: ...  # JSON Patch operations
+
+    @property
+    def pinned(self) -> Sequence[str]: ...
+
+
+class PolicyValidation(Protocol):
+    @property
+    def violations(self) -> Sequence[PolicyViolation]: ...
+
+    @property
+    def warnings(self) -> Sequence[str]: ...
+
+
+class Policy(Protocol):
+    """The four policy calls the envelope needs (``webhook.policy`` provides them as module functions)."""
+
+    def exemption(self, pod: RawObject, config: PolicyConfig, *, namespace: str) -> str | None: ...
+
+    def mutate(
+        self, pod: RawObject, config: PolicyConfig, *, only: Collection[str] | None = None
+    ) -> PolicyMutation: ...
+
+    def validate(
+        self, pod: RawObject, config: PolicyConfig, *, only: Collection[str] | None = None
+    ) -> PolicyValidation: ...
+
+    def validate_update(self, pod: RawObject, old_pod: RawObject | None, config: PolicyConfig) -> PolicyValidation: ...
+
+
+# -- the envelope --------------------------------------------------------------------------------------------------
+
+
 class Endpoint(Enum):
     """What a URL path asks of the webhook; the value is the metric label."""
 
     MUTATE = "mutate"
     VALIDATE = "validate"  # enforce: violations deny
     VALIDATE_WARN = "validate-warn"  # warn: allowed, violations returned as warnings
-
-
-class Verdict(Enum):
-    ALLOWED = "allowed"  # nothing to do (also: not a pod, not an operation we judge)
-    PATCHED = "patched"
-    DENIED = "denied"
-    WARNED = "warned"
-    EXEMPT = "exempt"
-    ERROR = "error"  # internal error: denied on /validate, allowed elsewhere
 
 
 class BadReview(ValueError):
@@ -69,31 +205,19 @@ class BadReview(ValueError):
         self.status = status
 
 
-class Policy(Protocol):
-    """The four policy calls the envelope needs (``webhook.policy`` provides them as module functions)."""
-
-    def exemption(self, pod: dict, config: Any, *, namespace: str) -> str | None: ...
-
-    def mutate(self, pod: dict, config: Any, *, only: Collection[str] | None = None) -> Any: ...
-
-    def validate(self, pod: dict, config: Any, *, only: Collection[str] | None = None) -> Any: ...
-
-    def validate_update(self, pod: dict, old_pod: dict | None, config: Any) -> Any: ...
-
-
 @dataclass(frozen=True)
 class Request:
     """The parts of ``request`` the webhook uses, checked once."""
 
     uid: str
-    operation: str
+    operation: str  # as sent: an ``Operation``, or anything else, which is allowed unjudged
     kind: str  # "Pod" only when group "" / version "v1"
     sub_resource: str
     namespace: str
     name: str  # for logs only: empty on CREATE with generateName
     dry_run: bool
-    obj: dict | None
-    old_obj: dict | None
+    obj: RawObject | None
+    old_obj: RawObject | None
 
     @property
     def is_pod(self) -> bool:
@@ -104,14 +228,14 @@ class Request:
 class Outcome:
     """What one review decided: the response document plus what logs and metrics need."""
 
-    response: dict
-    verdict: Verdict
+    response: AdmissionReviewResponse
+    verdict: ReviewVerdict
     rules: tuple[str, ...] = ()
     error: str | None = None
     request: Request | None = field(default=None, compare=False)
 
 
-def parse(body: Any) -> Request:
+def parse(body: object) -> Request:
     """Check the envelope and pull out the request. Raises :class:`BadReview` naming what to fix."""
     if not isinstance(body, dict):
         raise BadReview("not-an-object", "body must be a JSON object (an AdmissionReview)")
@@ -176,7 +300,7 @@ def parse(body: Any) -> Request:
     )
 
 
-def review(body: Any, endpoint: Endpoint, config: Any, policy: Policy) -> Outcome:
+def review(body: object, endpoint: Endpoint, config: PolicyConfig, policy: Policy) -> Outcome:
     """Answer one AdmissionReview. Raises :class:`BadReview` for an unusable envelope, nothing else.
 
     An exception from the policy is caught here: on ``/validate`` it denies (fail closed: validation is the
@@ -204,40 +328,40 @@ def new_container_names(request: Request) -> frozenset[str] | None:
     return frozenset(_ephemeral_names(request.obj) - old)
 
 
-def _judge(request: Request, endpoint: Endpoint, config: Any, policy: Policy) -> Outcome:
+def _judge(request: Request, endpoint: Endpoint, config: PolicyConfig, policy: Policy) -> Outcome:
     if not request.is_pod or not _is_judged(request):
-        return _answer(request, allowed=True, verdict=Verdict.ALLOWED)
+        return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED)
     pod = request.obj
     assert pod is not None  # parse() guarantees an object for Pod CREATE/UPDATE
     reason = policy.exemption(pod, config, namespace=request.namespace)
     if reason:
-        return _answer(request, allowed=True, verdict=Verdict.EXEMPT, audit={"exempt": reason})
+        return _answer(request, allowed=True, verdict=ReviewVerdict.EXEMPT, audit={"exempt": reason})
     if request.operation == "UPDATE" and request.sub_resource == "":
         if endpoint is Endpoint.MUTATE:  # containers are immutable: nothing to pin
-            return _answer(request, allowed=True, verdict=Verdict.ALLOWED)
+            return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED)
         return _validated(request, endpoint, policy.validate_update(pod, request.old_obj, config))
     only = new_container_names(request)
     if only is not None and not only:
-        return _answer(request, allowed=True, verdict=Verdict.ALLOWED)  # no new ephemeral container
+        return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED)  # no new ephemeral container
     if endpoint is Endpoint.MUTATE:
         mutation = policy.mutate(pod, config, only=only)
         if not mutation.patch:
-            return _answer(request, allowed=True, verdict=Verdict.ALLOWED)
+            return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED)
         return _answer(
             request,
             allowed=True,
-            verdict=Verdict.PATCHED,
+            verdict=ReviewVerdict.PATCHED,
             patch=list(mutation.patch),
             audit={"pinned": ",".join(mutation.pinned)},
         )
     return _validated(request, endpoint, policy.validate(pod, config, only=only))
 
 
-def _validated(request: Request, endpoint: Endpoint, validation: Any) -> Outcome:
+def _validated(request: Request, endpoint: Endpoint, validation: PolicyValidation) -> Outcome:
     advice = [str(text) for text in validation.warnings]
     violations = tuple(validation.violations)
     if not violations:
-        return _answer(request, allowed=True, verdict=Verdict.ALLOWED, warnings=budget_warnings((), advice))
+        return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED, warnings=budget_warnings((), advice))
     rules = tuple(dict.fromkeys(violation.rule for violation in violations))
     audit = {"rules": ",".join(rules)}
     lines = [describe(violation) for violation in violations]
@@ -245,7 +369,7 @@ def _validated(request: Request, endpoint: Endpoint, validation: Any) -> Outcome
         return _answer(
             request,
             allowed=True,
-            verdict=Verdict.WARNED,
+            verdict=ReviewVerdict.WARNED,
             rules=rules,
             warnings=budget_warnings(lines, advice),
             audit=audit,
@@ -253,7 +377,7 @@ def _validated(request: Request, endpoint: Endpoint, validation: Any) -> Outcome
     return _answer(
         request,
         allowed=False,
-        verdict=Verdict.DENIED,
+        verdict=ReviewVerdict.DENIED,
         rules=rules,
         warnings=budget_warnings((), advice),
         audit=audit,
@@ -327,7 +451,7 @@ def _count(number: int, noun: str) -> str:
     return f"{number} more {noun}" + ("" if number == 1 else "s")
 
 
-def describe(violation: Any) -> str:
+def describe(violation: PolicyViolation) -> str:
     """One line per violation, led by the rule id so that people and log searches find it.
 
     The policy's messages already name the rule, the container and the fix; a message that does not is
@@ -342,18 +466,6 @@ def describe(violation: Any) -> str:
     return f"{violation.rule}: {message}"
 
 
-def truncate_warning(text: str, limit: int = MAX_WARNING_CHARS) -> str:
-    """Cut a warning to ``limit`` characters on a character boundary, marking the cut with an ellipsis.
-
-    Characters, not bytes: Python strings cannot split a UTF-8 sequence. Control characters are replaced,
-    because a warning becomes an HTTP ``Warning`` header on the client side.
-    """
-    clean = "".join(char if char.isprintable() else " " for char in text)
-    if len(clean) <= limit:
-        return clean
-    return clean[: limit - 1] + "…"
-
-
 def _is_judged(request: Request) -> bool:
     if request.operation == "CREATE":
         return request.sub_resource == ""
@@ -361,7 +473,7 @@ def _is_judged(request: Request) -> bool:
     return request.operation == "UPDATE" and request.sub_resource in ("", "ephemeralcontainers")
 
 
-def _ephemeral_names(pod: dict | None) -> set[str]:
+def _ephemeral_names(pod: RawObject | None) -> set[str]:
     spec = pod.get("spec") if isinstance(pod, dict) else None
     containers = spec.get("ephemeralContainers") if isinstance(spec, dict) else None
     if not isinstance(containers, list):
@@ -377,25 +489,25 @@ def _internal_error(request: Request, endpoint: Endpoint, reason: str) -> Outcom
             f"gpu-fence: internal error while checking the pod, denied (fail closed): {reason}. "
             "Retry; if it persists, report it to the cluster administrators."
         )
-        status = {"code": 500, "reason": "InternalError", "status": "Failure", "message": message}
-        return _answer(request, allowed=False, verdict=Verdict.ERROR, audit=audit, status=status, error=reason)
+        status: ResponseStatus = {"code": 500, "reason": "InternalError", "status": "Failure", "message": message}
+        return _answer(request, allowed=False, verdict=ReviewVerdict.ERROR, audit=audit, status=status, error=reason)
     warnings = [truncate_warning(f"gpu-fence: internal error, pod not checked: {reason}")]
-    return _answer(request, allowed=True, verdict=Verdict.ERROR, audit=audit, warnings=warnings, error=reason)
+    return _answer(request, allowed=True, verdict=ReviewVerdict.ERROR, audit=audit, warnings=warnings, error=reason)
 
 
 def _answer(
     request: Request,
     *,
     allowed: bool,
-    verdict: Verdict,
+    verdict: ReviewVerdict,
     rules: tuple[str, ...] = (),
-    patch: list[dict] | None = None,
+    patch: list[Mapping[str, Any]] | None = None,
     warnings: list[str] | None = None,
     audit: Mapping[str, str] | None = None,
-    status: dict | None = None,
+    status: ResponseStatus | None = None,
     error: str | None = None,
 ) -> Outcome:
-    response: dict[str, Any] = {"uid": request.uid, "allowed": allowed}
+    response: AdmissionResponse = {"uid": request.uid, "allowed": allowed}
     if patch:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(orjson.dumps(patch)).decode("ascii")
@@ -405,7 +517,7 @@ def _answer(
         response["warnings"] = warnings
     if audit:
         response["auditAnnotations"] = {key: value[:MAX_AUDIT_VALUE_CHARS] for key, value in audit.items()}
-    document = {"apiVersion": API_VERSION, "kind": KIND, "response": response}
+    document: AdmissionReviewResponse = {"apiVersion": API_VERSION, "kind": KIND, "response": response}
     return Outcome(document, verdict, rules, error, request)
 
 

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_fence import logs
+from gpu_fence.exit_status import ExitStatus
 
 EXAMPLES = """\
 examples:
@@ -308,7 +309,7 @@ def add_arguments(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitStatus:
     if not 0 < args.port < 65536:
         raise ServeError(f"--port {args.port}: must be 1-65535")
     if args.workers < 1 or args.threads < 1:
@@ -329,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _serve(args: argparse.Namespace, config: Any, workdir: str) -> int:
+def _serve(args: argparse.Namespace, config: Any, workdir: str) -> ExitStatus:
     collecting = gc.isenabled()
     gc.disable()  # until each worker starts: see fork_hooks
     try:
@@ -339,7 +340,7 @@ def _serve(args: argparse.Namespace, config: Any, workdir: str) -> int:
             gc.enable()
 
 
-def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> int:
+def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> ExitStatus:
     from prometheus_client import multiprocess, values  # noqa: PLC0415 - after PROMETHEUS_MULTIPROC_DIR is set
 
     # prometheus_client picks its value storage when first imported; should anything have imported it before the
@@ -397,5 +398,5 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> in
         _gunicorn_application(app, options).run()
     except SystemExit as exit_:
         # gunicorn exits 0 on a clean shutdown (SIGTERM) and non-zero when it could not start (port in use)
-        return 0 if not exit_.code else 2
-    return 0
+        return ExitStatus.ERROR if exit_.code else ExitStatus.SUCCESS
+    return ExitStatus.SUCCESS

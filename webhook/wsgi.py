@@ -8,9 +8,9 @@ Everything else (other methods on these paths, ``/healthz``, ``/readyz``, ``/met
 the Flask app and its test client keep working unchanged and go through this path too.
 
 The answers are those the Flask views gave, byte for byte where it matters: the same status codes, the same
-``{"error", "message"}`` bodies naming what to fix, the same metrics and log lines. A bug in this layer (or a
-connection that fails while its body is read) still answers a JSON 500 that is logged and counted, as Flask's
-error handler does for the other routes.
+``{"error", "message"}`` bodies naming what to fix (:func:`error_body`), the same metrics and log lines. A bug in
+this layer (or a connection that fails while its body is read) gets the JSON 500 that Flask's error handler gives
+for the other routes, logged and counted, from the one function both call (:func:`internal_error`).
 
 Each review's log line is built here too (:class:`ReviewLog`), in the shape of ``gpu_fence.logs``. ``serve``
 writes it with one ``os.write`` on stderr instead of through a logging handler, whose lock the worker's threads
@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -34,6 +34,9 @@ from gpu_fence import logs
 
 from .metrics import WebhookMetrics
 from .review import BadReview, Endpoint, Outcome, Policy, review
+
+if TYPE_CHECKING:
+    from .config import PolicyConfig
 
 #: Larger than any Pod the API server accepts (etcd's default request limit is 1.5 MiB) with room for the
 #: oldObject of an ephemeral-containers update, small enough that a flood of big bodies cannot exhaust memory.
@@ -54,7 +57,7 @@ class ReviewEndpoints:
     """WSGI middleware: answers the three review endpoints, hands every other request to ``app``."""
 
     def __init__(
-        self, app: WSGIApp, config: Any, policy: Policy, metrics: WebhookMetrics, review_log: ReviewLog
+        self, app: WSGIApp, config: PolicyConfig, policy: Policy, metrics: WebhookMetrics, review_log: ReviewLog
     ) -> None:
         self.app = app
         self.config = config
@@ -68,8 +71,8 @@ class ReviewEndpoints:
             return self.app(environ, start_response)
         try:
             status, payload = self._answer(endpoint, environ)
-        except Exception as error:  # this layer's own bug or a failed read: a JSON 500, as Flask answers
-            status, payload = self._unexpected(environ, error)
+        except Exception as error:  # this layer's own bug or a failed read: the JSON 500 Flask's handler gives too
+            status, payload = internal_error(self.metrics, str(environ.get("PATH_INFO", "")), error)
         start_response(_STATUS_LINES[status], [_JSON_HEADER, ("Content-Length", str(len(payload)))])
         return [payload]
 
@@ -80,31 +83,18 @@ class ReviewEndpoints:
             outcome = review(body, endpoint, self.config, self.policy)
         except _TooLarge as bad:
             self.metrics.count_bad_request(bad.reason)
-            return bad.status, _error(bad.reason, bad.message)
+            return bad.status, error_body(bad.reason, bad.message)
         except BadReview as bad:
             self.metrics.count_bad_request(bad.reason)
             logs.event(
                 log, "bad-request", bad.message, level=logging.WARNING, endpoint=endpoint.value, reason=bad.reason
             )
-            return bad.status, _error(bad.reason, bad.message)
+            return bad.status, error_body(bad.reason, bad.message)
         payload = orjson.dumps(outcome.response)
         seconds = time.perf_counter() - started
         self.metrics.count_review(endpoint.value, outcome.verdict.value, outcome.rules, seconds)
         self.review_log.write(endpoint, outcome, seconds)
         return 200, payload
-
-    def _unexpected(self, environ: dict[str, Any], error: Exception) -> tuple[int, bytes]:
-        path = str(environ.get("PATH_INFO", ""))
-        self.metrics.internal_errors.labels(path.strip("/").replace("/", "-") or "root").inc()
-        logs.event(
-            log,
-            "internal-error",
-            f"internal error: {type(error).__name__}",
-            level=logging.ERROR,
-            exc_info=error,
-            path=path,
-        )
-        return 500, _error("internal-error", f"internal error: {type(error).__name__}")
 
 
 class _TooLarge(BadReview):
@@ -115,7 +105,7 @@ class _TooLarge(BadReview):
         super().__init__("body-too-large", f"body larger than {MAX_BODY_BYTES} bytes", 413)
 
 
-def _read_json_body(environ: dict[str, Any]) -> Any:
+def _read_json_body(environ: dict[str, Any]) -> object:
     mimetype = mimetype_of(environ.get("CONTENT_TYPE", ""))
     if mimetype != "application/json":
         raise BadReview("wrong-content-type", f"Content-Type must be application/json, got {mimetype or 'none'!r}", 415)
@@ -182,8 +172,24 @@ def _discard(stream: Any, length: int) -> None:
         remaining -= len(chunk)
 
 
-def _error(reason: str, message: str) -> bytes:
+def error_body(reason: str, message: str) -> bytes:
+    """The body of every error answer, 4xx and 5xx, here and in Flask: a token for machines, a sentence for people."""
     return orjson.dumps({"error": reason, "message": message})
+
+
+def internal_error(metrics: WebhookMetrics, path: str, error: Exception) -> tuple[int, bytes]:
+    """The answer to a bug in the web layers (this one or a Flask view): a JSON 500 naming only the exception's type,
+    counted per path and logged with the traceback, never shown to the client."""
+    metrics.internal_errors.labels(path.strip("/").replace("/", "-") or "root").inc()
+    logs.event(
+        log,
+        "internal-error",
+        f"internal error: {type(error).__name__}",
+        level=logging.ERROR,
+        exc_info=error,
+        path=path,
+    )
+    return 500, error_body("internal-error", f"internal error: {type(error).__name__}")
 
 
 # -- the review log line --------------------------------------------------------------------------------------------
@@ -199,9 +205,12 @@ class ReviewLog:
     errors always go through the logging module, at ERROR.
     """
 
-    def __init__(self, logger: logging.Logger = log, *, fd: int | None = None) -> None:
+    def __init__(
+        self, logger: logging.Logger = log, *, fd: int | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.logger = logger
         self.fd = fd
+        self._clock = clock  # the line's "time", in Unix seconds
         self._second_stamp: tuple[float, str] = (math.nan, "")
 
     def write(self, endpoint: Endpoint, outcome: Outcome, seconds: float) -> None:
@@ -217,7 +226,7 @@ class ReviewLog:
             logs.event(self.logger, "review", message, **fields)
             return
         document = {
-            "time": self._timestamp(time.time()),
+            "time": self._timestamp(self._clock()),
             "level": "info",
             "logger": self.logger.name,
             "event": "review",

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from gpu_fence.exit_status import ExitStatus
+
 from . import render as text
 from .compute import Bill, IdlePolicy, card_models, compute_bill
 from .errors import ChargebackError
@@ -155,7 +157,7 @@ def render(bill: Bill, by: str, step: float, output_format: str) -> str:
     }[output_format](bill, by, step)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitStatus:
     try:
         bill, by, step = make_bill(args, time.time())
         document = render(bill, by, step, args.format)
@@ -168,5 +170,5 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(document)
     except ChargebackError as error:
         print(f"gpu-fence-auditor chargeback: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+        return ExitStatus.ERROR
+    return ExitStatus.SUCCESS

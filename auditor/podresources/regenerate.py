@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpu_fence.exit_status import ExitStatus
+
 #: The folder holding the proto and its committed stubs.
 STUB_DIR = Path(__file__).resolve().parent / "v1"
 #: The proto's path as protoc sees it: the installed package's layout.
@@ -75,13 +77,13 @@ def generate(out_dir: Path) -> list[Path]:
     return written
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> ExitStatus:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=STUB_DIR, help="output folder (default: beside api.proto)")
     args = parser.parse_args(argv)
     for path in generate(args.out):
         print(path)
-    return 0
+    return ExitStatus.SUCCESS
 
 
 if __name__ == "__main__":

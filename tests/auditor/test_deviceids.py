@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpu_fence.auditor.deviceids import DeviceRef, is_gpu_resource, normalize_device_id, parse_device_id
+from gpu_fence.auditor.deviceids import DeviceRef, normalize_device_id, parse_device_id
 
 GPU0 = "GPU-8f2c1d3e-0000-4a5b-9c8d-111111111111"
 GPU1 = "GPU-8f2c1d3e-0000-4a5b-9c8d-222222222222"
@@ -88,23 +88,6 @@ def test_parse_keeps_replica_and_slice_facts() -> None:
     assert whole is not None and not whole.is_mig and whole.replica == 4
     mig = parse_device_id(MIG_0_3)
     assert mig is not None and mig.is_mig
-
-
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [
-        ("nvidia.com/gpu", True),
-        ("nvidia.com/gpu.shared", True),
-        ("nvidia.com/mig-1g.5gb", True),
-        ("nvidia.com/mig-3g.20gb", True),
-        ("amd.com/gpu", False),
-        ("cpu", False),
-        ("nvidia.com/gpux", False),
-        ("example.com/nvidia.com/gpu", False),
-    ],
-)
-def test_gpu_resource_names(name: str, expected: bool) -> None:
-    assert is_gpu_resource(name) is expected
 
 
 # --- properties ---------------------------------------------------------------------------------------------------

@@ -22,27 +22,14 @@ def short_dir() -> Iterator[Path]:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def run_bench(short_dir: Path, output: Path, *args: str) -> int:
+    """The benchmark's main, writing its JSON report to ``output`` and building its fake node in ``short_dir``."""
+    return auditor_bench.main([*args, "--json", str(output), "--node-dir", str(short_dir)])
+
+
 def test_tiny_run_reports_phases_calls_and_scaling(short_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = short_dir / "auditor.json"
-    assert (
-        auditor_bench.main(
-            [
-                "--scales",
-                "1,2",
-                "--fraction",
-                "0.02",
-                "--cycles",
-                "3",
-                "--rounds",
-                "2",
-                "--json",
-                str(output),
-                "--node-dir",
-                str(short_dir),
-            ]
-        )
-        == 0
-    )
+    assert run_bench(short_dir, output, "--scales", "1,2", "--fraction", "0.02", "--cycles", "3", "--rounds", "2") == 0
     report = json.loads(output.read_text())
     assert [row["scale"] for row in report["results"]] == [1, 2]
     for row in report["results"]:
@@ -74,26 +61,8 @@ def test_steady_cycles_follow_the_settling_window_and_test_extras_can_be_kept(
     short_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output = short_dir / "auditor.json"
-    assert (
-        auditor_bench.main(
-            [
-                "--scales",
-                "1",
-                "--fraction",
-                "0.01",
-                "--cycles",
-                "13",
-                "--rounds",
-                "1",
-                "--with-test-extras",
-                "--json",
-                str(output),
-                "--node-dir",
-                str(short_dir),
-            ]
-        )
-        == 0
-    )
+    flags = ["--scales", "1", "--fraction", "0.01", "--cycles", "13", "--rounds", "1", "--with-test-extras"]
+    assert run_bench(short_dir, output, *flags) == 0
     report = json.loads(output.read_text())
     (row,) = report["results"]
     assert row["settling_cycles"] == 10 and row["warm_cycles"] == 12 and row["steady_cycles"] == 2

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, pod_spec, render, workloads
 
 DOCKERFILE = REPO / "Dockerfile"
 
@@ -51,27 +51,60 @@ def stages() -> list[list[tuple[str, str]]]:
     return result
 
 
+def _arguments(steps: list[tuple[str, str]]) -> dict[str, str | None]:
+    """The ``ARG`` names of a stage (or of the file), with their defaults."""
+    found: dict[str, str | None] = {}
+    for keyword, rest in steps:
+        if keyword == "ARG":
+            name, equals, default = rest.partition("=")
+            found[name] = default if equals else None
+    return found
+
+
+def _expanded(text: str, arguments: dict[str, str | None]) -> str:
+    return re.sub(r"\$\{(\w+)\}", lambda match: arguments.get(match.group(1)) or match.group(0), text)
+
+
 def test_dockerfile_shape() -> None:
+    """What the image must be, read from the Dockerfile without pinning its wording: two stages on one pinned base,
+    only the built environment copied into the final one, which runs as the user the manifests expect, labelled
+    with the base it was really built on, and with no HEALTHCHECK (Kubernetes ignores it; the manifests probe)."""
     steps = instructions()
-    froms = [rest for keyword, rest in steps if keyword == "FROM"]
-    assert froms == ["${PYTHON_IMAGE} AS build", "${PYTHON_IMAGE}"], "two stages on one pinned base"
-    (base,) = [rest for keyword, rest in steps if keyword == "ARG" and rest.startswith("PYTHON_IMAGE=")]
-    assert re.fullmatch(r"PYTHON_IMAGE=docker\.io/library/python:3\.11\.\d+-slim-bookworm", base), (
+    build, final = stages()[0], stages()[-1]
+    global_arguments = _arguments([step for step in steps[: steps.index(build[0])]])
+    froms = [_expanded(rest, global_arguments).split() for keyword, rest in steps if keyword == "FROM"]
+    assert len(froms) == 2 and froms[0][0] == froms[1][0], "two stages on one base image"
+    assert len(froms[0]) == 3 and froms[0][1].upper() == "AS", "the build stage is named, for COPY --from"
+    assert re.fullmatch(r"docker\.io/library/python:3\.11\.\d+-slim-bookworm", froms[0][0]), (
         "a fully qualified base image with the patch version pinned"
     )
-    keywords = [keyword for keyword, _ in steps]
-    assert "HEALTHCHECK" not in keywords
-    final = stages()[-1]
-    assert ("USER", "10001:10001") in final
-    assert any(k == "ENTRYPOINT" for k, _ in final)
-    labels = " ".join(rest for k, rest in final if k == "LABEL")
+    assert "HEALTHCHECK" not in [keyword for keyword, _ in steps]
+
+    copies = [shlex.split(rest) for keyword, rest in final if keyword == "COPY"]
+    assert copies and all(copy[0] == f"--from={froms[0][2]}" for copy in copies), "only build output in the final image"
+
+    (user,) = [rest for keyword, rest in final if keyword == "USER"]
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit() and int(uid) != 0 and gid.isdigit(), "a numeric, non-root user and group"
+    expected = {
+        (context.get("runAsUser"), context.get("runAsGroup"))
+        for workload in workloads(render("base"))
+        for container in pod_spec(workload)["containers"]
+        if (context := container.get("securityContext", {})).get("runAsNonRoot")
+    }
+    assert expected == {(int(uid), int(gid))}, "the image's user is the one the non-root containers run as"
+    assert any(keyword == "ENTRYPOINT" for keyword, _ in final)
+
+    labels = " ".join(rest for keyword, rest in final if keyword == "LABEL")
     for key in ("title", "description", "version", "licenses", "base.name"):
         assert f"org.opencontainers.image.{key}=" in labels
-    # the label names the image the build really used, also when --build-arg PYTHON_IMAGE=... overrides it
-    assert ("ARG", "PYTHON_IMAGE") in final
-    assert 'org.opencontainers.image.base.name="${PYTHON_IMAGE}"' in labels
-    copies = [rest for k, rest in final if k == "COPY"]
-    assert copies == ["--from=build /opt/gpu-fence /opt/gpu-fence"], "only the environment reaches the final image"
+    # the label names the image the build really used, also when --build-arg overrides the base: it is expanded from
+    # the same argument as FROM, declared again in the final stage (an ARG does not cross a FROM)
+    base_name = re.search(r'org\.opencontainers\.image\.base\.name="([^"]*)"', labels)
+    assert base_name is not None
+    final_arguments = {**global_arguments, **{k: v for k, v in _arguments(final).items() if v is not None}}
+    assert set(re.findall(r"\$\{(\w+)\}", base_name.group(1))) <= set(_arguments(final))
+    assert _expanded(base_name.group(1), final_arguments) == froms[1][0]
 
 
 def _relocate(command: str, root: Path, created: set[str]) -> str:

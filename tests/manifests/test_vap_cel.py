@@ -16,19 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpu_fence.webhook.policy import RULES
+
 from .cel import cel_denials, compiled
 from .conftest import one, render
 
-RULE_IDS = (
-    "unpinned-container",
-    "visible-devices-env",
-    "privileged",
-    "sys-admin-capability",
-    "device-list-mount",
-    "cdi-annotation",
-    "host-device-path",
-    "mig-control-env",
-)
+#: The webhook's rule ids, in its table's order: the CEL policy must have one validation per rule, in that order.
+RULE_IDS = tuple(rule.id for rule in RULES)
 NVD = "NVIDIA_VISIBLE_DEVICES"
 VOID = {"name": NVD, "value": "void"}
 

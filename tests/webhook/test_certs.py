@@ -63,6 +63,11 @@ def test_certs_out_dir_writes_a_verifiable_chain_with_private_keys(tmp_path):
     assert leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value == x509.ExtendedKeyUsage(
         [ExtendedKeyUsageOID.SERVER_AUTH]
     )
+    # both keys only sign; only the CA signs certificates (and CRLs); both usages critical
+    for cert, signs_certificates in ((ca, True), (leaf, False)):
+        usage = cert.extensions.get_extension_for_class(x509.KeyUsage)
+        assert usage.critical and usage.value.digital_signature and not usage.value.key_encipherment
+        assert usage.value.key_cert_sign is usage.value.crl_sign is signs_certificates
     assert dt.timedelta(days=9) < leaf.not_valid_after_utc - leaf.not_valid_before_utc <= dt.timedelta(days=10, hours=1)
     # what an API server does: verify the chain and the Service name with a stock TLS stack
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -266,56 +271,33 @@ def test_cli_in_cluster_mode_end_to_end(fake, capsys):
     assert "up to date, no change" in capsys.readouterr().out
 
 
+def test_cli_in_cluster_mode_finds_the_kubeconfig_as_every_command_does(fake, capsys, monkeypatch):
+    """No --kubeconfig: $KUBECONFIG, as ``check --cluster`` and the auditor read it (``gpu_fence.kubeconfig``)."""
+    monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig_path))
+    args = ["certs", "--service", "gpu-fence-webhook", "--namespace", "gpu-fence", "--secret", "webhook-tls"]
+    assert cli.main([*args, "--patch-webhooks", "gpu-fence"]) == 0
+    assert "serving-cert-issued" in capsys.readouterr().out
+
+
+#: What every ``certs`` run names: the Service and its namespace.
+SERVICE_ARGS = ("certs", "--service", "s", "--namespace", "n")
+
+
 def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
-    assert (
-        cli.main(
-            ["certs", "--service", "s", "--namespace", "n", "--secret", "x", "--kubeconfig", str(tmp_path / "missing")]
-        )
-        == 2
-    )
+    assert cli.main([*SERVICE_ARGS, "--secret", "x", "--kubeconfig", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpu-fence-webhook certs: error: no Kubernetes credentials") and err.count("\n") == 1
-    assert (
-        cli.main(
-            [
-                "certs",
-                "--service",
-                "s",
-                "--namespace",
-                "n",
-                "--out-dir",
-                str(tmp_path),
-                "--days",
-                "30",
-                "--ca-days",
-                "10",
-            ]
-        )
-        == 2
-    )
+    assert cli.main([*SERVICE_ARGS, "--out-dir", str(tmp_path), "--days", "30", "--ca-days", "10"]) == 2
     assert "cannot outlive" in capsys.readouterr().err
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert cli.main(["certs", "--service", "s", "--namespace", "n", "--out-dir", str(blocker / "sub")]) == 2
+    assert cli.main([*SERVICE_ARGS, "--out-dir", str(blocker / "sub")]) == 2
     assert "cannot write to --out-dir" in capsys.readouterr().err
 
 
 def test_days_must_be_positive(tmp_path):
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpu_fence.webhook.cli",
-            "certs",
-            "--service",
-            "s",
-            "--namespace",
-            "n",
-            "--out-dir",
-            str(tmp_path),
-            "--days",
-            "0",
-        ],
+        [sys.executable, "-m", "gpu_fence.webhook.cli", *SERVICE_ARGS, "--out-dir", str(tmp_path), "--days", "0"],
         check=False,
         capture_output=True,
         text=True,
@@ -335,6 +317,25 @@ def _write_pair(directory: Path, pair: KeyPair) -> None:
         staging.replace(directory / name)
 
 
+def served_serial(store: CertificateStore, ca: KeyPair) -> int:
+    """The serial of the certificate a new connection gets: a real TLS handshake with the store's current context,
+    from a client that trusts ``ca`` and checks the Service name."""
+    server_end, client_end = socket.socketpair()
+    client = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    accepted: list[ssl.SSLSocket] = []
+    server = threading.Thread(target=lambda: accepted.append(store.context().wrap_socket(server_end, server_side=True)))
+    server.start()
+    try:
+        with client.wrap_socket(client_end, server_hostname=NAMES[2]) as connection:
+            certificate = connection.getpeercert(binary_form=True)
+    finally:
+        server.join(timeout=10)
+        for end in (*accepted, server_end):
+            end.close()
+    assert certificate is not None
+    return x509.load_der_x509_certificate(certificate).serial_number
+
+
 def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_written_pair(tmp_path, caplog):
     ca = new_ca(common_name="ca", now=dt.datetime.now(dt.UTC), days=30)
     first = new_serving_cert(ca, NAMES, now=dt.datetime.now(dt.UTC), days=10)
@@ -345,16 +346,15 @@ def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_wr
         str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), on_load=loaded.append, check_interval=0.0
     )
     store.load()
-    original = store.context()
-    assert original.minimum_version == ssl.TLSVersion.TLSv1_2
-    assert loaded == [first.cert.not_valid_after_utc.timestamp()]
-    assert store.context() is original  # unchanged files: the same context, no rebuild
+    assert store.context().minimum_version == ssl.TLSVersion.TLSv1_2
+    assert served_serial(store, ca) == served_serial(store, ca) == first.cert.serial_number
+    assert loaded == [first.cert.not_valid_after_utc.timestamp()]  # unchanged files: loaded once, never rebuilt
 
     (tmp_path / "tls.key").write_bytes(second.key_pem)  # key renewed, certificate not yet: a mismatched pair
     with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
         assert store.reload_if_changed() is False
         assert store.reload_if_changed() is False  # the same rejected pair is logged once
-    assert store.context() is original
+    assert served_serial(store, ca) == first.cert.serial_number
     (failed,) = [json.loads(JsonLinesFormatter().format(record)) for record in caplog.records]
     assert failed["event"] == "certificate-reload-failed" and failed["level"] == "warning"
     assert "not a matching PEM certificate and key" in failed["reason"]
@@ -362,12 +362,13 @@ def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_wr
 
     (tmp_path / "tls.crt").unlink()  # mid-swap: a file briefly missing
     assert store.reload_if_changed() is False
-    assert store.context() is original
+    assert served_serial(store, ca) == first.cert.serial_number
+    assert len(loaded) == 1
 
     _write_pair(tmp_path, second)
     with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
         assert store.reload_if_changed() is True
-    assert store.context() is not original
+    assert served_serial(store, ca) == second.cert.serial_number
     (reloaded,) = [json.loads(JsonLinesFormatter().format(record)) for record in caplog.records]
     assert reloaded["event"] == "certificate-reloaded" and reloaded["level"] == "info"
     assert reloaded["not_after"] == second.cert.not_valid_after_utc.isoformat()

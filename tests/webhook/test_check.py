@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from gpu_fence.webhook import cli
-from gpu_fence.webhook.reports import Finding, PodSpecResult, Report, render_text
 
 HERE = Path(__file__).parent
 DATA = HERE / "data" / "check"
@@ -407,45 +406,6 @@ def test_text_is_coloured_on_a_tty_unless_no_color(tmp_path: Path, monkeypatch: 
     plain = _Terminal()
     args.run(args, stdout=plain)
     assert "\x1b[" not in plain.getvalue()
-
-
-def test_render_text_shows_exemption_reason_and_warnings() -> None:
-    report = Report(
-        (
-            PodSpecResult(
-                "f.yaml",
-                3,
-                "DaemonSet",
-                "kube-system",
-                "agent",
-                "spec.template",
-                "exempt",
-                exempt_reason="namespace kube-system is exempt",
-            ),
-            PodSpecResult(
-                "f.yaml",
-                9,
-                "Pod",
-                "default",
-                "",
-                "",
-                "rejected",
-                violations=(Finding("privileged", "c", "privileged: container c is privileged", 14),),
-                warnings=("runtimeClassName nvidia on a pod with no GPU container",),
-            ),
-        ),
-        skipped=2,
-    )
-    text = render_text(report)
-    assert (
-        "  exempt    DaemonSet kube-system/agent spec.template (line 3)\n"
-        "            exempt: namespace kube-system is exempt\n" in text
-    )
-    assert "  rejected  Pod default (line 9)\n            line 14: privileged: container c is privileged\n" in text
-    assert "            warning: runtimeClassName nvidia on a pod with no GPU container\n" in text
-    assert text.endswith(
-        "2 pod specs: 0 allowed, 0 mutated, 1 rejected, 1 exempt; 2 skipped (not Kubernetes objects)\n"
-    )
 
 
 # --- Argo Workflows: pods assembled from container/script templates -----------------------------------------

@@ -12,6 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpu_fence.verdicts import Verdict
 from gpu_fence.webhook.policy import RULES
 from gpu_fence.webhook.reports import (
     Finding,
@@ -21,6 +22,7 @@ from gpu_fence.webhook.reports import (
     render_json,
     render_junit,
     render_sarif,
+    render_text,
     result_to_dict,
 )
 from gpu_fence.webhook.sources import parse_documents
@@ -34,11 +36,11 @@ REJECTED = PodSpecResult(
     "ml",
     "app",
     "spec.template",
-    "rejected",
+    Verdict.REJECTED,
     pinned=("sidecar",),
     violations=(
-        Finding("privileged", "main", 'privileged: container "main" is privileged', 20),
-        Finding("cdi-annotation", None, 'cdi-annotation: pod annotation "cdi.k8s.io/x"', 9),
+        Finding("privileged", "main", 'container "main" is privileged', 20),
+        Finding("cdi-annotation", None, 'pod annotation "cdi.k8s.io/x"', 9),
     ),
     warnings=("a warning",),
     spec_line=12,
@@ -50,12 +52,39 @@ EXEMPT = PodSpecResult(
     "kube-system",
     "agent",
     "spec.template",
-    "exempt",
+    Verdict.EXEMPT,
     exempt_reason="namespace kube-system is exempt",
 )
 LIVE = PodSpecResult(
-    "cluster", 0, "Pod", "team-a", "p", "", "rejected", violations=(Finding("privileged", "c", "privileged: ...", 0),)
+    "cluster",
+    0,
+    "Pod",
+    "team-a",
+    "p",
+    "",
+    Verdict.REJECTED,
+    violations=(Finding("privileged", "c", "...", 0),),
 )
+
+
+def test_text_shows_pins_findings_warnings_exemption_and_the_summary() -> None:
+    text = render_text(Report((REJECTED, EXEMPT), skipped=2))
+    assert (
+        "deploy/app.yaml\n"
+        "  rejected  Deployment ml/app spec.template (line 4)\n"
+        "            pinned NVIDIA_VISIBLE_DEVICES=void on: sidecar\n"
+        '            line 20: privileged: container "main" is privileged\n'
+        '            line 9: cdi-annotation: pod annotation "cdi.k8s.io/x"\n'
+        "            warning: a warning\n"
+    ) in text
+    assert (
+        "kube/agent.yaml\n"
+        "  exempt    DaemonSet kube-system/agent spec.template (line 1)\n"
+        "            exempt: namespace kube-system is exempt\n"
+    ) in text
+    assert text.endswith(
+        "2 pod specs: 0 allowed, 0 mutated, 1 rejected, 1 exempt; 2 skipped (not Kubernetes objects)\n"
+    )
 
 
 def test_json_contract_is_the_documented_one() -> None:
@@ -124,7 +153,9 @@ def test_sarif_rules_and_results() -> None:
 
 
 def test_sarif_result_for_an_unknown_rule_has_no_rule_index() -> None:
-    odd = PodSpecResult("a.yaml", 1, "Pod", "d", "p", "", "rejected", violations=(Finding("new-rule", None, "m", 1),))
+    odd = PodSpecResult(
+        "a.yaml", 1, "Pod", "d", "p", "", Verdict.REJECTED, violations=(Finding("new-rule", None, "m", 1),)
+    )
     [result] = json.loads(render_sarif(Report((odd,)), RULES))["runs"][0]["results"]
     assert "ruleIndex" not in result
 

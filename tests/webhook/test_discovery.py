@@ -42,7 +42,7 @@ def test_pod_is_found_at_the_object_itself() -> None:
     [site] = find_pod_specs(pod)
     assert site.path == ()
     assert site.spec_path == ("spec",)
-    assert site.spec is pod["spec"]
+    assert site.spec == pod["spec"]
 
 
 def test_builtin_workloads_podtemplate_and_cronjob() -> None:
@@ -262,7 +262,7 @@ def test_pod_for_site_uses_template_metadata_and_owner_namespace() -> None:
         "namespace": "team-a",
         "name": "web",
     }
-    assert pod["spec"] is tpl["spec"]
+    assert pod["spec"] == tpl["spec"] == template()["spec"]
     assert "namespace" not in tpl["metadata"]  # the input is not modified
 
 

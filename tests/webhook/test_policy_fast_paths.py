@@ -8,12 +8,15 @@ directory, reading env entries no rule looks at, the ``Mapping`` ABC check for p
 from __future__ import annotations
 
 import copy
+import posixpath
 import types
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gpu_fence.vocabulary import (
+    DEVICE_LIST_MOUNT_PREFIXES,
+    MIG_CONTROL_ENVS,
     Visibility,
     VisibleDevices,
     kai_fraction_container,
@@ -50,9 +53,15 @@ _PIECES = st.sampled_from(
 mount_paths = st.lists(_PIECES | st.text(alphabet="/.-anvid", max_size=6), max_size=8).map("/".join) | st.text()
 
 
+#: The last component of the device-list prefixes: the name the shortcut looks for in a raw path.
+MARKER = posixpath.basename(DEVICE_LIST_MOUNT_PREFIXES[0])
+
+
 def always_cleaned(path: str) -> bool:
-    """The rule as written before the shortcut: clean every path, then test it."""
-    return policy._is_device_list_path(policy.clean_path(path))
+    """The rule as docs/policy.md states it, with no shortcut: clean every path, then test it (the prefixes with no
+    "/" boundary, and the marker as a component deeper in the path)."""
+    cleaned = policy.clean_path(path)
+    return cleaned.startswith(DEVICE_LIST_MOUNT_PREFIXES) or f"/{MARKER}" in cleaned
 
 
 @PROPERTY
@@ -62,19 +71,18 @@ def test_device_list_mount_only_skips_paths_that_cleaning_could_not_flag(paths):
     its raw text can never be flagged: testing the raw text first gives the same violations as cleaning all."""
     mounts = [{"name": f"v{i}", "mountPath": path} for i, path in enumerate(paths)]
     document = pod(gpu_container("c", volumeMounts=mounts), volumes=[{"name": "v0", "emptyDir": {}}])
-    view = policy._read_pod(document, CONFIG, None)
-    flagged = [v.message for v in policy.device_list_mount(view)]
+    flagged = [v.detail for v in policy.validate(document, CONFIG).violations if v.rule == policy.DEVICE_LIST_MOUNT]
     expected = [path for path in paths if always_cleaned(path)]
     assert len(flagged) == len(expected)
-    for message, path in zip(flagged, expected, strict=True):
-        assert policy._quote(path) in message
+    for detail, path in zip(flagged, expected, strict=True):
+        assert path[:62] in detail  # the message names the path, cut if it is long
 
 
 @PROPERTY
 @given(mount_paths)
 def test_a_flagged_path_always_contains_the_marker(path):
-    if always_cleaned(path):
-        assert policy._DEVICE_LIST_MARKER in path
+    """Why the shortcut is sound, over the rule alone: every path the rule flags holds the marker in its raw text."""
+    assert MARKER in path or not always_cleaned(path)
 
 
 unwatched_names = st.sampled_from(
@@ -111,8 +119,7 @@ def test_env_entries_no_rule_reads_never_change_a_decision(document, extra, conf
         for c in grown["spec"].get(field, [])
         if isinstance(c.get("env"), list)
     ]
-    if not bodies:
-        return
+    assume(bodies)
     target = data.draw(st.sampled_from(bodies))
     for entry in extra:
         target["env"].insert(data.draw(st.integers(0, len(target["env"]))), entry)
@@ -123,20 +130,18 @@ def test_env_entries_no_rule_reads_never_change_a_decision(document, extra, conf
 
 
 def test_every_env_name_a_rule_reads_is_watched():
-    """The aliases and the MIG variables reach their rules through the filtered env."""
-    document = pod(
-        container(
-            "app", env=[env("DOCKER_RESOURCE_GPU", "all"), env("NVIDIA_MIG_CONFIG_DEVICES", "all"), env(NVD, "void")]
-        )
-    )
-    rules = [v.rule for v in policy.validate(document, ALIASED).violations]
-    assert rules == ["visible-devices-env", "mig-control-env"]
-    assert policy._watched_env_names(ALIASED) == {
-        NVD,
-        "DOCKER_RESOURCE_GPU",
-        "NVIDIA_MIG_CONFIG_DEVICES",
-        "NVIDIA_MIG_MONITOR_DEVICES",
-    }
+    """The aliases and both MIG variables reach their rules through the filtered env, among names no rule reads."""
+    variables = [
+        env("PATH", "/usr/bin"),
+        env("DOCKER_RESOURCE_GPU", "all"),
+        env("HOME", "/root"),
+        *(env(name, "all") for name in MIG_CONTROL_ENVS),
+        env(NVD, "void"),
+    ]
+    violations = policy.validate(pod(container("app", env=variables)), ALIASED).violations
+    assert [v.rule for v in violations] == ["visible-devices-env", *(["mig-control-env"] * len(MIG_CONTROL_ENVS))]
+    for violation, name in zip(violations, ["DOCKER_RESOURCE_GPU", *MIG_CONTROL_ENVS], strict=True):
+        assert f" sets {name}" in violation.detail
 
 
 def toolkit_parse(value: str) -> VisibleDevices:

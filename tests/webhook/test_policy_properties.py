@@ -8,6 +8,8 @@ import copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpu_fence.verdicts import Verdict
+from gpu_fence.warning_text import MAX_WARNING_CHARS
 from gpu_fence.webhook import policy
 from gpu_fence.webhook.config import PolicyConfig
 from gpu_fence.webhook.policy import RULES, Decision, Mutation, Validation, Violation, evaluate, mutate, validate
@@ -83,8 +85,8 @@ def check_shapes(decision: Decision) -> None:
         assert isinstance(violation, Violation) and violation.rule in RULE_IDS
         assert violation.message.startswith(violation.rule + ": ")
         assert violation.container is None or isinstance(violation.container, str)
-    assert all(isinstance(w, str) and len(w) <= 120 for w in decision.validation.warnings)
-    assert decision.verdict in ("exempt", "rejected", "mutated", "allowed")
+    assert all(isinstance(w, str) and len(w) <= MAX_WARNING_CHARS for w in decision.validation.warnings)
+    assert isinstance(decision.verdict, Verdict)
 
 
 @PROPERTY

@@ -196,6 +196,27 @@ def test_a_failed_read_is_a_counted_logged_json_500(app, metrics, caplog):
     assert "TimeoutError: timed out" in json.loads(JsonLinesFormatter().format(record))["exception"]
 
 
+def test_a_bug_in_front_of_flask_and_one_behind_it_get_the_same_answer(app, metrics, caplog):
+    @app.get("/boom")
+    def boom():
+        raise TimeoutError("timed out")
+
+    with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
+        in_front = call(app, "POST", "/validate", b"", length="100", stream=BrokenInput())
+        behind = call(app, "GET", "/boom")
+    body = orjson.dumps({"error": "internal-error", "message": "internal error: TimeoutError"})
+    for status, headers, data, _ in (in_front, behind):
+        assert (status.split()[0], headers["Content-Type"], data) == ("500", "application/json", body)
+    found = counts(metrics)
+    for label in ("validate", "boom"):
+        assert found[("gpu_fence_webhook_internal_errors_total", (("endpoint", label),))] == 1
+    lines = [json.loads(JsonLinesFormatter().format(record)) for record in caplog.records]
+    assert [line.pop("path") for line in lines] == ["/validate", "/boom"]
+    for line in lines:
+        line.pop("time"), line.pop("exception")
+    assert lines[0] == lines[1]
+
+
 @pytest.mark.parametrize(
     ("method", "path", "status"),
     [
@@ -343,7 +364,20 @@ def test_a_closed_stderr_never_fails_a_review(metrics):
     | st.integers(0, 4 * 10**9).map(lambda s: s + 0.9995)
     | st.integers(0, 4 * 10**9).map(lambda s: s + 0.9999996)
 )
-def test_the_cached_clock_text_is_rfc3339_millis(now):
-    log = ReviewLog()
-    assert log._timestamp(now) == rfc3339_millis(now)
-    assert log._timestamp(now + 0.25) == rfc3339_millis(now + 0.25)  # the cached second, or a new one
+def test_the_direct_line_time_is_rfc3339_millis_through_the_cached_second(now):
+    """The line formats the date and time once a second: a second line in the same second, or in the next, says
+    what ``gpu_fence.logs`` would."""
+    outcome = review(json.loads(BODY), Endpoint.MUTATE, None, StandInPolicy())
+    times = iter((now, now + 0.25))
+    read_end, write_end = os.pipe()
+    try:
+        logger = logging.getLogger("gpu_fence.webhook.clock-test")
+        logger.setLevel(logging.INFO)
+        log = ReviewLog(logger, fd=write_end, clock=lambda: next(times))
+        log.write(Endpoint.MUTATE, outcome, 0.001)
+        log.write(Endpoint.MUTATE, outcome, 0.001)
+        lines = os.read(read_end, 1 << 16).splitlines()
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert [json.loads(line)["time"] for line in lines] == [rfc3339_millis(now), rfc3339_millis(now + 0.25)]
