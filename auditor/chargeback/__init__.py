@@ -1,8 +1,9 @@
 """``gpu-fence-auditor chargeback``: a GPU bill per namespace or team label from the auditor's metrics.
 
-Reads the auditor's series from Prometheus (``prometheus``), prices cards (``prices``), splits their cost by GPU
-memory (``compute``, pure) and writes a table, CSV, JSON, markdown (``render``) or a self-contained HTML report
-(``html``). The method is in ``docs/chargeback.md``.
+Reads the auditor's series from Prometheus (``prometheus``), prices cards (``prices``), splits their cost
+(``compute``, pure) and writes a table, CSV, JSON, markdown (``render``) or a self-contained HTML report
+(``html``), each saying how it was made (``provenance``). The method is in
+``docs/chargeback.md``.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import time
 from pathlib import Path
 
 from . import render as text
-from .compute import Bill, IdlePolicy, card_models, compute_bill
+from .compute import Bill, IdlePolicy, Method, card_models, compute_bill
 from .errors import ChargebackError
 from .html import render_html
-from .prices import Prices, load_prices
+from .prices import Prices, applied_prices, load_prices
 from .prometheus import PrometheusClient, fetch_intervals
+from .provenance import Provenance, gpu_fence_version
 from .times import iso, parse_duration, parse_time
 
 FORMATS = ("table", "csv", "json", "markdown", "html")
@@ -46,8 +48,9 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "chargeback",
         help="bill GPU cost per namespace or pod label from the auditor's metrics in Prometheus",
-        description="Split each GPU's (or MIG slice's) cost by the GPU memory each container held, "
-        "with idle capacity, overreach and unattributed memory shown apart, next to the request-based cost.",
+        description="Charge each GPU's (or MIG slice's) cost to the containers that held it: idle holders pay "
+        "what they reserved, memory splits what is in use; idle capacity, overreach and unattributed memory are "
+        "shown apart, next to the request-based cost.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -69,9 +72,16 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
     prices.add_argument("--price-per-gpu-hour", type=float, metavar="N", help="one price for every card")
     prices.add_argument("--prices", type=Path, metavar="FILE", help="YAML price list per model / node")
     parser.add_argument(
+        "--method",
+        choices=[method.value for method in Method],
+        default=Method.HOLDER.value,
+        help="holder (default): a held GPU with no memory in use is charged to its holder; "
+        "usage: only memory is charged, a held idle GPU is idle capacity",
+    )
+    parser.add_argument(
         "--idle",
-        choices=("proportional", "platform"),
-        default="proportional",
+        choices=[policy.value for policy in IdlePolicy],
+        default=IdlePolicy.PROPORTIONAL.value,
         help="who pays for idle capacity: the card's users, in proportion (default), or a platform row",
     )
     parser.add_argument("--format", choices=FORMATS, default="table")
@@ -99,8 +109,8 @@ def default_step(seconds: float) -> float:
     return max(60.0, math.ceil(seconds / TARGET_POINTS / 60.0) * 60.0)
 
 
-def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, str, float]:
-    """Everything but the writing; returns (bill, by, step). Raises ChargebackError with a fix-it message."""
+def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, Provenance]:
+    """Everything but the writing. Raises ChargebackError with a fix-it message."""
     # Prometheus keeps time in whole milliseconds and evaluates a range query at start + k × step in them: the
     # instants computed here must be the same numbers, or samples miss their interval and are dropped.
     start = _milliseconds(parse_time(args.start, now, "--start"))
@@ -136,29 +146,41 @@ def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, str, float]:
             f"{source} has no price for GPU model {model!r} on node {node!r} ({len(missing)} model/node pair(s) "
             "unpriced): add it under models: or nodes:, or set default:"
         )
-    bill = compute_bill(intervals, prices.per_hour, IdlePolicy(args.idle), currency=prices.currency)
+    bill = compute_bill(
+        intervals, prices.per_hour, IdlePolicy(args.idle), currency=prices.currency, method=Method(args.method)
+    )
     if count * step < end - start:
         notes.append(f"the range was cut to {iso(start + count * step)}, a whole number of {step:g} s steps")
     if notes:
         bill = dataclasses.replace(bill, notes=(*notes, *bill.notes))
-    return bill, by, step
+    made = Provenance(
+        generated_at=now,
+        version=gpu_fence_version(),
+        source=client.base_url,
+        step=step,
+        group_by=by,
+        prices=applied_prices(prices, [(card.node, card.model) for card in bill.cards]),
+    )
+    return bill, made
 
 
-def render(bill: Bill, by: str, step: float, output_format: str) -> str:
-    if output_format == "html":
-        return render_html(bill, by, step)
-    return {
-        "table": text.render_table,
-        "csv": text.render_csv,
-        "json": text.render_json,
-        "markdown": text.render_markdown,
-    }[output_format](bill, by, step)
+RENDERERS = {
+    "table": text.render_table,
+    "csv": text.render_csv,
+    "json": text.render_json,
+    "markdown": text.render_markdown,
+    "html": render_html,
+}
+
+
+def render(bill: Bill, made: Provenance, output_format: str) -> str:
+    return RENDERERS[output_format](bill, made)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        bill, by, step = make_bill(args, time.time())
-        document = render(bill, by, step, args.format)
+        bill, made = make_bill(args, time.time())
+        document = render(bill, made, args.format)
         if args.output:
             try:
                 args.output.write_text(document, encoding="utf-8")

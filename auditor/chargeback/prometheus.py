@@ -17,18 +17,22 @@ import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 from ..metrics import label_name  # the name the auditor exports --pod-label KEY under
-from .compute import Allocation, ContainerRef, Device, Interval, Memory, Unattributed
+from .compute import Allocation, ContainerRef, Device, Interval, Memory, Offered, Unattributed
 from .errors import ChargebackError
 from .times import iso
 
+T = TypeVar("T")
 NO_LABEL = "(none)"
 # Prometheus refuses more than 11,000 points per series in one range query; stay well below.
 MAX_POINTS_PER_QUERY = 10_000
 
 INFO = "max by (node, gpu_uuid, parent_uuid, model, mig_profile) (gpu_fence_gpu_info)"
 SHARE = "max by (node, gpu_uuid) (gpu_fence_gpu_share_ratio)"
+OFFERED = "max by (node, gpu_uuid) (gpu_fence_gpu_offered_replicas)"
 # A scrape without honor_labels keeps the auditor pod's own namespace/pod/container and renames the workload's to
 # exported_*: the queries keep exported_namespace so such series are refused instead of billed to the auditor.
 RENAMED = "exported_namespace"
@@ -37,6 +41,11 @@ MEMORY = (
 )
 ALLOCATED = f"max by (node, namespace, pod, container, gpu_uuid, {RENAMED}) (gpu_fence_container_allocated_gpus)"
 UNATTRIBUTED = "max by (node, gpu_uuid) (gpu_fence_unattributed_gpu_memory_bytes)"
+
+
+def pod_labels_query(name: str) -> str:
+    """The query for ``--by label:KEY``, where ``name`` is the label the auditor exports KEY as."""
+    return f'max by (namespace, pod, {name}) (gpu_fence_pod_labels{{{name}!=""}})'
 
 
 class PrometheusError(ChargebackError):
@@ -139,6 +148,7 @@ def intervals_from_series(
     allocated: list[Series],
     unattributed: list[Series],
     group_of: Callable[[str, str], str],
+    offered: Sequence[Series] = (),
 ) -> tuple[list[Interval], list[str]]:
     """Regroup per-series samples into one :class:`Interval` per instant. Pure; returns notes beside them."""
     for name, items in (
@@ -184,27 +194,17 @@ def intervals_from_series(
         namespace, pod = labels.get("namespace", ""), labels.get("pod", "")
         return ContainerRef(namespace, pod, labels.get("container", ""), group_of(namespace, pod))
 
-    memory_at: dict[int, list[Memory]] = defaultdict(list)
-    for item in memory:
-        ref = owner(item.labels)
-        node, uuid = item.labels.get("node", ""), item.labels.get("gpu_uuid", "")
-        allocated_flag = item.labels.get("allocated", "true") != "false"
-        for ts, value in item.values:
-            if math.isfinite(value) and value > 0:
-                memory_at[_key(ts)].append(Memory(node, uuid, ref, allocated_flag, value))
-    allocations_at: dict[int, list[Allocation]] = defaultdict(list)
-    for item in allocated:
-        ref = owner(item.labels)
-        node, uuid = item.labels.get("node", ""), item.labels.get("gpu_uuid", "")
-        for ts, value in item.values:
-            if math.isfinite(value) and value > 0:
-                allocations_at[_key(ts)].append(Allocation(node, uuid, ref, value))
-    unattributed_at: dict[int, list[Unattributed]] = defaultdict(list)
-    for item in unattributed:
-        node, uuid = item.labels.get("node", ""), item.labels.get("gpu_uuid", "")
-        for ts, value in item.values:
-            if math.isfinite(value) and value > 0:
-                unattributed_at[_key(ts)].append(Unattributed(node, uuid, value))
+    def device(labels: Mapping[str, str]) -> tuple[str, str]:
+        return labels.get("node", ""), labels.get("gpu_uuid", "")
+
+    def allocated_flag(labels: Mapping[str, str]) -> bool:
+        return labels.get("allocated", "true") != "false"
+
+    # Each series' labels fix everything but the value: a partial that makes one sample from a value.
+    memory_at = _at(memory, lambda labels: partial(Memory, *device(labels), owner(labels), allocated_flag(labels)))
+    allocations_at = _at(allocated, lambda labels: partial(Allocation, *device(labels), owner(labels)))
+    unattributed_at = _at(unattributed, lambda labels: partial(Unattributed, *device(labels)))
+    offered_at = _at(offered, lambda labels: partial(Offered, *device(labels)))
 
     intervals = [
         Interval(
@@ -214,10 +214,22 @@ def intervals_from_series(
             memory=tuple(memory_at.get(key, ())),
             allocations=tuple(allocations_at.get(key, ())),
             unattributed=tuple(unattributed_at.get(key, ())),
+            offered=tuple(offered_at.get(key, ())),
         )
         for key, instant in sorted(slots.items())
     ]
     return intervals, notes
+
+
+def _at(series: Sequence[Series], sample_of: Callable[[Mapping[str, str]], Callable[[float], T]]) -> dict[int, list[T]]:
+    """Every finite, positive sample of ``series``, made by ``sample_of(labels)(value)``, by instant."""
+    result: dict[int, list[T]] = defaultdict(list)
+    for item in series:
+        make = sample_of(item.labels)
+        for ts, value in item.values:
+            if math.isfinite(value) and value > 0:
+                result[_key(ts)].append(make(value))
+    return result
 
 
 def pod_groups(series: list[Series], label: str) -> dict[tuple[str, str], str]:
@@ -253,8 +265,7 @@ def fetch_intervals(
     else:
         key = by.removeprefix("label:")
         name = label_name(key)
-        query = f'max by (namespace, pod, {name}) (gpu_fence_pod_labels{{{name}!=""}})'
-        groups = pod_groups(client.query_range(query, first, last, step), name)
+        groups = pod_groups(client.query_range(pod_labels_query(name), first, last, step), name)
         if not groups:
             raise PrometheusError(
                 f"no gpu_fence_pod_labels series carries {name} (pod label {key!r}) between {iso(start)} and "
@@ -272,5 +283,6 @@ def fetch_intervals(
         memory=client.query_range(MEMORY, first, last, step),
         allocated=client.query_range(ALLOCATED, first, last, step),
         unattributed=client.query_range(UNATTRIBUTED, first, last, step),
+        offered=client.query_range(OFFERED, first, last, step),
         group_of=group_of,
     )
