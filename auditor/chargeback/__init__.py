@@ -1,8 +1,8 @@
 """``gpu-fence-auditor chargeback``: a GPU bill per namespace or team label from the auditor's metrics.
 
 Reads the auditor's series from Prometheus (``prometheus``), prices cards (``prices``), splits their cost
-(``compute``, pure) and writes a table, CSV, JSON, markdown (``render``) or a self-contained HTML report
-(``html``), each saying how it was made (``provenance``). The method is in
+(``compute``, pure) and writes a table, CSV, JSON, markdown (``render``), FOCUS rows (``focus``) or a
+self-contained HTML report (``html``), each saying how it was made (``provenance``). The method is in
 ``docs/chargeback.md``.
 """
 
@@ -19,13 +19,14 @@ from pathlib import Path
 from . import render as text
 from .compute import Bill, IdlePolicy, Method, card_models, compute_bill
 from .errors import ChargebackError
+from .focus import render_focus
 from .html import render_html
 from .prices import Prices, applied_prices, load_prices
 from .prometheus import PrometheusClient, fetch_intervals
 from .provenance import Provenance, gpu_fence_version
 from .times import iso, parse_duration, parse_time
 
-FORMATS = ("table", "csv", "json", "markdown", "html")
+FORMATS = ("table", "csv", "json", "markdown", "html", "focus")
 # Default resolution: at most this many instants over the range, and never finer than a minute.
 TARGET_POINTS = 2000
 # Finer steps only repeat the same scraped sample, and a tiny one would make billions of instants.
@@ -36,7 +37,7 @@ examples:
   gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start -30d --end now \\
       --by label:team --prices prices.yaml --format html --output gpu-bill.html
   gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start 2026-01-01T00:00:00Z \\
-      --end 2026-02-01T00:00:00Z --price-per-gpu-hour 2.50 --idle platform --format csv
+      --end 2026-02-01T00:00:00Z --price-per-gpu-hour 2.50 --format focus
 
 times: RFC 3339 (2026-01-31T00:00:00Z), unix seconds, now, or relative (-7d, -12h, -30m)
 prices file (YAML): currency: USD / default: 2.50 / models: {"NVIDIA H100 80GB HBM3": 4.00} / nodes: {"spot-*": 1.10}
@@ -170,6 +171,7 @@ RENDERERS = {
     "json": text.render_json,
     "markdown": text.render_markdown,
     "html": render_html,
+    "focus": render_focus,
 }
 
 
