@@ -1,9 +1,9 @@
 """``gpu-fence-auditor chargeback``: a GPU bill per namespace or team label from the auditor's metrics.
 
-Reads the auditor's series from Prometheus (``prometheus``), prices cards (``prices``), splits their cost
-(``compute``, pure) and writes a table, CSV, JSON, markdown (``render``), FOCUS rows (``focus``) or a
-self-contained HTML report (``html``), each saying how it was made (``provenance``). The method is in
-``docs/chargeback.md``.
+Reads the auditor's series from Prometheus (``prometheus``) or from the bundled sample fleet (``demo``), prices
+cards (``prices``), splits their cost (``compute``, pure) and writes a table, CSV, JSON, markdown (``render``),
+FOCUS rows (``focus``) or a self-contained HTML report (``html``), each saying how it was made (``provenance``).
+The method is in ``docs/chargeback.md``.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from pathlib import Path
 
 from . import render as text
 from .compute import Bill, IdlePolicy, Method, card_models, compute_bill
+from .demo import SeriesSource, load_fleet
 from .errors import ChargebackError
 from .focus import render_focus
 from .html import render_html
 from .prices import Prices, applied_prices, load_prices
-from .prometheus import PrometheusClient, fetch_intervals
+from .prometheus import PrometheusClient, Source, fetch_intervals
 from .provenance import Provenance, gpu_fence_version
 from .times import iso, parse_duration, parse_time
 
@@ -34,6 +35,7 @@ MIN_STEP = 1.0
 
 EPILOG = """\
 examples:
+  gpu-fence-auditor chargeback --demo --format html --output demo-bill.html
   gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start -30d --end now \\
       --by label:team --prices prices.yaml --format html --output gpu-bill.html
   gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start 2026-01-01T00:00:00Z \\
@@ -51,15 +53,20 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
         help="bill GPU cost per namespace or pod label from the auditor's metrics in Prometheus",
         description="Charge each GPU's (or MIG slice's) cost to the containers that held it: idle holders pay "
         "what they reserved, memory splits what is in use; idle capacity, overreach and unattributed memory are "
-        "shown apart, next to the request-based cost.",
+        "shown apart, next to the request-based cost. --demo bills a bundled sample fleet without a cluster.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # Let "--start -7d" through: argparse only lets plain negative numbers stand as values, not durations.
     parser._negative_number_matcher = re.compile(r"^-(\d+(\.\d+)?[smhdw]?)+$")
-    parser.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL (http or https)")
-    parser.add_argument("--start", required=True, metavar="T", help="start of the range")
-    parser.add_argument("--end", default="now", metavar="T", help="end of the range (default: now)")
+    parser.add_argument(
+        "--prometheus", metavar="URL", help="Prometheus base URL (http or https); required unless --demo"
+    )
+    parser.add_argument(
+        "--demo", action="store_true", help="bill the bundled sample fleet (one day, four nodes) instead of Prometheus"
+    )
+    parser.add_argument("--start", metavar="T", help="start of the range (required unless --demo)")
+    parser.add_argument("--end", metavar="T", help="end of the range (default: now; with --demo, the fleet's day)")
     parser.add_argument(
         "--step",
         metavar="S",
@@ -69,7 +76,7 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--by", default="namespace", metavar="namespace|label:KEY", help="group by namespace or a pod label"
     )
-    prices = parser.add_mutually_exclusive_group(required=True)
+    prices = parser.add_mutually_exclusive_group()
     prices.add_argument("--price-per-gpu-hour", type=float, metavar="N", help="one price for every card")
     prices.add_argument("--prices", type=Path, metavar="FILE", help="YAML price list per model / node")
     parser.add_argument(
@@ -110,12 +117,50 @@ def default_step(seconds: float) -> float:
     return max(60.0, math.ceil(seconds / TARGET_POINTS / 60.0) * 60.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    source: Source
+    prices: Prices
+    start: float
+    end: float
+    prices_source: str  # how an unpriced card's message names the price list
+
+
+def _inputs(args: argparse.Namespace, now: float) -> _Inputs:
+    """Where the series and prices come from, and the range: Prometheus with the options given, or the demo."""
+    if args.prices is not None:
+        prices, named = load_prices(args.prices), f"price file {args.prices}"
+    elif args.price_per_gpu_hour is not None:
+        prices, named = Prices.flat(args.price_per_gpu_hour), "the price list"
+    else:
+        prices, named = None, "the demo fleet's price list"
+    if args.demo:
+        if args.prometheus:
+            raise ChargebackError("--demo bills the bundled sample fleet: leave out --prometheus")
+        fleet = load_fleet()
+        start = parse_time(args.start, now, "--start") if args.start else fleet.start
+        end = parse_time(args.end, now, "--end") if args.end else fleet.end
+        return _Inputs(SeriesSource(fleet.series), prices or fleet.prices, start, end, named)
+    if not args.prometheus:
+        raise ChargebackError("--prometheus URL is required (or try --demo for a bill over a bundled sample fleet)")
+    if not args.start:
+        raise ChargebackError("--start is required: the start of the range to bill, e.g. -30d or 2026-01-01T00:00:00Z")
+    if prices is None:
+        raise ChargebackError("give prices: --price-per-gpu-hour N, or --prices FILE (a price list per model/node)")
+    start = parse_time(args.start, now, "--start")
+    end = parse_time(args.end or "now", now, "--end")
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        raise ChargebackError(f"--timeout {args.timeout:g}: must be a number of seconds greater than zero")
+    client = PrometheusClient(args.prometheus, timeout=args.timeout)
+    return _Inputs(client, prices, start, end, named)
+
+
 def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, Provenance]:
     """Everything but the writing. Raises ChargebackError with a fix-it message."""
+    inputs = _inputs(args, now)
     # Prometheus keeps time in whole milliseconds and evaluates a range query at start + k × step in them: the
     # instants computed here must be the same numbers, or samples miss their interval and are dropped.
-    start = _milliseconds(parse_time(args.start, now, "--start"))
-    end = _milliseconds(parse_time(args.end, now, "--end"))
+    start, end = _milliseconds(inputs.start), _milliseconds(inputs.end)
     if start >= end:
         raise ChargebackError(f"--start ({iso(start)}) must be before --end ({iso(end)})")
     step = _milliseconds(parse_duration(args.step)) if args.step else default_step(end - start)
@@ -127,11 +172,8 @@ def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, Provenance]:
     if count < 1:
         raise ChargebackError(f"the range {iso(start)} .. {iso(end)} is shorter than one --step ({step:g} s)")
     by = _validate_by(args.by)
-    if not math.isfinite(args.timeout) or args.timeout <= 0:
-        raise ChargebackError(f"--timeout {args.timeout:g}: must be a number of seconds greater than zero")
-    prices = load_prices(args.prices) if args.prices else Prices.flat(args.price_per_gpu_hour)
-    client = PrometheusClient(args.prometheus, timeout=args.timeout)
-    intervals, notes = fetch_intervals(client, start, step, count, by)
+    prices = inputs.prices
+    intervals, notes = fetch_intervals(inputs.source, start, step, count, by)
     missing = sorted(
         {
             (card[0], model)
@@ -142,10 +184,9 @@ def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, Provenance]:
     )
     if missing:
         node, model = missing[0]
-        source = f"price file {args.prices}" if args.prices else "the price list"
         raise ChargebackError(
-            f"{source} has no price for GPU model {model!r} on node {node!r} ({len(missing)} model/node pair(s) "
-            "unpriced): add it under models: or nodes:, or set default:"
+            f"{inputs.prices_source} has no price for GPU model {model!r} on node {node!r} ({len(missing)} "
+            "model/node pair(s) unpriced): add it under models: or nodes:, or set default:"
         )
     bill = compute_bill(
         intervals, prices.per_hour, IdlePolicy(args.idle), currency=prices.currency, method=Method(args.method)
@@ -157,7 +198,7 @@ def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, Provenance]:
     made = Provenance(
         generated_at=now,
         version=gpu_fence_version(),
-        source=client.base_url,
+        source=inputs.source.name,
         step=step,
         group_by=by,
         prices=applied_prices(prices, [(card.node, card.model) for card in bill.cards]),

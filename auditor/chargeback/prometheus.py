@@ -4,7 +4,8 @@ Every query is a ``/api/v1/query_range`` over the same evaluation instants (``st
 ``start + n × step``), so samples of different metrics line up by timestamp. Each instant sees the latest sample
 within Prometheus' lookback (5 minutes by default), the same value a dashboard would show at that instant.
 Queries aggregate with ``max by (...)`` over the contract's labels so that ``job``/``instance`` (and duplicate
-scrapes after an auditor restart) never count twice.
+scrapes after an auditor restart) never count twice. Anything with ``query_range`` and a ``name`` is a
+:class:`Source`: the client below, or the demo's in-process series (``demo.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from ..metrics import label_name  # the name the auditor exports --pod-label KEY under
 from .compute import Allocation, ContainerRef, Device, Interval, Memory, Offered, Unattributed
@@ -58,6 +59,15 @@ class Series:
     values: tuple[tuple[float, float], ...]
 
 
+class Source(Protocol):
+    """Where the series come from; ``name`` is how messages and the report's provenance call it."""
+
+    @property
+    def name(self) -> str: ...
+
+    def query_range(self, query: str, start: float, end: float, step: float) -> list[Series]: ...
+
+
 class PrometheusClient:
     """Just ``query_range``, with every failure mapped to one line naming the server and what went wrong."""
 
@@ -67,6 +77,10 @@ class PrometheusClient:
             raise PrometheusError(f"--prometheus {base_url!r}: expected an http:// or https:// URL")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+
+    @property
+    def name(self) -> str:
+        return self.base_url
 
     def query_range(self, query: str, start: float, end: float, step: float) -> list[Series]:
         """Samples at ``start, start + step, ... <= end``; long ranges are fetched in chunks and joined."""
@@ -246,16 +260,14 @@ def pod_groups(series: list[Series], label: str) -> dict[tuple[str, str], str]:
     return {key: value for key, (_, value) in latest.items()}
 
 
-def fetch_intervals(
-    client: PrometheusClient, start: float, step: float, count: int, by: str
-) -> tuple[list[Interval], list[str]]:
+def fetch_intervals(source: Source, start: float, step: float, count: int, by: str) -> tuple[list[Interval], list[str]]:
     """Query everything chargeback needs for ``count`` intervals of ``step`` seconds after ``start``."""
     first, last = start + step, start + count * step
     instants = [start + step * index for index in range(1, count + 1)]
-    info = client.query_range(INFO, first, last, step)
+    info = source.query_range(INFO, first, last, step)
     if not any(item.values for item in info):
         raise PrometheusError(
-            f"no gpu_fence_gpu_info samples at {client.base_url} between {iso(start)} and {iso(last)}: "
+            f"no gpu_fence_gpu_info samples at {source.name} between {iso(start)} and {iso(last)}: "
             "check the time range and that Prometheus scrapes the auditor"
         )
     if by == "namespace":
@@ -265,7 +277,7 @@ def fetch_intervals(
     else:
         key = by.removeprefix("label:")
         name = label_name(key)
-        groups = pod_groups(client.query_range(pod_labels_query(name), first, last, step), name)
+        groups = pod_groups(source.query_range(pod_labels_query(name), first, last, step), name)
         if not groups:
             raise PrometheusError(
                 f"no gpu_fence_pod_labels series carries {name} (pod label {key!r}) between {iso(start)} and "
@@ -279,10 +291,10 @@ def fetch_intervals(
         instants,
         step,
         info=info,
-        share=client.query_range(SHARE, first, last, step),
-        memory=client.query_range(MEMORY, first, last, step),
-        allocated=client.query_range(ALLOCATED, first, last, step),
-        unattributed=client.query_range(UNATTRIBUTED, first, last, step),
-        offered=client.query_range(OFFERED, first, last, step),
+        share=source.query_range(SHARE, first, last, step),
+        memory=source.query_range(MEMORY, first, last, step),
+        allocated=source.query_range(ALLOCATED, first, last, step),
+        unattributed=source.query_range(UNATTRIBUTED, first, last, step),
+        offered=source.query_range(OFFERED, first, last, step),
         group_of=group_of,
     )

@@ -16,7 +16,7 @@ from .prices import AppliedPrice
 class Provenance:
     generated_at: float  # unix seconds
     version: str  # of gpu-fence
-    source: str  # the Prometheus URL the series came from
+    source: str  # the Prometheus URL, or the bundled demo fleet
     step: float  # seconds per interval
     group_by: str  # namespace | label:KEY
     prices: tuple[AppliedPrice, ...] = ()

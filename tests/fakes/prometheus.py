@@ -86,7 +86,10 @@ class PrometheusServer:
         openmetrics: str | None = None,
         scrape_targets: Sequence[str] = (),
         scrape_interval: str = "1s",
+        *,
+        retention: str = "30d",
     ) -> None:
+        self.retention = retention
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.openmetrics = openmetrics
@@ -129,7 +132,7 @@ class PrometheusServer:
                         f"--config.file={config}",
                         f"--storage.tsdb.path={self.data_dir}",
                         f"--web.listen-address=127.0.0.1:{self.port}",
-                        "--storage.tsdb.retention.time=30d",
+                        f"--storage.tsdb.retention.time={self.retention}",
                         "--log.level=warn",
                     ],
                     stdout=log,
