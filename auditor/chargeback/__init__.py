@@ -1,9 +1,9 @@
 """``gpu-fence-auditor chargeback``: a GPU bill per namespace or team label from the auditor's metrics.
 
-Reads the auditor's series from Prometheus (``prometheus``) or from the bundled sample fleet (``demo``), prices
-cards (``prices``), splits their cost (``compute``, pure) and writes a table, CSV, JSON, markdown (``render``),
-FOCUS rows (``focus``) or a self-contained HTML report (``html``), each saying how it was made (``provenance``).
-The method is in ``docs/chargeback.md``.
+Reads the auditor's series from Prometheus (``prometheus``, with ``httpconfig`` for TLS and credentials) or from
+the bundled sample fleet (``demo``), prices cards (``prices``), splits their cost (``compute``, pure) and writes a
+table, CSV, JSON, markdown (``render``), FOCUS rows (``focus``) or a self-contained HTML report (``html``), each
+saying how it was made (``provenance``). The method is in ``docs/chargeback.md``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .demo import SeriesSource, load_fleet
 from .errors import ChargebackError
 from .focus import render_focus
 from .html import render_html
+from .httpconfig import load_http_config
 from .prices import Prices, applied_prices, load_prices
 from .prometheus import PrometheusClient, Source, fetch_intervals
 from .provenance import Provenance, gpu_fence_version
@@ -38,11 +39,12 @@ examples:
   gpu-fence-auditor chargeback --demo --format html --output demo-bill.html
   gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start -30d --end now \\
       --by label:team --prices prices.yaml --format html --output gpu-bill.html
-  gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start 2026-01-01T00:00:00Z \\
-      --end 2026-02-01T00:00:00Z --price-per-gpu-hour 2.50 --format focus
+  gpu-fence-auditor chargeback --prometheus https://mimir.example.com/prometheus --http-config prom-http.yaml \\
+      --start 2026-01-01T00:00:00Z --end 2026-02-01T00:00:00Z --price-per-gpu-hour 2.50 --format focus
 
 times: RFC 3339 (2026-01-31T00:00:00Z), unix seconds, now, or relative (-7d, -12h, -30m)
 prices file (YAML): currency: USD / default: 2.50 / models: {"NVIDIA H100 80GB HBM3": 4.00} / nodes: {"spot-*": 1.10}
+http config (YAML, as in Prometheus): basic_auth, authorization (credentials_file), tls_config, http_headers
 exit codes: 0 bill written, 2 could not make it (the reason is one line on stderr)
 """
 
@@ -61,6 +63,12 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
     parser._negative_number_matcher = re.compile(r"^-(\d+(\.\d+)?[smhdw]?)+$")
     parser.add_argument(
         "--prometheus", metavar="URL", help="Prometheus base URL (http or https); required unless --demo"
+    )
+    parser.add_argument(
+        "--http-config",
+        type=Path,
+        metavar="FILE",
+        help="Prometheus HTTP client config (YAML): basic_auth, authorization, tls_config, http_headers",
     )
     parser.add_argument(
         "--demo", action="store_true", help="bill the bundled sample fleet (one day, four nodes) instead of Prometheus"
@@ -135,8 +143,8 @@ def _inputs(args: argparse.Namespace, now: float) -> _Inputs:
     else:
         prices, named = None, "the demo fleet's price list"
     if args.demo:
-        if args.prometheus:
-            raise ChargebackError("--demo bills the bundled sample fleet: leave out --prometheus")
+        if args.prometheus or args.http_config:
+            raise ChargebackError("--demo bills the bundled sample fleet: leave out --prometheus and --http-config")
         fleet = load_fleet()
         start = parse_time(args.start, now, "--start") if args.start else fleet.start
         end = parse_time(args.end, now, "--end") if args.end else fleet.end
@@ -151,7 +159,8 @@ def _inputs(args: argparse.Namespace, now: float) -> _Inputs:
     end = parse_time(args.end or "now", now, "--end")
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise ChargebackError(f"--timeout {args.timeout:g}: must be a number of seconds greater than zero")
-    client = PrometheusClient(args.prometheus, timeout=args.timeout)
+    http_config = load_http_config(args.http_config) if args.http_config else None
+    client = PrometheusClient(args.prometheus, timeout=args.timeout, http_config=http_config)
     return _Inputs(client, prices, start, end, named)
 
 

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import ChargebackError
+from .files import read_yaml
 
 _KEYS = ("currency", "default", "models", "nodes")
 # NVML names a MIG device "<card model> MIG 3g.40gb"; the card's own name is what a price list holds.
@@ -142,14 +141,5 @@ def prices_from_mapping(document: Any, source: str = "prices") -> Prices:
 
 
 def load_prices(path: Path) -> Prices:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise PriceError(f"cannot read price file {path}: {error.strerror or error}") from None
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise PriceError(f"price file {path} is not valid YAML{where}: {getattr(error, 'problem', error)}") from None
+    document = read_yaml(path, f"price file {path}", PriceError)
     return prices_from_mapping(document, source=f"price file {path}")

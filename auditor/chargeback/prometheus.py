@@ -10,8 +10,10 @@ scrapes after an auditor restart) never count twice. Anything with ``query_range
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,6 +26,7 @@ from typing import Protocol, TypeVar
 from ..metrics import label_name  # the name the auditor exports --pod-label KEY under
 from .compute import Allocation, ContainerRef, Device, Interval, Memory, Offered, Unattributed
 from .errors import ChargebackError
+from .httpconfig import HttpConfig
 from .times import iso
 
 T = TypeVar("T")
@@ -68,15 +71,58 @@ class Source(Protocol):
     def query_range(self, query: str, start: float, end: float, step: float) -> list[Series]: ...
 
 
+class _NamedHTTPSConnection(http.client.HTTPSConnection):
+    """Verify the server's certificate against ``server_name`` instead of the URL's host (tls_config.server_name)."""
+
+    def __init__(self, *args: object, server_name: str | None = None, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._server_name = server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        name = self._server_name or self._tunnel_host or self.host
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=name)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, context: ssl.SSLContext | None, server_name: str | None) -> None:
+        super().__init__(context=context)
+        self._tls, self._server_name = context, server_name
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        connection = partial(_NamedHTTPSConnection, server_name=self._server_name)
+        return self.do_open(connection, req, context=self._tls)
+
+
+class _RedirectHandler(urllib.request.HTTPRedirectHandler):
+    """Follow redirects unless follow_redirects is false; credentials only ever go back to the same host."""
+
+    def __init__(self, follow: bool) -> None:
+        self.follow = follow
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]  # noqa: PLR0917
+        if not self.follow:
+            return None  # urllib raises the 3xx as an HTTPError
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).netloc == urllib.parse.urlsplit(req.full_url).netloc:
+            for name, value in req.unredirected_hdrs.items():
+                new.add_unredirected_header(name, value)
+        return new
+
+
 class PrometheusClient:
     """Just ``query_range``, with every failure mapped to one line naming the server and what went wrong."""
 
-    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 30.0, http_config: HttpConfig | None = None) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise PrometheusError(f"--prometheus {base_url!r}: expected an http:// or https:// URL")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.http = http_config or HttpConfig()
+        self._opener = urllib.request.build_opener(
+            _RedirectHandler(self.http.follow_redirects), _HTTPSHandler(self.http.tls, self.http.server_name)
+        )
 
     @property
     def name(self) -> str:
@@ -121,19 +167,69 @@ class PrometheusClient:
 
     def _get(self, url: str) -> bytes:
         request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310 (scheme checked)
+        for name, value in _joined(self.http.headers).items():
+            request.add_header(name, value)
+        for name, value in _joined(self.http.secret_headers).items():
+            request.add_unredirected_header(name, value)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+            with self._opener.open(request, timeout=self.timeout) as response:
                 return response.read()
         except urllib.error.HTTPError as error:
-            detail = _error_detail(error)
-            raise PrometheusError(f"Prometheus at {self.base_url} answered HTTP {error.code}: {detail}") from None
+            raise PrometheusError(self._http_error(error)) from None
         except urllib.error.URLError as error:
+            if isinstance(error.reason, ssl.SSLError):
+                raise PrometheusError(self._tls_error(error.reason)) from None
             reason = getattr(error.reason, "strerror", None) or str(error.reason)
             raise PrometheusError(f"cannot reach Prometheus at {self.base_url}: {reason}") from None
+        except ssl.SSLError as error:  # raised past urllib when TLS 1.3 refuses the client after the handshake
+            raise PrometheusError(self._tls_error(error)) from None
         except TimeoutError:
             raise PrometheusError(f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s") from None
-        except OSError as error:
-            raise PrometheusError(f"cannot reach Prometheus at {self.base_url}: {error.strerror or error}") from None
+        except (OSError, http.client.HTTPException) as error:
+            reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+            raise PrometheusError(f"cannot reach Prometheus at {self.base_url}: {reason}") from None
+
+    def _http_error(self, error: urllib.error.HTTPError) -> str:
+        detail = _error_detail(error)
+        message = f"Prometheus at {self.base_url} answered HTTP {error.code} {error.reason}"
+        if error.code in (401, 403):
+            if self.http.authenticates:
+                hint = f"check the credentials in --http-config {self.http.source}"
+            elif self.http.source:
+                hint = f"--http-config {self.http.source} sends no credentials: add basic_auth or authorization"
+            else:
+                hint = "pass credentials with --http-config FILE (basic_auth, authorization)"
+            return f"{message}: {hint}"
+        if 300 <= error.code < 400:
+            return f"{message}: redirect to {error.headers.get('Location', '?')} not followed (follow_redirects: false)"
+        return f"{message}: {detail}" if detail and detail != str(error.reason) else message
+
+    def _tls_error(self, error: ssl.SSLError) -> str:
+        where = f"--http-config {self.http.source}" if self.http.source else "--http-config FILE"
+        if isinstance(error, ssl.SSLCertVerificationError):
+            reason = error.verify_message or error.reason or "certificate verify failed"
+            message = f"TLS with Prometheus at {self.base_url} failed: certificate verify failed: {reason.rstrip('.')}"
+            if "mismatch" in reason:
+                return f"{message}: set tls_config.server_name in {where} to a name the certificate holds"
+            return f"{message}: set tls_config.ca_file in {where} to the CA that signed the server's certificate"
+        message = f"TLS with Prometheus at {self.base_url} failed: {error.reason or error}"
+        text = str(error).upper()
+        if "CERTIFICATE_REQUIRED" in text or "BAD_CERTIFICATE" in text or "UNKNOWN_CA" in text:
+            return (
+                f"{message}: the server wants a client certificate it trusts: "
+                f"set tls_config.cert_file and key_file in {where}"
+            )
+        if "WRONG_VERSION_NUMBER" in text or "RECORD_LAYER" in text:
+            return f"{message}: the server does not speak TLS there (try http://)"
+        return message
+
+
+def _joined(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Repeated header names as one comma-separated value, as HTTP allows (RFC 9110 §5.3)."""
+    joined: dict[str, list[str]] = defaultdict(list)
+    for name, value in headers:
+        joined[name].append(value)
+    return {name: ", ".join(values) for name, values in joined.items()}
 
 
 def _num(value: float) -> str:
