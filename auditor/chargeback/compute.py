@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 GIB = 1 << 30
 
@@ -243,37 +244,71 @@ class Bill:
 PriceLookup = Callable[[str, str], "float | None"]
 
 
-@dataclass(frozen=True)
-class _Party:
-    """Who a share of a unit is booked to; idle is spread over parties in proportion to what each was booked."""
+# The hot path keys dicts by these on every interval: NamedTuples hash and compare at C speed, where a frozen
+# dataclass (ContainerRef included) runs a Python __hash__ each time.
+class _Who(NamedTuple):
+    """A container, as the split keys it."""
 
-    charge: Charge
+    namespace: str
+    pod: str
+    container: str
+    group: str
+
+
+class _Party(NamedTuple):
+    """Who a share of a unit is booked to; idle is spread over parties in proportion to what each was booked.
+    ``pod``/``container`` are set for overreach only (each offending container is a row of its own)."""
+
+    charge: str  # a Charge value
     group: str = ""
     namespace: str = ""
-    owner: ContainerRef | None = None  # overreach only: the offending container
+    pod: str = ""
+    container: str = ""
 
     @classmethod
-    def of(cls, charge: Charge, owner: ContainerRef) -> _Party:
-        if charge is Charge.OVERREACH:
-            return cls(charge, owner.group, owner.namespace, owner)
-        return cls(charge, owner.group, owner.namespace)
+    def of(cls, charge: str, who: _Who) -> _Party:
+        if charge == _OVERREACH:
+            return cls(charge, who.group, who.namespace, who.pod, who.container)
+        return cls(charge, who.group, who.namespace)
 
 
-_UNATTRIBUTED = _Party(Charge.UNATTRIBUTED)
+_USAGE, _RESERVED, _OVERREACH = Charge.USAGE.value, Charge.RESERVED.value, Charge.OVERREACH.value
+_UNATTRIBUTED = _Party(Charge.UNATTRIBUTED.value)
 
 
 @dataclass(frozen=True)
-class _User:
+class _Owner:
+    """A container's key and its parties, made once per ContainerRef object."""
+
+    who: _Who
+    usage: _Party
+    overreach: _Party
+
+
+class _Owners:
+    """The sources reuse one ContainerRef per series; work out its key and parties once per object, not per sample."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[ContainerRef, _Owner]] = {}  # the entry keeps the object alive: ids stay unique
+
+    def of(self, ref: ContainerRef) -> _Owner:
+        found = self._by_id.get(id(ref))
+        if found is None or found[0] is not ref:
+            who = _Who(ref.namespace, ref.pod, ref.container, ref.group)
+            found = self._by_id[id(ref)] = (ref, _Owner(who, _Party.of(_USAGE, who), _Party.of(_OVERREACH, who)))
+        return found[1]
+
+
+class _User(NamedTuple):
     """Memory on a unit in one interval: who holds it (None for processes outside any container) and how much."""
 
     party: _Party
-    owner: ContainerRef | None
+    who: _Who | None
     bytes: float
 
 
-@dataclass(frozen=True)
-class _Split:
-    bookings: tuple[tuple[_Party, float, float], ...]  # (party, amount, bytes)
+class _Split(NamedTuple):
+    bookings: list[tuple[_Party, float, float]]  # (party, amount, bytes)
     idle: float
     offered_missing: bool  # a holder paid a reserved share with the offered replicas unknown
     over_held: bool  # more ids held than the device plugin offers
@@ -281,7 +316,7 @@ class _Split:
 
 def split_unit(
     amount: float,
-    holders: Mapping[ContainerRef, float],
+    holders: Mapping[_Who, float],
     offered: float | None,
     users: Sequence[_User],
     method: Method,
@@ -294,8 +329,8 @@ def split_unit(
     offered_missing = over_held = False
     reserved = 0.0
     if method is Method.HOLDER and holders:
-        using = {user.owner for user in users if user.owner is not None}
-        idle_holders = [(owner, ids) for owner, ids in holders.items() if owner not in using]
+        using = {user.who for user in users}
+        idle_holders = [(who, ids) for who, ids in holders.items() if who not in using]
         if idle_holders:
             held = sum(holders.values())
             known = offered is not None and offered > 0
@@ -303,17 +338,17 @@ def split_unit(
             replicas = offered if known else held
             offered_missing = not known
             over_held = known and held > replicas
-            for owner, ids in idle_holders:
+            for who, ids in idle_holders:
                 share = amount * ids / max(replicas, held)
                 reserved += share
-                bookings.append((_Party.of(Charge.RESERVED, owner), share, 0.0))
+                bookings.append((_Party.of(_RESERVED, who), share, 0.0))
     rest = max(0.0, amount - reserved)
     in_use = sum(user.bytes for user in users)
     if in_use <= 0:
-        return _Split(tuple(bookings), rest, offered_missing, over_held)
+        return _Split(bookings, rest, offered_missing, over_held)
     for user in users:
         bookings.append((user.party, rest * user.bytes / in_use, user.bytes))
-    return _Split(tuple(bookings), 0.0, offered_missing, over_held)
+    return _Split(bookings, 0.0, offered_missing, over_held)
 
 
 def card_models(devices: Iterable[Device]) -> dict[tuple[str, str], str]:
@@ -352,6 +387,7 @@ def compute_bill(
     offered_missing: set[tuple[str, str]] = set()
     over_held: set[tuple[str, str]] = set()
     timeline: list[TimePoint] = []
+    known = _Owners()
 
     for interval in intervals:
         hours = interval.seconds / 3600.0
@@ -369,15 +405,17 @@ def compute_bill(
         users: dict[tuple[str, str], list[_User]] = defaultdict(list)
         for sample in interval.memory:
             if sample.bytes > 0:
-                charge = Charge.USAGE if sample.allocated else Charge.OVERREACH
-                party = _Party.of(charge, sample.owner)
-                users[(sample.node, sample.gpu_uuid)].append(_User(party, sample.owner, sample.bytes))
+                owner = known.of(sample.owner)
+                party = owner.usage if sample.allocated else owner.overreach
+                users[(sample.node, sample.gpu_uuid)].append(_User(party, owner.who, sample.bytes))
         for sample in interval.unattributed:
             if sample.bytes > 0:
                 users[(sample.node, sample.gpu_uuid)].append(_User(_UNATTRIBUTED, None, sample.bytes))
-        holders: dict[tuple[str, str], dict[ContainerRef, float]] = defaultdict(lambda: defaultdict(float))
-        for allocation in interval.allocations:
-            holders[(allocation.node, allocation.gpu_uuid)][allocation.owner] += allocation.count
+        holders: dict[tuple[str, str], dict[_Who, float]] = defaultdict(lambda: defaultdict(float))
+        if method is Method.HOLDER:  # the usage method never asks who holds a unit
+            for allocation in interval.allocations:
+                who = known.of(allocation.owner).who
+                holders[(allocation.node, allocation.gpu_uuid)][who] += allocation.count
         offered = {(item.node, item.gpu_uuid): item.replicas for item in interval.offered}
 
         slices: dict[tuple[str, str], list[Device]] = defaultdict(list)
@@ -407,8 +445,11 @@ def compute_bill(
                 layer[IDLE] += split.idle * price
                 for party, card_hours, held_bytes in split.bookings:
                     entry = ledger[(device.node, device.uuid, card[1], party)]
-                    _add(entry, card_hours * price, held_bytes / GIB * hours, card_hours)
-                    layer[_layer(party)] += card_hours * price
+                    cost = card_hours * price
+                    entry[0] += cost
+                    entry[1] += held_bytes / GIB * hours
+                    entry[2] += card_hours
+                    layer[_layer(party)] += cost
         for key in users:
             device = devices.get(key)
             if device is not None and slices.get(device.card):
@@ -459,9 +500,9 @@ def _add(amounts: list[float], *values: float) -> None:
 
 
 def _layer(party: _Party) -> str:
-    if party.charge is Charge.OVERREACH:
+    if party.charge == _OVERREACH:
         return OVERREACH
-    if party.charge is Charge.UNATTRIBUTED:
+    if party.charge == _UNATTRIBUTED.charge:
         return UNATTRIBUTED
     return party.group
 
@@ -485,7 +526,7 @@ def _idle_entries(
         parties = booked.get((node, card))
         if idle_policy is IdlePolicy.PLATFORM or not parties or sum(parties.values()) <= 0:
             if hours > 0:
-                entries.append(((node, device, card), _Party(Charge.PLATFORM), (cost, 0.0, hours)))
+                entries.append(((node, device, card), _Party(Charge.PLATFORM.value), (cost, 0.0, hours)))
         else:
             _add(card_idle[(node, card)], cost, hours)
     for (node, card), (cost, hours) in card_idle.items():
@@ -493,7 +534,8 @@ def _idle_entries(
         total = sum(parties.values())
         for (device, party), weight in parties.items():
             # The idle share keeps the party's kind where that kind is billed apart (overreach, unattributed).
-            share = party if party.charge in (Charge.OVERREACH, Charge.UNATTRIBUTED) else _idle_party(party)
+            apart = party.charge in (_OVERREACH, Charge.UNATTRIBUTED.value)
+            share = party if apart else _idle_party(party)
             entries.append(((node, device, card), share, (cost * weight / total, 0.0, hours * weight / total)))
     return entries
 
@@ -505,18 +547,17 @@ def _merged_lines(entries: Iterable[Entry], model_of: Mapping[tuple[str, str], s
         _add(merged[(where, party)], *amounts)
     lines = []
     for ((node, device, card), party), (cost, gib_hours, card_hours) in merged.items():
-        owner = party.owner
         lines.append(
             Line(
                 node=node,
                 device_uuid=device,
                 card_uuid=card,
                 model=model_of[(node, card)],
-                charge=party.charge,
+                charge=Charge(party.charge),
                 group=party.group,
                 namespace=party.namespace,
-                pod=owner.pod if owner else "",
-                container=owner.container if owner else "",
+                pod=party.pod,
+                container=party.container,
                 cost=cost,
                 gib_hours=gib_hours,
                 card_hours=card_hours,
@@ -527,7 +568,7 @@ def _merged_lines(entries: Iterable[Entry], model_of: Mapping[tuple[str, str], s
 
 
 def _idle_party(party: _Party) -> _Party:
-    return _Party(Charge.IDLE_SHARE, party.group, party.namespace)
+    return _Party(Charge.IDLE_SHARE.value, party.group, party.namespace)
 
 
 _GROUP_FIELD = {Charge.USAGE: "usage", Charge.RESERVED: "reserved", Charge.IDLE_SHARE: "idle"}
