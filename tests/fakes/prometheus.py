@@ -6,14 +6,19 @@ Two ways to give it data:
   hours in the past) and are queried with explicit timestamps.
 - ``scrape_targets``: ``host:port`` strings scraped at ``scrape_interval`` (job ``gpu-fence-auditor``).
 
+``web_config`` starts it with ``--web.config.file`` (Prometheus' own TLS and basic-auth server settings); readiness
+is then checked over HTTPS against ``ca_file`` with the ``basic_auth`` credentials given.
+
 Readiness and scrapes are waited for by polling with a deadline, never by sleeping a fixed time.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.parse
@@ -86,7 +91,16 @@ class PrometheusServer:
         openmetrics: str | None = None,
         scrape_targets: Sequence[str] = (),
         scrape_interval: str = "1s",
+        *,
+        retention: str = "30d",
+        web_config: dict[str, Any] | None = None,
+        ca_file: Path | None = None,
+        basic_auth: tuple[str, str] | None = None,
     ) -> None:
+        self.retention = retention
+        self.web_config = web_config
+        self.ca_file = ca_file
+        self.basic_auth = basic_auth
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.openmetrics = openmetrics
@@ -97,7 +111,8 @@ class PrometheusServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.web_config and "tls_server_config" in self.web_config else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def _config(self) -> Path:
         config: dict[str, Any] = {"global": {"scrape_interval": self.scrape_interval, "evaluation_interval": "1s"}}
@@ -119,6 +134,11 @@ class PrometheusServer:
         if self.openmetrics is not None:
             backfill(self.openmetrics, self.data_dir)
         config = self._config()
+        extra = []
+        if self.web_config is not None:
+            web = self.workdir / "web.yml"
+            web.write_text(yaml.safe_dump(self.web_config), encoding="utf-8")
+            extra.append(f"--web.config.file={web}")
         log_path = self.workdir / "prometheus.log"
         for _attempt in range(3):  # another process may take the free port between probing and binding
             self.port = free_port()
@@ -129,8 +149,9 @@ class PrometheusServer:
                         f"--config.file={config}",
                         f"--storage.tsdb.path={self.data_dir}",
                         f"--web.listen-address=127.0.0.1:{self.port}",
-                        "--storage.tsdb.retention.time=30d",
+                        f"--storage.tsdb.retention.time={self.retention}",
                         "--log.level=warn",
+                        *extra,
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -148,7 +169,14 @@ class PrometheusServer:
     def _ready(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
             raise ProcessExited(f"prometheus exited with {self.process.returncode}")
-        with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+        request = urllib.request.Request(f"{self.url}/-/ready")
+        if self.basic_auth is not None:
+            token = base64.b64encode(":".join(self.basic_auth).encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        context = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else None
+        if context is not None:
+            context.check_hostname = False  # the server certificate names localhost; we dial 127.0.0.1
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
             return response.status == 200
 
     def stop(self) -> None:
