@@ -9,8 +9,9 @@ the Flask app and its test client keep working unchanged and go through this pat
 
 The answers are those the Flask views gave, byte for byte where it matters: the same status codes, the same
 ``{"error", "message"}`` bodies naming what to fix (:func:`error_body`), the same metrics and log lines. A bug in
-this layer (or a connection that fails while its body is read) gets the JSON 500 that Flask's error handler gives
-for the other routes, logged and counted, from the one function both call (:func:`internal_error`).
+this layer gets the JSON 500 that Flask's error handler gives for the other routes, logged and counted, from the one
+function both call (:func:`internal_error`). A body shorter than its ``Content-Length`` (the client ended its side
+early) is a 400 ``truncated-body``.
 
 Each review's log line is built here too (:class:`ReviewLog`), in the shape of ``gpu_fence.logs``. ``serve``
 writes it with one ``os.write`` on stderr instead of through a logging handler, whose lock the worker's threads
@@ -116,6 +117,8 @@ def _read_json_body(environ: dict[str, Any]) -> object:
         raise BadReview("body-too-large", f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit", 413)
     if length is not None:
         data = stream.read(length) if length else b""
+        if len(data) < length:  # the client ended its side early: what came may even parse, but is not the review
+            raise BadReview("truncated-body", f"body ended after {len(data)} of its {length} bytes (Content-Length)")
     elif "wsgi.input_terminated" in environ:  # chunked: the server ends the stream, this layer bounds it
         data = stream.read(MAX_BODY_BYTES + 1)
         if len(data) > MAX_BODY_BYTES:

@@ -153,6 +153,17 @@ def test_a_body_past_the_discard_limit_is_not_read(app):
     assert status.startswith("413 ") and not hasattr(stream, "consumed")
 
 
+@pytest.mark.parametrize("body", [BODY[: len(BODY) // 2], b'{"apiVersion": "admission.k8s.io/v1"}'])
+def test_a_body_shorter_than_its_length_is_a_counted_400_even_when_what_came_parses(app, metrics, body):
+    status, _, data, _ = call(app, "POST", "/validate", body, length=str(len(body) + 7))
+    assert status == "400 Bad Request"
+    assert orjson.loads(data) == {
+        "error": "truncated-body",
+        "message": f"body ended after {len(body)} of its {len(body) + 7} bytes (Content-Length)",
+    }
+    assert bad_requests(metrics, "truncated-body") == 1
+
+
 @pytest.mark.parametrize(("length", "terminated"), [(None, False), ("abc", True), ("-5", True), ("0", True)])
 def test_no_usable_length_reads_as_an_empty_body(app, metrics, length, terminated):
     """As werkzeug read it: no length from a server that does not end the stream is no body (reading could hang);
