@@ -2,21 +2,20 @@
 
 Why these choices:
 
-* **gthread workers** keep connections alive (``sync`` workers close each one, which behind TLS means a full
-  handshake per admission call). ``keepalive`` outlasts the API server's 90 s idle-connection timeout, so the
-  client, not the server, closes idle connections and never reuses one the server just dropped.
+* **Our own gunicorn worker** (``webhook.worker``): its event loop does the TLS handshakes and reads each request
+  whole, within a deadline per request, before a pool thread runs the app on it; no client can hold a thread by
+  sending slowly. It keeps connections alive (a TLS handshake per admission call costs more than the review) but
+  closes each after a few seconds, so that traffic rebalances over the workers. Why, in detail: the worker's
+  module docstring and docs/webhook.md.
 * **Certificate reload without restart.** gunicorn asks its ``ssl_context`` hook for a context on every new
   connection. :class:`CertificateStore` answers with a cached context and, at most once a second, compares the
   files' inode/mtime/size; on a change it builds a *new* context and swaps it in. Connections already open
   (in-flight or keep-alive) keep the context they were accepted with, so nothing is dropped, and new ones get
   the new certificate. A half-written pair (key and certificate do not match yet) keeps the old context and is
   retried. Kubernetes updates mounted Secrets by an atomic symlink swap, which changes the inode.
-* **Silent clients time out.** gthread reads a request on a blocking socket with no timeout, so a client that
-  sends one byte of a ClientHello (or of a second request on a kept-alive connection) and then nothing would
-  hold a worker thread for good; a handful of them would starve every review. Sockets from our context give
-  each read and write ``IO_TIMEOUT_SECONDS``, longer than the API server's whole webhook timeout, after which
-  the connection is dropped. Idle kept-alive connections wait in gunicorn's poller, not in a read, and are
-  not affected.
+* **Sockets never block without a timeout.** The worker never blocks on a client socket; sockets from our
+  context still give each blocking read and write ``IO_TIMEOUT_SECONDS``, so that code which does block on them
+  (gunicorn's own ``gthread`` worker, which the HTTPS benchmark runs beside ours) cannot wait for ever either.
 * **Metrics across workers**: ``PROMETHEUS_MULTIPROC_DIR`` is set, to a fresh temporary directory, before
   prometheus_client is imported; each worker writes its values there and ``/metrics`` merges them. The
   container's root filesystem is read-only, so ``/tmp`` (``TMPDIR``) must be a writable ``emptyDir``.
@@ -63,10 +62,8 @@ examples:
 
 log = logging.getLogger("gpu_fence.webhook")
 
-#: Longer than the API server's idle-connection timeout (Go's http.Transport: 90 s).
-KEEPALIVE_SECONDS = 120
 RELOAD_CHECK_SECONDS = 1.0
-#: Longest silence allowed within a handshake, a request or a response; the webhooks' timeoutSeconds is 3.
+#: Longest silence allowed within a blocking read or write on one of our sockets (the worker never blocks).
 IO_TIMEOUT_SECONDS = 5.0
 
 
@@ -184,7 +181,9 @@ class CertificateStore:
         context = _ServerContext(ssl.PROTOCOL_TLS_SERVER)
         context.sslsocket_class = self._socket_class
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+        # A client that ends its side of TCP without close_notify (a body cut short) still gets its 400: OpenSSL 3
+        # otherwise fails the connection on that EOF, and the answer with it.
+        context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_IGNORE_UNEXPECTED_EOF
         try:
             context.load_cert_chain(self.cert_file, self.key_file)
             with open(self.cert_file, "rb") as handle:
@@ -349,6 +348,7 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> Ex
 
     from .app import create_app  # noqa: PLC0415
     from .metrics import WebhookMetrics  # noqa: PLC0415
+    from .worker import Limits, worker_class  # noqa: PLC0415
     from .wsgi import ReviewLog  # noqa: PLC0415
 
     metrics = WebhookMetrics()
@@ -371,12 +371,14 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> Ex
             pid=os.getpid(),
         )
 
+    limits = Limits()
     options = {
         "bind": [f"{host}:{args.port}"],
         "workers": args.workers,
-        "worker_class": "gthread",
+        "worker_class": worker_class(limits, metrics),
         "threads": args.threads,
-        "keepalive": KEEPALIVE_SECONDS,
+        "worker_connections": limits.max_connections,
+        "keepalive": limits.idle_seconds,
         "timeout": 30,
         "graceful_timeout": 20,
         "certfile": args.cert_file,  # tells gunicorn to speak TLS; the context itself comes from the store
