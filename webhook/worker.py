@@ -53,7 +53,7 @@ from gunicorn.workers import base
 
 from .framing import Frame, FrameKind, RequestReader
 from .metrics import WebhookMetrics
-from .wsgi import MAX_BODY_BYTES, MAX_DISCARD_BYTES, error_body
+from .wsgi import CLIENT_CN, CLIENT_VERIFIED, CLIENT_VERIFY, MAX_BODY_BYTES, MAX_DISCARD_BYTES, error_body
 
 #: The webhooks' ``timeoutSeconds`` (every entry of manifests/base/webhook-configurations.yaml; a manifest test
 #: holds them equal). The API server gives up on a call after it, connection and TLS handshake included, so a
@@ -649,15 +649,15 @@ def worker_class(limits: Limits, metrics: WebhookMetrics) -> type[AdmissionWorke
 
 
 def _client_certificate_environ(sock: Any) -> dict[str, str]:
-    """What the WSGI app learns of the client's certificate, in mod_ssl's names: verified or not, and its CN.
+    """What the WSGI app learns of the client's certificate (``webhook.wsgi.ClientAuth`` reads it).
 
-    The context verifies a certificate against the client CA during the handshake and fails the handshake on one
-    it does not trust, so a certificate present here is a verified one.
+    With a client CA, the context verifies a certificate during the handshake and fails the handshake on one it does
+    not trust, so a certificate present here is a verified one; without one, no certificate is asked for.
     """
     if not isinstance(sock, ssl.SSLSocket):
         return {}
     certificate = sock.getpeercert()
     if not certificate:
-        return {"SSL_CLIENT_VERIFY": "NONE"}
+        return {CLIENT_VERIFY: "NONE"}
     names = [value for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName"]
-    return {"SSL_CLIENT_VERIFY": "SUCCESS", "SSL_CLIENT_S_DN_CN": names[-1] if names else ""}
+    return {CLIENT_VERIFY: CLIENT_VERIFIED, CLIENT_CN: names[-1] if names else ""}
