@@ -24,7 +24,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import reviews
+from bench import machine, reviews
 from gpu_fence.webhook.worker import WEBHOOK_TIMEOUT_SECONDS, Limits
 from gpu_fence.webhook.wsgi import MAX_BODY_BYTES
 from tests.fakes.slow_clients import Attack
@@ -129,34 +129,6 @@ def test_a_kept_alive_connection_is_closed_after_a_few_seconds_with_an_answer(se
 # -- a killed worker gets its share back -------------------------------------------------------------------------
 
 
-def _established_inodes(port: int) -> set[str]:
-    """Socket inodes of the server side of established TCP connections on ``port`` (/proc/net/tcp)."""
-    inodes = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local_port = int(fields[1].rsplit(":", 1)[1], 16)
-        if local_port == port and fields[3] == "01":  # 01: ESTABLISHED
-            inodes.add(fields[9])
-    return inodes
-
-
-def connections_of(pid: int, port: int) -> int:
-    """How many established connections on ``port`` the process holds."""
-    inodes = _established_inodes(port)
-    held = 0
-    try:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:[") and target[8:-1] in inodes:
-                held += 1
-    except OSError:
-        return 0
-    return held
-
-
 def test_a_replaced_worker_gets_kept_alive_traffic_back(tmp_path):
     with serving(tmp_path) as server:
         stop = threading.Event()
@@ -188,7 +160,7 @@ def test_a_replaced_worker_gets_kept_alive_traffic_back(tmp_path):
             [replacement] = [pid for pid in server.workers() if pid != survivor]
             # within a few connection lifetimes, clients reconnect and the replacement holds some of them
             wait_for(
-                lambda: connections_of(replacement, server.port) >= 2,
+                lambda: machine.established_connections(replacement, server.port) >= 2,
                 4 * Limits().connection_seconds + 10,
                 "the replacement worker never got connections back",
             )
