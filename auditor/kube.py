@@ -54,8 +54,47 @@ class KubernetesUnavailable(Exception):
         self.reason = reason
 
 
-def load_api_client(kubeconfig: str | None, *, timeout: float = 10.0) -> Any:
-    """An ``ApiClient`` configured as ``gpu_fence.kubeconfig`` finds it, failing fast (no retries)."""
+#: The longest any one API call may wait, cycle or not (what the client's timeout was before cycles bounded it).
+API_CALL_SECONDS = 10.0
+
+
+class ApiBudgetSpent(Exception):
+    """The current cycle has no time left for API calls; the next cycle tries again."""
+
+
+class ApiBudget:
+    """How long API calls may still wait: each at most ``per_call`` seconds and, once :meth:`renew` for a cycle,
+    all of that cycle's calls together (the pod list, the Events) no longer than its budget, so that an API server
+    that hangs costs a cycle a bounded time: it is waited for once, then later calls fail at once.
+
+    The budget counts time spent in calls, not time since the cycle began: reading the kubelet, NVML and /proc
+    first does not use it up.
+    """
+
+    def __init__(self, per_call: float = API_CALL_SECONDS) -> None:
+        self.per_call = per_call
+        self._left: float | None = None
+
+    def renew(self, seconds: float | None) -> None:
+        """Give the calls from now on ``seconds`` in all (None: no budget, only the per-call bound)."""
+        self._left = seconds
+
+    def timeout(self) -> float:
+        """The seconds the next call may wait in all; raises ``ApiBudgetSpent`` when none are left."""
+        if self._left is None:
+            return self.per_call
+        if self._left <= 0:
+            raise ApiBudgetSpent("no time left in this cycle for Kubernetes API calls")
+        return min(self.per_call, self._left)
+
+    def spend(self, seconds: float) -> None:
+        if self._left is not None:
+            self._left -= seconds
+
+
+def load_api_client(kubeconfig: str | None, *, budget: ApiBudget | None = None) -> Any:
+    """An ``ApiClient`` configured as ``gpu_fence.kubeconfig`` finds it, failing fast (no retries); its calls wait
+    as ``budget`` allows (by default at most ``API_CALL_SECONDS`` each)."""
     from kubernetes import client
 
     try:
@@ -68,7 +107,7 @@ def load_api_client(kubeconfig: str | None, *, timeout: float = 10.0) -> Any:
         ) from error
     configuration.retries = 0  # a cycle must not stall on an API that is down: the next cycle retries
     api_client = client.ApiClient(configuration)
-    api_client.gpu_fence_timeout = timeout
+    api_client.gpu_fence_budget = budget if budget is not None else ApiBudget()
     return api_client
 
 
@@ -92,12 +131,15 @@ def api_request(
     content_type: str = "application/json",
 ) -> bytes:
     """One request through the client's configuration (server, bearer token, client certificates, CA) and its
-    connection pool; the response body, read whole. Raises ``ApiError`` on a non-2xx status; socket, TLS and
-    timeout errors pass through as the client raises them.
+    connection pool; the response body, read whole. Raises ``ApiError`` on a non-2xx status and
+    ``ApiBudgetSpent`` when the cycle has no time left for it; socket, TLS and timeout errors pass through as the
+    client raises them. The call waits at most what the client's ``ApiBudget`` allows, in all (urllib3's total
+    timeout: connecting and reading together), and spends from it what it took.
 
     ``path`` may hold ``{name}`` placeholders filled from ``path_params`` (percent-encoded by the client).
     """
-    timeout = getattr(api_client, "gpu_fence_timeout", 10.0)
+    budget = getattr(api_client, "gpu_fence_budget", None)
+    timeout = budget.timeout() if budget is not None else API_CALL_SECONDS
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = content_type
@@ -110,10 +152,13 @@ def api_request(
         body=dict(body) if body is not None else None,
         auth_settings=["BearerToken"],  # the only scheme the client knows; it re-reads a rotated in-cluster token
     )
-    response = api_client.call_api(
-        method, url, header_params=headers, body=serialized, _request_timeout=(timeout, timeout)
-    )
-    data = response.read()
+    started = time.monotonic()
+    try:
+        response = api_client.call_api(method, url, header_params=headers, body=serialized, _request_timeout=timeout)
+        data = response.read()
+    finally:
+        if budget is not None:
+            budget.spend(time.monotonic() - started)
     if not 200 <= response.status <= 299:
         raise ApiError(response.status, response.reason or "")
     return data
