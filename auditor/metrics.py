@@ -107,8 +107,20 @@ class _LatestAudit(Collector):
         )
         unattributed = GaugeMetricFamily(
             "gpu_fence_unattributed_gpu_memory_bytes",
-            "GPU memory of processes outside any known container.",
+            "GPU memory of processes outside any known container (absent where NVML could not list the processes).",
             labels=["node", "gpu_uuid"],
+        )
+        unattributed_unknown = GaugeMetricFamily(
+            "gpu_fence_unattributed_gpu_processes_unknown_memory",
+            "Processes outside any known container on that GPU or MIG device whose memory NVML did not report (their "
+            "bytes are missing from gpu_fence_unattributed_gpu_memory_bytes, not zero).",
+            labels=["node", "gpu_uuid"],
+        )
+        unlisted = GaugeMetricFamily(
+            "gpu_fence_gpu_processes_unknown",
+            "1 for a GPU or MIG device whose processes NVML could not list this cycle, with NVML's reason: its "
+            "unattributed memory is unknown, and so absent.",
+            labels=["node", "gpu_uuid", "reason"],
         )
         info = GaugeMetricFamily(
             "gpu_fence_gpu_info",
@@ -136,11 +148,13 @@ class _LatestAudit(Collector):
             unknown_values: Tally[tuple[str, ...]] = Tally()
             finding_values: Tally[tuple[str, ...]] = Tally()
             labelled_pods: dict[tuple[str, str], tuple[str, ...]] = {}
+            unread = dict(snapshot.unlisted)
             for row in result.rows:
                 who = (self.node, row.namespace or "", row.pod or "", _container_label(row.container, row.container_id))
                 allowed = set(row.allocated) | {gpus[u].parent_uuid for u in row.allocated if u in gpus}
                 for uuid, size in row.memory_bytes:
-                    memory_values[(*who, uuid, "true" if uuid in allowed else "false")] += size
+                    if uuid not in unread:  # a device whose process lists failed: what is listed is not all
+                        memory_values[(*who, uuid, "true" if uuid in allowed else "false")] += size
                 for uuid, count in row.allocation_counts:
                     allocated_values[(*who, uuid)] += count
                 for uuid, count in row.unknown_memory_processes:
@@ -168,15 +182,38 @@ class _LatestAudit(Collector):
                 findings.add_metric(list(labels), value)
             unattributed_bytes = dict(result.unattributed_memory_bytes)
             for gpu in snapshot.gpus:
-                unattributed.add_metric([self.node, gpu.uuid], unattributed_bytes.pop(gpu.uuid, 0))
+                # Unknown stays unknown: a device whose processes NVML could not list, whose memory or share it could
+                # not read, has no series for it (a 0 would be billed as a measurement).
+                known_bytes = unattributed_bytes.pop(gpu.uuid, 0)
+                if gpu.uuid not in unread:
+                    unattributed.add_metric([self.node, gpu.uuid], known_bytes)
                 info.add_metric([self.node, gpu.uuid, gpu.parent_uuid or "", gpu.model, gpu.profile], 1)
-                total.add_metric([self.node, gpu.uuid], gpu.memory_total_bytes)
-                share.add_metric([self.node, gpu.uuid], gpu.share)
+                if gpu.memory_total_bytes is not None:
+                    total.add_metric([self.node, gpu.uuid], gpu.memory_total_bytes)
+                if gpu.share is not None:
+                    share.add_metric([self.node, gpu.uuid], gpu.share)
             for uuid, size in unattributed_bytes.items():  # a process on a device NVML did not list (lost mid-read)
-                unattributed.add_metric([self.node, uuid], size)
+                if uuid not in unread:
+                    unattributed.add_metric([self.node, uuid], size)
+            for uuid, count in result.unattributed_unknown_memory:
+                unattributed_unknown.add_metric([self.node, uuid], count)
+            for uuid, reason in snapshot.unlisted:
+                unlisted.add_metric([self.node, uuid, reason], 1)
             for (namespace, pod), values in labelled_pods.items():
                 pod_labels.add_metric([namespace, pod, *values], 1)
-        yield from (memory, allocated, unknown, findings, unattributed, info, total, share, pod_labels)
+        yield from (
+            memory,
+            allocated,
+            unknown,
+            findings,
+            unattributed,
+            unattributed_unknown,
+            unlisted,
+            info,
+            total,
+            share,
+            pod_labels,
+        )
 
 
 class AuditorMetrics:

@@ -188,3 +188,28 @@ def test_every_failure_reason_is_exported_from_the_start_and_counted_by_its_own_
     metrics.failed(FailureReason.PROC)
     assert total(metrics, failures, reason="kubernetes-api") == 2 and total(metrics, failures, reason="proc") == 1
     assert total(metrics, failures) == 3
+
+
+def test_unknown_stays_unknown_a_device_nvml_could_not_list_or_measure_has_no_series_for_it():
+    """NVML could not list GPU-1's processes (a 0 there would be billed as 'nothing ran'); GPU-0's memory total and
+    share could not be read; an unattributed process on GPU-0 reported no memory."""
+    gpus = (Gpu(G0, 0, 0, "H100", None, share=None), Gpu(G1, 1, 1, "H100", 80 * GIB))
+    snapshot = NodeSnapshot(
+        "n",
+        0.0,
+        gpus,
+        (Container("ml", "train", "main", "uid-1", "c1", allocated=(G1,)),),
+        (GpuProcess(1, G1, GIB, "uid-1", "c1"), GpuProcess(2, G0, GIB), GpuProcess(3, G0, None)),
+        unlisted=((G1, "no-permission"),),
+    )
+    metrics = AuditorMetrics("n")
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    found = samples(metrics)
+    assert total(metrics, "gpu_fence_unattributed_gpu_memory_bytes", gpu_uuid=G0) == GIB  # known sizes only
+    assert not [k for k in found if k[0] == "gpu_fence_unattributed_gpu_memory_bytes" and ("gpu_uuid", G1) in k[1]]
+    assert not [k for k in found if k[0] == "gpu_fence_container_gpu_memory_bytes" and ("gpu_uuid", G1) in k[1]]
+    assert total(metrics, "gpu_fence_container_allocated_gpus", gpu_uuid=G1) == 1  # the kubelet's word stands
+    assert found[("gpu_fence_gpu_processes_unknown", (("gpu_uuid", G1), ("node", "n"), ("reason", "no-permission")))]
+    assert total(metrics, "gpu_fence_unattributed_gpu_processes_unknown_memory", gpu_uuid=G0) == 1
+    for name in ("gpu_fence_gpu_memory_total_bytes", "gpu_fence_gpu_share_ratio"):
+        assert [k for k in found if k[0] == name] == [(name, (("gpu_uuid", G1), ("node", "n")))]
