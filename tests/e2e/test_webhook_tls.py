@@ -1,6 +1,7 @@
 """End to end over real TLS: ``certs`` makes the CA and serving certificate, ``gpu-fence-webhook serve`` runs as a
-subprocess (gunicorn, 2 gthread workers) on a loopback port, and real AdmissionReview v1 JSON goes over HTTPS,
-verified against the generated CA with the Service DNS name, exactly as the API server would connect.
+subprocess (gunicorn, 2 workers x 4 threads, as in production) on a loopback port, and real AdmissionReview v1 JSON
+goes over HTTPS, verified against the generated CA with the Service DNS name, exactly as the API server would
+connect.
 
 One server per module (starting it is the slow part); the certificate-renewal test runs last because it changes
 the served certificate.
