@@ -19,7 +19,9 @@ import json
 import os
 import re
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import IO, Any
 
@@ -49,7 +51,7 @@ from .reports import (
     render_sarif,
     render_text,
 )
-from .sources import Document, SourceError, expand_paths, read_source
+from .sources import Document, Source, SourceError, SourceKind, find_sources, read_source
 
 DEFAULT_NAMESPACE = "default"
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -109,6 +111,12 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     parser.add_argument("--cluster", action="store_true", help="check the live pods of the cluster instead of files")
     parser.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="exit 0 when no pod spec (or no pod) is found; without it that is an error (exit 2): a CI gate "
+        "that reads nothing must not pass",
+    )
+    parser.add_argument(
         "--namespace",
         "-n",
         metavar="NS",
@@ -132,8 +140,21 @@ def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[
         config = load_config(args.config)
         if args.cluster:
             report = check_pods(list_cluster_pods(args.namespace, args.kubeconfig), config)
+            if not report.results and not args.allow_empty:
+                where = f"namespace {args.namespace}" if args.namespace else "any namespace"
+                raise CheckError(
+                    f"no pods in {where} of the cluster the kubeconfig points at: check --namespace and the "
+                    "kubeconfig's context, or pass --allow-empty if none are expected"
+                )
         else:
-            report = check_documents(read_all(args.paths, stdin), config, args.namespace or DEFAULT_NAMESPACE)
+            read = read_all(args.paths, stdin)
+            report = check_documents(read.documents, config, args.namespace or DEFAULT_NAMESPACE)
+            if not report.results and not args.allow_empty:
+                raise CheckError(
+                    f"no pod spec found in {read.describe(report.skipped)}: check the "
+                    "paths, render templates first (helm template ... | gpu-fence-webhook check -), or pass "
+                    "--allow-empty if no pod spec is expected"
+                )
     except (CheckError, ConfigError) as error:
         _error(str(error))
         return ExitStatus.ERROR
@@ -200,22 +221,45 @@ def _version() -> str:
 # --- files ------------------------------------------------------------------------------------------------
 
 
-def read_all(paths: Iterable[str], stdin: IO[bytes] | None = None) -> list[Document]:
+@dataclass(frozen=True)
+class Read:
+    """What the command line's paths gave: the sources read and their documents."""
+
+    sources: tuple[Source, ...]
+    documents: tuple[Document, ...]
+
+    def describe(self, skipped: int) -> str:
+        """What was read, in words, for the message that says no pod spec was found; ``skipped`` documents were
+        not Kubernetes objects."""
+        kinds = Counter(source.kind for source in self.sources)
+        parts = [
+            _count(kinds[SourceKind.FILE], "file"),
+            _count(kinds[SourceKind.KUSTOMIZATION], "rendered kustomization"),
+            "stdin" if kinds[SourceKind.STDIN] else "",
+        ]
+        read = ", ".join(part for part in parts if part) or "nothing"
+        documents = _count(len(self.documents), "document") or "no documents"
+        not_objects = f", {skipped} not Kubernetes objects" if skipped else ""
+        return f"{read} ({documents}{not_objects})"
+
+
+def _count(number: int, noun: str) -> str:
+    return "" if not number else f"{number} {noun}" + ("" if number == 1 else "s")
+
+
+def read_all(paths: Iterable[str], stdin: IO[bytes] | None = None) -> Read:
     """Read every source named on the command line; raise :class:`SourceErrors` listing all failures."""
+    found = find_sources(paths)
     documents: list[Document] = []
-    errors: list[str] = []
-    try:
-        sources = expand_paths(paths)
-    except SourceError as error:
-        raise SourceErrors([str(error)]) from None
-    for source in sources:
+    errors = list(found.errors)
+    for source in found.sources:
         try:
             documents.extend(read_source(source, stdin))
         except SourceError as error:
             errors.append(str(error))
     if errors:
         raise SourceErrors(errors)
-    return documents
+    return Read(found.sources, tuple(documents))
 
 
 def check_documents(documents: Iterable[Document], config: PolicyConfig, default_namespace: str) -> Report:
@@ -274,6 +318,7 @@ def _evaluate_site(
         path=format_path(site.path),
         spec_line=spec_line,
         finding_line=finding_line,
+        rendered=document.rendered,
     )
 
 

@@ -68,6 +68,8 @@ class PodSpecResult:
     warnings: tuple[str, ...] = ()
     exempt_reason: str | None = None
     spec_line: int = 0
+    #: from a rendered kustomization: lines are those of the rendered stream, which no file holds
+    rendered: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,7 @@ def artifact_uri(source: str) -> str:
 def _sarif_location(result: PodSpecResult, line: int) -> dict[str, Any]:
     name = f"{result.kind}/{result.namespace}/{result.name}" + (f"/{result.path}" if result.path else "")
     logical = {"fullyQualifiedName": name, "kind": "object"}
-    if line <= 0:  # a live pod: no file to point into
+    if line <= 0 or result.rendered:  # a live pod or a rendered kustomization: no file to point into
         return {"logicalLocations": [logical]}
     return {
         "physicalLocation": {"artifactLocation": {"uri": artifact_uri(result.source)}, "region": {"startLine": line}},

@@ -160,3 +160,20 @@ def test_pods_without_a_spec_are_skipped() -> None:
 
 def _config() -> PolicyConfig:
     return PolicyConfig()
+
+
+def test_no_pods_exits_2_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A namespace name with a typo lists no pods: that is no evidence that enforcing breaks nothing."""
+    with FakePodsApi(PODS) as fake:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake.url)
+        code, out, err = run_cluster(capsys, "--kubeconfig", str(kubeconfig), "--namespace", "team-b")
+        assert (code, out) == (2, "")
+        assert err.splitlines() == [
+            "gpu-fence-webhook check: error: no pods in namespace team-b of the cluster the kubeconfig points at: "
+            "check --namespace and the kubeconfig's context, or pass --allow-empty if none are expected"
+        ]
+        code, out, err = run_cluster(
+            capsys, "--kubeconfig", str(kubeconfig), "--namespace", "team-b", "--allow-empty", "--format", "json"
+        )
+        assert (code, err) == (0, "")
+        assert json.loads(out)["summary"]["pod_specs"] == 0
