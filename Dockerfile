@@ -21,6 +21,8 @@ COPY pyproject.toml README.md ./
 COPY gpu_fence/ gpu_fence/
 COPY webhook/ webhook/
 COPY auditor/ auditor/
+# webhook/shipped-policy.yaml is a link to this file: check's default policy is the one the manifests ship.
+COPY manifests/base/policy.yaml manifests/base/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
 # The environment gets no pip of its own: the build stage's pip installs into it (--python), so nothing that
 # can install packages ends up in the final image.

@@ -62,6 +62,14 @@ def test_the_wheel_holds_both_deployables_and_the_proto(wheel: Path) -> None:
         assert module in names
 
 
+def test_the_wheel_holds_the_policy_the_manifests_ship(wheel: Path) -> None:
+    """check's default policy: webhook/shipped-policy.yaml links to manifests/base/policy.yaml, and the wheel holds
+    the file itself, not a link that would point nowhere once installed."""
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = archive.read("gpu_fence/webhook/shipped-policy.yaml")
+    assert shipped == (REPO / "manifests" / "base" / "policy.yaml").read_bytes()
+
+
 def test_the_source_folder_names_are_not_importable() -> None:
     for name in ("webhook", "auditor.audit"):
         with pytest.raises(ModuleNotFoundError, match="import gpu_fence"):

@@ -22,6 +22,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from importlib.metadata import PackageNotFoundError, version
 from typing import IO, Any
 
@@ -54,6 +55,9 @@ from .reports import (
 from .sources import Document, Source, SourceError, SourceKind, find_sources, read_source
 
 DEFAULT_NAMESPACE = "default"
+#: ``manifests/base/policy.yaml``, installed with the package under this name (a link in the source tree): one file
+#: for what the manifests mount into the webhook and what check judges with by default.
+SHIPPED_POLICY = "shipped-policy.yaml"
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 CLUSTER_SOURCE = "cluster"
 #: Pods per list call in ``--cluster`` mode: large clusters are read in pages, never in one response.
@@ -107,7 +111,12 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         help="YAML or JSON file, directory (read recursively for *.yaml, *.yml, *.json), or - for stdin",
     )
     parser.add_argument("--format", choices=FORMATS, default="text", help="report format (default: text)")
-    parser.add_argument("--config", metavar="FILE", help="policy configuration file (default: built-in defaults)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="policy configuration file (default: the policy the manifests ship, manifests/base/policy.yaml, "
+        "which exempts kube-system and gpu-fence as the installed webhook does)",
+    )
     parser.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     parser.add_argument("--cluster", action="store_true", help="check the live pods of the cluster instead of files")
     parser.add_argument(
@@ -137,7 +146,7 @@ def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[
     out = stdout if stdout is not None else sys.stdout
     try:
         _check_usage(args)
-        config = load_config(args.config)
+        config = load_policy(args.config)
         if args.cluster:
             report = check_pods(list_cluster_pods(args.namespace, args.kubeconfig), config)
             if not report.results and not args.allow_empty:
@@ -192,6 +201,24 @@ def _check_usage(args: argparse.Namespace) -> None:
 
 def _error(message: str) -> None:
     print(f"gpu-fence-webhook check: error: {message}", file=sys.stderr)
+
+
+def load_policy(path: str | None) -> PolicyConfig:
+    """The policy to judge with: ``--config``, else the policy the manifests ship (:data:`SHIPPED_POLICY`), so that
+    check and the webhook installed from ``manifests/`` agree (gpu-fence's own pods are exempt in both). Without
+    that file (an install that lost it), the built-in defaults, said loudly: they exempt only ``kube-system``."""
+    if path is not None:
+        return load_config(path)
+    shipped = resources.files(__package__).joinpath(SHIPPED_POLICY)
+    if not shipped.is_file():
+        print(
+            f"gpu-fence-webhook check: warning: {SHIPPED_POLICY} (the policy the manifests ship) is not installed; "
+            "judging with the built-in defaults, which exempt only kube-system: pass --config FILE",
+            file=sys.stderr,
+        )
+        return load_config(None)
+    with resources.as_file(shipped) as file:
+        return load_config(str(file))
 
 
 def _wants_colour(stream: IO[str]) -> bool:

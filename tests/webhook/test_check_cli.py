@@ -68,9 +68,22 @@ def kubectl() -> str:
     return path
 
 
+def test_the_rendered_base_passes_with_the_shipped_policy_and_no_config() -> None:
+    """gpu-fence's own pods (the auditor is privileged) are exempt by the policy the manifests ship, which is
+    check's default: a CI gate over the install itself does not flag it."""
+    rendered = subprocess.run(
+        [kubectl(), "kustomize", str(ROOT / "manifests" / "base")], capture_output=True, check=True, timeout=60
+    ).stdout
+    done = script("-", "--format", "json", stdin=rendered)
+    assert (done.returncode, done.stderr) == (0, b"")
+    results = json.loads(done.stdout)["results"]
+    assert {(r["kind"], r["name"]) for r in results} >= {("DaemonSet", "gpu-fence-auditor"), ("Job", "gpu-fence-certs")}
+    assert {(r["namespace"], r["verdict"]) for r in results} == {("gpu-fence", "exempt")}
+
+
 def test_a_kustomization_directory_is_rendered_not_read_as_loose_yaml() -> None:
     done = script("manifests/overlays/warn-only", "--format", "json")
-    assert done.stderr == b""
+    assert (done.returncode, done.stderr) == (0, b"")
     report = json.loads(done.stdout)
     # the overlay's own directory holds only a kustomization with patches: read as loose YAML it held no pod spec
     assert {r["source"] for r in report["results"]} == {"manifests/overlays/warn-only"}
