@@ -23,11 +23,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from importlib.metadata import PackageNotFoundError, version
 from typing import IO, Any
 
 from gpu_fence.exit_status import ExitStatus
+from gpu_fence.kubeconfig import ORDER as KUBECONFIG_ORDER
 from gpu_fence.kubeconfig import KubeConfigError, load_configuration
+from gpu_fence.version import package_version
 
 from . import policy
 from .config import ConfigError, PolicyConfig, load_config
@@ -135,8 +136,7 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument(
         "--kubeconfig",
         metavar="FILE",
-        help="with --cluster: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, "
-        "then the in-cluster service account)",
+        help=f"with --cluster: kubeconfig file (default: {KUBECONFIG_ORDER})",
     )
     parser.set_defaults(run=run)
 
@@ -234,15 +234,8 @@ def render(report: Report, output_format: str, *, colour: bool = False) -> str:
     if output_format == "junit":
         return render_junit(report)
     if output_format == "sarif":
-        return render_sarif(report, policy.RULES, tool_version=_version())
+        return render_sarif(report, policy.RULES, tool_version=package_version())
     return render_text(report, colour=colour)
-
-
-def _version() -> str:
-    try:
-        return version("gpu-fence")
-    except PackageNotFoundError:
-        return "0"
 
 
 # --- files ------------------------------------------------------------------------------------------------
