@@ -19,6 +19,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from .discovery import (
     object_namespace,
     pod_for_site,
 )
+from .openreports import render_openreports
 from .policy import CDI_ANNOTATION, HOST_DEVICE_PATH, Decision
 from .reports import (
     FORMATS,
@@ -235,6 +237,8 @@ def render(report: Report, output_format: str, *, colour: bool = False) -> str:
         return render_junit(report)
     if output_format == "sarif":
         return render_sarif(report, policy.RULES, tool_version=package_version())
+    if output_format == "openreports":
+        return render_openreports(report, policy.RULES, now_ns=time.time_ns())
     return render_text(report, colour=colour)
 
 
@@ -333,6 +337,7 @@ def _evaluate_site(
         source=document.source,
         line=line,
         kind=str(obj.get("kind")),
+        api_version=str(obj.get("apiVersion")),
         namespace=namespace,
         name=object_name(obj),
         path=format_path(site.path),
@@ -379,6 +384,8 @@ def check_pods(pods: Iterable[Mapping[str, Any]], config: PolicyConfig) -> Repor
                 source=CLUSTER_SOURCE,
                 line=0,
                 kind="Pod",
+                api_version="v1",
+                uid=_uid(pod),
                 namespace=namespace,
                 name=object_name(pod),
                 path="",
@@ -386,6 +393,12 @@ def check_pods(pods: Iterable[Mapping[str, Any]], config: PolicyConfig) -> Repor
             )
         )
     return Report(tuple(results), skipped)
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    metadata = pod.get("metadata")
+    uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
+    return uid if isinstance(uid, str) else ""
 
 
 def list_cluster_pods(namespace: str | None, kubeconfig: str | None) -> list[dict[str, Any]]:
