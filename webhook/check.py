@@ -8,8 +8,8 @@ mutate-then-validate by the same ``webhook.policy.evaluate`` that serves admissi
 Namespaces: an object's own ``metadata.namespace``, else ``--namespace``, else ``default`` (the same place
 ``kubectl apply -n`` would put it). Exemptions by namespace therefore apply as they would at admission.
 
-Exit codes: 0 nothing rejected, 1 something rejected, 2 could not run (usage, unreadable input, bad
-configuration, unreachable API), with one line per problem on stderr.
+Exit codes: 0 nothing rejected, 1 something rejected, 2 could not run (usage, unreadable input, no pod spec found,
+bad configuration, unreachable API), with one line per problem on stderr: a gate that read nothing never passes.
 """
 
 from __future__ import annotations
@@ -73,10 +73,12 @@ EPILOG = """\
 examples:
   gpu-fence-webhook check manifests/examples/
   helm template my-chart | gpu-fence-webhook check - --format sarif --output gpu-fence.sarif
-  kubectl kustomize overlays/prod | gpu-fence-webhook check - --namespace prod
+  gpu-fence-webhook check overlays/prod            # a kustomization: rendered with kubectl kustomize
   gpu-fence-webhook check --cluster --namespace ml-team --format json
+  gpu-fence-webhook check --cluster --format openreports | kubectl apply -f -
 
-exit codes: 0 nothing rejected, 1 some pod spec rejected, 2 could not run (the reason is on stderr)
+exit codes: 0 nothing rejected, 1 some pod spec rejected, 2 could not run (the reason is on stderr), which
+includes finding no pod spec at all (pass --allow-empty if that is expected)
 """
 
 
@@ -111,9 +113,10 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         "paths",
         nargs="*",
         metavar="PATH",
-        help="YAML or JSON file, directory (read recursively for *.yaml, *.yml, *.json), or - for stdin",
+        help="YAML or JSON file, directory (read recursively for *.yaml, *.yml, *.json; one that holds a "
+        "kustomization is rendered with kubectl kustomize), or - for stdin",
     )
-    parser.add_argument("--format", choices=FORMATS, default="text", help="report format (default: text)")
+    parser.add_argument("--format", choices=FORMATS, default="text", help="report format")
     parser.add_argument(
         "--config",
         metavar="FILE",
