@@ -140,25 +140,39 @@ def test_a_kustomization_without_kubectl_says_how_to_get_one(tmp_path: Path) -> 
 
 
 NOBODY = 65534
+#: The check as an unprivileged user. Tests run as root here and in CI, and root reads everything, so the child runs
+#: the check once as root over a file of its own, which loads every module and codec the check imports lazily from
+#: wherever the interpreter and the checkout lie, then drops to uid/gid 65534 and runs the check under test; run as
+#: another user, it already is unprivileged.
+UNPRIVILEGED = """\
+import contextlib, io, os, sys
+from gpu_fence.webhook import cli
+uid, config, *args = sys.argv[1:]
+with contextlib.redirect_stdout(io.StringIO()):
+    cli.main(["check", "--allow-empty", "--config", config, config])
+if os.geteuid() == 0:
+    os.setgroups([])
+    os.setgid(int(uid))
+    os.setuid(int(uid))
+assert os.geteuid() != 0
+sys.exit(cli.main(["check", "--config", config, *args]))
+"""
 
 
-def as_unprivileged_user(*args: str) -> subprocess.CompletedProcess[bytes]:
-    """Run check as uid/gid 65534. Tests run as root here and in CI, and root reads everything, so the check
-    drops its privileges with setpriv (util-linux); run as another user, the check already is unprivileged."""
-    command = [str(SCRIPT), "check", *args]
-    if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        assert setpriv, "setpriv (util-linux) is needed to run the check as an unprivileged user"
-        command = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *command]
-    return subprocess.run(
-        command, capture_output=True, timeout=60, check=False, env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
-    )
+def as_unprivileged_user(top: Path) -> subprocess.CompletedProcess[bytes]:
+    """``check TOP`` as uid 65534, with the policy the manifests ship copied beside ``top`` where that user reads it."""
+    policy = top.parent / "policy.yaml"
+    shutil.copyfile(ROOT / "manifests" / "base" / "policy.yaml", policy)
+    policy.chmod(0o644)
+    command = [sys.executable, "-c", UNPRIVILEGED, str(NOBODY), str(policy), str(top)]
+    return subprocess.run(command, capture_output=True, timeout=60, check=False)
 
 
 @pytest.fixture
 def world_readable_dir() -> Iterator[Path]:
-    """A directory the unprivileged user can reach (pytest's tmp_path sits under a root-only directory)."""
-    path = Path(tempfile.mkdtemp(prefix="gpu-fence-check-"))
+    """A directory the unprivileged user can reach: pytest's tmp_path sits under a directory only its owner may
+    enter, and so may $TMPDIR."""
+    path = Path(tempfile.mkdtemp(prefix="gpu-fence-check-", dir="/tmp"))
     path.chmod(0o755)
     try:
         yield path
@@ -180,7 +194,8 @@ GPU_POD = (
 
 def test_unreadable_directories_and_files_anywhere_exit_2_all_listed(world_readable_dir: Path) -> None:
     """A privileged pod in a folder the CI user cannot read used to be skipped without a word (1 allowed, exit 0)."""
-    top = world_readable_dir
+    top = world_readable_dir / "manifests"
+    top.mkdir(mode=0o755)
     (top / "ok").mkdir(mode=0o755)
     (top / "ok" / "gpu.yaml").write_text(GPU_POD)
     (top / "ok" / "gpu.yaml").chmod(0o644)
@@ -191,7 +206,7 @@ def test_unreadable_directories_and_files_anywhere_exit_2_all_listed(world_reada
     locked = top / "locked.yaml"
     locked.write_text(PRIVILEGED_POD)
     locked.chmod(0o000)
-    done = as_unprivileged_user(str(top))
+    done = as_unprivileged_user(top)
     assert (done.returncode, done.stdout) == (2, b""), done.stderr
     assert done.stderr.decode().splitlines() == [
         f"gpu-fence-webhook check: error: {hidden}: cannot read directory: Permission denied",
@@ -204,7 +219,7 @@ def test_an_unreadable_top_level_directory_exits_2(world_readable_dir: Path) -> 
     top.mkdir()
     (top / "sneaky.yaml").write_text(PRIVILEGED_POD)
     top.chmod(0o000)
-    done = as_unprivileged_user(str(top))
+    done = as_unprivileged_user(top)
     assert (done.returncode, done.stdout) == (2, b""), done.stderr
     assert done.stderr.decode().splitlines() == [
         f"gpu-fence-webhook check: error: {top}: cannot read directory: Permission denied"
