@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_fence import kai
+from gpu_fence.kubeconfig import ORDER as KUBECONFIG_ORDER
 
 from .podresources import DEFAULT_SOCKET
 from .report import FORMATS
@@ -111,7 +112,7 @@ def add_once_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     _add_audit_arguments(once)
     once.add_argument("--format", choices=FORMATS, default="text", help="report format (default: text)")
-    once.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    once.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     return once
 
 
@@ -195,7 +196,7 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubeconfig",
         metavar="F",
-        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then the in-cluster service account)",
+        help=f"kubeconfig file (default: {KUBECONFIG_ORDER})",
     )
     parser.add_argument(
         "--no-kubernetes",
