@@ -123,6 +123,12 @@ class _LatestAudit(Collector):
             "Share of the physical card this device stands for (1 for a full GPU).",
             labels=["node", "gpu_uuid"],
         )
+        offered = GaugeMetricFamily(
+            "gpu_fence_gpu_offered_replicas",
+            "Allocation ids the device plugins offer for that GPU or MIG device (GetAllocatableResources): 1 unshared, "
+            "N for N time-slicing or MPS replicas.",
+            labels=["node", "gpu_uuid"],
+        )
         pod_labels = GaugeMetricFamily(
             "gpu_fence_pod_labels",
             "Pod labels chosen with --pod-label, for chargeback grouping.",
@@ -174,9 +180,11 @@ class _LatestAudit(Collector):
                 share.add_metric([self.node, gpu.uuid], gpu.share)
             for uuid, size in unattributed_bytes.items():  # a process on a device NVML did not list (lost mid-read)
                 unattributed.add_metric([self.node, uuid], size)
+            for uuid, count in snapshot.offered_replicas or ():
+                offered.add_metric([self.node, uuid], count)
             for (namespace, pod), values in labelled_pods.items():
                 pod_labels.add_metric([namespace, pod, *values], 1)
-        yield from (memory, allocated, unknown, findings, unattributed, info, total, share, pod_labels)
+        yield from (memory, allocated, unknown, findings, unattributed, info, total, share, offered, pod_labels)
 
 
 class AuditorMetrics:
@@ -220,9 +228,16 @@ class AuditorMetrics:
             ["method"],
             registry=self.registry,
         )
+        self.kubelet_failures = Counter(
+            "gpu_fence_audit_kubelet_call_failures",
+            "PodResources calls that failed, by method and reason (a failed List also fails its cycle).",
+            ["method", "reason"],
+            registry=self.registry,
+        )
         for reason in FailureReason:
             self.failures.labels(reason=reason.value)
-        self._kubelet_seen: Tally[str] = Tally()
+        self._kubelet_seen: Tally[tuple[str, ...]] = Tally()
+        self._failures_seen: Tally[tuple[str, ...]] = Tally()
 
     def observe(self, snapshot: NodeSnapshot, result: AuditResult, duration: float) -> None:
         self.latest.update(snapshot, result)
@@ -232,13 +247,22 @@ class AuditorMetrics:
     def failed(self, reason: FailureReason) -> None:
         self.failures.labels(reason=reason.value).inc()
 
-    def sync_kubelet_calls(self, calls: Mapping[str, int]) -> None:
-        """Add the PodResources client's own call counts since the last sync (the client counts, we export)."""
-        for method, count in calls.items():
-            delta = count - self._kubelet_seen[method]
-            if delta > 0:
-                self.kubelet_calls.labels(method=method).inc(delta)
-                self._kubelet_seen[method] = count
+    def sync_kubelet_calls(
+        self, calls: Mapping[str, int], failures: Mapping[tuple[str, str], int] | None = None
+    ) -> None:
+        """Add the PodResources client's own call and failure counts since the last sync (the client counts, we
+        export)."""
+        _add_since(self.kubelet_calls, self._kubelet_seen, {(method,): n for method, n in calls.items()})
+        _add_since(self.kubelet_failures, self._failures_seen, failures or {})
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _add_since(counter: Counter, seen: Tally[tuple[str, ...]], counts: Mapping[tuple[str, ...], int]) -> None:
+    """Increase ``counter`` (labels in its order) by what ``counts`` grew since ``seen``, and remember it."""
+    for labels, count in counts.items():
+        delta = count - seen[labels]
+        if delta > 0:
+            counter.labels(*labels).inc(delta)
+            seen[labels] = count

@@ -167,6 +167,8 @@ class NodeSnapshot:
     notes: tuple[str, ...] = ()  # degraded conditions worth saying in the report (GPU lost, API down, ...)
     #: the sources this cycle ran without in part (a GPU unreadable, the API down): each counts as a failure cause
     degraded: frozenset[FailureReason] = frozenset()
+    #: UUID → allocation ids the device plugins offer for it (GetAllocatableResources); None when unknown
+    offered_replicas: tuple[tuple[str, int], ...] | None = None
 
     def with_degraded(self, reason: FailureReason, note: str) -> NodeSnapshot:
         """This snapshot with one more source it ran without in part, and the note that says so."""

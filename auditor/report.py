@@ -60,6 +60,7 @@ def to_json(snapshot: NodeSnapshot, result: AuditResult) -> dict[str, Any]:
             }
             for gpu in snapshot.gpus
         ],
+        "offered_replicas": None if snapshot.offered_replicas is None else dict(snapshot.offered_replicas),
         "notes": list(snapshot.notes),
     }
 

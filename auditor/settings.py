@@ -17,6 +17,7 @@ from typing import Any
 
 from gpu_fence import kai
 
+from .offered import DEFAULT_INTERVAL as DEFAULT_ALLOCATABLE_INTERVAL
 from .podresources import DEFAULT_SOCKET
 from .report import FORMATS
 
@@ -53,6 +54,7 @@ class AuditSettings:
     kai_reservation_namespace: str = kai.DEFAULT_RESERVATION_NAMESPACE
     kai_scheduler_names: tuple[str, ...] = kai.DEFAULT_SCHEDULER_NAMES
     pod_relist_interval: float = 60.0
+    allocatable_interval: float = DEFAULT_ALLOCATABLE_INTERVAL
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> AuditSettings:
@@ -68,6 +70,7 @@ class AuditSettings:
             kai_reservation_namespace=args.kai_reservation_namespace,
             kai_scheduler_names=tuple(args.kai_scheduler_name or cls.kai_scheduler_names),
             pod_relist_interval=args.pod_relist_interval,
+            allocatable_interval=args.allocatable_interval,
         )
 
 
@@ -236,6 +239,14 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
         default=AuditSettings.pod_relist_interval,
         metavar="S",
         help=f"relist this node's pods at least every S seconds (default: {AuditSettings.pod_relist_interval:g})",
+    )
+    parser.add_argument(
+        "--allocatable-interval",
+        type=_positive,
+        default=AuditSettings.allocatable_interval,
+        metavar="S",
+        help="ask the kubelet which device ids its device plugins offer (GetAllocatableResources) at start and then "
+        f"every S seconds (default: {AuditSettings.allocatable_interval:g})",
     )
 
 

@@ -32,7 +32,8 @@ from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCE_SET, kai_fraction_containe
 from .deviceids import normalize_device_id
 from .kube import containers_by_id, kai_gpu_groups, pod_labels
 from .model import Container, FailureReason, Gpu, GpuProcess, Identity, IdentitySource, NodeSnapshot
-from .podresources.allocations import ContainerAllocation
+from .offered import count_offered
+from .podresources.allocations import ContainerAllocation, DeviceAllocation
 
 _UUID_IN_TEXT = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}")
 _DRA_INDEX = re.compile(r"^gpu-([0-9]+)$")
@@ -180,11 +181,13 @@ def assemble(
     identity_source: IdentitySource,
     notes: Sequence[str] = (),
     degraded: Iterable[FailureReason] = (),
+    offered: Sequence[DeviceAllocation] | None = None,
 ) -> NodeSnapshot:
     """Join the sources into a ``NodeSnapshot``.
 
     ``processes`` are NVML's, each with the cgroup identity of its pid; ``pods`` the cached pod list by uid (None
-    when the API never answered); ``notes`` and ``degraded`` what the cycle read only in part.
+    when the API never answered); ``notes`` and ``degraded`` what the cycle read only in part; ``offered`` the
+    latest GetAllocatableResources answer (None: unknown).
     """
     drafts: dict[tuple[str | None, str | None, str | None], _Draft] = {}
     by_id: dict[str, _Draft] = {}
@@ -267,6 +270,7 @@ def assemble(
         identity_source,
         tuple(notes),
         frozenset(degraded),
+        offered_replicas=None if offered is None else count_offered(offered, devices.normalize),
     )
 
 

@@ -22,6 +22,7 @@ from gpu_fence.auditor.daemon import backoff
 from gpu_fence.auditor.model import IdentitySource
 from tests.fakes.node_scenario import Ctr, NodeScenario, uuid_of
 from tests.fakes.nvml import GIB, FakeError
+from tests.fakes.podresources_server import GET_ABSENT, offered
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
 
@@ -281,6 +282,38 @@ def test_run_with_a_lost_gpu_keeps_auditing_the_others(scenario):
         assert value(metrics, "gpu_fence_gpu_info", gpu_uuid=uuid_of(1)) == 0
         assert value(metrics, "gpu_fence_container_gpu_memory_bytes", pod="train") == 4 * GIB
         assert any(note.startswith("NVML:") for e in daemon.lines if e["event"] == "cycle" for note in e["notes"])
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_run_exports_offered_replicas_asked_at_start_and_every_interval_only(scenario):
+    """GetAllocatableResources through the real gRPC server, answered in the kubelet's shape: four time-slicing
+    replicas of GPU 0 on two NUMA nodes (each id listed twice), GPU 1 unshared."""
+    scenario.kubelet.allocatable = [
+        *offered("nvidia.com/gpu.shared", [f"{uuid_of(0)}::{n}" for n in range(4)], numa_nodes=(0, 1)),
+        *offered("nvidia.com/gpu", [uuid_of(1)]),
+    ]
+    daemon = Daemon(scenario, "--allocatable-interval", "1")
+    try:
+        wait_for(lambda: daemon.cycles() >= 10, "ten cycles")
+        metrics = daemon.metrics()
+        assert value(metrics, "gpu_fence_gpu_offered_replicas", gpu_uuid=uuid_of(0)) == 4
+        assert value(metrics, "gpu_fence_gpu_offered_replicas", gpu_uuid=uuid_of(1)) == 1
+        asked = value(metrics, "gpu_fence_audit_kubelet_calls_total", method="GetAllocatableResources")
+        lists = value(metrics, "gpu_fence_audit_kubelet_calls_total", method="List")
+        assert 1 <= asked <= lists / 3  # at start, then once a second: not every cycle (one every 0.2 s)
+        assert scenario.kubelet.calls["GetAllocatableResources"] >= asked
+
+        scenario.kubelet.allocatable_mode = GET_ABSENT  # a kubelet that lacks the call: absent, and counted
+        wait_for(
+            lambda: "gpu_fence_gpu_offered_replicas" not in {name for name, _ in daemon.metrics()},
+            "the offer to be withdrawn",
+        )
+        failed = daemon.metrics()
+        assert value(failed, "gpu_fence_audit_kubelet_call_failures_total", reason="unimplemented") >= 1
+        assert value(failed, "gpu_fence_audit_cycle_failures_total", reason="kubelet") == 0  # the audit goes on
+        notes = [n for e in daemon.lines if e["event"] == "cycle" for n in e["notes"] or ()]
+        assert any("GetAllocatableResources" in n and "not served by this kubelet" in n for n in notes)
     finally:
         assert daemon.stop() == 0
 

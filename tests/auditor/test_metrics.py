@@ -20,6 +20,7 @@ ATTRIBUTION = (
     "gpu_fence_gpu_info",
     "gpu_fence_gpu_memory_total_bytes",
     "gpu_fence_gpu_share_ratio",
+    "gpu_fence_gpu_offered_replicas",
     "gpu_fence_pod_labels",
 )
 
@@ -68,6 +69,7 @@ def busy_node() -> NodeSnapshot:
             GpuProcess(3, G1, GIB),
             GpuProcess(4, G0, None, "uid-1", "c1"),
         ),
+        offered_replicas=((G0, 1), (G1, 4)),
     )
 
 
@@ -154,7 +156,7 @@ def test_every_exported_family_is_documented():
     metrics = AuditorMetrics("n", ["team"])
     snapshot = busy_node()
     metrics.observe(snapshot, audit(snapshot), 0.01)
-    metrics.sync_kubelet_calls({"List": 1})
+    metrics.sync_kubelet_calls({"List": 1}, {("GetAllocatableResources", "unimplemented"): 1})
     families = {family.name for family in text_string_to_metric_families(metrics.exposition().decode())}
     assert len(families) >= 13
     for family in families:
@@ -188,3 +190,24 @@ def test_every_failure_reason_is_exported_from_the_start_and_counted_by_its_own_
     metrics.failed(FailureReason.PROC)
     assert total(metrics, failures, reason="kubernetes-api") == 2 and total(metrics, failures, reason="proc") == 1
     assert total(metrics, failures) == 3
+
+
+def test_offered_replicas_are_the_latest_answer_and_absent_while_unknown():
+    metrics = AuditorMetrics("n")
+    snapshot = busy_node()
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    offered = "gpu_fence_gpu_offered_replicas"
+    assert total(metrics, offered, gpu_uuid=G0) == 1 and total(metrics, offered, gpu_uuid=G1) == 4
+    assert {dict(labels)["node"] for name, labels in samples(metrics) if name == offered} == {"n"}
+    unknown = NodeSnapshot("n", 1.0, GPUS, (), (), offered_replicas=None)
+    metrics.observe(unknown, audit(unknown), 0.01)
+    assert offered not in names(metrics)
+
+
+def test_kubelet_call_failures_are_added_as_the_client_counts_them():
+    metrics = AuditorMetrics("n")
+    failed = "gpu_fence_audit_kubelet_call_failures_total"
+    metrics.sync_kubelet_calls({"List": 3, "GetAllocatableResources": 1}, {("GetAllocatableResources", "timeout"): 1})
+    metrics.sync_kubelet_calls({"List": 4, "GetAllocatableResources": 2}, {("GetAllocatableResources", "timeout"): 2})
+    assert total(metrics, failed, method="GetAllocatableResources", reason="timeout") == 2
+    assert total(metrics, "gpu_fence_audit_kubelet_calls_total", method="List") == 4

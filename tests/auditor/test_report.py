@@ -117,3 +117,9 @@ def test_text_report_says_unknown_rather_than_zero_memory():
     half = next(line for line in lines if line.startswith("ml/half/main"))
     assert blind.endswith("unknown") and "0 MiB" not in blind
     assert half.endswith("2 MiB + 1 process unknown")
+
+
+def test_json_report_gives_the_offered_replicas_or_null_while_unknown():
+    offered = NodeSnapshot("node-a", 0.0, SNAPSHOT.gpus, (), (), offered_replicas=((G0, 4), (G1, 1)))
+    assert json.loads(render("json", offered, audit(offered)))["offered_replicas"] == {G0: 4, G1: 1}
+    assert json.loads(render("json", SNAPSHOT, RESULT))["offered_replicas"] is None

@@ -120,6 +120,19 @@ def test_unresolvable_ids_and_dra_devices_are_kept_as_unresolved():
     assert container.unresolved_allocations == ("nvidia.com/gpu:weird-id", "claim ml/claim: node-a/gpu-0-mig-3g")
 
 
+def test_offered_replicas_count_distinct_ids_per_uuid():
+    offered = [
+        DeviceAllocation("nvidia.com/gpu.shared", (f"{G0}::0",)),
+        DeviceAllocation("nvidia.com/gpu.shared", (f"{G0}::0",)),  # the same id on a second NUMA node
+        DeviceAllocation("nvidia.com/gpu.shared", (f"{G0}::1", f"{G0}::2")),
+        DeviceAllocation("nvidia.com/mig-3g.40gb", (M0,)),
+        DeviceAllocation("example.com/nic", ("nic0",)),
+        DeviceAllocation("nvidia.com/gpu", ("not-a-gpu",)),
+    ]
+    assert build([], [], [], offered=offered).offered_replicas == ((G0, 3), (M0, 1))
+    assert build([], [], []).offered_replicas is None
+
+
 def test_fallback_names_by_evidence_then_by_elimination():
     allocations = [alloc("ml", "train", "main", G0), alloc("ml", "train", "logger")]
     runtime = [
