@@ -1,10 +1,11 @@
 """One cycle's reading: every source once, handed to the pure join (``auditor.snapshot.assemble``).
 
 In order: one kubelet ``List`` (and, every few minutes, ``GetAllocatableResources`` through ``sources.offered``);
-one NVML snapshot; the cgroup identity of each GPU process's host pid; the pod cache (relisted when due, or early
-when it meets a pod or container it does not know); one incremental scan of host /proc with what one live process
-per container shows (its GPU device nodes, its environment and, without a fresh pod list, the files that name its
-pod). The sources are the Protocols of ``auditor.sources``.
+the ResourceSlices the background watch holds (the cycle itself makes no request for them); one NVML snapshot; the
+cgroup identity of each GPU process's host pid; the pod cache (relisted when due, or early when it meets a pod or
+container it does not know); one incremental scan of host /proc with what one live process per container shows (its
+GPU device nodes, its environment and, without a fresh pod list, the files that name its pod). The sources are the
+Protocols of ``auditor.sources``.
 
 A source that cannot be read at all fails the cycle with a ``CollectError`` naming it; one read in part (a GPU
 NVML lost, the API server down) leaves a note in the snapshot and the source among its ``degraded``.
@@ -55,6 +56,7 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Callable[[], f
     except KubeletUnavailable as error:
         raise CollectError(FailureReason.KUBELET, f"kubelet PodResources API unavailable: {error}") from error
     offered = offered_devices(sources, notes)
+    slices = sources.slices.view if sources.slices is not None else None
     try:
         nvml = sources.nvml.snapshot()
     except NvmlError as error:
@@ -82,6 +84,7 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Callable[[], f
         identity_source=identity_source,
         notes=notes,
         degraded=degraded,
+        slices=slices,
         offered=offered,
     )
 

@@ -30,7 +30,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .model import AuditResult, FailureReason, FindingKind, NodeSnapshot
+from .model import AuditResult, DraResolution, FailureReason, FindingKind, NodeSnapshot, SliceState
 
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -123,6 +123,12 @@ class _LatestAudit(Collector):
             "Share of the physical card this device stands for (1 for a full GPU).",
             labels=["node", "gpu_uuid"],
         )
+        unresolved_dra = GaugeMetricFamily(
+            "gpu_fence_container_unresolved_dra_devices",
+            "DRA devices of GPU drivers the container holds that could not be resolved to a UUID, by reason (they "
+            "give no entitlement, and their memory cannot be told from overreach).",
+            labels=[*container_labels, "driver", "reason"],
+        )
         offered = GaugeMetricFamily(
             "gpu_fence_gpu_offered_replicas",
             "Allocation ids the device plugins offer for that GPU or MIG device (GetAllocatableResources): 1 unshared, "
@@ -140,6 +146,7 @@ class _LatestAudit(Collector):
             memory_values: Tally[tuple[str, ...]] = Tally()
             allocated_values: Tally[tuple[str, ...]] = Tally()
             unknown_values: Tally[tuple[str, ...]] = Tally()
+            unresolved_values: Tally[tuple[str, ...]] = Tally()
             finding_values: Tally[tuple[str, ...]] = Tally()
             labelled_pods: dict[tuple[str, str], tuple[str, ...]] = {}
             for row in result.rows:
@@ -151,6 +158,9 @@ class _LatestAudit(Collector):
                     allocated_values[(*who, uuid)] += count
                 for uuid, count in row.unknown_memory_processes:
                     unknown_values[(*who, uuid)] += count
+                for device in row.dra_devices:
+                    if device.resolution is not DraResolution.RESOLVED:
+                        unresolved_values[(*who, device.driver, device.resolution.value)] += 1
                 if self.pod_label_keys and row.namespace and row.pod:
                     values = dict(row.labels)
                     labelled_pods[(row.namespace, row.pod)] = tuple(values.get(k, "") for k in self.pod_label_keys)
@@ -170,6 +180,8 @@ class _LatestAudit(Collector):
                 allocated.add_metric(list(labels), value)
             for labels, value in unknown_values.items():
                 unknown.add_metric(list(labels), value)
+            for labels, value in unresolved_values.items():
+                unresolved_dra.add_metric(list(labels), value)
             for labels, value in finding_values.items():
                 findings.add_metric(list(labels), value)
             unattributed_bytes = dict(result.unattributed_memory_bytes)
@@ -184,7 +196,8 @@ class _LatestAudit(Collector):
                 offered.add_metric([self.node, uuid], count)
             for (namespace, pod), values in labelled_pods.items():
                 pod_labels.add_metric([namespace, pod, *values], 1)
-        yield from (memory, allocated, unknown, findings, unattributed, info, total, share, offered, pod_labels)
+        yield from (memory, allocated, unknown, unresolved_dra, findings, unattributed, info, total, share, offered)
+        yield pod_labels
 
 
 class AuditorMetrics:
@@ -234,6 +247,12 @@ class AuditorMetrics:
             ["method", "reason"],
             registry=self.registry,
         )
+        self.dra_slices = Gauge(
+            "gpu_fence_dra_slices_state",
+            "What the auditor holds of its node's ResourceSlices: 1 for the current state, 0 for the others.",
+            ["state"],
+            registry=self.registry,
+        )
         for reason in FailureReason:
             self.failures.labels(reason=reason.value)
         self._kubelet_seen: Tally[tuple[str, ...]] = Tally()
@@ -243,6 +262,8 @@ class AuditorMetrics:
         self.latest.update(snapshot, result)
         self.cycle_duration.observe(duration)
         self.last_success.set(snapshot.time + duration)
+        for state in SliceState:
+            self.dra_slices.labels(state=state.value).set(1 if state is snapshot.dra_slices else 0)
 
     def failed(self, reason: FailureReason) -> None:
         self.failures.labels(reason=reason.value).inc()

@@ -20,8 +20,9 @@ outside any pod, a share per cycle (``auditor.hostproc``); the cycles after them
 from then on. Every scale's node is built first; then ``--rounds`` rounds start one auditor process per scale,
 interleaved. Reported: median of the first cycles, of all warm cycles and of the steady ones, per phase; the slowest
 warm cycle; the worst peak RSS; kubelet ``List`` calls per cycle counted by the client and by the fake kubelet, and
-the ``GetAllocatableResources`` calls (at start, then every ``--allocatable-interval``); the log-log slope of warm
-cycle time over scale (1.0 = linear).
+the ``GetAllocatableResources`` calls (at start, then every ``--allocatable-interval``); the Kubernetes API requests
+per auditor process (the pod list, ResourceSlice discovery, list and watch); the log-log slope of warm cycle time
+over scale (1.0 = linear). The child's auditor watches the ResourceSlices as ``run`` does.
 
 The child measures the process the image runs: the packages of the test extra that a runtime dependency imports
 when it finds them (``TEST_ONLY_MODULES``: the ``kubernetes`` package's dynamic client imports
@@ -130,7 +131,7 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
     from gpu_fence.auditor.settings import AuditSettings
 
     args = build_parser().parse_args(list(auditor_args))
-    auditor = daemon.Auditor(AuditSettings.from_args(args))
+    auditor = daemon.Auditor(AuditSettings.from_args(args), watch=True)
     auditor.preflight()
     clock = PhaseClock()
     sources = auditor.sources()
@@ -216,6 +217,7 @@ def build_node(scale: int, fraction: float, workdir: Path) -> tuple[Any, dict[st
 
 def run_child(scenario: Any, scale: int, cycles: int, *, test_extras: bool = False) -> dict[str, Any]:
     """One auditor process on ``scenario`` for ``cycles`` cycles (the first cold); what the child reported."""
+    requests_before = len(scenario.api.requests) if scenario.api is not None else 0
     command = [
         sys.executable,
         "-m",
@@ -233,7 +235,9 @@ def run_child(scenario: Any, scale: int, cycles: int, *, test_extras: bool = Fal
     )
     if result.returncode != 0:
         raise BenchError(f"the auditor child failed at scale {scale}: {result.stderr.strip()[-2000:]}")
-    return orjson.loads(result.stdout.strip().splitlines()[-1])
+    report = orjson.loads(result.stdout.strip().splitlines()[-1])
+    report["api_requests"] = (len(scenario.api.requests) if scenario.api is not None else 0) - requests_before
+    return report
 
 
 def summarise(
@@ -267,6 +271,7 @@ def summarise(
         "kubelet_calls_served": served_calls,
         "allocatable_calls_per_process": max(sum(c["allocatable_calls"] for c in run["cycles"]) for run in runs),
         "allocatable_calls_warm": sum(c["allocatable_calls"] for run in runs for c in run["cycles"][1:]),
+        "api_requests_per_process": statistics.median(run["api_requests"] for run in runs),
         "cycles_run": len(cycles),
         "containers_audited": last["containers"],
         "findings": last["findings"],
@@ -383,15 +388,15 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         "| scale | containers | GPU processes | host processes | slowest warm ms | RSS before cycles MB "
-        "| peak RSS MB | kubelet calls/cycle |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| peak RSS MB | kubelet List/cycle | API requests/process |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["results"]:
         lines.append(
             f"| {row['scale']}x | {row['containers_audited']} | {row['gpu_processes_seen']} | "
             f"{row['sizes']['host_processes']} | {row['warm_cycle_max_ms']:.0f} | "
             f"{row['rss_before_cycles_mb']:.0f} | {row['peak_rss_mb']:.0f} | "
-            f"{row['kubelet_calls_per_cycle']} |"
+            f"{row['kubelet_calls_per_cycle']} | {row['api_requests_per_process']:g} |"
         )
     hidden = report["results"][0]["hidden_modules"] if report["results"] else []
     lines += [

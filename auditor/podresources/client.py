@@ -85,12 +85,7 @@ def _dynamic_resource(message: api_pb2.DynamicResource) -> DynamicResource:
         )
         for resource in message.claim_resources
     )
-    names: list[str] = []
-    for device in claim_devices:
-        if device.device_name:
-            names.append(f"{device.pool_name}/{device.device_name}")
-        names.extend(device.cdi_devices)
-    return DynamicResource("", message.claim_name, message.claim_namespace, tuple(names), claim_devices)
+    return DynamicResource(message.claim_name, message.claim_namespace, claim_devices)
 
 
 def _container_allocations(pod: api_pb2.PodResources) -> list[ContainerAllocation]:

@@ -318,6 +318,36 @@ def test_run_exports_offered_replicas_asked_at_start_and_every_interval_only(sce
         assert daemon.stop() == 0
 
 
+def test_run_keeps_resolving_dra_claims_with_the_last_slices_while_the_api_is_down(tmp_path):
+    node = NodeScenario(tmp_path / "dra", gpus=2, minors={0: 1, 1: 0}, dra_release="v25.12")
+    node.add_pod("ml", "train", Ctr("main", dra=[1], visible=[1], processes=[(1, 3 * GIB)]))
+    with node:
+        daemon = Daemon(node)
+        try:
+            wait_for(lambda: daemon.cycles() >= 5, "five cycles")
+            metrics = daemon.metrics()
+            assert value(metrics, "gpu_fence_container_allocated_gpus", pod="train", gpu_uuid=uuid_of(1)) == 1
+            assert value(metrics, "gpu_fence_container_gpu_memory_bytes", pod="train", allocated="true") == 3 * GIB
+            assert value(metrics, "gpu_fence_dra_slices_state", state="fresh") == 1
+            # listed once, then watched: no list per cycle
+            lists = [q for _, path, q in node.api.slice_requests() if path.endswith("/resourceslices")]
+            assert sum(1 for q in lists if "watch" not in q) == 1 and node.api.resource_slices.watches_open == 1
+
+            node.api.down = True
+            wait_for(lambda: value(daemon.metrics(), "gpu_fence_dra_slices_state", state="stale") == 1, "stale")
+            done = daemon.cycles()
+            wait_for(lambda: daemon.cycles() >= done + 2, "cycles with the API down")
+            down = daemon.metrics()
+            assert value(down, "gpu_fence_container_allocated_gpus", pod="train", gpu_uuid=uuid_of(1)) == 1
+            assert value(down, "gpu_fence_overreach_findings", pod="train") == 0
+            assert value(down, "gpu_fence_audit_cycle_failures_total", reason="kubernetes-api") >= 2
+
+            node.api.down = False
+            wait_for(lambda: value(daemon.metrics(), "gpu_fence_dra_slices_state", state="fresh") == 1, "recovery")
+        finally:
+            assert daemon.stop() == 0
+
+
 # --- the pure parts of the loop --------------------------------------------------------------------------
 
 

@@ -6,7 +6,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_fence.auditor.audit import audit
 from gpu_fence.auditor.metrics import AuditorMetrics, label_name
-from gpu_fence.auditor.model import Container, FailureReason, Gpu, GpuProcess, NodeSnapshot
+from gpu_fence.auditor.model import (
+    ClaimedDevice,
+    Container,
+    DraResolution,
+    FailureReason,
+    Gpu,
+    GpuProcess,
+    NodeSnapshot,
+    SliceState,
+)
 
 G0, G1 = "GPU-0", "GPU-1"
 GIB = 2**30
@@ -21,7 +30,11 @@ ATTRIBUTION = (
     "gpu_fence_gpu_memory_total_bytes",
     "gpu_fence_gpu_share_ratio",
     "gpu_fence_gpu_offered_replicas",
+    "gpu_fence_container_unresolved_dra_devices",
     "gpu_fence_pod_labels",
+)
+UNRESOLVED = ClaimedDevice(
+    "ml", "big", "gpu.nvidia.com", "n", "gpu-9", ("k8s.gpu.nvidia.com/claim=u-gpu-9",), DraResolution.NO_SLICE
 )
 
 
@@ -58,17 +71,19 @@ def total(metrics: AuditorMetrics, name: str, **labels: str) -> float:
 
 def busy_node() -> NodeSnapshot:
     train = Container("ml", "train", "main", "uid-1", "c1", allocated=(G0,), labels=(("team", "vision"),))
+    claimed = Container("ml", "big", "main", "uid-3", "c3", dra_devices=(UNRESOLVED,))
     return NodeSnapshot(
         "n",
         0.0,
         GPUS,
-        (train, Container("web", "cuda", "app", "uid-2", "c2")),
+        (train, Container("web", "cuda", "app", "uid-2", "c2"), claimed),
         (
             GpuProcess(1, G0, GIB, "uid-1", "c1"),
             GpuProcess(2, G1, GIB, "uid-2", "c2"),
             GpuProcess(3, G1, GIB),
             GpuProcess(4, G0, None, "uid-1", "c1"),
         ),
+        dra_slices=SliceState.FRESH,
         offered_replicas=((G0, 1), (G1, 4)),
     )
 
@@ -202,6 +217,43 @@ def test_offered_replicas_are_the_latest_answer_and_absent_while_unknown():
     unknown = NodeSnapshot("n", 1.0, GPUS, (), (), offered_replicas=None)
     metrics.observe(unknown, audit(unknown), 0.01)
     assert offered not in names(metrics)
+
+
+def test_unresolved_dra_devices_are_counted_per_container_driver_and_reason():
+    metrics = AuditorMetrics("n")
+    snapshot = busy_node()
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    key = (
+        "gpu_fence_container_unresolved_dra_devices",
+        tuple(
+            sorted(
+                {
+                    "node": "n",
+                    "namespace": "ml",
+                    "pod": "big",
+                    "container": "main",
+                    "driver": "gpu.nvidia.com",
+                    "reason": "no-slice",
+                }.items()
+            )
+        ),
+    )
+    found = samples(metrics)
+    assert found[key] == 1
+    assert [k for k in found if k[0] == key[0]] == [key]  # resolved devices and other containers: no series
+
+
+def test_the_slice_state_is_one_of_its_values():
+    metrics = AuditorMetrics("n")
+    snapshot = busy_node()
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    state = "gpu_fence_dra_slices_state"
+    assert {s.value: total(metrics, state, state=s.value) for s in SliceState} == {
+        s.value: float(s is SliceState.FRESH) for s in SliceState
+    }
+    stale = NodeSnapshot("n", 1.0, GPUS, (), (), dra_slices=SliceState.STALE)
+    metrics.observe(stale, audit(stale), 0.01)
+    assert total(metrics, state, state="stale") == 1 and total(metrics, state) == 1
 
 
 def test_kubelet_call_failures_are_added_as_the_client_counts_them():

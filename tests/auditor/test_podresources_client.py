@@ -116,10 +116,8 @@ def test_list_keeps_dynamic_resources(kubelet: FakeKubelet, client: PodResources
     assert allocation.devices == ()
     assert allocation.dynamic_resources == (
         DynamicResource(
-            class_name="",
             claim_name="gpu-claim",
             claim_namespace="team-y",
-            devices=("node-1/gpu-0", "nvidia.com/gpu=gpu-0", "nvidia.com/gpu=legacy"),
             claim_devices=(
                 ClaimDevice("gpu.nvidia.com", "node-1", "gpu-0", ("nvidia.com/gpu=gpu-0",), share_id="s-1"),
                 ClaimDevice("", "", "", ("nvidia.com/gpu=legacy",), share_id=None),

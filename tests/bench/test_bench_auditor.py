@@ -38,6 +38,7 @@ def test_tiny_run_reports_phases_calls_and_scaling(short_dir: Path, capsys: pyte
         assert row["warm_cycle_ms"] >= sum(v for k, v in row["warm_phases_ms"].items() if k != "join") * 0.99
         assert row["kubelet_calls_per_cycle"] == 1 and row["kubelet_calls_served"] == row["cycles_run"] == 6
         assert row["allocatable_calls_per_process"] == 1 and row["allocatable_calls_warm"] == 0
+        assert row["api_requests_per_process"] >= 3  # the pod list; ResourceSlice discovery and list (then a watch)
         assert row["auditor_processes"] == 2 and row["warm_cycles"] == 4
         assert row["identity"] == "kubernetes"  # the pods were named through the API fake
         assert row["containers_audited"] == row["sizes"]["containers"]
