@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from gpu_fence.auditor.kube import (
@@ -320,3 +322,26 @@ def test_a_spent_budget_fails_api_calls_at_once_and_each_call_spends_what_it_too
     client.gpu_fence_budget.renew(5)  # the next cycle's budget
     assert cache.refresh() and cache.last_error is None and len(fake.pod_lists()) == 1
     assert 0 < client.gpu_fence_budget.timeout() < 5
+
+
+def test_the_cycles_budget_binds_its_own_thread_not_the_resourceslice_watchs(api):
+    """The watch shares the client from its own thread: a spent cycle budget must not fail its requests, and its long
+    reads must not be charged to the cycle."""
+    _fake, client = api
+    client.gpu_fence_budget.renew(0)  # this thread's cycle has no time left
+    with pytest.raises(ApiBudgetSpent):
+        api_request(client, "GET", "/api/v1/pods")
+    answers: list[bytes | BaseException] = []
+
+    def watch_thread() -> None:
+        try:
+            answers.append(api_request(client, "GET", "/api/v1/pods"))
+        except BaseException as error:  # handed to the test thread, which asserts on it
+            answers.append(error)
+
+    thread = threading.Thread(target=watch_thread)
+    thread.start()
+    thread.join(timeout=30)
+    assert len(answers) == 1 and isinstance(answers[0], bytes), answers
+    client.gpu_fence_budget.renew(5)
+    assert client.gpu_fence_budget.timeout() == 5  # the other thread spent nothing of it
