@@ -67,11 +67,19 @@ def audit(snapshot: NodeSnapshot, policy: AuditPolicy | None = None) -> AuditRes
     findings.extend(unattributed_process(process, gpus, pods) for process in unattributed)
 
     unattributed_memory: Counter[str] = Counter()
+    unknown_memory: Counter[str] = Counter()
     for process in unattributed:
         unattributed_memory[process.gpu_uuid] += process.used_memory_bytes or 0
+        if process.used_memory_bytes is None:
+            unknown_memory[process.gpu_uuid] += 1
     rows.sort(key=lambda r: (r.namespace or "", r.pod or "", r.container or "", r.container_id or ""))
     findings.sort(key=_finding_order)
-    return AuditResult(tuple(rows), tuple(findings), tuple(sorted(unattributed_memory.items())))
+    return AuditResult(
+        tuple(rows),
+        tuple(findings),
+        tuple(sorted(unattributed_memory.items())),
+        tuple(sorted(unknown_memory.items())),
+    )
 
 
 # --- entitlement -------------------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Callable[[], f
         identity_source=identity_source,
         notes=notes,
         degraded=degraded,
+        unlisted=nvml.unlisted,
         slices=slices,
         offered=offered,
     )

@@ -81,13 +81,13 @@ class Gpu:
     index: int
     minor: int | None
     model: str = ""
-    memory_total_bytes: int = 0
+    memory_total_bytes: int | None = 0  # None: NVML could not read it (unknown, never reported as 0)
     parent_uuid: str | None = None  # set for a MIG device
     mig_index: int | None = None  # position of a MIG device on its card ("<index>:<mig_index>")
     gpu_instance_id: int | None = None  # a MIG device's GPU instance (the "<gi>" of "MIG-GPU-<card>/<gi>/<ci>")
     mig_enabled: bool = False  # a physical card in MIG mode: its compute lives in its MIG devices
     profile: str = ""  # MIG profile, e.g. "3g.40gb"
-    share: float = 1.0  # share of the physical card this device stands for (see docs/metrics.md)
+    share: float | None = 1.0  # share of the physical card this device stands for (docs/metrics.md); None: unknown
     compute_instance_id: int | None = None  # a MIG device's compute instance (NVML places processes by GI and CI)
 
     @property
@@ -101,9 +101,9 @@ class Gpu:
         mig_index: int,
         gpu_instance_id: int,
         compute_instance_id: int,
-        memory_total_bytes: int,
+        memory_total_bytes: int | None,
         profile: str,
-        share: float,
+        share: float | None,
         model: str | None = None,
     ) -> Gpu:
         """A MIG device of this card. The one place a MIG device is given its card's index and minor (see above);
@@ -211,6 +211,9 @@ class NodeSnapshot:
     notes: tuple[str, ...] = ()  # degraded conditions worth saying in the report (GPU lost, API down, ...)
     #: the sources this cycle ran without in part (a GPU unreadable, the API down): each counts as a failure cause
     degraded: frozenset[FailureReason] = frozenset()
+    #: (GPU or MIG device UUID, NVML's reason) for the devices whose processes NVML could not list this cycle:
+    #: what runs there is unknown, so their unattributed memory is too
+    unlisted: tuple[tuple[str, str], ...] = ()
     dra_slices: SliceState = SliceState.UNUSED
     #: UUID → allocation ids the device plugins offer for it (GetAllocatableResources); None when unknown
     offered_replicas: tuple[tuple[str, int], ...] | None = None
@@ -269,4 +272,6 @@ class Finding:
 class AuditResult:
     rows: tuple[Row, ...]
     findings: tuple[Finding, ...]
-    unattributed_memory_bytes: tuple[tuple[str, int], ...] = field(default=())  # GPU UUID → bytes
+    unattributed_memory_bytes: tuple[tuple[str, int], ...] = field(default=())  # GPU UUID → bytes (known sizes)
+    #: GPU UUID → unattributed processes there whose memory NVML did not report (missing from the bytes, not zero)
+    unattributed_unknown_memory: tuple[tuple[str, int], ...] = field(default=())

@@ -98,6 +98,8 @@ class NvmlSnapshot:
     processes: tuple[NvmlProcess, ...]
     problems: tuple[NvmlProblem, ...]
     driver_version: str | None = None
+    #: (device UUID, reason) of the devices whose process lists NVML could not read: their processes are unknown
+    unlisted: tuple[tuple[str, str], ...] = ()
 
 
 class NvmlError(Exception):
@@ -230,7 +232,8 @@ class _Reader:
         self.devices: list[Gpu] = []
         self.problems: list[NvmlProblem] = []
         self.processes: dict[tuple[int, str], tuple[set[str], int | None]] = {}  # (pid, device) → kinds, bytes
-        self.totals: dict[str, int] = {}  # device → memory, to tell a process's size from garbage
+        self.totals: dict[str, int | None] = {}  # device → memory, to tell a process's size from garbage
+        self.unlisted: dict[str, str] = {}  # device → why a process list of it could not be read
 
     def read(self) -> NvmlSnapshot:
         try:
@@ -250,7 +253,13 @@ class _Reader:
             (NvmlProcess(pid, uuid, used, _kind(kinds)) for (pid, uuid), (kinds, used) in self.processes.items()),
             key=lambda process: (order.get(process.device_uuid, len(order)), process.pid),
         )
-        return NvmlSnapshot(tuple(self.devices), tuple(processes), tuple(self.problems), self._driver_version())
+        return NvmlSnapshot(
+            tuple(self.devices),
+            tuple(processes),
+            tuple(self.problems),
+            self._driver_version(),
+            tuple(self.unlisted.items()),
+        )
 
     # -- calls ----------------------------------------------------------------------------------------------
 
@@ -302,6 +311,7 @@ class _Reader:
             return
         self.devices += reader.devices
         self.problems += reader.problems
+        self.unlisted.update(reader.unlisted)
         for (pid, uuid), (kinds, used) in reader.processes.items():
             for kind in kinds:
                 self._add_process(pid, uuid, kind, used)
@@ -311,7 +321,7 @@ class _Reader:
         name = str(self._may(uuid, "read its name", nv.nvmlDeviceGetName, handle) or "")
         minor = self._may(uuid, "read its minor number", nv.nvmlDeviceGetMinorNumber, handle, quiet=[_NOT_SUPPORTED])
         memory = self._may(uuid, "read its memory", nv.nvmlDeviceGetMemoryInfo, handle)
-        total = int(memory.total) if memory is not None else 0
+        total = int(memory.total) if memory is not None else None
         mode = self._may(
             uuid, "read its MIG mode", nv.nvmlDeviceGetMigMode, handle, quiet=[_NOT_SUPPORTED, _FUNCTION_NOT_FOUND]
         )
@@ -364,21 +374,22 @@ class _Reader:
         gi = int(self._must("read its GPU instance id", nv.nvmlDeviceGetGpuInstanceId, handle))
         ci = int(self._must("read its compute instance id", nv.nvmlDeviceGetComputeInstanceId, handle))
         memory = self._may(uuid, "read its memory", nv.nvmlDeviceGetMemoryInfo, handle)
-        total = int(memory.total) if memory is not None else 0
+        total = int(memory.total) if memory is not None else None
         full_name = str(self._may(uuid, "read its name", nv.nvmlDeviceGetName, handle) or "")
         model, separator, profile = full_name.rpartition(" MIG ")
         attributes = self._may(
             uuid, "read its attributes", nv.nvmlDeviceGetAttributes, handle, quiet=[_NOT_SUPPORTED, _FUNCTION_NOT_FOUND]
         )
         slices = int(attributes.gpuInstanceSliceCount) if attributes is not None else 0
+        share: float | None
         if slices and max_slices:
             share = min(1.0, slices / max_slices)
         elif total and gpu.memory_total_bytes:
             # No slice counts from this driver: the memory fraction is the nearest honest stand-in.
             share = min(1.0, total / gpu.memory_total_bytes)
         else:
-            share = 0.0
-            self._problem(uuid, "not-supported", "neither slice counts nor memory sizes are readable; share 0")
+            share = None
+            self._problem(uuid, "not-supported", "neither slice counts nor memory sizes are readable; share unknown")
         return gpu.mig_device(
             uuid,
             mig_index=slot,
@@ -443,6 +454,7 @@ class _Reader:
             raise _Failed(f"list {kind} processes", last)
         if code not in quiet:
             self._problem(device, _reason(code), f"could not list {kind} processes: {last}")
+            self.unlisted.setdefault(device, _reason(code))
         return []
 
     def _read_mig_processes(self, gpu: Gpu, handle: Any, migs: list[_Mig]) -> None:

@@ -221,6 +221,15 @@ def test_an_nvml_problem_degrades_the_cycle_and_says_where(tree):
     assert snapshot.notes == (f"NVML: {G0}: GPU 1 left out of this snapshot: lost", "NVML: node: could not count")
 
 
+def test_a_device_nvml_could_not_list_reaches_the_snapshot_with_its_reason(tree):
+    """What the metrics leave absent (not 0) and count: the cycle must carry it from NVML's snapshot."""
+    problems = (NvmlProblem(G0, "no-permission", "could not list compute processes: no permission"),)
+    driver = Driver(NvmlSnapshot((Gpu(G0, 0, 0, "H100"),), PROCESSES, problems, unlisted=((G0, "no-permission"),)))
+    snapshot = collect(sources(HostProc(str(tree)), driver=driver, pods=Pods()), OPTIONS)
+    assert snapshot.unlisted == ((G0, "no-permission"),)
+    assert snapshot.degraded == {FailureReason.NVML}
+
+
 def test_a_gpu_process_that_exited_says_why_it_has_no_container(tree):
     driver = Driver(NvmlSnapshot((Gpu(G0, 0, 0, "H100"),), (NvmlProcess(99, G0, 1 << 20, "compute"),), ()))
     (process,) = collect(sources(HostProc(str(tree)), driver=driver, pods=Pods()), OPTIONS).processes

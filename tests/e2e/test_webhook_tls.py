@@ -1,6 +1,7 @@
 """End to end over real TLS: ``certs`` makes the CA and serving certificate, ``gpu-fence-webhook serve`` runs as a
-subprocess (gunicorn, 2 gthread workers) on a loopback port, and real AdmissionReview v1 JSON goes over HTTPS,
-verified against the generated CA with the Service DNS name, exactly as the API server would connect.
+subprocess (gunicorn, 2 workers x 4 threads, as in production) on a loopback port, and real AdmissionReview v1 JSON
+goes over HTTPS, verified against the generated CA with the Service DNS name, exactly as the API server would
+connect.
 
 One server per module (starting it is the slow part); the certificate-renewal test runs last because it changes
 the served certificate.
@@ -14,15 +15,12 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import jsonpatch
@@ -31,13 +29,11 @@ import pytest
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fakes.webhook_server import BIN, NAMESPACE, Reply, Server, free_port, run_certs, send, serving
+
 pytestmark = pytest.mark.e2e
 
 FIXTURES = Path(__file__).parents[1] / "webhook" / "admissionreviews"
-SERVICE, NAMESPACE = "gpu-fence-webhook", "gpu-fence"
-HOSTNAME = f"{SERVICE}.{NAMESPACE}.svc"
-BIN = Path(sys.executable).parent
-STARTUP_DEADLINE_S = 30.0  # generous: a loaded CI machine; never asserted as a speed
 
 
 def fixture(name: str) -> dict:
@@ -46,146 +42,10 @@ def fixture(name: str) -> dict:
     return document
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Connection(http.client.HTTPSConnection):
-    """HTTPS to 127.0.0.1, verifying the certificate for the Service DNS name (SNI included), TCP_NODELAY."""
-
-    def __init__(self, port: int, context: ssl.SSLContext) -> None:
-        super().__init__(HOSTNAME, port, context=context, timeout=10)
-        self._port = port
-
-    def connect(self) -> None:
-        raw = socket.create_connection(("127.0.0.1", self._port), self.timeout)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)
-
-    def peer_serial(self) -> int:
-        return x509.load_der_x509_certificate(self.sock.getpeercert(binary_form=True)).serial_number
-
-
-@dataclass
-class Reply:
-    status: int
-    document: dict
-    headers: dict
-
-
-def send(
-    conn: Connection, method: str, path: str, body: bytes | None = None, content_type: str | None = "application/json"
-) -> Reply:
-    headers = {"Content-Type": content_type} if content_type and body is not None else {}
-    conn.request(method, path, body=body, headers=headers)
-    response = conn.getresponse()
-    data = response.read()
-    is_json = response.getheader("Content-Type", "").startswith("application/json")
-    return Reply(response.status, json.loads(data) if is_json else {"text": data.decode()}, dict(response.getheaders()))
-
-
-@dataclass
-class Server:
-    port: int
-    tls_dir: Path
-    context: ssl.SSLContext
-    process: subprocess.Popen
-    stderr_path: Path
-
-    def connect(self, context: ssl.SSLContext | None = None) -> Connection:
-        return Connection(self.port, context or self.context)
-
-    def post(self, path: str, document: dict | bytes, **kwargs) -> Reply:
-        body = document if isinstance(document, bytes) else json.dumps(document).encode()
-        conn = self.connect()
-        try:
-            return send(conn, "POST", path, body, **kwargs)
-        finally:
-            conn.close()
-
-    def get(self, path: str) -> Reply:
-        conn = self.connect()
-        try:
-            return send(conn, "GET", path)
-        finally:
-            conn.close()
-
-    def stderr_lines(self) -> list[str]:
-        return self.stderr_path.read_text(errors="replace").splitlines()
-
-
-def run_certs(out_dir: Path) -> None:
-    subprocess.run(
-        [
-            str(BIN / "gpu-fence-webhook"),
-            "certs",
-            "--service",
-            SERVICE,
-            "--namespace",
-            NAMESPACE,
-            "--out-dir",
-            str(out_dir),
-        ],
-        check=True,
-        capture_output=True,
-    )
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("webhook")
-    tls = tmp / "tls"
-    run_certs(tls)
-    port = free_port()
-    stderr_path = tmp / "serve.stderr"
-    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1", "TMPDIR": str(tmp)}
-    with stderr_path.open("wb") as stderr:
-        process = subprocess.Popen(
-            [
-                str(BIN / "gpu-fence-webhook"),
-                "serve",
-                "--cert-file",
-                str(tls / "tls.crt"),
-                "--key-file",
-                str(tls / "tls.key"),
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                "2",
-                "--threads",
-                "4",
-                "--namespace",
-                NAMESPACE,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            env=env,
-        )
-    context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
-    started = Server(port, tls, context, process, stderr_path)
-    try:
-        deadline = time.monotonic() + STARTUP_DEADLINE_S
-        while True:
-            assert process.poll() is None, "serve exited:\n" + "\n".join(started.stderr_lines()[-20:])
-            try:
-                if started.get("/readyz").status == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "serve not ready:\n" + "\n".join(started.stderr_lines()[-20:])
-            time.sleep(0.05)  # polling interval of the readiness loop, not a wait for an event
+    with serving(tmp_path_factory.mktemp("webhook"), env={"PYTHONPROFILEIMPORTTIME": "1"}) as started:
         yield started
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def decoded_patch(reply: Reply) -> list[dict] | None:

@@ -222,3 +222,25 @@ def test_html_tables_and_charts_are_labelled_for_screen_readers():
             assert re.match(r'[^>]*><th scope="row"', row), row  # the group name heads its row
     for svg in re.findall(r"<svg.*?</svg>", page, flags=re.S):
         assert re.match(r'<svg[^>]*role="img"[^>]*>\s*<title>[^<]+</title>', svg)
+
+
+def test_memory_of_unknown_entitlement_is_billed_as_its_containers_usage_not_as_overreach():
+    """allocated="unknown" (beside a DRA device that could not be resolved): overreach is not known, so the bill
+    does not price it as overreach; the container's memory is still its usage."""
+    labels = {"node": "n", "gpu_uuid": "GPU-1", "namespace": "a", "pod": "p", "container": "c"}
+    memory = [
+        Series({**labels, "allocated": "unknown"}, ((60.0, 5.0),)),
+        Series({**labels, "container": "d", "allocated": "false"}, ((60.0, 7.0),)),
+    ]
+    info = [Series({"node": "n", "gpu_uuid": "GPU-1", "model": "m"}, ((60.0, 1.0),))]
+    intervals, _ = intervals_from_series(
+        [60.0],
+        60.0,
+        info=info,
+        share=[],
+        memory=memory,
+        allocated=[],
+        unattributed=[],
+        group_of=lambda namespace, pod: namespace,
+    )
+    assert {(m.owner.container, m.allocated) for m in intervals[0].memory} == {("c", True), ("d", False)}
