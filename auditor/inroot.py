@@ -1,0 +1,191 @@
+"""Opening a path inside a container's root file system as that root's own, and never beyond it.
+
+Everything under ``/proc/<pid>/root`` is written by the audited container. Resolved by the kernel from the auditor's
+side, an absolute symlink there leads into the auditor's own file system (its service-account token), a chain of
+``..`` out of the container's root; a FIFO blocks ``open`` until a writer comes; a device node runs its driver's
+``open``. So a path is resolved with the container's root as ``/``:
+
+- ``openat2(2)`` with ``RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`` where the kernel has it (Linux 5.6; glibc has no
+  wrapper, so through ``syscall(437, ...)``, the number on x86_64 and in the generic table of aarch64): absolute
+  symlinks and ``..`` resolve inside the root, magic links (``/proc/<pid>/fd/*``) are refused (openat2(2): "Treat the
+  directory referred to by dirfd as the root directory while resolving pathname"; ``include/uapi/linux/openat2.h``
+  for ``struct open_how`` and the flags);
+- else a walk, one component at a time, each opened ``O_PATH | O_NOFOLLOW`` from the directory before it (which
+  ``O_NOFOLLOW`` alone cannot give: it guards the last component only). A symlink's text is spliced into the rest
+  of the path, an absolute one restarting at the root; ``..`` goes back to the directory the walk came from, and at
+  the root stays there, as the kernel's ``..`` does at a process's root; at most 40 links are followed (the kernel's
+  ``MAXSYMLINKS``), so a loop ends in ``ELOOP``.
+
+Both give an ``O_PATH`` descriptor: nothing is opened for reading, no FIFO blocks, no driver runs. Only then is the
+object's type checked (``fstat``), and a regular file or a directory reopened for reading, non-blocking: a file
+through ``/proc/self/fd/<n>``, which reopens that very inode (a path could meanwhile name something else), a
+directory as ``.`` below itself.
+
+Errors are ``OSError`` with the kernel's errno (``ENOENT``, ``ELOOP``, ``EXDEV`` for an escape openat2 caught,
+``ENOTDIR``), or :class:`WrongType` for an object that is not what the caller reads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import os
+import stat
+
+__all__ = ["WrongType", "open_directory", "openat2_available", "read_file", "resolve"]
+
+#: ``SYS_openat2`` (``asm/unistd_64.h`` and ``asm-generic/unistd.h``).
+SYS_OPENAT2 = 437
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+#: Symlinks one resolution follows at most, as the kernel (``MAXSYMLINKS``).
+MAX_SYMLINKS = 40
+#: ``openat2`` answers ``EAGAIN`` when a concurrent rename kept it from checking a ``..``; openat2(2) says to retry.
+_RETRIES = 3
+_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_LIST_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+class WrongType(OSError):
+    """The path resolved, inside the root, to an object of another type than the one read (a FIFO, a device node,
+    a socket, a directory for a file)."""
+
+    def __init__(self, path: str, mode: int, wanted: str) -> None:
+        super().__init__(errno.EINVAL, f"not a {wanted} but {stat.filemode(mode)[0]!r}", path)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
+
+
+@functools.cache
+def _syscall() -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+    function = ctypes.CDLL(None, use_errno=True).syscall
+    function.restype = ctypes.c_long
+    return function
+
+
+def _openat2(directory: int, path: str, flags: int, resolve: int) -> int:
+    how = _OpenHow(flags, 0, resolve)
+    fd = _syscall()(
+        ctypes.c_long(SYS_OPENAT2),
+        ctypes.c_int(directory),
+        ctypes.c_char_p(os.fsencode(path or ".")),  # the empty path names the directory itself, as in the walk
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
+    if fd < 0:
+        number = ctypes.get_errno()
+        raise OSError(number, os.strerror(number), path)
+    return fd
+
+
+@functools.cache
+def openat2_available() -> bool:
+    """Whether this kernel (and the seccomp profile around the auditor) lets ``openat2`` resolve in a root: probed
+    once, on ``/``, the first time it is asked.
+
+    A kernel before 5.6 answers ``ENOSYS``, a seccomp profile older than the call ``EPERM`` or ``ENOSYS``, a kernel
+    that does not know a resolve flag ``EINVAL`` or ``E2BIG``: any error means the walk, which is always right.
+    """
+    try:
+        os.close(_openat2(-100, "/", os.O_PATH | os.O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS))  # AT_FDCWD
+    except OSError:
+        return False
+    return True
+
+
+def resolve(root: int, path: str, *, openat2: bool) -> int:
+    """An ``O_PATH`` descriptor of what ``path`` names with the directory ``root`` as ``/``; the caller closes it."""
+    if openat2:
+        for _ in range(_RETRIES):
+            try:
+                return _openat2(root, path, os.O_PATH | os.O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+            except OSError as error:
+                if error.errno != errno.EAGAIN:
+                    raise
+    return _walk(root, path)
+
+
+def _walk(root: int, path: str) -> int:
+    """``resolve`` without openat2: one component at a time, never following a link out of the root."""
+    stack = [os.dup(root)]  # the directories from the root down to where the walk is; stack[0] is the root
+    pending = _components(path)
+    links = 0
+    try:
+        while pending:
+            name = pending.pop()
+            if name == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                continue
+            fd = os.open(name, _PATH_FLAGS, dir_fd=stack[-1])
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISLNK(mode):
+                links += 1
+                try:
+                    target = os.readlink("", dir_fd=fd)
+                finally:
+                    os.close(fd)
+                if links > MAX_SYMLINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+                if target.startswith("/"):
+                    while len(stack) > 1:
+                        os.close(stack.pop())
+                pending.extend(_components(target))
+            elif not pending:
+                return fd
+            elif stat.S_ISDIR(mode):
+                stack.append(fd)
+            else:
+                os.close(fd)
+                raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        return os.dup(stack[-1])  # the path named a directory: the root itself, or one reached by ".."
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def _components(path: str) -> list[str]:
+    """The names of ``path`` in reverse order (the walk pops from the end), without empty and ``.`` ones."""
+    return [name for name in reversed(path.split("/")) if name and name != "."]
+
+
+def read_file(root: int, path: str, limit: int, *, openat2: bool) -> bytes:
+    """At most ``limit`` bytes of the regular file ``path`` names inside ``root``; one read, never blocking."""
+    found = resolve(root, path, openat2=openat2)
+    try:
+        mode = os.fstat(found).st_mode
+        if not stat.S_ISREG(mode):
+            raise WrongType(path, mode, "regular file")
+        fd = os.open(f"/proc/self/fd/{found}", _READ_FLAGS)
+    finally:
+        os.close(found)
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def open_directory(root: int, path: str, *, openat2: bool) -> int:
+    """A descriptor, open for listing, of the directory ``path`` names inside ``root``; the caller closes it.
+
+    With openat2 in one call: ``O_DIRECTORY`` refuses anything else (``ENOTDIR``) before any driver's ``open`` runs.
+    """
+    if openat2:
+        for _ in range(_RETRIES):
+            try:
+                return _openat2(root, path, _LIST_FLAGS, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+            except OSError as error:
+                if error.errno != errno.EAGAIN:
+                    raise
+    found = _walk(root, path)
+    try:
+        mode = os.fstat(found).st_mode
+        if not stat.S_ISDIR(mode):
+            raise WrongType(path, mode, "directory")
+        return os.open(".", _LIST_FLAGS, dir_fd=found)
+    finally:
+        os.close(found)
