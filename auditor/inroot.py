@@ -32,6 +32,7 @@ import errno
 import functools
 import os
 import stat
+from typing import Any
 
 __all__ = ["WrongType", "open_directory", "openat2_available", "read_file", "resolve"]
 
@@ -60,22 +61,29 @@ class _OpenHow(ctypes.Structure):
     _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
 
 
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
+
+
 @functools.cache
-def _syscall() -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+def _syscall() -> Any:
+    """libc's ``syscall``, typed once: ctypes then converts plain ints and bytes itself, the cheap way."""
     function = ctypes.CDLL(None, use_errno=True).syscall
     function.restype = ctypes.c_long
+    function.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
     return function
 
 
-def _openat2(directory: int, path: str, flags: int, resolve: int) -> int:
+@functools.cache
+def _how(flags: int, resolve: int) -> tuple[_OpenHow, int]:
+    """One ``struct open_how`` per way of opening (a handful), kept with its address: never changed once made."""
     how = _OpenHow(flags, 0, resolve)
-    fd = _syscall()(
-        ctypes.c_long(SYS_OPENAT2),
-        ctypes.c_int(directory),
-        ctypes.c_char_p(os.fsencode(path or ".")),  # the empty path names the directory itself, as in the walk
-        ctypes.byref(how),
-        ctypes.c_size_t(ctypes.sizeof(how)),
-    )
+    return how, ctypes.addressof(how)
+
+
+def _openat2(directory: int, path: str, flags: int, resolve: int) -> int:
+    _, address = _how(flags, resolve)
+    # the empty path names the directory itself, as in the walk
+    fd = _syscall()(SYS_OPENAT2, directory, os.fsencode(path or "."), address, _HOW_SIZE)
     if fd < 0:
         number = ctypes.get_errno()
         raise OSError(number, os.strerror(number), path)

@@ -127,28 +127,36 @@ def test_a_fresh_pod_list_names_containers_and_no_fallback_file_is_read(tree):
     assert snapshot.notes == () and snapshot.degraded == frozenset()
     main = named(snapshot)["main"]
     assert main.identity is Identity.KUBERNETES and main.allocated == (G0,) and main.visible == {G0}
-    assert main.visible_devices_env == G0 and main.env_read and main.pid == 10
+    assert main.visible_devices_envs == (G0,) and main.env_read and main.pid == 10
     assert hostproc.root_files == [] and set(hostproc.environ_names) == {("NVIDIA_VISIBLE_DEVICES",)}
     assert pods.asked == [({POD}, {MAIN})]  # the GPU processes' pod and container, to relist early for new ones
     by_pid = {process.pid: process for process in snapshot.processes}
     assert by_pid[10].container_id == MAIN and by_pid[30].container_id is None and by_pid[30].identity_error is None
 
 
-def test_without_the_api_containers_are_named_by_their_own_files(tree):
+def test_without_the_api_containers_are_named_by_the_kubelet_and_their_gpu_use(tree):
     hostproc = Reads(str(tree))
     snapshot = collect(sources(hostproc), OPTIONS)
     assert snapshot.identity_source is IdentitySource.FALLBACK and snapshot.degraded == frozenset()
     assert snapshot.notes == (
-        "Kubernetes API not used: names from PodResources and each container's HOSTNAME and "
-        "service-account namespace file",
+        "Kubernetes API not used: names from PodResources, tied to running containers by their GPU use; "
+        "other containers by uid",
     )
-    assert {name: c.identity for name, c in named(snapshot).items()} == {
-        "main": Identity.FALLBACK,
-        "side": Identity.FALLBACK,
+    assert {name: (c.identity, c.container_id) for name, c in named(snapshot).items()} == {
+        "main": (Identity.FALLBACK, MAIN),  # pid 10 uses G0, which the kubelet gave ml/train/main alone
+        "side": (Identity.KUBELET, None),  # touches no GPU: nothing tells which running container it is
     }
-    assert named(snapshot)["side"].container_id == SIDE
-    assert sorted(hostproc.root_files) == [(10, SERVICEACCOUNT_NAMESPACE), (20, SERVICEACCOUNT_NAMESPACE)]
-    assert set(hostproc.environ_names) == {("NVIDIA_VISIBLE_DEVICES", "HOSTNAME")}  # one read of each environ
+    # Only a container that touches a GPU is asked what it claims to be (the report shows it if it stays unnamed).
+    assert hostproc.root_files == [(10, SERVICEACCOUNT_NAMESPACE)]
+    assert sorted(set(hostproc.environ_names)) == [("HOSTNAME",), ("NVIDIA_VISIBLE_DEVICES",)]
+
+
+def test_environments_are_read_once_per_process(tree):
+    hostproc = Reads(str(tree))
+    pods = Pods(pods={POD: make_pod("ml", "train", POD, "node-a", [("main", MAIN), ("side", SIDE)])})
+    for _ in range(3):
+        collect(sources(hostproc, pods=pods), OPTIONS)
+    assert hostproc.environ_names == [("NVIDIA_VISIBLE_DEVICES",)] * 2  # pids 10 and 20, in the first cycle
 
 
 def test_an_api_that_stops_answering_degrades_the_cycle_with_its_stale_list(tree):
@@ -168,7 +176,8 @@ def test_an_api_that_stops_answering_degrades_the_cycle_with_its_stale_list(tree
     assert snapshot.identity_source is IdentitySource.FALLBACK
     assert snapshot.degraded == {FailureReason.KUBERNETES_API}
     assert snapshot.notes == (
-        "Kubernetes API unavailable (ConnectionRefusedError: refused): names from PodResources and /proc",
+        "Kubernetes API unavailable (ConnectionRefusedError: refused): names from PodResources, tied to running "
+        "containers by their GPU use; other containers by uid",
     )
     assert named(snapshot)["main"].identity is Identity.FALLBACK
 
