@@ -9,7 +9,8 @@ own, as on a node where the kubelet and the API server are other processes. The 
 ``auditor.daemon.Auditor`` through ``--cycles`` cycles, timing each phase by wrapping the adapters' methods:
 
 ``kubelet`` (PodResources ``List``), ``nvml`` (the NVML snapshot), ``proc_identity`` (the incremental /proc scan
-and cgroup reads), ``visibility`` (``/dev/nvidia*``, environ and root files of one pid per container),
+and cgroup reads), ``visibility`` (what every container's processes show: their views' ``/dev``, their environments;
+root files without a pod list),
 ``kube_cache`` (the pod cache's list/ensure), ``join`` (the rest of ``auditor.collect.collect``: assembling the
 snapshot), ``audit`` (the pure audit), ``outputs`` (JSON report, metrics update and exposition, deduplicated Events
 as ``run`` posts them).
@@ -21,6 +22,11 @@ from then on. Every scale's node is built first; then ``--rounds`` rounds start 
 interleaved. Reported: median of the first cycles, of all warm cycles and of the steady ones, per phase; the slowest
 warm cycle; the worst peak RSS; kubelet calls per cycle counted by the client and by the fake kubelet; the log-log
 slope of warm cycle time over scale (1.0 = linear).
+
+The flooded-``/dev`` case (``--flooded-dev N``, 100,000 by default, 0: none) is the dense node once more with one
+container whose ``/dev`` holds N more entries (character devices, so that no listing can skip them by type): what a
+container that floods its ``/dev`` costs the cycle. It runs interleaved with the scales and is left out of the
+scaling exponent.
 
 The child measures the process the image runs: the packages of the test extra that a runtime dependency imports
 when it finds them (``TEST_ONLY_MODULES``: the ``kubernetes`` package's dynamic client imports
@@ -40,6 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,21 +93,27 @@ def sizes(scale: int, fraction: float) -> dict[str, int]:
 
 
 class PhaseClock:
-    """Accumulates wall time per phase; ``wrap`` times every call of a bound method under one phase name."""
+    """Accumulates wall time per phase; ``wrap`` times every call of a bound method under one phase name. A call made
+    inside another of the same phase (an adapter's method calling another wrapped one) is counted once, by the outer."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._running: set[str] = set()
 
     def wrap(self, owner: Any, method: str, phase: str) -> None:
         original = getattr(owner, method)
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if phase in self._running:
+                return original(*args, **kwargs)
+            self._running.add(phase)
             started = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
                 self.seconds[phase] += time.perf_counter() - started
+                self._running.discard(phase)
 
         setattr(owner, method, timed)
 
@@ -135,10 +148,10 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
     sources = auditor.sources()
     clock.wrap(sources.podresources, "list", "kubelet")
     clock.wrap(sources.nvml, "snapshot", "nvml")
-    clock.wrap(sources.hostproc, "container_pids", "proc_identity")
-    clock.wrap(sources.hostproc, "identities", "proc_identity")
+    clock.wrap(sources.hostproc, "scan", "proc_identity")
+    clock.wrap(sources.hostproc, "identity", "proc_identity")
     clock.wrap(sources.hostproc, "exists", "proc_identity")
-    clock.wrap(sources.hostproc, "visible_minors", "visibility")
+    clock.wrap(sources.hostproc, "inspect", "visibility")
     clock.wrap(sources.hostproc, "environ", "visibility")
     clock.wrap(sources.hostproc, "read_root_file", "visibility")
     if sources.pods is not None:
@@ -200,13 +213,26 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
 # --- parent: the node, and the child per scale ------------------------------------------------------------------
 
 
-def build_node(scale: int, fraction: float, workdir: Path) -> tuple[Any, dict[str, int], float]:
-    """The scaled dense node, started: (scenario, sizes, seconds it took to build)."""
+@dataclass(frozen=True)
+class Case:
+    """One node the benchmark audits: the dense node at ``scale``, with ``flooded_dev`` more entries in one ``/dev``."""
+
+    scale: int
+    flooded_dev: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.scale}x" + (f" + flooded /dev ({self.flooded_dev:,})" if self.flooded_dev else "")
+
+
+def build_node(case: Case, fraction: float, workdir: Path) -> tuple[Any, dict[str, int], float]:
+    """The case's node, started: (scenario, sizes, seconds it took to build)."""
     from tests.fakes.node_scenario import dense_node
 
-    size = sizes(scale, fraction)
+    size = sizes(case.scale, fraction)
     built = time.perf_counter()
-    scenario = dense_node(workdir / f"node-{scale}x", slots=7, **size)
+    name = f"node-{case.scale}x" + ("-flooded" if case.flooded_dev else "")
+    scenario = dense_node(workdir / name, slots=7, flooded_dev=case.flooded_dev, **size)
     scenario.start()
     return scenario, size, time.perf_counter() - built
 
@@ -234,9 +260,10 @@ def run_child(scenario: Any, scale: int, cycles: int, *, test_extras: bool = Fal
 
 
 def summarise(
-    scale: int, size: dict[str, int], runs: list[dict[str, Any]], served_calls: int, build_seconds: float
+    case: Case, size: dict[str, int], runs: list[dict[str, Any]], served_calls: int, build_seconds: float
 ) -> dict[str, Any]:
-    """One scale's figures over every child run: medians of the cold cycles and of all warm cycles; worst RSS."""
+    """One case's figures over every child run: medians of the cold cycles and of all warm cycles; worst RSS."""
+    scale = case.scale
     firsts = [run["cycles"][0] for run in runs]
     warm = [cycle for run in runs for cycle in run["cycles"][1:]] or firsts
     steady = [cycle for run in runs for cycle in run["cycles"][1 + run["settling_cycles"] :]]
@@ -244,6 +271,8 @@ def summarise(
     last = runs[-1]["cycles"][-1]
     return {
         "scale": scale,
+        "case": case.name,
+        "flooded_dev": case.flooded_dev,
         "sizes": {**size, "mig_slices": size["gpus"] * 7, "containers": size["pods"] * size["containers_per_pod"]},
         "first_cycle_ms": statistics.median(c["cycle_ms"] for c in firsts),
         "first_phases_ms": {name: statistics.median(c["phases_ms"][name] for c in firsts) for name in PHASES},
@@ -276,23 +305,31 @@ def summarise(
 
 
 def run(
-    scales: Sequence[int], fraction: float, cycles: int, rounds: int, workdir: Path, *, test_extras: bool = False
+    scales: Sequence[int],
+    fraction: float,
+    cycles: int,
+    rounds: int,
+    workdir: Path,
+    *,
+    test_extras: bool = False,
+    flooded_dev: int = 0,
 ) -> dict[str, Any]:
-    """Build every scale's node, then run ``rounds`` rounds of one auditor process per scale, interleaved, so
-    that a busy spell of a shared machine lands on every scale rather than on one."""
-    nodes: dict[int, tuple[Any, dict[str, int], float]] = {}
+    """Build every case's node (each scale, and the flooded ``/dev`` one), then run ``rounds`` rounds of one auditor
+    process per case, interleaved, so that a busy spell of a shared machine lands on every case rather than on one."""
+    cases = [Case(scale) for scale in scales] + ([Case(1, flooded_dev)] if flooded_dev else [])
+    nodes: dict[Case, tuple[Any, dict[str, int], float]] = {}
     try:
-        for scale in scales:
-            nodes[scale] = build_node(scale, fraction, workdir)
-        runs: dict[int, list[dict[str, Any]]] = {scale: [] for scale in scales}
+        for case in cases:
+            nodes[case] = build_node(case, fraction, workdir)
+        runs: dict[Case, list[dict[str, Any]]] = {case: [] for case in cases}
         for _ in range(rounds):
-            for scale in scales:
-                runs[scale].append(run_child(nodes[scale][0], scale, cycles, test_extras=test_extras))
+            for case in cases:
+                runs[case].append(run_child(nodes[case][0], case.scale, cycles, test_extras=test_extras))
         results = []
-        for scale in scales:
-            scenario, size, build_seconds = nodes[scale]
+        for case in cases:
+            scenario, size, build_seconds = nodes[case]
             served = sum(scenario.kubelet.calls.values())
-            results.append(summarise(scale, size, runs[scale], served, build_seconds))
+            results.append(summarise(case, size, runs[case], served, build_seconds))
     finally:
         for scenario, _, _ in nodes.values():
             scenario.stop()
@@ -302,12 +339,14 @@ def run(
         "cycles_per_process": cycles,
         "rounds": rounds,
         "test_extras": test_extras,
+        "flooded_dev": flooded_dev,
         "results": results,
     }
-    if len(scales) >= 2:
-        report["scaling_exponent"] = loglog_slope(scales, [r["warm_cycle_ms"] for r in results])
+    plain = [r for r in results if not r["flooded_dev"]]
+    if len(plain) >= 2:
+        report["scaling_exponent"] = loglog_slope(scales, [r["warm_cycle_ms"] for r in plain])
         report["phase_scaling_exponents"] = {
-            name: loglog_slope(scales, [max(r["warm_phases_ms"][name], 1e-3) for r in results]) for name in PHASES
+            name: loglog_slope(scales, [max(r["warm_phases_ms"][name], 1e-3) for r in plain]) for name in PHASES
         }
     report["targets"] = targets(report)
     return report
@@ -315,7 +354,7 @@ def run(
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     judged = []
-    dense = next((r for r in report["results"] if r["scale"] == 1), None)
+    dense = next((r for r in report["results"] if r["scale"] == 1 and not r["flooded_dev"]), None)
     if dense is not None and report["fraction"] == 1.0:
         steady = f", steady {dense['steady_cycle_ms']:.0f} ms" if dense["steady_cycle_ms"] is not None else ""
         judged.append(
@@ -336,7 +375,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     judged.append(
         {
             "target": "one kubelet call per cycle",
-            "measured": ", ".join(f"{r['kubelet_calls_per_cycle']} at {r['scale']}x" for r in report["results"]),
+            "measured": ", ".join(f"{r['kubelet_calls_per_cycle']} at {r['case']}" for r in report["results"]),
             "met": all(
                 r["kubelet_calls_per_cycle"] == 1 and r["kubelet_calls_served"] == r["cycles_run"]
                 for r in report["results"]
@@ -356,7 +395,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    header = "| scale | cycle | total ms | " + " | ".join(PHASES) + " |"
+    header = "| node | cycle | total ms | " + " | ".join(PHASES) + " |"
     lines = [header, "|---|---|---:|" + "---:|" * len(PHASES)]
     for row in report["results"]:
         shown = [
@@ -367,16 +406,16 @@ def markdown(report: dict[str, Any]) -> str:
             shown.append((f"steady (after {row['settling_cycles']})", row["steady_cycle_ms"], row["steady_phases_ms"]))
         for label, total, phases in shown:
             cells = " | ".join(f"{phases[name]:.1f}" for name in PHASES)
-            lines.append(f"| {row['scale']}x | {label} | {total:.1f} | {cells} |")
+            lines.append(f"| {row['case']} | {label} | {total:.1f} | {cells} |")
     lines += [
         "",
-        "| scale | containers | GPU processes | host processes | slowest warm ms | RSS before cycles MB "
+        "| node | containers | GPU processes | host processes | slowest warm ms | RSS before cycles MB "
         "| peak RSS MB | kubelet calls/cycle |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["results"]:
         lines.append(
-            f"| {row['scale']}x | {row['containers_audited']} | {row['gpu_processes_seen']} | "
+            f"| {row['case']} | {row['containers_audited']} | {row['gpu_processes_seen']} | "
             f"{row['sizes']['host_processes']} | {row['warm_cycle_max_ms']:.0f} | "
             f"{row['rss_before_cycles_mb']:.0f} | {row['peak_rss_mb']:.0f} | "
             f"{row['kubelet_calls_per_cycle']} |"
@@ -413,6 +452,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=1.0,
         help="shrink every size by this factor (smoke runs; targets are judged only at 1.0)",
     )
+    parser.add_argument(
+        "--flooded-dev",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="also audit the 1x node with N more entries in one container's /dev (default: 100000; 0: not)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     parser.add_argument(
         "--node-dir",
@@ -439,6 +485,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--scales {args.scales!r}: give whole numbers separated by commas, e.g. 1,2,4")
     if min(args.scales) < 1 or args.cycles < 2 or args.rounds < 1 or not 0 < args.fraction <= 1:
         parser.error("--scales and --rounds must be >= 1, --cycles >= 2 (one cold, the rest warm), 0 < --fraction <= 1")
+    if args.flooded_dev < 0:
+        parser.error("--flooded-dev must be 0 or more")
     return args
 
 
@@ -456,7 +504,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-fence-bench-", dir=args.node_dir) as directory:
         try:
             report = run(
-                args.scales, args.fraction, args.cycles, args.rounds, Path(directory), test_extras=args.test_extras
+                args.scales,
+                args.fraction,
+                args.cycles,
+                args.rounds,
+                Path(directory),
+                test_extras=args.test_extras,
+                flooded_dev=args.flooded_dev,
             )
         except BenchError as error:
             print(f"auditor_bench: {error}", file=sys.stderr)
