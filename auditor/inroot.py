@@ -17,9 +17,10 @@ side, an absolute symlink there leads into the auditor's own file system (its se
   ``MAXSYMLINKS``), so a loop ends in ``ELOOP``.
 
 Both give an ``O_PATH`` descriptor: nothing is opened for reading, no FIFO blocks, no driver runs. Only then is the
-object's type checked (``fstat``), and a regular file or a directory reopened for reading, non-blocking: a file
-through ``/proc/self/fd/<n>``, which reopens that very inode (a path could meanwhile name something else), a
-directory as ``.`` below itself.
+object's type checked (``fstat``), and a regular file reopened for reading, non-blocking, through
+``/proc/self/fd/<n>``, which reopens that very inode (a path could meanwhile name something else). A directory is
+opened for listing with ``O_DIRECTORY``, which the kernel checks before any ``open`` runs (``do_open`` in
+``fs/namei.c``): by openat2 in one call, or after the walk as ``.`` of the directory it found.
 
 Errors are ``OSError`` with the kernel's errno (``ENOENT``, ``ELOOP``, ``EXDEV`` for an escape openat2 caught,
 ``ENOTDIR``), or :class:`WrongType` for an object that is not what the caller reads.

@@ -18,7 +18,7 @@ from gpu_fence.auditor.podresources.allocations import ContainerAllocation, Devi
 from gpu_fence.auditor.podresources.client import KubeletUnavailable
 from gpu_fence.auditor.snapshot import SnapshotOptions
 from gpu_fence.auditor.sources import HostProcSource, NvmlSource, PodResourcesSource, PodSource, Sources
-from tests.fakes.hostproc_tree import HostProcTree
+from tests.fakes.hostproc_tree import HostProcTree, cgroup_text, nested_pod_cgroup
 from tests.fakes.kubeapi_pods_events import make_pod
 
 G0 = "GPU-00000000-0000-4000-8000-000000000000"
@@ -227,3 +227,37 @@ def test_a_proc_root_that_cannot_be_listed_fails_the_cycle_naming_it(tmp_path):
         collect(sources(HostProc(str(missing))), OPTIONS)
     assert raised.value.source is FailureReason.PROC
     assert raised.value.reason.startswith(f"cannot read host /proc at {missing}: ")
+
+
+def test_a_gpu_process_behind_a_pid_reused_since_the_last_cycle_is_placed_by_this_cycles_scan(tree):
+    """The scan runs after NVML's snapshot: a pid the last cycle placed in ``main`` and now held by a process of
+    another pod is billed to that pod, not to ``main``."""
+    hostproc = HostProc(str(tree), recheck_scans=0)
+    pods = Pods(pods={POD: make_pod("ml", "train", POD, "node-a", [("main", MAIN), ("side", SIDE)])})
+    collect(sources(hostproc, pods=pods), OPTIONS)
+    other = "99999999-2222-4333-8444-555555555555"
+    tree.reuse_pid(10, cgroup=cgroup_text(other, "c3" * 32))
+    by_pid = {p.pid: p for p in collect(sources(hostproc, pods=pods), OPTIONS).processes}
+    assert (by_pid[10].pod_uid, by_pid[10].container_id) == (other, "c3" * 32)
+
+
+def test_claims_are_read_without_a_pod_list_and_shown_only_when_shaped_like_names(tree):
+    """``side`` claims a namespace that is no name (a container can write anything there): no claim is shown; the
+    report never carries what is not even a name."""
+    (tree.root / "_rootfs" / "side" / SERVICEACCOUNT_NAMESPACE).write_text("<script>alert(1)</script>\n")
+    driver = Driver(NvmlSnapshot((Gpu(G0, 0, 0, "H100"),), (NvmlProcess(20, G0, 1 << 20, "compute"),), ()))
+    kubelet = Kubelet((ContainerAllocation("ml", "train", "side", (), ()),))
+    snapshot = collect(sources(HostProc(str(tree)), driver=driver, kubelet=kubelet), OPTIONS)
+    side = next(c for c in snapshot.containers if c.container_id == SIDE)
+    assert side.identity is Identity.UID and (side.claimed_namespace, side.claimed_pod) == (None, "train")
+
+
+def test_a_process_in_a_nested_cgroup_naming_another_pod_is_counted_and_noted(tree):
+    victim = "77777777-2222-4333-8444-555555555555"
+    tree.write_cgroup(10, cgroup_text(POD, MAIN, below=nested_pod_cgroup(victim, "d4" * 32)))
+    pods = Pods(pods={POD: make_pod("ml", "train", POD, "node-a", [("main", MAIN), ("side", SIDE)])})
+    snapshot = collect(sources(HostProc(str(tree)), pods=pods), OPTIONS)
+    main = named(snapshot)["main"]
+    assert main.nested_pod_uids == {victim}
+    assert {p.pid: p.container_id for p in snapshot.processes}[10] == MAIN
+    assert any(victim in note and "ml/train/main" in note for note in snapshot.notes)

@@ -776,3 +776,35 @@ def test_a_process_that_keeps_moving_while_read_makes_the_view_unstable(tree: Ho
     proc = Racing(str(tree))
     sight = proc.inspect(proc.scan().containers[C1])
     assert sight.minors is None and sight.limits == {ViewLimit.UNSTABLE}
+
+
+def test_real_processes_that_chroot_or_unshare_their_mounts_each_add_a_view(tmp_path: Path, resolving) -> None:
+    """On the kernel's own /proc, with its magic links: a real process chrooted into a tree holding a GPU node, one
+    that unshared its mount namespace and mounted an empty /dev, and this one: three views, seen through
+    ``ns/mnt`` and ``root`` (the unshared one has this process's root, only its namespace differs)."""
+    tree = tmp_path / "chroot"
+    (tree / "dev").mkdir(parents=True)
+    make_char_device(tree / "dev" / "nvidia5", NVIDIA_MAJOR, 5)
+    chrooted = subprocess.Popen(
+        [sys.executable, "-c", f"import os, sys, time; os.chroot({str(tree)!r}); print(flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )
+    unshared = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs none /dev && echo && sleep 60"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        for child in (chrooted, unshared):
+            assert child.stdout is not None and child.stdout.readline() == b"\n"  # ready
+        proc = HostProc("/proc", openat2=resolving)
+        pids = sorted([os.getpid(), chrooted.pid, unshared.pid])
+        keys = {pid: proc._view_key(pid) for pid in pids}
+        assert len(set(keys.values())) == 3
+        assert keys[unshared.pid][1:] == keys[os.getpid()][1:]  # the same root, another mount namespace
+        assert proc.visible_minors(chrooted.pid) == {5} and proc.visible_minors(unshared.pid) == frozenset()
+        sight = proc.inspect(pids)
+        assert sight.processes == 3 and sight.minors is not None and 5 in sight.minors and not sight.limits
+    finally:
+        for child in (chrooted, unshared):
+            child.kill()
+            child.wait()
