@@ -170,7 +170,6 @@ def inspect_runtime_containers(
             env = hostproc.environ(pids[0], HOSTNAME_ENV)
             claimed_pod = _claim(env.get(HOSTNAME_ENV) if env is not None else None)
             claimed_namespace = _claim(_text(hostproc.read_root_file(pids[0], SERVICEACCOUNT_NAMESPACE)))
-        nested = {placed[pid].nested_pod_uid for pid in pids if pid in placed}
         found[container_id] = RuntimeContainer(
             container_id=container_id,
             pod_uid=placed[pids[0]].pod_uid,
@@ -179,7 +178,7 @@ def inspect_runtime_containers(
             visible_devices_envs=sight.visible_devices,
             env_read=sight.env_read,
             view_limits=sight.limits,
-            nested_pod_uids=frozenset(uid for uid in nested if uid),
+            nested_pod_uids=scan.nested.get(container_id, frozenset()),
             claimed_namespace=claimed_namespace,
             claimed_pod=claimed_pod,
         )

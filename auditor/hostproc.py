@@ -23,8 +23,9 @@ so their parsed identity is one object, looked up by the file's bytes rather tha
 **A container's processes** (:meth:`HostProc.inspect`) are judged all together, never by one of them: a process
 that chroots into an empty tree, or unshares its mount namespace and covers ``/dev``, sees less than its siblings,
 and whichever process the auditor picked would otherwise decide what the container "sees". Processes that share a
-mount namespace and a root share one view, so each process costs two cheap reads (``ns/mnt`` and a ``stat`` of
-``root``) and each distinct view one listing of its ``/dev``. ``NVIDIA_VISIBLE_DEVICES`` is read once per process,
+mount namespace and a root share one view, so each process costs one ``statx`` of its ``root`` (the mount id says
+the namespace; where the kernel has none, a ``stat`` and a ``readlink`` of ``ns/mnt``) and each distinct view one
+listing of its ``/dev``. ``NVIDIA_VISIBLE_DEVICES`` is read once per process,
 when first seen: it is the environment the process started with, and what it writes over it later changes nothing
 the toolkit did. The work per container and cycle is bounded (``PROCESS_LIMIT`` processes, ``VIEW_LIMIT`` views,
 ``DEV_ENTRY_LIMIT`` entries per ``/dev``, ``ENV_VALUE_LIMIT`` values); past a bound the container's sight says so
@@ -42,7 +43,6 @@ import os
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 
 from gpu_fence.vocabulary import VISIBLE_DEVICES_ENV
 
@@ -75,6 +75,9 @@ _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _ROOT_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 _CHUNK = 4096
 _UNREAD = object()  # an environment that could not be read: asked again next time
+_UNSEEN = object()  # a process whose environment was not read yet
+#: What a process resolves paths from (see ``HostProc._view_key``): equal keys, equal views.
+ViewKey = tuple[int, int] | tuple[str | None, int, int]
 #: Why a path in a readable root names nothing to list: absent, not a directory, a link that dangles or loops.
 _NOTHING_THERE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 
@@ -105,12 +108,14 @@ class ProcScan:
     """One scan of the host's processes.
 
     ``containers``: container id → the pids in it, ascending, for every container with a process on the host.
-    ``placed``: pid → identity for every pid the scan found in a pod; a view of the adapter's state, good until the
-    next scan.
+    ``placed``: pid → identity for every pid the scan found in a pod; the adapter's own table, good until the next
+    scan (read it, never change it). ``nested``: container id → the other pods named by the cgroups below its own that
+    its processes sit in, for the containers that have any.
     """
 
     containers: Mapping[str, Sequence[int]]
     placed: Mapping[int, CgroupIdentity]
+    nested: Mapping[str, frozenset[str]]
 
 
 @dataclass(frozen=True)
@@ -153,10 +158,18 @@ class HostProc:
     ``recheck_scans``: how many scans re-read a process found outside any pod (0: none); ``startup_spread``: over
     how many scans the windows of the processes found by the first scan start (see the module docstring).
     ``openat2``: resolve in roots with ``openat2`` (None: where the kernel has it; False: the component walk).
+    ``mount_ids``: key a process's view by the mount id of its root (None: where the kernel gives one; False: by its
+    mount namespace and root inode, two reads).
     """
 
     def __init__(
-        self, root: str = "/proc", *, recheck_scans: int = 2, startup_spread: int = 8, openat2: bool | None = None
+        self,
+        root: str = "/proc",
+        *,
+        recheck_scans: int = 2,
+        startup_spread: int = 8,
+        openat2: bool | None = None,
+        mount_ids: bool | None = None,
     ) -> None:
         if recheck_scans < 0:
             raise ValueError(f"recheck_scans must be 0 or more, got {recheck_scans}")
@@ -166,6 +179,9 @@ class HostProc:
         self.recheck_scans = recheck_scans
         self.startup_spread = startup_spread
         self.openat2 = inroot.openat2_available() if openat2 is None else openat2
+        use_mount_ids = inroot.mount_ids_available() if mount_ids is None else mount_ids
+        self._mounts = inroot.MountIdentity() if use_mount_ids else None
+        self._root_bytes = os.fsencode(root)
         #: cgroup files read so far; shows (in tests and metrics) that scans are incremental.
         self.cgroup_reads = 0
         self._inodes: dict[int, int] = {}  # every pid of the last scan → its inode << 1 | that scan's parity
@@ -289,6 +305,7 @@ class HostProc:
             self._recheck = {}  # a dict keeps its largest table: the one of the first scan's 30,000 host processes
 
         containers: dict[str, list[int]] = {}
+        nested: dict[str, set[str]] = {}
         for pid, identity in identities.items():
             container = identity.container_id
             if container is not None:
@@ -296,9 +313,11 @@ class HostProc:
                     containers[container].append(pid)
                 else:
                     containers[container] = [pid]
+                if identity.nested_pod_uid is not None:
+                    nested.setdefault(container, set()).add(identity.nested_pod_uid)
         for pids in containers.values():
             pids.sort()
-        return ProcScan(containers, MappingProxyType(identities))
+        return ProcScan(containers, identities, {container: frozenset(uids) for container, uids in nested.items()})
 
     def _forget(self, pid: int) -> None:
         del self._inodes[pid]
@@ -315,20 +334,24 @@ class HostProc:
         if len(pids) > PROCESS_LIMIT:
             limits.add(ViewLimit.PROCESSES)
             pids = pids[:PROCESS_LIMIT]
-        views: dict[tuple[str | None, int, int], list[int]] = {}
+        views: dict[ViewKey, list[int]] = {}
         values: set[str] = set()
         env_read = False
         judged = 0
+        view_key, envs = self._view_key, self._envs
         for pid in pids:
-            key = self._view_key(pid)
+            key = view_key(pid)
             if key is None:
                 continue  # exited
             judged += 1
-            if key in views:
-                views[key].append(pid)
-            else:
+            members = views.get(key)
+            if members is None:
                 views[key] = [pid]
-            value = self._visible_devices(pid)
+            else:
+                members.append(pid)
+            value = envs.get(pid, _UNSEEN)
+            if value is _UNSEEN:
+                value = self._visible_devices(pid)
             if value is not _UNREAD:
                 env_read = True
                 if value is not None:
@@ -339,7 +362,7 @@ class HostProc:
         for key, members in list(views.items())[:VIEW_LIMIT]:
             seen = self._view_minors(key, members, limits)
             if seen is not None:
-                minors = (minors or set()) | seen
+                minors = seen if minors is None else minors | seen
         if len(values) > ENV_VALUE_LIMIT:
             limits.add(ViewLimit.ENV_VALUES)
         return ContainerSight(
@@ -350,14 +373,25 @@ class HostProc:
             frozenset(limits),
         )
 
-    def _view_key(self, pid: int) -> tuple[str | None, int, int] | None:
-        """(mount namespace, root device, root inode) of a live process: two processes with equal keys resolve every
-        path alike. None when the process is gone; the namespace None where ``ns/mnt`` cannot be read."""
+    def _view_key(self, pid: int) -> ViewKey | None:
+        """What a live process resolves paths from: the mount and the inode of its root (one ``statx``; a new mount
+        namespace copies every mount under new ids), or, where the kernel gives no mount ids, its mount namespace and
+        its root's device and inode. Two processes with equal keys resolve every path alike. None when it is gone."""
+        if self._mounts is not None:
+            return self._mounts.of_path(b"%b/%d/root" % (self._root_bytes, pid))
         try:
-            root = os.stat(self._path(pid, "root"))
+            root = os.stat(f"{self.root}/{pid}/root")
         except OSError:
             return None
         return (self._mount_namespace(pid), root.st_dev, root.st_ino)
+
+    def _held_key(self, pid: int, root: int) -> ViewKey | None:
+        """The key of the root held open as ``root``, the one listed (a process that moves after it was opened
+        changes the process's key, not what is listed). Without mount ids, its mount namespace is read again after."""
+        if self._mounts is not None:
+            return self._mounts.of_fd(root)
+        held = os.fstat(root)
+        return (self._mount_namespace(pid), held.st_dev, held.st_ino)
 
     def _mount_namespace(self, pid: int) -> str | None:
         try:
@@ -365,32 +399,28 @@ class HostProc:
         except OSError:
             return None
 
-    def _view_minors(
-        self, key: tuple[str | None, int, int], members: Sequence[int], limits: set[ViewLimit]
-    ) -> set[int] | None:
-        """The GPU minors of one view, listed through one of its processes that still has it when read (the root is
-        held open while listing, and the mount namespace checked after): a process that moves in between is not
-        taken for the view it left. None when none could be read; ``UNSTABLE`` in ``limits`` when that was because
-        the processes tried kept moving."""
+    def _view_minors(self, key: ViewKey, members: Sequence[int], limits: set[ViewLimit]) -> set[int] | None:
+        """The GPU minors of one view, listed through one of its processes that still has it when read (its root held
+        open while listing): a process that moved in between is not taken for the view it left. None when none could
+        be read; ``UNSTABLE`` in ``limits`` when that was because the processes tried kept moving."""
         moved = False
         for pid in members[:VIEW_ATTEMPTS]:
             try:
-                root = os.open(self._path(pid, "root"), _ROOT_FLAGS)
+                root = os.open(f"{self.root}/{pid}/root", _ROOT_FLAGS)
             except OSError:  # exited since it was keyed, or not ours to read
                 continue
             try:
-                held = os.fstat(root)
-                if (held.st_dev, held.st_ino) != key[1:]:
+                if self._mounts is not None and self._held_key(pid, root) != key:
                     moved = True
                     continue
                 minors, complete = self._dev_minors(root)
+                if self._mounts is None and self._held_key(pid, root) != key:
+                    moved = True
+                    continue
             except OSError:
                 continue
             finally:
                 os.close(root)
-            if self._mount_namespace(pid) != key[0]:
-                moved = True
-                continue
             if not complete:
                 limits.add(ViewLimit.DEV_ENTRIES)
             return minors

@@ -35,7 +35,15 @@ import os
 import stat
 from typing import Any
 
-__all__ = ["WrongType", "open_directory", "openat2_available", "read_file", "resolve"]
+__all__ = [
+    "MountIdentity",
+    "WrongType",
+    "mount_ids_available",
+    "open_directory",
+    "openat2_available",
+    "read_file",
+    "resolve",
+]
 
 #: ``SYS_openat2`` (``asm/unistd_64.h`` and ``asm-generic/unistd.h``).
 SYS_OPENAT2 = 437
@@ -84,7 +92,7 @@ def _how(flags: int, resolve: int) -> tuple[_OpenHow, int]:
 def _openat2(directory: int, path: str, flags: int, resolve: int) -> int:
     _, address = _how(flags, resolve)
     # the empty path names the directory itself, as in the walk
-    fd = _syscall()(SYS_OPENAT2, directory, os.fsencode(path or "."), address, _HOW_SIZE)
+    fd = _syscall()(SYS_OPENAT2, directory, (path or ".").encode("utf-8", "surrogateescape"), address, _HOW_SIZE)
     if fd < 0:
         number = ctypes.get_errno()
         raise OSError(number, os.strerror(number), path)
@@ -198,3 +206,72 @@ def open_directory(root: int, path: str, *, openat2: bool) -> int:
         return os.open(".", _LIST_FLAGS, dir_fd=found)
     finally:
         os.close(found)
+
+
+# --- which root a process resolves from ----------------------------------------------------------------------------
+
+STATX_INO = 0x100
+#: ``stx_mnt_id``, since Linux 5.8: "the mount ID of the mount containing the file" (statx(2)), the first field of
+#: ``/proc/<pid>/mountinfo``. Every mount has its own, and a new mount namespace gets copies of every mount, each with
+#: a new one.
+STATX_MNT_ID = 0x1000
+AT_EMPTY_PATH = 0x1000
+
+
+class _Statx(ctypes.Structure):
+    """The fields of ``struct statx`` (``include/uapi/linux/stat.h``) a mount identity needs, at their offsets."""
+
+    _fields_ = (
+        ("mask", ctypes.c_uint32),
+        ("_before_ino", ctypes.c_uint8 * 0x1C),
+        ("ino", ctypes.c_uint64),
+        ("_before_mnt_id", ctypes.c_uint8 * 0x68),
+        ("mnt_id", ctypes.c_uint64),
+        ("_after", ctypes.c_uint8 * 0x68),
+    )
+
+
+@functools.cache
+def _statx() -> Any:
+    function = ctypes.CDLL(None, use_errno=True).statx
+    function.restype = ctypes.c_int
+    function.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p)
+    return function
+
+
+class MountIdentity:
+    """(mount id, inode) of a directory, by one ``statx``: two roots with equal identities resolve every path alike,
+    being one directory of one mount, and so of one mount namespace's tree. Holds one buffer: not thread-safe."""
+
+    def __init__(self) -> None:
+        self._buffer = _Statx()
+        self._address = ctypes.addressof(self._buffer)
+        self._call = _statx()
+
+    def of_path(self, path: bytes) -> tuple[int, int] | None:
+        """The identity of what ``path`` names, following links (``/proc/<pid>/root`` is one); None when it cannot be
+        read. The path is bytes: the caller encodes it once (``os.fsencode`` per call would cost more than the call)."""
+        return self._read(-100, path, 0)  # AT_FDCWD
+
+    def of_fd(self, fd: int) -> tuple[int, int] | None:
+        """The identity of the directory ``fd`` holds (an ``O_PATH`` descriptor will do)."""
+        return self._read(fd, b"", AT_EMPTY_PATH)
+
+    def _read(self, directory: int, path: bytes, flags: int) -> tuple[int, int] | None:
+        buffer = self._buffer
+        if self._call(directory, path, flags, STATX_INO | STATX_MNT_ID, self._address) != 0:
+            return None
+        if not buffer.mask & STATX_MNT_ID:
+            return None
+        return (buffer.mnt_id, buffer.ino)
+
+
+@functools.cache
+def mount_ids_available() -> bool:
+    """Whether ``statx`` gives mount ids here (Linux 5.8, a C library with ``statx``): probed once, on ``/``."""
+    if ctypes.sizeof(_Statx) != 0x100:
+        return False
+    try:
+        return MountIdentity().of_path(b"/") is not None
+    except (AttributeError, OSError):  # no statx in the C library
+        return False

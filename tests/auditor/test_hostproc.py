@@ -665,31 +665,42 @@ def test_a_flood_of_plain_files_costs_no_stat(tree: HostProcTree, monkeypatch: p
 # --- a container is judged over all of its processes -------------------------------------------------------------
 
 
-def test_a_chrooted_lowest_pid_does_not_hide_its_siblings_devices(tree: HostProcTree, resolving) -> None:
+@pytest.fixture(params=[True, False], ids=["mount-id", "namespace"])
+def keying(request: pytest.FixtureRequest) -> bool:
+    """Whether a process's view is keyed by its root's mount id (one statx) or by its mount namespace and root inode
+    (where the kernel gives no mount ids; forced here)."""
+    if request.param and not inroot.mount_ids_available():
+        pytest.skip("this kernel gives no mount ids: the namespace key alone is used, and tested")
+    return request.param
+
+
+def test_a_chrooted_lowest_pid_does_not_hide_its_siblings_devices(tree: HostProcTree, resolving, keying: bool) -> None:
     fs = tree.rootfs("main", gpu_minors=[0, 1])
     empty = tree.root.parent / "empty"
     empty.mkdir()
     for pid in (10, 11, 12):
         tree.add_container_process(pid, POD_A, C1, rootfs=fs)
     tree.chroot(10, empty)
-    proc = HostProc(str(tree), openat2=resolving)
+    proc = HostProc(str(tree), openat2=resolving, mount_ids=keying)
     sight = proc.inspect(proc.scan().containers[C1])
     assert sight.minors == {0, 1} and sight.processes == 3 and sight.limits == frozenset()
     assert proc.visible_minors(10) == frozenset()  # the chrooted one alone sees nothing
 
 
-def test_a_process_that_unshares_its_mounts_and_covers_dev_does_not_hide_its_siblings(tree: HostProcTree) -> None:
+def test_a_process_that_unshares_its_mounts_and_covers_dev_does_not_hide_its_siblings(
+    tree: HostProcTree, keying: bool
+) -> None:
     fs = tree.rootfs("main", gpu_minors=[3])
     covered = tree.rootfs("covered")  # the same tree with an empty /dev mounted over it
     for pid in (10, 11):
         tree.add_container_process(pid, POD_A, C1, rootfs=fs)
     tree.unshare_mounts(10, covered)
-    proc = HostProc(str(tree))
+    proc = HostProc(str(tree), mount_ids=keying)
     assert proc.inspect(proc.scan().containers[C1]).minors == {3}
 
 
 def test_views_are_listed_once_each_however_many_processes_share_them(
-    tree: HostProcTree, monkeypatch: pytest.MonkeyPatch
+    tree: HostProcTree, monkeypatch: pytest.MonkeyPatch, keying: bool
 ) -> None:
     fs = tree.rootfs("main", gpu_minors=[0])
     other = tree.rootfs("other", gpu_minors=[1])
@@ -699,7 +710,7 @@ def test_views_are_listed_once_each_however_many_processes_share_them(
     listed = []
     real = inroot.open_directory
     monkeypatch.setattr(inroot, "open_directory", lambda *a, **k: listed.append(a[1]) or real(*a, **k))
-    proc = HostProc(str(tree))
+    proc = HostProc(str(tree), mount_ids=keying)
     sight = proc.inspect(proc.scan().containers[C1])
     assert sight.minors == {0, 1} and sight.processes == 20
     assert listed == ["dev", "dev"]  # two views, twenty processes
@@ -744,8 +755,8 @@ def test_an_unreadable_environment_is_unknown_and_asked_again(tree: HostProcTree
         ("ENV_VALUE_LIMIT", 2, ViewLimit.ENV_VALUES),
     ],
 )
-def test_past_a_bound_the_sight_says_so(
-    tree: HostProcTree, monkeypatch: pytest.MonkeyPatch, bound: str, value: int, limit: ViewLimit
+def test_past_a_bound_the_sight_says_so(  # noqa: PLR0917 - pytest passes each parameter by name
+    tree: HostProcTree, monkeypatch: pytest.MonkeyPatch, bound: str, value: int, limit: ViewLimit, keying: bool
 ) -> None:
     """Five processes, each in a view of its own with a value of its own: past any bound, the container's sight says
     which (and the audit reports it), and what was read within the bounds still counts."""
@@ -754,13 +765,13 @@ def test_past_a_bound_the_sight_says_so(
         fs = tree.rootfs(f"view{n}", gpu_minors=[n])
         tree.add_container_process(10 + n, POD_A, C1, rootfs=fs, environ={"NVIDIA_VISIBLE_DEVICES": str(n)})
         tree.unshare_mounts(10 + n, fs)
-    proc = HostProc(str(tree))
+    proc = HostProc(str(tree), mount_ids=keying)
     sight = proc.inspect(proc.scan().containers[C1])
     assert sight.limits == {limit}
     assert sight.minors is not None and {0, 1} <= sight.minors
 
 
-def test_a_process_that_keeps_moving_while_read_makes_the_view_unstable(tree: HostProcTree) -> None:
+def test_a_process_that_keeps_moving_while_read_makes_the_view_unstable(tree: HostProcTree, keying: bool) -> None:
     """A view is listed through a process that still has it: one that changes its root between being placed in a view
     and being listed is not taken for the view it left, and when every try moved, the sight says so."""
     fs = tree.rootfs("main", gpu_minors=[0])
@@ -773,15 +784,17 @@ def test_a_process_that_keeps_moving_while_read_makes_the_view_unstable(tree: Ho
             tree.chroot(pid, elsewhere)
             return key
 
-    proc = Racing(str(tree))
+    proc = Racing(str(tree), mount_ids=keying)
     sight = proc.inspect(proc.scan().containers[C1])
     assert sight.minors is None and sight.limits == {ViewLimit.UNSTABLE}
 
 
-def test_real_processes_that_chroot_or_unshare_their_mounts_each_add_a_view(tmp_path: Path, resolving) -> None:
+def test_real_processes_that_chroot_or_unshare_their_mounts_each_add_a_view(
+    tmp_path: Path, resolving: bool, keying: bool
+) -> None:
     """On the kernel's own /proc, with its magic links: a real process chrooted into a tree holding a GPU node, one
-    that unshared its mount namespace and mounted an empty /dev, and this one: three views, seen through
-    ``ns/mnt`` and ``root`` (the unshared one has this process's root, only its namespace differs)."""
+    that unshared its mount namespace and mounted an empty /dev, and this one: three views, told apart by either key
+    (the unshared one has this process's root directory: only its mount, its namespace, differs)."""
     tree = tmp_path / "chroot"
     (tree / "dev").mkdir(parents=True)
     make_char_device(tree / "dev" / "nvidia5", NVIDIA_MAJOR, 5)
@@ -796,11 +809,11 @@ def test_real_processes_that_chroot_or_unshare_their_mounts_each_add_a_view(tmp_
     try:
         for child in (chrooted, unshared):
             assert child.stdout is not None and child.stdout.readline() == b"\n"  # ready
-        proc = HostProc("/proc", openat2=resolving)
+        proc = HostProc("/proc", openat2=resolving, mount_ids=keying)
         pids = sorted([os.getpid(), chrooted.pid, unshared.pid])
         keys = {pid: proc._view_key(pid) for pid in pids}
-        assert len(set(keys.values())) == 3
-        assert keys[unshared.pid][1:] == keys[os.getpid()][1:]  # the same root, another mount namespace
+        assert len(set(keys.values())) == 3  # the unshared one has this process's root directory, in another mount
+        assert os.stat(f"/proc/{unshared.pid}/root").st_ino == os.stat(f"/proc/{os.getpid()}/root").st_ino
         assert proc.visible_minors(chrooted.pid) == {5} and proc.visible_minors(unshared.pid) == frozenset()
         sight = proc.inspect(pids)
         assert sight.processes == 3 and sight.minors is not None and 5 in sight.minors and not sight.limits

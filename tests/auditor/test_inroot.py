@@ -236,3 +236,25 @@ def test_the_root_itself_and_dot_dot_at_the_root_are_directories(root, use_opena
             assert sorted(os.listdir(listing)) == sorted(os.listdir(path))
         finally:
             os.close(listing)
+
+
+def test_this_kernel_gives_mount_ids() -> None:
+    """``stx_mnt_id`` appeared in Linux 5.8 (statx(2)); older kernels key views by mount namespace, tested as well."""
+    assert inroot.mount_ids_available() is (kernel() >= (5, 8))
+
+
+def test_a_mount_identity_is_the_mount_and_the_inode_of_a_directory(tmp_path: Path) -> None:
+    if not inroot.mount_ids_available():
+        pytest.skip("this kernel gives no mount ids")
+    identity = inroot.MountIdentity()
+    (tmp_path / "a").mkdir()
+    fd = os.open(tmp_path / "a", os.O_PATH | os.O_DIRECTORY)
+    try:
+        assert identity.of_path(os.fsencode(tmp_path / "a")) == identity.of_fd(fd)
+    finally:
+        os.close(fd)
+    here, there = identity.of_path(os.fsencode(tmp_path)), identity.of_path(os.fsencode(tmp_path / "a"))
+    assert here is not None and there is not None
+    assert here[0] == there[0] and here[1] != there[1]  # one mount, two directories
+    assert identity.of_path(b"/proc")[0] != here[0]  # another mount
+    assert identity.of_path(os.fsencode(tmp_path / "gone")) is None
