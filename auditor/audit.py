@@ -331,12 +331,18 @@ def _row(container: Container, entitled: frozenset[str], processes: list[GpuProc
         identity=container.identity,
         labels=container.labels,
         unknown_memory_processes=tuple(sorted(unknown.items())),
-        unconfirmed_allocations=tuple(sorted(container.unconfirmed_allocations - entitled)),
+        unconfirmed_allocations=_sorted(container.unconfirmed_allocations - entitled),
         claimed_namespace=container.claimed_namespace,
         claimed_pod=container.claimed_pod,
-        view_limits=tuple(limit for limit in ViewLimit if limit in container.view_limits),
-        nested_pod_uids=tuple(sorted(container.nested_pod_uids)),
+        view_limits=tuple(limit for limit in ViewLimit if limit in container.view_limits)
+        if container.view_limits
+        else (),
+        nested_pod_uids=_sorted(container.nested_pod_uids),
     )
+
+
+def _sorted(uuids: frozenset[str]) -> tuple[str, ...]:
+    return tuple(sorted(uuids)) if uuids else ()
 
 
 def _finding(

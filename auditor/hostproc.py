@@ -338,9 +338,10 @@ class HostProc:
         values: set[str] = set()
         env_read = False
         judged = 0
-        view_key, envs = self._view_key, self._envs
+        envs, root = self._envs, self._root_bytes
+        of_root = self._mounts.of_process_root if self._mounts is not None else None
         for pid in pids:
-            key = view_key(pid)
+            key = of_root(root, pid) if of_root is not None else self._view_key(pid)
             if key is None:
                 continue  # exited
             judged += 1
@@ -378,7 +379,7 @@ class HostProc:
         namespace copies every mount under new ids), or, where the kernel gives no mount ids, its mount namespace and
         its root's device and inode. Two processes with equal keys resolve every path alike. None when it is gone."""
         if self._mounts is not None:
-            return self._mounts.of_path(b"%b/%d/root" % (self._root_bytes, pid))
+            return self._mounts.of_process_root(self._root_bytes, pid)
         try:
             root = os.stat(f"{self.root}/{pid}/root")
         except OSError:
@@ -409,12 +410,13 @@ class HostProc:
                 root = os.open(f"{self.root}/{pid}/root", _ROOT_FLAGS)
             except OSError:  # exited since it was keyed, or not ours to read
                 continue
+            held_first = self._mounts is not None  # a mount id is the held root's own; a namespace is read after
             try:
-                if self._mounts is not None and self._held_key(pid, root) != key:
+                if held_first and self._held_key(pid, root) != key:
                     moved = True
                     continue
                 minors, complete = self._dev_minors(root)
-                if self._mounts is None and self._held_key(pid, root) != key:
+                if not held_first and self._held_key(pid, root) != key:
                     moved = True
                     continue
             except OSError:

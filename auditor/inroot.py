@@ -190,7 +190,15 @@ def open_directory(root: int, path: str, *, openat2: bool) -> int:
     """A descriptor, open for listing, of the directory ``path`` names inside ``root``; the caller closes it.
 
     With openat2 in one call: ``O_DIRECTORY`` refuses anything else (``ENOTDIR``) before any driver's ``open`` runs.
+    A single plain name (``dev``) is first opened as it is, ``O_NOFOLLOW``: from the root, one name that is no link and
+    no ``..`` cannot lead out of it, and that one ``open`` is what nearly every listing of a ``/dev`` needs.
     """
+    if "/" not in path and path not in ("", ".", ".."):
+        try:
+            return os.open(path, _LIST_FLAGS | os.O_NOFOLLOW, dir_fd=root)
+        except OSError as error:
+            if error.errno not in (errno.ENOTDIR, errno.ELOOP):  # anything but a link or a non-directory
+                raise
     if openat2:
         for _ in range(_RETRIES):
             try:
@@ -252,6 +260,13 @@ class MountIdentity:
         """The identity of what ``path`` names, following links (``/proc/<pid>/root`` is one); None when it cannot be
         read. The path is bytes: the caller encodes it once (``os.fsencode`` per call would cost more than the call)."""
         return self._read(-100, path, 0)  # AT_FDCWD
+
+    def of_process_root(self, proc: bytes, pid: int) -> tuple[int, int] | None:
+        """``of_path`` of ``<proc>/<pid>/root``, in one call: it runs for every process of every container."""
+        if self._call(-100, b"%b/%d/root" % (proc, pid), 0, STATX_INO | STATX_MNT_ID, self._address) != 0:
+            return None
+        buffer = self._buffer
+        return (buffer.mnt_id, buffer.ino) if buffer.mask & STATX_MNT_ID else None
 
     def of_fd(self, fd: int) -> tuple[int, int] | None:
         """The identity of the directory ``fd`` holds (an ``O_PATH`` descriptor will do)."""

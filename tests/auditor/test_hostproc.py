@@ -778,13 +778,14 @@ def test_a_process_that_keeps_moving_while_read_makes_the_view_unstable(tree: Ho
     elsewhere = tree.rootfs("elsewhere")
     tree.add_container_process(10, POD_A, C1, rootfs=fs)
 
-    class Racing(HostProc):
-        def _view_key(self, pid: int):  # the process moves right after the auditor placed it
-            key = super()._view_key(pid)
-            tree.chroot(pid, elsewhere)
-            return key
-
-    proc = Racing(str(tree), mount_ids=keying)
+    proc = HostProc(str(tree), mount_ids=keying)
+    # the process moves right after the auditor placed it in its view, whichever key placed it
+    if keying:
+        placed = proc._mounts.of_process_root
+        proc._mounts.of_process_root = lambda root, pid: (placed(root, pid), tree.chroot(pid, elsewhere))[0]
+    else:
+        keyed = proc._view_key
+        proc._view_key = lambda pid: (keyed(pid), tree.chroot(pid, elsewhere))[0]
     sight = proc.inspect(proc.scan().containers[C1])
     assert sight.minors is None and sight.limits == {ViewLimit.UNSTABLE}
 
