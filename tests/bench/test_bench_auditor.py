@@ -43,6 +43,7 @@ def test_tiny_run_reports_phases_calls_and_scaling(short_dir: Path, capsys: pyte
         assert row["containers_audited"] == row["sizes"]["containers"]
         assert row["gpu_processes_seen"] == row["sizes"]["gpu_processes"]
         assert row["peak_rss_mb"] >= row["rss_before_cycles_mb"] > 1
+        assert row["warm_cpu_ms"] > 0 and row["steady_cpu_ms"] is None
     assert report["results"][1]["sizes"]["host_processes"] == 2 * report["results"][0]["sizes"]["host_processes"]
     assert isinstance(report["scaling_exponent"], float)
     assert set(report["phase_scaling_exponents"]) == set(auditor_bench.PHASES)
