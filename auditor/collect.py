@@ -1,11 +1,13 @@
 """One cycle's reading: every source once, handed to the pure join (``auditor.snapshot.assemble``).
 
-In order: one kubelet ``List``; one NVML snapshot; one incremental scan of host /proc, which places each GPU
-process's host pid in its container (a pid the scan did not find in a pod is read again); the pod cache (relisted
-when due, or early when it meets a pod or container it does not know); and what every container's processes show,
-judged over all of them (GPU device nodes, ``NVIDIA_VISIBLE_DEVICES``). Without a fresh pod list a container that
-touches a GPU is also asked what it claims to be (its ``HOSTNAME`` and service-account namespace file): a claim is
-shown as such, never used to name or exempt it. The sources are the Protocols of ``auditor.sources``.
+In order: one kubelet ``List`` (and, every few minutes, ``GetAllocatableResources`` through ``sources.offered``);
+the ResourceSlices the background watch holds (the cycle itself makes no request for them); one NVML snapshot; one
+incremental scan of host /proc, which places each GPU process's host pid in its container (a pid the scan did not
+find in a pod is read again); the pod cache (relisted when due, or early when it meets a pod or container it does
+not know); and what every container's processes show, judged over all of them (GPU device nodes,
+``NVIDIA_VISIBLE_DEVICES``). Without a fresh pod list a container that touches a GPU is also asked what it claims to
+be (its ``HOSTNAME`` and service-account namespace file): a claim is shown as such, never used to name or exempt it.
+The sources are the Protocols of ``auditor.sources``.
 
 A source that cannot be read at all fails the cycle with a ``CollectError`` naming it; one read in part (a GPU
 NVML lost, the API server down) leaves a note in the snapshot and the source among its ``degraded``.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .model import FailureReason, GpuProcess, IdentitySource, NodeSnapshot
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from .cgroups import CgroupIdentity
     from .hostproc import ProcScan
     from .nvml import NvmlProcess
+    from .podresources.allocations import DeviceAllocation
 
 #: The pod's namespace as its service account sees it, in the container's root: what a container claims as its
 #: namespace (it can write anything there).
@@ -62,6 +65,8 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Callable[[], f
         allocations = sources.podresources.list()
     except KubeletUnavailable as error:
         raise CollectError(FailureReason.KUBELET, f"kubelet PodResources API unavailable: {error}") from error
+    offered = offered_devices(sources, notes)
+    slices = sources.slices.view if sources.slices is not None else None
     try:
         nvml = sources.nvml.snapshot()
     except NvmlError as error:
@@ -90,7 +95,21 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Callable[[], f
         identity_source=identity_source,
         notes=notes,
         degraded=degraded,
+        slices=slices,
+        offered=offered,
     )
+
+
+def offered_devices(sources: Sources, notes: list[str]) -> Sequence[DeviceAllocation] | None:
+    """The device plugins' offer (asked of the kubelet only when due), and a note while it is unknown."""
+    if sources.offered is None:
+        return None
+    offered = sources.offered.read(sources.podresources)
+    if offered is None and sources.offered.last_error:
+        notes.append(
+            f"offered replicas unknown (gpu_fence_gpu_offered_replicas not exported): {sources.offered.last_error}"
+        )
+    return offered
 
 
 def identify_processes(

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from gpu_fence.exit_status import ExitStatus
+from gpu_fence.version import package_version
 
 from . import render as text
 from .compute import Bill, IdlePolicy, Method, card_models, compute_bill
@@ -27,7 +28,7 @@ from .html import render_html
 from .httpconfig import load_http_config
 from .prices import Prices, applied_prices, load_prices
 from .prometheus import PrometheusClient, Source, fetch_intervals
-from .provenance import Provenance, gpu_fence_version
+from .provenance import Provenance
 from .times import iso, parse_duration, parse_time
 
 FORMATS = ("table", "csv", "json", "markdown", "html", "focus")
@@ -102,8 +103,8 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
         default=IdlePolicy.PROPORTIONAL.value,
         help="who pays for idle capacity: the card's users, in proportion (default), or a platform row",
     )
-    parser.add_argument("--format", choices=FORMATS, default="table")
-    parser.add_argument("--output", type=Path, metavar="FILE", help="write here instead of stdout")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="report format")
+    parser.add_argument("--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="per Prometheus request")
     parser.set_defaults(run=run)
 
@@ -208,7 +209,7 @@ def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, Provenance]:
         bill = dataclasses.replace(bill, notes=(*notes, *bill.notes))
     made = Provenance(
         generated_at=now,
-        version=gpu_fence_version(),
+        version=package_version(),
         source=inputs.source.name,
         step=step,
         group_by=by,

@@ -7,7 +7,6 @@ them); this holds the rest: when, by which gpu-fence, from where, at what resolu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import metadata
 
 from .prices import AppliedPrice
 
@@ -20,10 +19,3 @@ class Provenance:
     step: float  # seconds per interval
     group_by: str  # namespace | label:KEY
     prices: tuple[AppliedPrice, ...] = ()
-
-
-def gpu_fence_version() -> str:
-    try:
-        return metadata.version("gpu-fence")
-    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
