@@ -9,10 +9,15 @@ own, as on a node where the kubelet and the API server are other processes. The 
 ``auditor.daemon.Auditor`` through ``--cycles`` cycles, timing each phase by wrapping the adapters' methods:
 
 ``kubelet`` (PodResources ``List``), ``nvml`` (the NVML snapshot), ``proc_identity`` (the incremental /proc scan
-and cgroup reads), ``visibility`` (``/dev/nvidia*``, environ and root files of one pid per container),
+and cgroup reads), ``visibility`` (what every container's processes show: their views' ``/dev``, their environments;
+root files without a pod list),
 ``kube_cache`` (the pod cache's list/ensure), ``join`` (the rest of ``auditor.collect.collect``: assembling the
 snapshot), ``audit`` (the pure audit), ``outputs`` (JSON report, metrics update and exposition, deduplicated Events
 as ``run`` posts them).
+
+Each cycle is timed on the wall clock and, beside it, in CPU time of the auditor process (``time.process_time``):
+on a shared machine the wall clock counts the other processes' turns too, the CPU time much less so, and a
+comparison of two versions is better read in it.
 
 Warm cycles (second and later) are what a running DaemonSet pays; the first one reads every cgroup file once. Of the
 warm cycles, the first ``startup_spread + recheck_scans`` (10) still re-read the host processes the first scan found
@@ -23,6 +28,11 @@ warm cycle; the worst peak RSS; kubelet ``List`` calls per cycle counted by the 
 the ``GetAllocatableResources`` calls (at start, then every ``--allocatable-interval``); the Kubernetes API requests
 per auditor process (the pod list, ResourceSlice discovery, list and watch); the log-log slope of warm cycle time
 over scale (1.0 = linear). The child's auditor watches the ResourceSlices as ``run`` does.
+
+The flooded-``/dev`` case (``--flooded-dev N``, 100,000 by default, 0: none) is the dense node once more with one
+container whose ``/dev`` holds N more entries (character devices, so that no listing can skip them by type): what a
+container that floods its ``/dev`` costs the cycle. It runs interleaved with the scales and is left out of the
+scaling exponent.
 
 The child measures the process the image runs: the packages of the test extra that a runtime dependency imports
 when it finds them (``TEST_ONLY_MODULES``: the ``kubernetes`` package's dynamic client imports
@@ -42,6 +52,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,21 +99,27 @@ def sizes(scale: int, fraction: float) -> dict[str, int]:
 
 
 class PhaseClock:
-    """Accumulates wall time per phase; ``wrap`` times every call of a bound method under one phase name."""
+    """Accumulates wall time per phase; ``wrap`` times every call of a bound method under one phase name. A call made
+    inside another of the same phase (an adapter's method calling another wrapped one) is counted once, by the outer."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._running: set[str] = set()
 
     def wrap(self, owner: Any, method: str, phase: str) -> None:
         original = getattr(owner, method)
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if phase in self._running:
+                return original(*args, **kwargs)
+            self._running.add(phase)
             started = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
                 self.seconds[phase] += time.perf_counter() - started
+                self._running.discard(phase)
 
         setattr(owner, method, timed)
 
@@ -137,10 +154,10 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
     sources = auditor.sources()
     clock.wrap(sources.podresources, "list", "kubelet")
     clock.wrap(sources.nvml, "snapshot", "nvml")
-    clock.wrap(sources.hostproc, "container_pids", "proc_identity")
-    clock.wrap(sources.hostproc, "identities", "proc_identity")
+    clock.wrap(sources.hostproc, "scan", "proc_identity")
+    clock.wrap(sources.hostproc, "identity", "proc_identity")
     clock.wrap(sources.hostproc, "exists", "proc_identity")
-    clock.wrap(sources.hostproc, "visible_minors", "visibility")
+    clock.wrap(sources.hostproc, "inspect", "visibility")
     clock.wrap(sources.hostproc, "environ", "visibility")
     clock.wrap(sources.hostproc, "read_root_file", "visibility")
     if sources.pods is not None:
@@ -157,7 +174,7 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
             clock.reset()
             calls_before = sources.podresources.calls["List"]
             offers_before = sources.podresources.calls["GetAllocatableResources"]
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             snapshot, result = auditor.cycle()
             cycle_seconds = time.perf_counter() - started
             outputs_started = time.perf_counter()
@@ -168,6 +185,7 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
             if events is not None:
                 events.record(result.findings)
             outputs = time.perf_counter() - outputs_started
+            cpu = time.process_time() - cpu_started
             phases = dict(clock.seconds)
             phases["join"] -= sum(
                 phases[name] for name in ("kubelet", "nvml", "proc_identity", "visibility", "kube_cache")
@@ -176,6 +194,7 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
             rows.append(
                 {
                     "cycle_ms": (cycle_seconds + outputs) * 1e3,
+                    "cpu_ms": cpu * 1e3,
                     "phases_ms": {name: value * 1e3 for name, value in phases.items()},
                     "kubelet_calls": sources.podresources.calls["List"] - calls_before,
                     "allocatable_calls": sources.podresources.calls["GetAllocatableResources"] - offers_before,
@@ -204,13 +223,26 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
 # --- parent: the node, and the child per scale ------------------------------------------------------------------
 
 
-def build_node(scale: int, fraction: float, workdir: Path) -> tuple[Any, dict[str, int], float]:
-    """The scaled dense node, started: (scenario, sizes, seconds it took to build)."""
+@dataclass(frozen=True)
+class Case:
+    """One node the benchmark audits: the dense node at ``scale``, with ``flooded_dev`` more entries in one ``/dev``."""
+
+    scale: int
+    flooded_dev: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.scale}x" + (f" + flooded /dev ({self.flooded_dev:,})" if self.flooded_dev else "")
+
+
+def build_node(case: Case, fraction: float, workdir: Path) -> tuple[Any, dict[str, int], float]:
+    """The case's node, started: (scenario, sizes, seconds it took to build)."""
     from tests.fakes.node_scenario import dense_node
 
-    size = sizes(scale, fraction)
+    size = sizes(case.scale, fraction)
     built = time.perf_counter()
-    scenario = dense_node(workdir / f"node-{scale}x", slots=7, **size)
+    name = f"node-{case.scale}x" + ("-flooded" if case.flooded_dev else "")
+    scenario = dense_node(workdir / name, slots=7, flooded_dev=case.flooded_dev, **size)
     scenario.start()
     return scenario, size, time.perf_counter() - built
 
@@ -241,9 +273,10 @@ def run_child(scenario: Any, scale: int, cycles: int, *, test_extras: bool = Fal
 
 
 def summarise(
-    scale: int, size: dict[str, int], runs: list[dict[str, Any]], served_calls: int, build_seconds: float
+    case: Case, size: dict[str, int], runs: list[dict[str, Any]], served_calls: int, build_seconds: float
 ) -> dict[str, Any]:
-    """One scale's figures over every child run: medians of the cold cycles and of all warm cycles; worst RSS."""
+    """One case's figures over every child run: medians of the cold cycles and of all warm cycles; worst RSS."""
+    scale = case.scale
     firsts = [run["cycles"][0] for run in runs]
     warm = [cycle for run in runs for cycle in run["cycles"][1:]] or firsts
     steady = [cycle for run in runs for cycle in run["cycles"][1 + run["settling_cycles"] :]]
@@ -251,6 +284,8 @@ def summarise(
     last = runs[-1]["cycles"][-1]
     return {
         "scale": scale,
+        "case": case.name,
+        "flooded_dev": case.flooded_dev,
         "sizes": {**size, "mig_slices": size["gpus"] * 7, "containers": size["pods"] * size["containers_per_pod"]},
         "first_cycle_ms": statistics.median(c["cycle_ms"] for c in firsts),
         "first_phases_ms": {name: statistics.median(c["phases_ms"][name] for c in firsts) for name in PHASES},
@@ -261,6 +296,8 @@ def summarise(
         "warm_cycles": len(warm),
         "settling_cycles": runs[0]["settling_cycles"],
         "steady_cycle_ms": statistics.median(c["cycle_ms"] for c in steady) if steady else None,
+        "warm_cpu_ms": statistics.median(c["cpu_ms"] for c in warm),
+        "steady_cpu_ms": statistics.median(c["cpu_ms"] for c in steady) if steady else None,
         "steady_phases_ms": (
             {name: statistics.median(c["phases_ms"][name] for c in steady) for name in PHASES} if steady else None
         ),
@@ -286,23 +323,31 @@ def summarise(
 
 
 def run(
-    scales: Sequence[int], fraction: float, cycles: int, rounds: int, workdir: Path, *, test_extras: bool = False
+    scales: Sequence[int],
+    fraction: float,
+    cycles: int,
+    rounds: int,
+    workdir: Path,
+    *,
+    test_extras: bool = False,
+    flooded_dev: int = 0,
 ) -> dict[str, Any]:
-    """Build every scale's node, then run ``rounds`` rounds of one auditor process per scale, interleaved, so
-    that a busy spell of a shared machine lands on every scale rather than on one."""
-    nodes: dict[int, tuple[Any, dict[str, int], float]] = {}
+    """Build every case's node (each scale, and the flooded ``/dev`` one), then run ``rounds`` rounds of one auditor
+    process per case, interleaved, so that a busy spell of a shared machine lands on every case rather than on one."""
+    cases = [Case(scale) for scale in scales] + ([Case(1, flooded_dev)] if flooded_dev else [])
+    nodes: dict[Case, tuple[Any, dict[str, int], float]] = {}
     try:
-        for scale in scales:
-            nodes[scale] = build_node(scale, fraction, workdir)
-        runs: dict[int, list[dict[str, Any]]] = {scale: [] for scale in scales}
+        for case in cases:
+            nodes[case] = build_node(case, fraction, workdir)
+        runs: dict[Case, list[dict[str, Any]]] = {case: [] for case in cases}
         for _ in range(rounds):
-            for scale in scales:
-                runs[scale].append(run_child(nodes[scale][0], scale, cycles, test_extras=test_extras))
+            for case in cases:
+                runs[case].append(run_child(nodes[case][0], case.scale, cycles, test_extras=test_extras))
         results = []
-        for scale in scales:
-            scenario, size, build_seconds = nodes[scale]
+        for case in cases:
+            scenario, size, build_seconds = nodes[case]
             served = scenario.kubelet.calls["List"]
-            results.append(summarise(scale, size, runs[scale], served, build_seconds))
+            results.append(summarise(case, size, runs[case], served, build_seconds))
     finally:
         for scenario, _, _ in nodes.values():
             scenario.stop()
@@ -312,12 +357,14 @@ def run(
         "cycles_per_process": cycles,
         "rounds": rounds,
         "test_extras": test_extras,
+        "flooded_dev": flooded_dev,
         "results": results,
     }
-    if len(scales) >= 2:
-        report["scaling_exponent"] = loglog_slope(scales, [r["warm_cycle_ms"] for r in results])
+    plain = [r for r in results if not r["flooded_dev"]]
+    if len(plain) >= 2:
+        report["scaling_exponent"] = loglog_slope(scales, [r["warm_cycle_ms"] for r in plain])
         report["phase_scaling_exponents"] = {
-            name: loglog_slope(scales, [max(r["warm_phases_ms"][name], 1e-3) for r in results]) for name in PHASES
+            name: loglog_slope(scales, [max(r["warm_phases_ms"][name], 1e-3) for r in plain]) for name in PHASES
         }
     report["targets"] = targets(report)
     return report
@@ -325,7 +372,7 @@ def run(
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     judged = []
-    dense = next((r for r in report["results"] if r["scale"] == 1), None)
+    dense = next((r for r in report["results"] if r["scale"] == 1 and not r["flooded_dev"]), None)
     if dense is not None and report["fraction"] == 1.0:
         steady = f", steady {dense['steady_cycle_ms']:.0f} ms" if dense["steady_cycle_ms"] is not None else ""
         judged.append(
@@ -348,7 +395,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             "target": "one kubelet List per cycle (GetAllocatableResources at start only, at this length)",
             "measured": ", ".join(
                 f"{r['kubelet_calls_per_cycle']} List, {r['allocatable_calls_per_process']} GetAllocatableResources "
-                f"per process at {r['scale']}x"
+                f"per process at {r['case']}"
                 for r in report["results"]
             ),
             "met": all(
@@ -373,7 +420,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    header = "| scale | cycle | total ms | " + " | ".join(PHASES) + " |"
+    header = "| node | cycle | total ms | " + " | ".join(PHASES) + " |"
     lines = [header, "|---|---|---:|" + "---:|" * len(PHASES)]
     for row in report["results"]:
         shown = [
@@ -384,17 +431,18 @@ def markdown(report: dict[str, Any]) -> str:
             shown.append((f"steady (after {row['settling_cycles']})", row["steady_cycle_ms"], row["steady_phases_ms"]))
         for label, total, phases in shown:
             cells = " | ".join(f"{phases[name]:.1f}" for name in PHASES)
-            lines.append(f"| {row['scale']}x | {label} | {total:.1f} | {cells} |")
+            lines.append(f"| {row['case']} | {label} | {total:.1f} | {cells} |")
     lines += [
         "",
-        "| scale | containers | GPU processes | host processes | slowest warm ms | RSS before cycles MB "
-        "| peak RSS MB | kubelet List/cycle | API requests/process |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| node | containers | GPU processes | host processes | slowest warm ms | warm CPU ms | steady CPU ms "
+        "| RSS before cycles MB | peak RSS MB | kubelet List/cycle | API requests/process |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["results"]:
         lines.append(
-            f"| {row['scale']}x | {row['containers_audited']} | {row['gpu_processes_seen']} | "
-            f"{row['sizes']['host_processes']} | {row['warm_cycle_max_ms']:.0f} | "
+            f"| {row['case']} | {row['containers_audited']} | {row['gpu_processes_seen']} | "
+            f"{row['sizes']['host_processes']} | {row['warm_cycle_max_ms']:.0f} | {row['warm_cpu_ms']:.0f} | "
+            f"{'-' if row['steady_cpu_ms'] is None else format(row['steady_cpu_ms'], '.0f')} | "
             f"{row['rss_before_cycles_mb']:.0f} | {row['peak_rss_mb']:.0f} | "
             f"{row['kubelet_calls_per_cycle']} | {row['api_requests_per_process']:g} |"
         )
@@ -430,6 +478,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=1.0,
         help="shrink every size by this factor (smoke runs; targets are judged only at 1.0)",
     )
+    parser.add_argument(
+        "--flooded-dev",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="also audit the 1x node with N more entries in one container's /dev (default: 100000; 0: not)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     parser.add_argument(
         "--node-dir",
@@ -456,6 +511,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--scales {args.scales!r}: give whole numbers separated by commas, e.g. 1,2,4")
     if min(args.scales) < 1 or args.cycles < 2 or args.rounds < 1 or not 0 < args.fraction <= 1:
         parser.error("--scales and --rounds must be >= 1, --cycles >= 2 (one cold, the rest warm), 0 < --fraction <= 1")
+    if args.flooded_dev < 0:
+        parser.error("--flooded-dev must be 0 or more")
     return args
 
 
@@ -473,7 +530,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-fence-bench-", dir=args.node_dir) as directory:
         try:
             report = run(
-                args.scales, args.fraction, args.cycles, args.rounds, Path(directory), test_extras=args.test_extras
+                args.scales,
+                args.fraction,
+                args.cycles,
+                args.rounds,
+                Path(directory),
+                test_extras=args.test_extras,
+                flooded_dev=args.flooded_dev,
             )
         except BenchError as error:
             print(f"auditor_bench: {error}", file=sys.stderr)
