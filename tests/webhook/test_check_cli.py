@@ -27,7 +27,7 @@ def test_examples_directory_exits_1() -> None:
     done = script("manifests/examples/")
     assert done.returncode == 1, done.stderr
     assert done.stderr == b""
-    assert done.stdout.decode().splitlines()[-1].startswith("29 pod specs: 6 allowed, 6 mutated, 16 rejected")
+    assert done.stdout.decode().splitlines()[-1].startswith("29 pod specs: 6 allowed, 7 mutated, 15 rejected")
 
 
 def test_clean_file_exits_0_and_json_goes_to_stdout() -> None:
@@ -66,7 +66,7 @@ def test_kustomize_output_through_stdin() -> None:
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     # kustomize renders every resource of the kustomization, in one stream, with no skipped documents.
-    assert report["summary"] == {"pod_specs": 29, "allowed": 6, "mutated": 6, "rejected": 16, "exempt": 1, "skipped": 0}
+    assert report["summary"] == {"pod_specs": 29, "allowed": 6, "mutated": 7, "rejected": 15, "exempt": 1, "skipped": 0}
     assert {result["source"] for result in report["results"]} == {"-"}
 
 
