@@ -23,6 +23,7 @@ from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCES, VISIBLE_DEVICES_ENV, Gpu
 from .host_paths import DEFAULT_HOST_DEVICE_PATHS, HostPathEntry, clean_path, reaches_protected
 
 __all__ = [
+    "CDI_ANNOTATION_PREFIXES",
     "DEFAULT_ALLOWED_CAPABILITIES",
     "DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES",
     "DEFAULT_HOST_DEVICE_PATHS",
@@ -57,6 +58,11 @@ DEFAULT_ALLOWED_CAPABILITIES: tuple[str, ...] = (
     "SYS_CHROOT",
     "IPC_LOCK",
 )
+
+#: Pod annotation key prefixes with which a pod asks for CDI devices: the toolkit's NRI plugin reads
+#: ``nvidia.cdi.k8s.io`` (with no "/" boundary), runtimes that pass pod annotations through read ``cdi.k8s.io/``.
+#: Always judged (``cdi-annotation``), so not configurable.
+CDI_ANNOTATION_PREFIXES = ("cdi.k8s.io/", "nvidia.cdi.k8s.io")
 
 #: Pod annotation key prefixes with which a pod asks the container runtime, or an NRI plugin on the node, for device
 #: nodes or host mounts: CRI-O's device annotation (``devices.crio.io``, formerly ``io.kubernetes.cri-o.Devices``;
@@ -186,6 +192,11 @@ class PolicyConfig:
     @cached_property
     def allowed_capability_set(self) -> frozenset[str]:
         return frozenset(self.allowed_capabilities)
+
+    @cached_property
+    def device_annotation_prefixes(self) -> tuple[str, ...]:
+        """Every annotation key prefix some rule rejects: the CDI ones and the forbidden runtime ones."""
+        return (*CDI_ANNOTATION_PREFIXES, *self.forbidden_annotation_prefixes)
 
 
 _SWITCHES = frozenset({"env_from_on_gpu_containers", "visible_devices_none"})

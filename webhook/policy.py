@@ -38,7 +38,7 @@ from gpu_fence.vocabulary import (
 )
 from gpu_fence.warning_text import MAX_WARNING_CHARS, clip
 
-from .config import SYS_ADMIN_CAPABILITIES, PolicyConfig, Switch, capability_name
+from .config import CDI_ANNOTATION_PREFIXES, SYS_ADMIN_CAPABILITIES, PolicyConfig, Switch, capability_name
 from .host_paths import clean_path, reaches_protected
 
 __all__ = [
@@ -217,7 +217,6 @@ RULES: tuple[Rule, ...] = (
 )
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
-CDI_ANNOTATION_PREFIXES = ("cdi.k8s.io/", "nvidia.cdi.k8s.io")
 PIN_VALUE = "void"
 _NAME_LIMIT = 63
 
@@ -256,6 +255,8 @@ class _Pod(NamedTuple):
     unreadable: tuple[Violation, ...]  # container lists or entries that are not what the API allows
     config: PolicyConfig
     whole_pod: bool  # False when judging only some ephemeral containers: pod-level rules were judged at CREATE
+    #: What two rules read alike (the capabilities added, the hostPath volumes), worked out once by the first.
+    memo: dict[str, Any]
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -282,7 +283,10 @@ def _kai_fraction_name(pod: Mapping[str, Any], config: PolicyConfig) -> str | No
     would be read instead."""
     spec = _mapping(pod.get("spec"))
     # The vocabulary looks schedulerName up in a set; anything but a string could not name a scheduler anyway.
-    if not isinstance(spec.get("schedulerName"), str) or _bound_at_creation(spec):
+    if not isinstance(spec.get("schedulerName"), str):
+        return None
+    node = spec.get("nodeName")
+    if node is not None and node != "":  # _bound_at_creation, inline: once per pod admitted
         return None
     return kai_fraction_container(pod, config.kai_scheduler_set)
 
@@ -301,7 +305,7 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
             None,
             "the object is not a Pod (not a JSON object), so no container can be pinned; submit a Pod manifest",
         )
-        return _Pod({}, {}, (), (problem,), config, only is None)
+        return _Pod({}, {}, (), (problem,), config, only is None, {})
     spec = pod.get("spec")
     unreadable: list[Violation] = []
     if not isinstance(spec, dict):
@@ -349,9 +353,19 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
             named = isinstance(name, str)
             if only is not None and (not named or name not in only):
                 continue
-            # Ephemeral containers can hold no resources and are never KAI's fraction container.
-            gpu = not ephemeral and requests_device_plugin_gpu(body, resources)
-            fraction = not ephemeral and not gpu and kai_name is not None and name == kai_name
+            # Ephemeral containers can hold no resources and are never KAI's fraction container. Claims matter only
+            # on a container that is not the device plugin's (where they decide a message and a warning).
+            if ephemeral:
+                gpu = fraction = claims = False
+                pins = pin_names
+            elif requests_device_plugin_gpu(body, resources):
+                gpu, fraction, claims = True, False, False
+                pins = ()
+            else:
+                gpu = False
+                fraction = kai_name is not None and name == kai_name
+                claims = "claims" in _mapping(body.get("resources")) and has_resource_claims(body)
+                pins = _KAI_PINS if fraction else pin_names
             env = body.get("env")
             if isinstance(env, list):
                 readable, watched_env = True, _watched_env(env, watched)
@@ -365,13 +379,13 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
                     body,
                     gpu,
                     fraction,
-                    not ephemeral and has_resource_claims(body),
+                    claims,
                     watched_env,
                     readable,
-                    () if gpu else _KAI_PINS if fraction else pin_names,
+                    pins,
                 )
             )
-    return _Pod(_mapping(pod.get("metadata")), spec, tuple(containers), tuple(unreadable), config, only is None)
+    return _Pod(_mapping(pod.get("metadata")), spec, tuple(containers), tuple(unreadable), config, only is None, {})
 
 
 _KAI_PINS = (VISIBLE_DEVICES_ENV,)
@@ -405,19 +419,20 @@ def _watched_env(env: list[Any], watched: frozenset[str]) -> list[tuple[str, Map
     return found
 
 
-def _missing_pins(container: _Container) -> list[str]:
+def _missing_pins(container: _Container) -> tuple[str, ...]:
     """The pin names the container has no env entry for (whatever the entries' values: validation judges them).
 
-    Loops, not comprehensions over generators: this runs for every container admitted, and the usual answer
-    (one pin, present) is found after one or two entries."""
-    if len(container.pins) == 1:
-        pin = container.pins[0]
+    A loop and no new object in the usual case (one pin, present, found after one or two entries): this runs for
+    every container admitted."""
+    pins = container.pins
+    if len(pins) == 1:
+        pin = pins[0]
         for name, _ in container.env:
             if name == pin:
-                return []
-        return [pin]
+                return ()
+        return pins
     present = {name for name, _ in container.env}
-    return [pin for pin in container.pins if pin not in present]
+    return tuple(pin for pin in pins if pin not in present)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -493,7 +508,7 @@ def _kai_value_from_problem(pod: _Pod, container: _Container, name: str) -> str 
 def unpinned_container(pod: _Pod) -> list[Violation]:
     found = list(pod.unreadable)  # what cannot be read cannot be pinned
     for container in pod.containers:
-        if not container.pins:
+        if not container.pins:  # a GPU container
             continue
         if not container.env_readable:
             found.append(
@@ -504,6 +519,15 @@ def unpinned_container(pod: _Pod) -> list[Violation]:
                     "make env a list of name/value",
                 )
             )
+            continue
+        pins = container.pins
+        if len(pins) == 1:  # _missing_pins inline for the usual single pin: this runs for every container
+            pin = pins[0]
+            for name, _ in container.env:
+                if name == pin:
+                    break
+            else:
+                found.append(_in_container(UNPINNED_CONTAINER, container, _unpinned_detail(container, pin)))
             continue
         missing = _missing_pins(container)
         if missing:
@@ -525,6 +549,7 @@ def _unpinned_detail(container: _Container, name: str) -> str:
 def visible_devices_env(pod: _Pod) -> list[Violation]:
     names = pod.config.visible_devices_names
     found: list[Violation] = []
+    nones: list[tuple[_Container, str]] = _NO_NONES  # accepted values the toolkit reads as none (_none_settings)
     for container in pod.containers:
         for name, entry in container.env:
             if name not in names:
@@ -546,7 +571,9 @@ def visible_devices_env(pod: _Pod) -> list[Violation]:
                 )
             elif container.kai_fraction and name != VISIBLE_DEVICES_ENV:
                 problem = f"is KAI's fraction container and sets {name}, which the toolkit reads instead of KAI's value"
-            elif parse_visible_devices(value or "").grants_no_gpu:
+            elif (parsed := parse_visible_devices(value or "")).grants_no_gpu:
+                if parsed.visibility is Visibility.NONE:
+                    nones = [*nones, (container, name)]
                 continue
             else:
                 problem = f"sets {name}={_quote(value)} but requests no GPU"
@@ -556,27 +583,23 @@ def visible_devices_env(pod: _Pod) -> list[Violation]:
                 else f"request nvidia.com/gpu, or remove {name}"
             )
             found.append(_in_container(VISIBLE_DEVICES, container, f"{problem}; {fix}"))
+    pod.memo["none"] = nones
     return found
 
 
-def _none_settings(pod: _Pod) -> Iterator[tuple[_Container, str]]:
-    """Each ``(container, name)`` where the pod itself sets a visible-devices variable to a value the toolkit
-    reads as ``none``, on a container where such a literal is otherwise accepted (a GPU container's value, and an
-    alias on KAI's fraction container, are ``visible-devices-env``'s)."""
-    names = pod.config.visible_devices_names
-    for container in pod.containers:
-        if container.gpu:
-            continue
-        for name, entry in container.env:
-            if name not in names or entry.get("valueFrom") is not None:
-                continue
-            if container.kai_fraction and name != VISIBLE_DEVICES_ENV:
-                continue
-            value = entry.get("value")
-            if not isinstance(value, str) or "$(" in value:
-                continue
-            if parse_visible_devices(value).visibility is Visibility.NONE:
-                yield container, name
+_NO_NONES: list[tuple[_Container, str]] = []  # shared, never appended to: the usual answer
+
+
+def _none_settings(pod: _Pod) -> list[tuple[_Container, str]]:
+    """Each ``(container, name)`` where the pod itself sets a visible-devices variable to a value the toolkit reads
+    as ``none``, among the values ``visible-devices-env`` accepts (a GPU container's value, an alias on KAI's
+    fraction container, a reference are that rule's). That rule finds them as it judges each value, so within
+    ``validate`` they are read from its pass; alone, the same pass is made here."""
+    nones = pod.memo.get("none")
+    if nones is None:
+        visible_devices_env(pod)
+        nones = pod.memo["none"]
+    return nones
 
 
 def visible_devices_none(pod: _Pod) -> list[Violation]:
@@ -593,7 +616,7 @@ def visible_devices_none(pod: _Pod) -> list[Violation]:
     ]
 
 
-def _env_from_gaps(pod: _Pod) -> Iterator[_Container]:
+def _env_from_gaps(pod: _Pod) -> list[_Container]:
     """Containers whose ``envFrom`` may set a visible-devices variable that no explicit entry overrides.
 
     An explicit ``env`` entry wins over ``envFrom`` (kubelet ``makeEnvironmentVariables``), so a pinned container is
@@ -601,16 +624,18 @@ def _env_from_gaps(pod: _Pod) -> Iterator[_Container]:
     the one that counts, and a pod value would beat it); KAI's fraction container has KAI's entry, but none for a
     configured alias."""
     aliases = pod.config.visible_devices_aliases
+    gaps: list[_Container] = []
     for container in pod.containers:
         sources = container.body.get("envFrom")
-        if sources is None or sources == []:
+        if not sources:  # absent, null or empty, as nearly always
             continue
         if container.gpu or (
             container.kai_fraction
             and aliases
             and (not isinstance(sources, list) or not all(_is_kai_env_source(pod, container, s) for s in sources))
         ):
-            yield container
+            gaps.append(container)
+    return gaps
 
 
 def gpu_env_from(pod: _Pod) -> list[Violation]:
@@ -643,17 +668,28 @@ def privileged(pod: _Pod) -> list[Violation]:
     return found
 
 
-def _added_capabilities(container: _Container) -> list[Any]:
-    added = _mapping(_mapping(container.body.get("securityContext")).get("capabilities")).get("add")
-    return added if isinstance(added, list) else []
+def _capability_additions(pod: _Pod) -> list[tuple[_Container, list[str]]]:
+    """Each container that adds capabilities, with the names it adds (strings only), read once per pod."""
+    additions = pod.memo.get("capabilities")
+    if additions is None:
+        additions = []
+        for container in pod.containers:
+            security = container.body.get("securityContext")
+            if not isinstance(security, dict):
+                continue
+            added = _mapping(security.get("capabilities")).get("add")
+            if isinstance(added, list) and added:
+                additions.append((container, [name for name in added if isinstance(name, str)]))
+        pod.memo["capabilities"] = additions
+    return additions
 
 
 def sys_admin_capability(pod: _Pod) -> list[Violation]:
     found: list[Violation] = []
-    for container in pod.containers:
+    for container, added in _capability_additions(pod):
         # Runtimes upper-case names and add the CAP_ prefix themselves, so "cap_sys_admin" is SYS_ADMIN too.
-        for capability in _added_capabilities(container):
-            if isinstance(capability, str) and capability_name(capability) in SYS_ADMIN_CAPABILITIES:
+        for capability in added:
+            if capability_name(capability) in SYS_ADMIN_CAPABILITIES:
                 found.append(
                     _in_container(
                         SYS_ADMIN_CAPABILITY,
@@ -670,13 +706,11 @@ def sys_admin_capability(pod: _Pod) -> list[Violation]:
 def added_capability(pod: _Pod) -> list[Violation]:
     allowed = pod.config.allowed_capability_set
     found: list[Violation] = []
-    for container in pod.containers:
+    for container, added in _capability_additions(pod):
         unlisted = [
             capability
-            for capability in _added_capabilities(container)
-            if isinstance(capability, str)
-            and capability_name(capability) not in allowed
-            and capability_name(capability) not in SYS_ADMIN_CAPABILITIES
+            for capability in added
+            if capability_name(capability) not in allowed and capability_name(capability) not in SYS_ADMIN_CAPABILITIES
         ]
         if unlisted:
             found.append(
@@ -751,73 +785,88 @@ def device_list_mount(pod: _Pod) -> list[Violation]:
     return found
 
 
-def _annotation_violations(
-    rule: str, annotations: Mapping[str, Any], prefixes: tuple[str, ...], asks: str
-) -> list[Violation]:
+def _device_annotation_keys(pod: _Pod) -> list[str]:
+    """The pod's annotation keys under a CDI or a forbidden runtime prefix, found in one pass for both rules."""
+    keys = pod.memo.get("annotations")
+    if keys is None:
+        prefixes = pod.config.device_annotation_prefixes
+        keys = [
+            key
+            for key in _mapping(pod.metadata.get("annotations"))
+            if isinstance(key, str) and key.startswith(prefixes)
+        ]
+        pod.memo["annotations"] = keys
+    return keys
+
+
+def _annotation_violations(pod: _Pod, rule: str, prefixes: tuple[str, ...], asks: str) -> list[Violation]:
+    if not pod.whole_pod:  # annotations were judged when the pod was created (updates: validate_update)
+        return []
+    keys = _device_annotation_keys(pod)
+    if not keys:
+        return []
     return [
         Violation(
             rule, None, f"pod annotation {_quote(key)} asks {asks}; remove the annotation and request nvidia.com/gpu"
         )
-        for key in annotations
-        if isinstance(key, str) and key.startswith(prefixes)
+        for key in keys
+        if key.startswith(prefixes)
     ]
 
 
 def cdi_annotation(pod: _Pod) -> list[Violation]:
-    if not pod.whole_pod:
-        return []
-    annotations = _mapping(pod.metadata.get("annotations"))
-    return _annotation_violations(CDI_ANNOTATION, annotations, CDI_ANNOTATION_PREFIXES, "the runtime for CDI devices")
+    return _annotation_violations(pod, CDI_ANNOTATION, CDI_ANNOTATION_PREFIXES, "the runtime for CDI devices")
 
 
 def runtime_annotation(pod: _Pod) -> list[Violation]:
-    if not pod.whole_pod:
-        return []
-    annotations = _mapping(pod.metadata.get("annotations"))
-    prefixes = pod.config.forbidden_annotation_prefixes
     return _annotation_violations(
-        RUNTIME_ANNOTATION, annotations, prefixes, "the container runtime or an NRI plugin for devices or mounts"
+        pod,
+        RUNTIME_ANNOTATION,
+        pod.config.forbidden_annotation_prefixes,
+        "the container runtime or an NRI plugin for devices or mounts",
     )
 
 
-def _host_path_volumes(pod: _Pod) -> Iterator[tuple[Any, str, str]]:
-    """``(name, path, cleaned path)`` of each hostPath volume under judgement: all of them, or with ``only`` those
-    the new ephemeral containers mount (the rest were judged when the pod was created)."""
+def _host_path_volumes(pod: _Pod) -> list[tuple[Any, str, str, str | None]]:
+    """``(name, path, cleaned path, the protected path it reaches or None)`` of each hostPath volume under
+    judgement: all of them, or with ``only`` those the new ephemeral containers mount (the rest were judged when
+    the pod was created). Read once per pod: two rules share it."""
+    found = pod.memo.get("host paths")
+    if found is not None:
+        return found
+    found = []
     volumes = pod.spec.get("volumes")
-    if not isinstance(volumes, list):
-        return
-    mounted: set[str] | None = None
-    if not pod.whole_pod:
-        mounted = {m["name"] for c in pod.containers for m in _volume_mounts(c) if isinstance(m.get("name"), str)}
-    for volume in volumes:
-        if not isinstance(volume, dict):
-            continue
-        path = _mapping(volume.get("hostPath")).get("path")
-        name = volume.get("name")
-        if not isinstance(path, str) or (mounted is not None and (not isinstance(name, str) or name not in mounted)):
-            continue
-        yield name, path, clean_path(path)
-
-
-def _protected_by(pod: _Pod, cleaned: str) -> str | None:
-    return next((p for p in pod.config.host_device_paths if reaches_protected(cleaned, p)), None)
+    if isinstance(volumes, list):
+        mounted: set[str] | None = None
+        if not pod.whole_pod:
+            mounted = {m["name"] for c in pod.containers for m in _volume_mounts(c) if isinstance(m.get("name"), str)}
+        for volume in volumes:
+            if not isinstance(volume, dict) or "hostPath" not in volume:
+                continue
+            path = _mapping(volume.get("hostPath")).get("path")
+            name = volume.get("name")
+            if not isinstance(path, str) or (
+                mounted is not None and (not isinstance(name, str) or name not in mounted)
+            ):
+                continue
+            cleaned = clean_path(path)
+            reached = next((p for p in pod.config.host_device_paths if reaches_protected(cleaned, p)), None)
+            found.append((name, path, cleaned, reached))
+    pod.memo["host paths"] = found
+    return found
 
 
 def host_device_path(pod: _Pod) -> list[Violation]:
-    found: list[Violation] = []
-    for name, path, cleaned in _host_path_volumes(pod):
-        reached = _protected_by(pod, cleaned)
-        if reached is not None:
-            found.append(
-                Violation(
-                    HOST_DEVICE_PATH,
-                    None,
-                    f"volume {_quote(name)} mounts host "
-                    f"path {_quote(path)}, which exposes {reached}; remove the hostPath volume "
-                    "(request nvidia.com/gpu for a GPU)",
-                )
-            )
-    return found
+    return [
+        Violation(
+            HOST_DEVICE_PATH,
+            None,
+            f"volume {_quote(name)} mounts host path {_quote(path)}, which exposes {reached}; remove the hostPath "
+            "volume (request nvidia.com/gpu for a GPU)",
+        )
+        for name, path, _, reached in _host_path_volumes(pod)
+        if reached is not None
+    ]
 
 
 def _writable_volumes(pod: _Pod) -> set[str]:
@@ -836,8 +885,8 @@ def host_path(pod: _Pod) -> list[Violation]:
     allowlist = pod.config.host_path_writable
     found: list[Violation] = []
     writable: set[str] | None = None
-    for name, path, cleaned in _host_path_volumes(pod):
-        if _protected_by(pod, cleaned) is not None:
+    for name, path, cleaned, reached in _host_path_volumes(pod):
+        if reached is not None:  # host-device-path's
             continue
         allowed = allowlist.get(cleaned)
         if allowed is None:
@@ -866,13 +915,29 @@ def host_path(pod: _Pod) -> list[Violation]:
     return found
 
 
+def _device_variables(pod: _Pod) -> list[tuple[_Container, str]]:
+    """Each ``(container, name)`` that sets a MIG or IMEX variable: one pass over the watched env for two rules."""
+    settings = pod.memo.get("device variables")
+    if settings is None:
+        settings = [
+            (container, name)
+            for container in pod.containers
+            for name, _ in container.env
+            if name in _OTHER_WATCHED_NAMES
+        ]
+        pod.memo["device variables"] = settings
+    return settings
+
+
 def _env_variable_violations(pod: _Pod, rule: str, names: Collection[str], why: str) -> list[Violation]:
-    found: list[Violation] = []
-    for container in pod.containers:
-        for name, _ in container.env:
-            if name in names:
-                found.append(_in_container(rule, container, f"sets {name}, {why}; remove it"))
-    return found
+    settings = _device_variables(pod)
+    if not settings:
+        return []
+    return [
+        _in_container(rule, container, f"sets {name}, {why}; remove it")
+        for container, name in settings
+        if name in names
+    ]
 
 
 def mig_control_env(pod: _Pod) -> list[Violation]:
@@ -914,20 +979,21 @@ RULE_CHECKS: tuple[tuple[Rule, Callable[[_Pod], list[Violation]]], ...] = tuple(
 
 
 def _warnings(pod: _Pod) -> list[str]:
+    # Loops over lists that are nearly always empty, not generators: this runs for every pod admitted.
     warnings: list[str] = []
     config = pod.config
     if config.env_from_on_gpu_containers is Switch.WARN:
-        warnings.extend(
-            f"container {_quote(container.name)} requests a GPU and uses envFrom, which gpu-fence "
-            f"cannot check for {VISIBLE_DEVICES_ENV}"
-            for container in _env_from_gaps(pod)
-        )
+        for container in _env_from_gaps(pod):
+            warnings.append(
+                f"container {_quote(container.name)} requests a GPU and uses envFrom, which gpu-fence "
+                f"cannot check for {VISIBLE_DEVICES_ENV}"
+            )
     if config.visible_devices_none is Switch.WARN:
-        warnings.extend(
-            f"container {_quote(container.name)} sets {name}=none, which toolkit 1.18.0-1.18.1 (jit-cdi) read as all; "
-            "use void"
-            for container, name in _none_settings(pod)
-        )
+        for container, name in _none_settings(pod):
+            warnings.append(
+                f"container {_quote(container.name)} sets {name}=none, which toolkit 1.18.0-1.18.1 (jit-cdi) read "
+                "as all; use void"
+            )
     if pod.whole_pod:
         runtime_class = pod.spec.get("runtimeClassName")
         if (
@@ -939,6 +1005,8 @@ def _warnings(pod: _Pod) -> list[str]:
                 f"runtimeClassName {_quote(runtime_class)} on a pod with no GPU container: its "
                 f"containers are pinned to {VISIBLE_DEVICES_ENV}=void"
             )
+    if not warnings:
+        return warnings
     return [clip(warning, MAX_WARNING_CHARS) for warning in warnings]
 
 
@@ -973,19 +1041,27 @@ def mutate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = Non
     operations: list[dict[str, Any]] = []
     pinned: list[str] = []
     for container in view.containers:
-        if not container.pins or not container.env_readable:
+        pins = container.pins
+        if not pins or not container.env_readable:
             continue  # a GPU container; or nothing can be appended, which unpinned-container reports
         path = f"{_FIELD_POINTERS[container.field]}/{container.index}/env"
         if container.body.get("env") is None:  # absent or null: add the whole array ("/env/-" needs one)
-            pins = [{"name": name, "value": PIN_VALUE} for name in container.pins]
-            operations.append({"op": "add", "path": path, "value": pins})
+            operations.append({"op": "add", "path": path, "value": [{"name": n, "value": PIN_VALUE} for n in pins]})
+        elif len(pins) == 1:  # _missing_pins inline for the usual single pin: this runs for every container
+            pin = pins[0]
+            for name, _ in container.env:
+                if name == pin:
+                    break
+            else:
+                operations.append({"op": "add", "path": path + "/-", "value": {"name": pin, "value": PIN_VALUE}})
+                pinned.append(container.name)
+            continue
         else:
             missing = _missing_pins(container)
             if not missing:
                 continue
-            operations.extend(
-                {"op": "add", "path": path + "/-", "value": {"name": name, "value": PIN_VALUE}} for name in missing
-            )
+            for name in missing:
+                operations.append({"op": "add", "path": path + "/-", "value": {"name": name, "value": PIN_VALUE}})
         pinned.append(container.name)
     if not operations:
         return NO_MUTATION
@@ -1022,7 +1098,7 @@ def validate_update(pod: Any, old_pod: Any, config: PolicyConfig) -> Validation:
     added = {key: value for key, value in _annotations(pod).items() if key not in old or old[key] != value}
     if not added:
         return NO_VIOLATIONS
-    view = _Pod({"annotations": added}, _EMPTY, (), (), config, True)
+    view = _Pod({"annotations": added}, _EMPTY, (), (), config, True, {})
     violations = [*cdi_annotation(view), *runtime_annotation(view)]
     return Validation(violations=tuple(violations), warnings=()) if violations else NO_VIOLATIONS
 
