@@ -161,7 +161,10 @@ def kai_fraction_container(pod: Mapping[str, Any], kai_scheduler_names: Iterable
     annotations = metadata.get("annotations")
     if not _is_mapping(annotations):
         return None
-    if not any(key in annotations for key in FRACTION_ANNOTATIONS):
+    for key in FRACTION_ANNOTATIONS:  # a loop, not any() over a generator: asked of every pod
+        if key in annotations:
+            break
+    else:
         return None
     scheduler = spec.get("schedulerName")
     if not isinstance(scheduler, str) or scheduler not in set(kai_scheduler_names):
@@ -186,6 +189,11 @@ class Visibility(Enum):
     LIST = "list"  # the listed devices (indexes, UUIDs, MIG ids, CDI names)
 
 
+#: The visibilities that expose no GPU, built once: an enum member looked up on its class costs a metaclass call
+#: (CPython 3.11), and this is asked for every value admitted.
+_NO_GPU = (Visibility.VOID, Visibility.NONE)
+
+
 @dataclass(frozen=True)
 class VisibleDevices:
     visibility: Visibility
@@ -194,7 +202,7 @@ class VisibleDevices:
     @property
     def grants_no_gpu(self) -> bool:
         """True for values that expose no GPU on any image (``void``/``none``); UNSET is not safe."""
-        return self.visibility in (Visibility.VOID, Visibility.NONE)
+        return self.visibility in _NO_GPU
 
 
 def parse_visible_devices(value: str | None) -> VisibleDevices:

@@ -194,9 +194,13 @@ class PolicyConfig:
         return frozenset(self.allowed_capabilities)
 
     @cached_property
-    def device_annotation_prefixes(self) -> tuple[str, ...]:
-        """Every annotation key prefix some rule rejects: the CDI ones and the forbidden runtime ones."""
-        return (*CDI_ANNOTATION_PREFIXES, *self.forbidden_annotation_prefixes)
+    def device_annotation_prefixes(self) -> Mapping[str, tuple[str, ...]]:
+        """Every annotation key prefix some rule rejects (the CDI ones and the forbidden runtime ones), by first
+        character: a key is compared with the few prefixes that could start it, not with all of them."""
+        index: dict[str, tuple[str, ...]] = {}
+        for prefix in (*CDI_ANNOTATION_PREFIXES, *self.forbidden_annotation_prefixes):
+            index[prefix[0]] = (*index.get(prefix[0], ()), prefix)
+        return index
 
 
 _SWITCHES = frozenset({"env_from_on_gpu_containers", "visible_devices_none"})
