@@ -311,7 +311,7 @@ def test_other_operations_and_kinds_are_allowed_without_patch(server, name):
         assert server.post(path, review).document["response"] == {"uid": review["request"]["uid"], "allowed": True}
 
 
-# -- issue 9: each class of bypass, and the workloads that must keep working, over HTTPS -------------------------
+# -- each bypass class of the threat model's V11 and V15-V24, and the workloads that must keep working ----------
 
 CUDA = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
@@ -330,7 +330,7 @@ def review_of(
 
 
 def bypass_pods() -> dict[str, tuple[dict, str]]:
-    """One pod per class of issue 9 that the default policy rejects, with the rule that must say so."""
+    """One pod per bypass class (V11, V15-V21) that the default policy rejects, with the rule that must say so."""
     kai_bound = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
     kai_bound["spec"]["nodeName"] = "gpu-node-1"
     kai_elsewhere = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
@@ -490,7 +490,7 @@ visible_devices_none: reject
 
 @pytest.fixture(scope="module")
 def configured_server(tmp_path_factory) -> Iterator[Server]:
-    """A second webhook, serving a policy.yaml that sets the keys issue 9 added (read by ``serve --config``)."""
+    """A second webhook, serving a policy.yaml that sets the allowlist, aliases and switches (``serve --config``)."""
     tmp = tmp_path_factory.mktemp("configured")
     config = tmp / "policy.yaml"
     config.write_text(CONFIGURED_POLICY)

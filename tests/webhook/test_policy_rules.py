@@ -586,7 +586,7 @@ REJECTED_HOST_PATHS = [
     "/dev/shm/../nvidia0",
     "/./etc//cdi/",
     "dev",
-    # issue 9: the node through procfs and sysfs, the kubelet's static pods, the toolkit, the runtime
+    # the node through procfs and sysfs, the kubelet's static pods, the toolkit, the runtime
     "/proc",
     "/proc/1/root",
     "/proc/self/root/etc",
