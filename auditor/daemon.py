@@ -6,7 +6,10 @@ survives every per-cycle failure (kubelet down or restarting, NVML errors, a los
 process exiting mid-read) with exponential backoff, counting each in ``gpu_fence_audit_cycle_failures_total``.
 It exits 0 on SIGTERM/SIGINT.
 
-NVML, gRPC, the ``kubernetes`` client and prometheus_client are imported inside functions so ``--help`` stays fast.
+One :class:`Auditor` holds the sources across cycles and runs one cycle at a time (``auditor.collect``, then the
+pure ``auditor.audit``). The flags and their defaults live in ``auditor.settings``, the HTTP server in
+``auditor.server``. NVML, gRPC, the ``kubernetes`` client and prometheus_client are imported inside functions so
+``--help`` stays fast.
 """
 
 # ruff: noqa: PLC0415  (heavy imports are deferred on purpose, see the module docstring)
@@ -18,225 +21,72 @@ import gc
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpu_fence import kai, logs
+from gpu_fence import logs
 from gpu_fence.exit_status import ExitStatus
 
 from .audit import audit
-from .model import AuditPolicy, AuditResult, NodeSnapshot
-from .report import FORMATS, render
-from .snapshot import CollectError, SnapshotOptions, Sources, collect
+from .collect import CollectError, collect
+from .model import AuditPolicy, AuditResult, FailureReason, NodeSnapshot
+from .report import render
+from .server import Health, serve_http
+from .settings import AuditSettings, RunSettings, add_once_parser, add_run_parser, label_clash
+from .snapshot import SnapshotOptions
+from .sources import HostProcSource, NvmlSource, OfferedSource, PodResourcesSource, PodSource, SliceSource, Sources
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-DEFAULTS = {
-    "interval": 30.0,
-    "metrics_port": 9400,
-    "metrics_bind": "0.0.0.0",  # noqa: S104 - a DaemonSet's metrics are scraped from other pods
-    "unhealthy_after": 3,
-    "event_interval": 60.0,
-    "max_backoff": 300.0,
-    "pod_relist_interval": 60.0,
-}
-
-ONCE_EXAMPLES = """\
-examples:
-  gpu-fence-auditor once --format json --exempt-namespace gpu-operator
-  gpu-fence-auditor once --host-proc /host/proc --nvml-lib /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1
-  gpu-fence-auditor once --no-kubernetes --format junit --output audit.xml
-
-exit codes: 0 clean, 1 findings, 2 could not audit (the reason is printed on stderr)
-"""
-
-RUN_EXAMPLES = """\
-examples:
-  gpu-fence-auditor run --interval 30 --metrics-port 9400 --exempt-namespace gpu-operator
-  gpu-fence-auditor run --host-proc /host/proc --pod-label team --pod-label app.kubernetes.io/part-of
-
-/healthz answers 503 when no cycle succeeded for --unhealthy-after intervals; exits 0 on SIGTERM.
-"""
+if TYPE_CHECKING:
+    from .metrics import AuditorMetrics
 
 
 def add_arguments(subparsers: Any) -> None:
-    once = subparsers.add_parser(
-        "once",
-        help="audit this node once and print the report",
-        description="Audit every container on this node once: allocated vs visible vs used GPUs.",
-        epilog=ONCE_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_audit_arguments(once)
-    once.add_argument("--format", choices=FORMATS, default="text", help="report format (default: text)")
-    once.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
-    once.set_defaults(run=run_once)
-
-    run = subparsers.add_parser(
-        "run",
-        help="audit this node in a loop; serve /metrics and /healthz; post Events",
-        description="Audit this node every --interval seconds, export metrics and post GPUOverreach Events.",
-        epilog=RUN_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_audit_arguments(run)
-    run.add_argument(
-        "--interval",
-        type=_positive,
-        default=DEFAULTS["interval"],
-        metavar="S",
-        help="seconds between cycles (default: 30)",
-    )
-    run.add_argument(
-        "--metrics-port",
-        type=_port,
-        default=DEFAULTS["metrics_port"],
-        metavar="P",
-        help="port of /metrics and /healthz (default: 9400; 0 picks a free one)",
-    )
-    run.add_argument(
-        "--metrics-bind",
-        default=DEFAULTS["metrics_bind"],
-        metavar="ADDR",
-        help="address to serve on (default: 0.0.0.0)",
-    )
-    run.add_argument(
-        "--unhealthy-after",
-        type=int,
-        default=DEFAULTS["unhealthy_after"],
-        metavar="N",
-        help="/healthz fails when the last successful cycle is older than N intervals (default: 3)",
-    )
-    run.add_argument(
-        "--event-interval",
-        type=_positive,
-        default=DEFAULTS["event_interval"],
-        metavar="MIN",
-        help="re-emit the Event of a finding that persists at most every MIN minutes (default: 60)",
-    )
-    run.add_argument("--no-events", action="store_true", help="do not post Kubernetes Events")
-    run.add_argument(
-        "--max-backoff",
-        type=_positive,
-        default=DEFAULTS["max_backoff"],
-        metavar="S",
-        help="longest wait after repeated failed cycles (default: 300)",
-    )
-    run.set_defaults(run=run_daemon)
-
-
-def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--pod-resources-socket",
-        default=DEFAULT_SOCKET,
-        metavar="P",
-        help=f"kubelet PodResources socket (default: {DEFAULT_SOCKET})",
-    )
-    parser.add_argument(
-        "--host-proc",
-        default="/proc",
-        metavar="DIR",
-        help="host proc root (default: /proc; /host/proc in the DaemonSet)",
-    )
-    parser.add_argument("--nvml-lib", metavar="P", help="path of libnvidia-ml.so.1 (default: the library path)")
-    parser.add_argument(
-        "--node",
-        default=os.environ.get("NODE_NAME"),
-        metavar="NAME",
-        help="this node's name (default: $NODE_NAME, else the host name)",
-    )
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="F",
-        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then the in-cluster service account)",
-    )
-    parser.add_argument(
-        "--no-kubernetes",
-        action="store_true",
-        help="do not use the Kubernetes API: names from PodResources and /proc only, no Events",
-    )
-    parser.add_argument(
-        "--exempt-namespace",
-        action="append",
-        default=[],
-        metavar="NS",
-        help="report this namespace's containers but never flag them (repeatable; use it for gpu-operator)",
-    )
-    parser.add_argument(
-        "--pod-label",
-        action="append",
-        default=[],
-        metavar="KEY",
-        help="export this pod label for chargeback grouping (repeatable)",
-    )
-    parser.add_argument(
-        "--kai-reservation-namespace",
-        default=kai.DEFAULT_RESERVATION_NAMESPACE,
-        metavar="NS",
-        help=f"namespace of KAI's GPU reservation pods (default: {kai.DEFAULT_RESERVATION_NAMESPACE})",
-    )
-    parser.add_argument(
-        "--kai-scheduler-name",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help=f"schedulerName of KAI fractional pods (repeatable; default: {', '.join(kai.DEFAULT_SCHEDULER_NAMES)})",
-    )
-    parser.add_argument(
-        "--pod-relist-interval",
-        type=_positive,
-        default=DEFAULTS["pod_relist_interval"],
-        metavar="S",
-        help="relist this node's pods at least every S seconds (default: 60)",
-    )
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535)")
-    return int(text)
+    add_once_parser(subparsers).set_defaults(run=run_once)
+    add_run_parser(subparsers).set_defaults(run=run_daemon)
 
 
 # --- one auditor, shared by once and run -----------------------------------------------------------------
 
 
 class Auditor:
-    """Holds the adapters across cycles and runs one cycle at a time."""
+    """Holds the sources across cycles and runs one cycle at a time.
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.node = args.node or socket.gethostname()
+    A source that failed a cycle (the kubelet, NVML) is closed and opened afresh by the next one: a restarted
+    kubelet listens on a new socket, a re-initialised NVML sees GPUs that came back. ``watch``: keep the
+    ResourceSlices current on a background watch (``run``); without it they are listed once, when opened (``once``).
+    """
+
+    def __init__(self, settings: AuditSettings, *, watch: bool = False) -> None:
+        self.settings = settings
+        self.node = settings.node
+        self.watch = watch
         self.options = SnapshotOptions(
             node=self.node,
-            pod_label_keys=tuple(args.pod_label),
-            kai_reservation_namespace=args.kai_reservation_namespace,
-            kai_scheduler_names=tuple(args.kai_scheduler_name or kai.DEFAULT_SCHEDULER_NAMES),
+            pod_label_keys=settings.pod_label_keys,
+            kai_reservation_namespace=settings.kai_reservation_namespace,
+            kai_scheduler_names=settings.kai_scheduler_names,
+            gpu_dra_drivers=frozenset(settings.dra_gpu_drivers),
         )
         self.policy = AuditPolicy(
-            exempt_namespaces=frozenset(args.exempt_namespace),
-            kai_reservation_namespace=args.kai_reservation_namespace,
+            exempt_namespaces=settings.exempt_namespaces,
+            kai_reservation_namespace=settings.kai_reservation_namespace,
         )
         self.api_client: Any = None
         self.api_problem: str | None = None
-        self._sources: Sources | None = None
+        self._hostproc: HostProcSource | None = None
+        self._pods: PodSource | None = None
+        self._slices: SliceSource | None = None
+        self._offered: OfferedSource | None = None
+        self._podresources: PodResourcesSource | None = None
+        self._nvml: NvmlSource | None = None
         #: PodResources RPCs made, by method, over every client this auditor built (one is rebuilt per outage).
         self.kubelet_calls: Counter[str] = Counter()
+        #: PodResources RPCs that failed, by (method, reason), over the same clients.
+        self.kubelet_failures: Counter[tuple[str, str]] = Counter()
         self.cycles = 0  # cycles attempted
 
     def _freeze_long_lived(self) -> None:
@@ -252,56 +102,70 @@ class Auditor:
 
     def preflight(self) -> None:
         """Fail fast, with what to fix, on what no cycle could ever get past."""
-        if not Path(self.args.host_proc).is_dir():
+        from .hostproc import HostProc
+
+        if not HostProc(self.settings.host_proc).root_is_directory():
             raise CollectError(
-                "proc",
-                f"host proc root {self.args.host_proc} is not a directory (mount the host's "
+                FailureReason.PROC,
+                f"host proc root {self.settings.host_proc} is not a directory (mount the host's "
                 "/proc and pass --host-proc)",
             )
-        if not self.args.no_kubernetes:
+        if self.settings.kubernetes:
             from .kube import KubernetesUnavailable, load_api_client
 
             try:
-                self.api_client = load_api_client(self.args.kubeconfig)
+                self.api_client = load_api_client(self.settings.kubeconfig)
             except KubernetesUnavailable as error:
                 self.api_problem = error.reason
 
     def sources(self) -> Sources:
-        if self._sources is None:
+        """The sources of the next cycle, opening those not open (raises ``CollectError`` when one cannot open)."""
+        if self._hostproc is None:
             from .hostproc import HostProc
             from .kube import PodCache
+            from .offered import OfferedReplicas
 
-            pods = None
+            self._hostproc = HostProc(self.settings.host_proc)
+            self._offered = OfferedReplicas(self.settings.allocatable_interval)
             if self.api_client is not None:
-                pods = PodCache(self.api_client, self.node, relist_interval=self.args.pod_relist_interval)
-            self._sources = Sources(podresources=None, nvml=None, hostproc=HostProc(self.args.host_proc), pods=pods)
-        sources = self._sources
-        if sources.podresources is None:
-            sources.podresources = self._podresources()
-        if sources.nvml is None:
-            sources.nvml = self._nvml()
-        return sources
+                self._pods = PodCache(self.api_client, self.node, relist_interval=self.settings.pod_relist_interval)
+                self._slices = self._open_slices()
+        if self._podresources is None:
+            self._podresources = self._open_podresources()
+        if self._nvml is None:
+            self._nvml = self._open_nvml()
+        return Sources(self._podresources, self._nvml, self._hostproc, self._pods, self._slices, self._offered)
 
-    def _podresources(self) -> Any:
-        socket_path = self.args.pod_resources_socket
+    def _open_slices(self) -> SliceSource:
+        """The node's ResourceSlices: listed now (bounded by the API client's timeout), then watched with ``watch``."""
+        from .resourceslices import ResourceSliceCache
+
+        slices = ResourceSliceCache(self.api_client, self.node, drivers=self.settings.dra_gpu_drivers)
+        slices.sync()
+        if self.watch:
+            slices.start()
+        return slices
+
+    def _open_podresources(self) -> PodResourcesSource:
+        socket_path = self.settings.pod_resources_socket
         if not os.path.exists(socket_path):
             raise CollectError(
-                "kubelet",
+                FailureReason.KUBELET,
                 f"kubelet PodResources socket {socket_path} does not exist (mount /var/lib/kubelet/pod-resources "
                 "from the host, or pass --pod-resources-socket)",
             )
         from .podresources.client import PodResourcesClient
 
-        return PodResourcesClient(socket_path, calls=self.kubelet_calls)
+        return PodResourcesClient(socket_path, calls=self.kubelet_calls, failures=self.kubelet_failures)
 
-    def _nvml(self) -> Any:
+    def _open_nvml(self) -> NvmlSource:
         from .nvml import Nvml, NvmlError
 
-        nvml = Nvml(self.args.nvml_lib)
+        nvml = Nvml(self.settings.nvml_lib)
         try:
             nvml.open()
         except NvmlError as error:
-            raise CollectError("nvml", str(error)) from error
+            raise CollectError(FailureReason.NVML, str(error)) from error
         return nvml
 
     def cycle(self) -> tuple[NodeSnapshot, AuditResult]:
@@ -309,45 +173,43 @@ class Auditor:
         if self.cycles == 2:
             self._freeze_long_lived()
         try:
-            sources = self.sources()
-            snapshot = collect(sources, self.options)
+            snapshot = collect(self.sources(), self.options)
         except CollectError as error:
-            # Start the failing adapter afresh next cycle: a restarted kubelet makes a new socket, a
-            # re-initialised NVML sees GPUs that came back.
-            if error.source == "kubelet":
-                self._drop("podresources")
-            elif error.source == "nvml":
-                self._drop("nvml")
+            self._restart(error.source)
             raise
         if self.api_problem:
-            snapshot = _with_note(snapshot, f"Kubernetes API unavailable: {self.api_problem}")
+            snapshot = snapshot.with_degraded(
+                FailureReason.KUBERNETES_API, f"Kubernetes API unavailable: {self.api_problem}"
+            )
         return snapshot, audit(snapshot, self.policy)
 
-    def _drop(self, name: str) -> None:
-        if self._sources is None:
+    def _restart(self, source: FailureReason) -> None:
+        """Close the adapter of a source that failed, so that the next cycle opens it afresh."""
+        if source is FailureReason.KUBELET:
+            adapter: PodResourcesSource | NvmlSource | None = self._podresources
+            self._podresources = None
+        elif source is FailureReason.NVML:
+            adapter = self._nvml
+            self._nvml = None
+        else:
             return
-        adapter = getattr(self._sources, name)
-        setattr(self._sources, name, None)
         if adapter is not None:
             with contextlib.suppress(Exception):  # closing a broken adapter has nothing left to report
                 adapter.close()
 
     def close(self) -> None:
-        self._drop("podresources")
-        self._drop("nvml")
-
-
-def _with_note(snapshot: NodeSnapshot, note: str) -> NodeSnapshot:
-    from dataclasses import replace
-
-    return replace(snapshot, notes=(*snapshot.notes, note))
+        self._restart(FailureReason.KUBELET)
+        self._restart(FailureReason.NVML)
+        if self._slices is not None:
+            self._slices.close()
+            self._slices = None
 
 
 # --- once ------------------------------------------------------------------------------------------------
 
 
 def run_once(args: argparse.Namespace) -> ExitStatus:
-    auditor = Auditor(args)
+    auditor = Auditor(AuditSettings.from_args(args))
     try:
         auditor.preflight()
         snapshot, result = auditor.cycle()
@@ -377,58 +239,6 @@ def run_once(args: argparse.Namespace) -> ExitStatus:
 log = logging.getLogger("gpu_fence.auditor")
 
 
-class Health:
-    """``/healthz``: healthy while a cycle succeeded within ``unhealthy_after`` intervals."""
-
-    def __init__(self, interval: float, unhealthy_after: int, clock: Callable[[], float] = time.time) -> None:
-        self.window = interval * max(unhealthy_after, 1)
-        self._clock = clock
-        self.started = clock()
-        self.last_success: float | None = None
-        self.last_error: str | None = None
-
-    def check(self) -> tuple[int, str]:
-        now = self._clock()
-        if self.last_success is None:
-            if now - self.started <= self.window:
-                return 200, "starting: no cycle completed yet"
-            return 503, f"no successful audit cycle in {now - self.started:.0f}s: {self.last_error or 'unknown'}"
-        age = now - self.last_success
-        if age > self.window:
-            return 503, f"last successful audit cycle {age:.0f}s ago: {self.last_error or 'unknown'}"
-        return 200, f"ok: last successful audit cycle {age:.0f}s ago"
-
-
-def serve_http(bind: str, port: int, metrics: Any, health: Health) -> ThreadingHTTPServer:
-    from .metrics import CONTENT_TYPE
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._send(200, metrics.exposition(), CONTENT_TYPE)
-            elif path == "/healthz":
-                code, message = health.check()
-                self._send(code, (message + "\n").encode(), "text/plain; charset=utf-8")
-            else:
-                self._send(404, b"not found: try /metrics or /healthz\n", "text/plain; charset=utf-8")
-
-        def _send(self, code: int, body: bytes, content_type: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer((bind, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
-    return server
-
-
 def backoff(interval: float, failures_in_row: int, maximum: float) -> float:
     """Wait before the next cycle: the interval, doubled per consecutive failure, capped."""
     if failures_in_row <= 0:
@@ -445,11 +255,12 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
     # what matters, so silence it unless the operator asks for it.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     logs.configure("INFO")  # JSON lines on stderr, the shape the webhook's serve writes too
-    clash = _label_clash(args.pod_label)
+    settings = RunSettings.from_args(args)
+    clash = label_clash(settings.audit.pod_label_keys)
     if clash:
         print(f"gpu-fence-auditor run: {clash}", file=sys.stderr)
         return ExitStatus.ERROR
-    auditor = Auditor(args)
+    auditor = Auditor(settings.audit, watch=True)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -458,20 +269,20 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
     except CollectError as error:
         print(f"gpu-fence-auditor run: cannot start: {error.reason}", file=sys.stderr)
         return ExitStatus.ERROR
-    health = Health(args.interval, args.unhealthy_after)
+    health = Health(settings.interval, settings.unhealthy_after)
     # The per-container series go stale with /healthz: an audit older than the health window is no measurement.
-    metrics = AuditorMetrics(auditor.node, args.pod_label, stale_after=health.window)
+    metrics = AuditorMetrics(auditor.node, settings.audit.pod_label_keys, stale_after=health.window)
     try:
-        server = serve_http(args.metrics_bind, args.metrics_port, metrics, health)
+        server = serve_http(settings.metrics_bind, settings.metrics_port, metrics, health)
     except OSError as error:
         print(
-            f"gpu-fence-auditor run: cannot serve on {args.metrics_bind}:{args.metrics_port}: {error.strerror}",
+            f"gpu-fence-auditor run: cannot serve on {settings.metrics_bind}:{settings.metrics_port}: {error.strerror}",
             file=sys.stderr,
         )
         return ExitStatus.ERROR
     events = None
-    if auditor.api_client is not None and not args.no_events:
-        events = EventRecorder(auditor.api_client, auditor.node, reemit_after=args.event_interval * 60)
+    if auditor.api_client is not None and settings.events:
+        events = EventRecorder(auditor.api_client, auditor.node, reemit_after=settings.event_interval * 60)
     port = server.server_address[1]
     logs.event(
         log,
@@ -479,7 +290,7 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
         f"auditing node {auditor.node}, serving /metrics and /healthz on port {port}",
         node=auditor.node,
         port=port,
-        interval=args.interval,
+        interval=settings.interval,
         kubernetes=auditor.api_client is not None,
         problem=auditor.api_problem,
     )
@@ -489,37 +300,30 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
         started = time.monotonic()
         try:
             snapshot, result = auditor.cycle()
-        except CollectError as error:
+        except Exception as error:  # a CollectError names the source that failed; anything else is ours
             failures_in_row += 1
-            health.last_error = error.reason
-            metrics.failed(error.source)
-            metrics.sync_kubelet_calls(auditor.kubelet_calls)
+            if isinstance(error, CollectError):
+                source, message, level, trace = error.source, error.reason, logging.WARNING, None
+                metrics.sync_kubelet_calls(auditor.kubelet_calls, auditor.kubelet_failures)
+            else:
+                source, message, level = FailureReason.INTERNAL, f"internal error: {error}", logging.ERROR
+                trace = error if settings.debug else None
+            health.last_error = message
+            metrics.failed(source)
             logs.event(
                 log,
                 "cycle-failed",
-                error.reason,
-                level=logging.WARNING,
-                reason=error.source,
-                failures_in_row=failures_in_row,
-            )
-        except Exception as error:
-            failures_in_row += 1
-            health.last_error = f"internal error: {error}"
-            metrics.failed("internal")
-            logs.event(
-                log,
-                "cycle-failed",
-                f"internal error: {error}",
-                level=logging.ERROR,
-                exc_info=error if args.debug else None,
-                reason="internal",
+                message,
+                level=level,
+                exc_info=trace,
+                reason=source.value,
                 failures_in_row=failures_in_row,
             )
         else:
             failures_in_row = 0
             duration = time.monotonic() - started
             metrics.observe(snapshot, result, duration)
-            metrics.sync_kubelet_calls(auditor.kubelet_calls)
+            metrics.sync_kubelet_calls(auditor.kubelet_calls, auditor.kubelet_failures)
             health.last_success = time.time()
             _count_degraded(snapshot, metrics)
             written = 0
@@ -527,7 +331,7 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
                 failures_before = events.failures
                 written = events.record(result.findings)
                 if events.failures > failures_before:
-                    metrics.failed("kubernetes-api")
+                    metrics.failed(FailureReason.KUBERNETES_API)
             logs.event(
                 log,
                 "cycle",
@@ -536,7 +340,7 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
                 duration_seconds=round(duration, 4),
                 containers=len(result.rows),
                 findings=len(result.findings),
-                identity=snapshot.identity_source,
+                identity=snapshot.identity_source.value,
                 events=written,
                 notes=list(snapshot.notes) or None,
             )
@@ -556,7 +360,7 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
                 )
             # Not kept while the next cycle builds its own: two node-sized snapshots would meet at the RSS peak.
             del snapshot, result
-        delay = backoff(args.interval, failures_in_row, args.max_backoff)
+        delay = backoff(settings.interval, failures_in_row, settings.max_backoff)
         stop.wait(max(0.0, delay - (time.monotonic() - started)))
 
     logs.event(log, "stopping", "stopping on a signal", reason="signal")
@@ -566,24 +370,8 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
     return ExitStatus.SUCCESS
 
 
-def _label_clash(keys: list[str]) -> str | None:
-    """Two ``--pod-label`` keys that export as one Prometheus label name, said in one line; None when all differ."""
-    from .metrics import label_name
-
-    seen: dict[str, str] = {}
-    for key in keys:
-        other = seen.setdefault(label_name(key), key)
-        if other != key:
-            return (
-                f"--pod-label {other} and --pod-label {key} both become the metric label {label_name(key)}; "
-                "keep one of them"
-            )
-    return None
-
-
-def _count_degraded(snapshot: NodeSnapshot, metrics: Any) -> None:
+def _count_degraded(snapshot: NodeSnapshot, metrics: AuditorMetrics) -> None:
     """A cycle that completed with a degraded source still counts that source's failure."""
-    if any(note.startswith("NVML:") for note in snapshot.notes):
-        metrics.failed("nvml")
-    if any(note.startswith("Kubernetes API unavailable") for note in snapshot.notes):
-        metrics.failed("kubernetes-api")
+    for reason in FailureReason:
+        if reason in snapshot.degraded:
+            metrics.failed(reason)

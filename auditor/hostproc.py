@@ -1,4 +1,5 @@
-"""Host ``/proc`` adapter: which container each process is in, what GPU device nodes it sees, its environment.
+"""Host ``/proc`` adapter: which container each process is in, what GPU device nodes it sees, its environment, the
+files of its root. Every read of host or container files the auditor makes goes through :class:`HostProc`.
 
 The auditor runs with ``hostPID`` and reads the host's /proc (``--host-proc``, normally ``/proc``). Processes come
 and go while it reads: a pid that vanishes, or turns unreadable because it is exiting, is skipped and never fails
@@ -35,6 +36,10 @@ NON_GPU_MINORS = frozenset({254, 255})
 #: Distinct cgroup texts remembered with their parsed identity (about one per container and one per host service);
 #: past this the memo starts afresh, so a node with more never grows it without bound.
 PARSED_LIMIT = 8192
+#: The most read of one file in a process's root (a service-account namespace file is a few bytes).
+ROOT_FILE_LIMIT = 4096
+#: ``environ`` is read in pieces of this size: one read for nearly every process, the whole file for any.
+ENVIRON_CHUNK = 65536
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _CHUNK = 4096
 
@@ -61,7 +66,20 @@ def read_small_file(path: str, chunk_size: int = _CHUNK) -> bytes | None:
 
 
 class HostProc:
-    """Reads one host proc tree. Not thread-safe: one auditor cycle at a time uses it.
+    """Reads the proc tree at ``root``: the host's (``--host-proc``) or a test's. Not thread-safe: one auditor cycle
+    at a time uses it.
+
+    The contract, stated per read as dcgm-exporter's ``ProcFS`` states its own (``ReadEnviron``: an absent key is
+    an empty string and no error, an environ that is missing or unreadable an error; NVIDIA/dcgm-exporter
+    ``internal/pkg/transformation/procfs.go``), with None for unknown where that returns an error:
+
+    - Reading one process never raises. A file that cannot be read (the process exited or is exiting, it is not
+      ours to read, a directory stands where a file should) is ``None``: unknown, never empty.
+    - :meth:`environ` is ``None`` when the process's ``environ`` is unreadable, and a mapping without the name when
+      the variable is unset; :meth:`identity` is ``None`` for a process in no pod and for one whose ``cgroup`` is
+      unreadable, and :meth:`exists` tells the two apart.
+    - Only listing the root raises (``OSError``, from :meth:`pids` and :meth:`container_pids`): a proc root that
+      cannot be listed is a configuration error, unlike one process going away.
 
     ``recheck_scans``: how many scans re-read a process found outside any pod (0: none); ``startup_spread``: over
     how many scans the windows of the processes found by the first scan start. See the module docstring.
@@ -85,6 +103,14 @@ class HostProc:
 
     def _path(self, pid: int, name: str) -> str:
         return f"{self.root}/{pid}/{name}"
+
+    def root_is_directory(self) -> bool:
+        """Whether the root is a directory at all: a proc root that is not is a configuration error, not a cycle's."""
+        return os.path.isdir(self.root)
+
+    def exists(self, pid: int) -> bool:
+        """Whether ``/proc/<pid>`` is there: a process, live or a zombie not yet reaped."""
+        return os.path.exists(f"{self.root}/{pid}")
 
     def _listing(self) -> dict[int, int]:
         """pid → inode of ``/proc/<pid>``, from one directory read."""
@@ -245,17 +271,33 @@ class HostProc:
             return None
         return frozenset(minors)
 
-    def environ(self, pid: int, name: str) -> str | None:
-        """The value of ``name`` in the process's initial environment, or None.
+    def environ(self, pid: int, *names: str) -> dict[str, str] | None:
+        """The values of ``names`` in the process's initial environment: None when ``environ`` cannot be read, and
+        a name left out when the process does not set it.
 
-        The last occurrence wins, as when the toolkit builds its map of the OCI spec's environment.
+        The last occurrence of a name wins, as when the toolkit builds its map of the OCI spec's environment.
         """
-        data = read_small_file(self._path(pid, "environ"), 65536)
+        data = read_small_file(self._path(pid, "environ"), ENVIRON_CHUNK)
         if data is None:  # ENOENT, ESRCH, EACCES: the process is gone or not ours to read
             return None
-        prefix = name.encode() + b"="
-        value: bytes | None = None
+        wanted = {name.encode() for name in names}
+        found: dict[bytes, bytes] = {}
         for entry in data.split(b"\0"):
-            if entry.startswith(prefix):
-                value = entry[len(prefix) :]
-        return value.decode("utf-8", errors="replace") if value is not None else None
+            key, separator, value = entry.partition(b"=")
+            if separator and key in wanted:
+                found[key] = value
+        return {key.decode(): value.decode("utf-8", errors="replace") for key, value in found.items()}
+
+    def read_root_file(self, pid: int, path: str) -> bytes | None:
+        """The first ``ROOT_FILE_LIMIT`` bytes of the file at ``path`` (relative) in the process's root, or None when it
+        cannot be read. The root is the container's own file system: what it holds, the container wrote."""
+        try:
+            fd = os.open(self._path(pid, f"root/{path}"), _READ_FLAGS)
+        except OSError:
+            return None
+        try:
+            return os.read(fd, ROOT_FILE_LIMIT)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)

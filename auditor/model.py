@@ -1,13 +1,13 @@
 """The auditor's values: what one node looks like in one cycle, and what the audit says about it.
 
-Everything here is a frozen dataclass built by ``auditor.snapshot`` from the adapters (PodResources, NVML,
-host /proc, the Kubernetes API) and read by the pure ``auditor.audit``. No I/O, no library imports: a test
-can write a whole node by hand.
+Everything here is a frozen dataclass or an enum: ``auditor.collect`` reads the sources (PodResources, NVML, host
+/proc, the Kubernetes API), ``auditor.snapshot`` joins what they say into a ``NodeSnapshot``, and the pure
+``auditor.audit`` reads it. No I/O, no library imports: a test can write a whole node by hand.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from gpu_fence import kai
@@ -20,6 +20,46 @@ class Identity(Enum):
     FALLBACK = "fallback"  # API unavailable: names from PodResources + the container's HOSTNAME / namespace file
     UID = "uid"  # only the cgroup's pod uid and container id are known
     KUBELET = "kubelet"  # only the kubelet's PodResources entry is known (no running process was found)
+
+
+class IdentitySource(Enum):
+    """Where one cycle's container names came from: the report's ``summary.identity``."""
+
+    KUBERNETES = "kubernetes"  # the node's pod list, fresh
+    KUBERNETES_STALE = "kubernetes-stale"  # the last pod list, kept while the API does not answer
+    FALLBACK = "fallback"  # no pod list (API not used, or it never answered): PodResources and the containers' files
+
+
+class FailureReason(Enum):
+    """Why a cycle failed, or which source it ran without in part: the ``reason`` label of
+    ``gpu_fence_audit_cycle_failures_total`` (in this order, the order its series are exported in)."""
+
+    KUBELET = "kubelet"
+    NVML = "nvml"
+    KUBERNETES_API = "kubernetes-api"
+    PROC = "proc"
+    INTERNAL = "internal"
+
+
+class SliceState(Enum):
+    """What the auditor holds of its node's ResourceSlices, through which DRA devices resolve to UUIDs: the report's
+    ``summary.dra_slices`` and the state of ``gpu_fence_dra_slices_state``."""
+
+    FRESH = "fresh"  # listed, and (``run``) the watch is up
+    STALE = "stale"  # the last good list, kept while the API does not answer
+    NONE = "none"  # never listed: the API has not answered, or refused (RBAC)
+    NOT_SERVED = "not-served"  # the cluster serves no resource.k8s.io version the auditor reads
+    UNUSED = "unused"  # the Kubernetes API is not used (--no-kubernetes)
+
+
+class DraResolution(Enum):
+    """How one DRA device of a GPU driver became a UUID, or why it did not: a metric label and a report field."""
+
+    RESOLVED = "resolved"  # the device's ``uuid`` attribute in this node's ResourceSlice
+    NO_SLICE = "no-slice"  # no ResourceSlice of this node describes (driver, pool, device)
+    NO_UUID = "no-uuid"  # a slice describes it without a ``uuid`` attribute (NVIDIA's dynamic MIG devices)
+    SLICES_UNAVAILABLE = "slices-unavailable"  # the auditor holds no slices (see ``SliceState``)
+    NO_DEVICE_NAME = "no-device-name"  # the kubelet sent CDI names only (before 1.31): no device to look up
 
 
 class FindingKind(Enum):
@@ -48,10 +88,39 @@ class Gpu:
     mig_enabled: bool = False  # a physical card in MIG mode: its compute lives in its MIG devices
     profile: str = ""  # MIG profile, e.g. "3g.40gb"
     share: float = 1.0  # share of the physical card this device stands for (see docs/metrics.md)
+    compute_instance_id: int | None = None  # a MIG device's compute instance (NVML places processes by GI and CI)
 
     @property
     def is_mig(self) -> bool:
         return self.parent_uuid is not None
+
+    def mig_device(
+        self,
+        uuid: str,
+        *,
+        mig_index: int,
+        gpu_instance_id: int,
+        compute_instance_id: int,
+        memory_total_bytes: int,
+        profile: str,
+        share: float,
+        model: str | None = None,
+    ) -> Gpu:
+        """A MIG device of this card. The one place a MIG device is given its card's index and minor (see above);
+        its model is the card's unless NVML names it otherwise."""
+        return Gpu(
+            uuid=uuid,
+            index=self.index,
+            minor=self.minor,
+            model=self.model if model is None else model,
+            memory_total_bytes=memory_total_bytes,
+            parent_uuid=self.uuid,
+            mig_index=mig_index,
+            gpu_instance_id=gpu_instance_id,
+            profile=profile,
+            share=share,
+            compute_instance_id=compute_instance_id,
+        )
 
 
 @dataclass(frozen=True)
@@ -71,6 +140,27 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class ClaimedDevice:
+    """One device of a GPU driver that a DRA claim gives a container, as the kubelet names it, with the UUID its
+    ResourceSlice gives it (``uuid`` is None unless ``resolution`` is ``RESOLVED``)."""
+
+    claim_namespace: str
+    claim_name: str
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: tuple[str, ...]
+    resolution: DraResolution
+    uuid: str | None = None
+    share_id: str | None = None  # consumable capacity (1.35+): one of several allocations of a shared device
+
+    def describe(self) -> str:
+        """``claim ns/name: driver/pool/device`` (or its CDI names when the kubelet sent no device name)."""
+        named = f"{self.driver}/{self.pool}/{self.device}" if self.device else ", ".join(self.cdi_devices) or "?"
+        return f"claim {self.claim_namespace}/{self.claim_name}: {named}"
+
+
+@dataclass(frozen=True)
 class Container:
     """One container of the node, joined from every source that knows it.
 
@@ -86,7 +176,9 @@ class Container:
     pod_uid: str | None = None
     container_id: str | None = None
     allocated: tuple[str, ...] = ()
-    unresolved_allocations: tuple[str, ...] = ()  # DRA devices (or odd plugin ids) that name no known GPU
+    unresolved_allocations: tuple[str, ...] = ()  # device-plugin ids that name no GPU (``resource:id``)
+    #: every device of a GPU driver its DRA claims give it, resolved or not (resolved ones are also in ``allocated``)
+    dra_devices: tuple[ClaimedDevice, ...] = ()
     visible: frozenset[str] | None = None
     visible_devices_env: str | None = None
     env_read: bool = False
@@ -115,8 +207,17 @@ class NodeSnapshot:
     gpus: tuple[Gpu, ...]
     containers: tuple[Container, ...]
     processes: tuple[GpuProcess, ...]
-    identity_source: str = "kubernetes"  # "kubernetes", "kubernetes-stale", "fallback", "disabled"
+    identity_source: IdentitySource = IdentitySource.KUBERNETES
     notes: tuple[str, ...] = ()  # degraded conditions worth saying in the report (GPU lost, API down, ...)
+    #: the sources this cycle ran without in part (a GPU unreadable, the API down): each counts as a failure cause
+    degraded: frozenset[FailureReason] = frozenset()
+    dra_slices: SliceState = SliceState.UNUSED
+    #: UUID → allocation ids the device plugins offer for it (GetAllocatableResources); None when unknown
+    offered_replicas: tuple[tuple[str, int], ...] | None = None
+
+    def with_degraded(self, reason: FailureReason, note: str) -> NodeSnapshot:
+        """This snapshot with one more source it ran without in part, and the note that says so."""
+        return replace(self, degraded=self.degraded | {reason}, notes=(*self.notes, note))
 
 
 @dataclass(frozen=True)
@@ -146,6 +247,7 @@ class Row:
     labels: tuple[tuple[str, str], ...] = ()
     # UUID → processes whose memory NVML did not report: their bytes are missing from memory_bytes, not zero
     unknown_memory_processes: tuple[tuple[str, int], ...] = ()
+    dra_devices: tuple[ClaimedDevice, ...] = ()  # the container's DRA devices of GPU drivers (Container.dra_devices)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """NVML adapter: one snapshot of the node's GPUs, MIG devices and GPU processes, as our own frozen values.
 
 Everything NVML-specific stays in this module: pynvml's process-global library handle, ``NVMLError`` codes,
-the MIG handle walk and the ``0xFFFFFFFF`` instance ids. The rest of the auditor sees ``NvmlSnapshot`` and,
-when nothing can be read at all, ``NvmlError`` with a short ``reason``. A GPU that fails mid-read (lost,
-permission, an unsupported call) becomes an ``NvmlProblem`` in the snapshot, so one bad card never hides the
-others.
+the MIG handle walk and the ``0xFFFFFFFF`` instance ids. The rest of the auditor sees ``NvmlSnapshot`` (its devices
+are the model's ``Gpu``) and, when nothing can be read at all, ``NvmlError`` with a short ``reason``. A GPU that
+fails mid-read (lost, permission, an unsupported call) becomes an ``NvmlProblem`` in the snapshot, so one bad card
+never hides the others.
 
 Importing this module loads nothing: pynvml is imported and the library opened only by ``Nvml.open()``.
 How NVML outcomes map to reasons and problems is documented in ``docs/nvml.md``.
@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import ModuleType, TracebackType
 from typing import Any
+
+from .model import Gpu
 
 #: ``gpuInstanceId`` / ``computeInstanceId`` of a process when its GPU is not in MIG mode (nvml.h).
 NO_INSTANCE = 0xFFFFFFFF
@@ -69,32 +71,6 @@ _SIZE_RETRIES = 3  # the list can outgrow pynvml's 2n+5 buffer between its two c
 
 
 @dataclass(frozen=True)
-class NvmlDevice:
-    """A physical GPU or a MIG device.
-
-    For a MIG device ``index`` and ``minor`` are its parent card's (``/dev/nvidia<minor>`` names cards, not
-    slices) and ``name`` is the card's model; the slice itself is ``profile``.
-    """
-
-    uuid: str
-    index: int
-    minor: int | None
-    name: str
-    memory_total_bytes: int
-    mig_enabled: bool = False
-    parent_uuid: str | None = None
-    mig_index: int | None = None
-    gpu_instance_id: int | None = None
-    compute_instance_id: int | None = None
-    share: float = 1.0
-    profile: str | None = None
-
-    @property
-    def is_mig(self) -> bool:
-        return self.parent_uuid is not None
-
-
-@dataclass(frozen=True)
 class NvmlProcess:
     """A process with a context on a device: a GPU, or the MIG device it runs in when the GPU is in MIG mode."""
 
@@ -118,7 +94,7 @@ class NvmlProblem:
 
 @dataclass(frozen=True)
 class NvmlSnapshot:
-    devices: tuple[NvmlDevice, ...]
+    devices: tuple[Gpu, ...]  # every card, each followed by its MIG devices
     processes: tuple[NvmlProcess, ...]
     problems: tuple[NvmlProblem, ...]
     driver_version: str | None = None
@@ -241,7 +217,7 @@ class _Failed(Exception):
 
 @dataclass(frozen=True)
 class _Mig:
-    device: NvmlDevice
+    device: Gpu
     handle: Any
 
 
@@ -251,7 +227,7 @@ class _Reader:
     def __init__(self, pynvml: ModuleType, max_slices_cache: dict[str, int]) -> None:
         self.nv = pynvml
         self.max_slices_cache = max_slices_cache
-        self.devices: list[NvmlDevice] = []
+        self.devices: list[Gpu] = []
         self.problems: list[NvmlProblem] = []
         self.processes: dict[tuple[int, str], tuple[set[str], int | None]] = {}  # (pid, device) → kinds, bytes
         self.totals: dict[str, int] = {}  # device → memory, to tell a process's size from garbage
@@ -340,7 +316,7 @@ class _Reader:
             uuid, "read its MIG mode", nv.nvmlDeviceGetMigMode, handle, quiet=[_NOT_SUPPORTED, _FUNCTION_NOT_FOUND]
         )
         mig_enabled = bool(mode and mode[0])
-        gpu = NvmlDevice(uuid, index, minor, name, total, mig_enabled=mig_enabled)
+        gpu = Gpu(uuid, index, minor, model=name, memory_total_bytes=total, mig_enabled=mig_enabled)
         self.devices.append(gpu)
         self.totals[uuid] = total
         if not mig_enabled:
@@ -352,7 +328,7 @@ class _Reader:
         self.devices += [mig.device for mig in migs]
         self._read_mig_processes(gpu, handle, migs)
 
-    def _read_migs(self, gpu: NvmlDevice, handle: Any) -> list[_Mig]:
+    def _read_migs(self, gpu: Gpu, handle: Any) -> list[_Mig]:
         nv = self.nv
         slots = self._may(gpu.uuid, "count its MIG devices", nv.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
         max_slices = self._max_slices(gpu.uuid, handle)
@@ -383,7 +359,7 @@ class _Reader:
             self.totals[device.uuid] = device.memory_total_bytes
         return migs
 
-    def _read_mig(self, gpu: NvmlDevice, slot: int, uuid: str, handle: Any, max_slices: int | None) -> NvmlDevice:
+    def _read_mig(self, gpu: Gpu, slot: int, uuid: str, handle: Any, max_slices: int | None) -> Gpu:
         nv = self.nv
         gi = int(self._must("read its GPU instance id", nv.nvmlDeviceGetGpuInstanceId, handle))
         ci = int(self._must("read its compute instance id", nv.nvmlDeviceGetComputeInstanceId, handle))
@@ -403,18 +379,15 @@ class _Reader:
         else:
             share = 0.0
             self._problem(uuid, "not-supported", "neither slice counts nor memory sizes are readable; share 0")
-        return NvmlDevice(
-            uuid=uuid,
-            index=gpu.index,
-            minor=gpu.minor,
-            name=model if separator else gpu.name,
-            memory_total_bytes=total,
-            parent_uuid=gpu.uuid,
+        return gpu.mig_device(
+            uuid,
             mig_index=slot,
             gpu_instance_id=gi,
             compute_instance_id=ci,
+            memory_total_bytes=total,
+            profile=profile.strip() if separator else "",
             share=share,
-            profile=(profile.strip() or None) if separator else None,
+            model=model if separator else None,
         )
 
     def _max_slices(self, uuid: str, handle: Any) -> int | None:
@@ -472,7 +445,7 @@ class _Reader:
             self._problem(device, _reason(code), f"could not list {kind} processes: {last}")
         return []
 
-    def _read_mig_processes(self, gpu: NvmlDevice, handle: Any, migs: list[_Mig]) -> None:
+    def _read_mig_processes(self, gpu: Gpu, handle: Any, migs: list[_Mig]) -> None:
         """Processes of a MIG-mode GPU, each attributed to the MIG device it runs in.
 
         Per-instance lists come from the MIG device handles (what nvml.h documents for unprivileged callers).

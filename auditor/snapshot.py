@@ -1,7 +1,6 @@
-"""Assemble one ``NodeSnapshot`` from the adapters: PodResources, NVML, host /proc and the pod cache.
-
-``collect`` does the reading (one kubelet ``List``, one NVML snapshot, one incremental /proc scan, the pod cache)
-and hands plain values to ``assemble``, which is pure: it joins the sources into containers and processes.
+"""Join what the sources said into one ``NodeSnapshot``: the kubelet's allocations, NVML's devices and processes,
+what host /proc shows of each container, and the node's pod list. Pure: ``auditor.collect`` does the reading and
+hands plain values to ``assemble``, which joins them into containers and processes.
 
 How a container is named (``Identity`` in the report):
 1. **kubernetes**: the runtime container id from the process's cgroup matches a ``containerID`` in the node's pod
@@ -14,6 +13,9 @@ How a container is named (``Identity`` in the report):
    matters (it has a GPU process or a GPU device node), so sandbox (pause) containers do not flood the report.
 4. **kubelet**: a PodResources container with no running process found (not started yet, or exited).
 
+Allocations: device-plugin ids through ``auditor.deviceids``; DRA devices of GPU drivers through the node's
+ResourceSlices (``auditor.dra``), by their ``uuid`` attribute only.
+
 Visibility: ``/dev/nvidia<minor>`` nodes in one live process's root → the physical GPU with that NVML minor.
 A MIG device has no node of its own (it is reached through its card's node plus ``nvidia-caps`` nodes, which are
 not read), so visibility is reported per card; the audit lets a container that holds a slice see its card.
@@ -21,38 +23,29 @@ not read), so visibility is reported per card; the audit lets a container that h
 
 from __future__ import annotations
 
-import os
-import re
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpu_fence import kai
-from gpu_fence.vocabulary import (
-    DEFAULT_GPU_RESOURCE_SET,
-    VISIBLE_DEVICES_ENV,
-    kai_fraction_container,
-    parse_visible_devices,
-)
+from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCE_SET, kai_fraction_container, parse_visible_devices
 
 from .deviceids import normalize_device_id
+from .dra import DEFAULT_GPU_DRIVERS, SliceView, claimed_devices, slice_note
 from .kube import containers_by_id, kai_gpu_groups, pod_labels
-from .model import Container, Gpu, GpuProcess, Identity, NodeSnapshot
-
-SERVICEACCOUNT_NAMESPACE = "root/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-_UUID_IN_TEXT = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}")
-_DRA_INDEX = re.compile(r"^gpu-([0-9]+)$")
-
-
-class CollectError(Exception):
-    """A cycle could not be audited. ``source`` is a failure reason of the metrics (kubelet, nvml, proc)."""
-
-    def __init__(self, source: str, reason: str) -> None:
-        super().__init__(reason)
-        self.source = source
-        self.reason = reason
+from .model import (
+    ClaimedDevice,
+    Container,
+    FailureReason,
+    Gpu,
+    GpuProcess,
+    Identity,
+    IdentitySource,
+    NodeSnapshot,
+)
+from .offered import count_offered
+from .podresources.allocations import ContainerAllocation, DeviceAllocation
 
 
 @dataclass(frozen=True)
@@ -61,6 +54,7 @@ class SnapshotOptions:
     pod_label_keys: tuple[str, ...] = ()
     kai_reservation_namespace: str = kai.DEFAULT_RESERVATION_NAMESPACE
     kai_scheduler_names: tuple[str, ...] = kai.DEFAULT_SCHEDULER_NAMES
+    gpu_dra_drivers: frozenset[str] = frozenset(DEFAULT_GPU_DRIVERS)
 
 
 @dataclass(frozen=True)
@@ -86,46 +80,21 @@ class _Draft:
     container_id: str | None = None
     allocated: tuple[str, ...] = ()
     unresolved: tuple[str, ...] = ()
+    dra: tuple[ClaimedDevice, ...] = ()
     runtime: RuntimeContainer | None = None
     kai_groups: frozenset[str] = frozenset()
     labels: tuple[tuple[str, str], ...] = ()
     identity: Identity = Identity.KUBELET
     in_kubelet: bool = False
     spec_field: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
-# --- NVML → Gpu -------------------------------------------------------------------------------------------
-
-
-def gpus_from_nvml(devices: Iterable[Any]) -> tuple[Gpu, ...]:
-    """Our ``Gpu`` values from the NVML adapter's devices; a MIG device takes its card's index and minor."""
-    devices = list(devices)
-    cards = {d.uuid: d for d in devices if not d.parent_uuid}
-    gpus = []
-    for device in devices:
-        parent = cards.get(device.parent_uuid) if device.parent_uuid else None
-        gpus.append(
-            Gpu(
-                uuid=device.uuid,
-                index=parent.index if parent is not None else device.index,
-                minor=parent.minor if parent is not None else device.minor,
-                model=device.name or "",
-                memory_total_bytes=int(device.memory_total_bytes or 0),
-                parent_uuid=device.parent_uuid or None,
-                mig_index=device.mig_index if device.parent_uuid else None,
-                gpu_instance_id=device.gpu_instance_id if device.parent_uuid else None,
-                mig_enabled=bool(device.mig_enabled) and not device.parent_uuid,
-                profile=device.profile or "",
-                share=float(device.share) if device.share is not None else 1.0,
-            )
-        )
-    return tuple(gpus)
+# --- device ids → UUIDs ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class DeviceIndex:
-    """The lookups device-id normalisation needs, built once per cycle from NVML."""
+    """The lookups device-id normalisation needs, built once per cycle from NVML's devices."""
 
     gpus_by_index: Mapping[int, str]
     migs_by_instance: Mapping[tuple[int, int], str]
@@ -133,7 +102,7 @@ class DeviceIndex:
     uuids: frozenset[str]
 
     @classmethod
-    def build(cls, devices: Iterable[Any]) -> DeviceIndex:
+    def build(cls, devices: Iterable[Gpu]) -> DeviceIndex:
         devices = list(devices)
         cards = {d.uuid: d for d in devices if not d.parent_uuid}
         by_instance: dict[tuple[int, int], str] = {}
@@ -158,24 +127,12 @@ class DeviceIndex:
             raw, self.gpus_by_index, self.migs_by_instance, migs_by_position=self.migs_by_position
         )
 
-    def resolve_dra(self, device: str) -> str | None:
-        """A DRA device → GPU/MIG UUID: a UUID anywhere in its name, or the NVIDIA DRA driver's ``gpu-<index>``.
 
-        Other names (MIG devices of the DRA driver, other drivers' devices) need the ResourceSlice that
-        published them, which the auditor does not read: they stay unresolved and are reported as such.
-        """
-        name = device.split("=", 1)[-1].rsplit("/", 1)[-1]
-        match = _UUID_IN_TEXT.search(name)
-        if match:
-            return match.group(0)
-        by_index = _DRA_INDEX.match(name)
-        if by_index:
-            return self.gpus_by_index.get(int(by_index.group(1)))
-        return None
-
-
-def normalize_allocation(allocation: Any, devices: DeviceIndex) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(allocated UUIDs, one per id; unresolved ids) of one PodResources container."""
+def normalize_allocation(
+    allocation: ContainerAllocation, devices: DeviceIndex, slices: SliceView, gpu_drivers: frozenset[str]
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[ClaimedDevice, ...]]:
+    """(allocated UUIDs, one per id or DRA device; unresolved device-plugin ids; DRA devices of GPU drivers) of one
+    PodResources container. Devices of other DRA drivers (NICs, FPGAs, IMEX channels) are not ours to count."""
     allocated: list[str] = []
     unresolved: list[str] = []
     for group in allocation.devices:
@@ -187,22 +144,11 @@ def normalize_allocation(allocation: Any, devices: DeviceIndex) -> tuple[tuple[s
                 allocated.append(uuid)
             else:
                 unresolved.append(f"{group.resource_name}:{raw}")
-    for claim in getattr(allocation, "dynamic_resources", ()) or ():
-        # One UUID per claimed device: its device name (``<pool>/<device>``) first, else its CDI names.
-        # Devices of drivers that are not GPU drivers (NICs, FPGAs) are not ours to count.
-        per_device = [
-            (f"{d.pool_name}/{d.device_name}" if d.device_name else "", *d.cdi_devices)
-            for d in getattr(claim, "claim_devices", ())
-            if not d.driver_name or "gpu" in d.driver_name
-        ] or [(name,) for name in claim.devices if not getattr(claim, "claim_devices", ())]
-        for names in per_device:
-            uuid = next((u for u in (devices.resolve_dra(n) for n in names if n) if u), None)
-            if uuid:
-                allocated.append(uuid)
-            else:
-                shown = ", ".join(n for n in names if n)
-                unresolved.append(f"claim {claim.claim_namespace}/{claim.claim_name}: {shown}")
-    return tuple(allocated), tuple(unresolved)
+    dra = tuple(
+        device for claim in allocation.dynamic_resources for device in claimed_devices(claim, slices, gpu_drivers)
+    )
+    allocated.extend(device.uuid for device in dra if device.uuid is not None)
+    return tuple(allocated), tuple(unresolved), dra
 
 
 # --- the join (pure) ---------------------------------------------------------------------------------------
@@ -214,31 +160,39 @@ def assemble(
     now: float,
     gpus: Sequence[Gpu],
     devices: DeviceIndex,
-    allocations: Sequence[Any],
+    allocations: Sequence[ContainerAllocation],
     runtime: Mapping[str, RuntimeContainer],
-    processes: Sequence[tuple[int, str, int | None, str | None, str | None, str | None]],
+    processes: Sequence[GpuProcess],
     pods: Mapping[str, Mapping[str, Any]] | None,
-    identity_source: str,
+    identity_source: IdentitySource,
     notes: Sequence[str] = (),
+    degraded: Iterable[FailureReason] = (),
+    slices: SliceView | None = None,
+    offered: Sequence[DeviceAllocation] | None = None,
 ) -> NodeSnapshot:
     """Join the sources into a ``NodeSnapshot``.
 
-    ``processes`` are ``(pid, gpu_uuid, used_bytes, pod_uid, container_id, identity_error)``; ``pods`` the cached
-    pod list by uid (None when the API never answered).
+    ``processes`` are NVML's, each with the cgroup identity of its pid; ``pods`` the cached pod list by uid (None
+    when the API never answered); ``notes`` and ``degraded`` what the cycle read only in part; ``slices`` the
+    node's ResourceSlices (None: not read); ``offered`` the latest GetAllocatableResources answer (None: unknown).
     """
-    drafts: dict[tuple[str, str, str], _Draft] = {}
+    slices = slices or SliceView()
+    notes, degraded = list(notes), set(degraded)
+    drafts: dict[tuple[str | None, str | None, str | None], _Draft] = {}
     by_id: dict[str, _Draft] = {}
     for allocation in allocations:
-        allocated, unresolved = normalize_allocation(allocation, devices)
+        allocated, unresolved, dra = normalize_allocation(allocation, devices, slices, options.gpu_dra_drivers)
         draft = _Draft(
             allocation.namespace,
             allocation.pod,
             allocation.container,
             allocated=allocated,
             unresolved=unresolved,
+            dra=dra,
             in_kubelet=True,
         )
         drafts[(allocation.namespace, allocation.pod, allocation.container)] = draft
+    _note_dra(drafts.values(), slices, devices, notes, degraded)
 
     # 1. the API names containers by id
     for uid, pod in (pods or {}).items():
@@ -249,43 +203,43 @@ def assemble(
         groups = kai_gpu_groups(pod)
         fraction = kai_fraction_container(pod, options.kai_scheduler_names) if groups else None
         for container_id, (container_name, spec_field) in containers_by_id(pod).items():
-            draft = drafts.get((namespace, name, container_name))
-            if draft is None:
+            named = drafts.get((namespace, name, container_name))
+            if named is None:
                 if container_id not in runtime:
                     continue  # not running and not in PodResources (a finished init container)
-                draft = _Draft(namespace, name, container_name)
-                drafts[(namespace, name, container_name)] = draft
-            draft.pod_uid, draft.container_id, draft.labels = uid, container_id, chosen
-            draft.identity, draft.spec_field = Identity.KUBERNETES, spec_field
+                named = _Draft(namespace, name, container_name)
+                drafts[(namespace, name, container_name)] = named
+            named.pod_uid, named.container_id, named.labels = uid, container_id, chosen
+            named.identity, named.spec_field = Identity.KUBERNETES, spec_field
             if namespace == options.kai_reservation_namespace or container_name == fraction:
-                draft.kai_groups = groups
-            draft.runtime = runtime.get(container_id)
-            by_id[container_id] = draft
+                named.kai_groups = groups
+            named.runtime = runtime.get(container_id)
+            by_id[container_id] = named
 
     # 2. runtime containers the API did not name: fall back to the container's own files, matching first by
     #    evidence (its NVIDIA_VISIBLE_DEVICES or its GPU nodes equal an allocation), then by elimination.
     unnamed = [found for cid, found in runtime.items() if cid not in by_id and found.pod_uid not in (pods or {})]
     cards = {gpu.minor: gpu.uuid for gpu in gpus if not gpu.is_mig and gpu.minor is not None}
-    if identity_source != "kubernetes" and unnamed:
+    if identity_source is not IdentitySource.KUBERNETES and unnamed:
         # Candidates by pod, built once: matching each unnamed container against every kubelet container would be
         # quadratic on a dense node.
         unclaimed: dict[tuple[str | None, str | None], list[_Draft]] = defaultdict(list)
-        for (namespace, pod, _), draft in drafts.items():
+        for (namespace, pod_name, _), draft in drafts.items():
             if draft.in_kubelet and draft.container_id is None:
-                unclaimed[(namespace, pod)].append(draft)
+                unclaimed[(namespace, pod_name)].append(draft)
         for by_evidence in (True, False):
             for found in unnamed:
                 if found.container_id in by_id:
                     continue
-                draft = _fallback_match(found, unclaimed, devices, cards, by_evidence=by_evidence)
-                if draft is not None:
-                    draft.identity = Identity.FALLBACK
-                    draft.pod_uid, draft.container_id, draft.runtime = found.pod_uid, found.container_id, found
-                    by_id[found.container_id] = draft
+                matched = _fallback_match(found, unclaimed, devices, cards, by_evidence=by_evidence)
+                if matched is not None:
+                    matched.identity = Identity.FALLBACK
+                    matched.pod_uid, matched.container_id, matched.runtime = found.pod_uid, found.container_id, found
+                    by_id[found.container_id] = matched
 
     # 3. what is still unnamed: a sandbox (pause) container, a pod newer than the list, one the API never showed.
     #    Reported (by uid) only when it holds a GPU process or a GPU device node.
-    process_containers = {process[4] for process in processes if process[4]}
+    process_containers = {process.container_id for process in processes if process.container_id}
     for container_id, found in runtime.items():
         if container_id in by_id or (not found.visible_minors and container_id not in process_containers):
             continue
@@ -298,11 +252,34 @@ def assemble(
         by_id[container_id] = draft
 
     containers = tuple(_freeze(draft, cards) for draft in drafts.values())
-    gpu_processes = tuple(
-        GpuProcess(pid, uuid, used, pod_uid=pod_uid, container_id=cid, identity_error=error)
-        for pid, uuid, used, pod_uid, cid, error in processes
+    return NodeSnapshot(
+        options.node,
+        now,
+        tuple(gpus),
+        containers,
+        tuple(processes),
+        identity_source,
+        tuple(notes),
+        frozenset(degraded),
+        dra_slices=slices.state,
+        offered_replicas=None if offered is None else count_offered(offered, devices.normalize),
     )
-    return NodeSnapshot(options.node, now, tuple(gpus), containers, gpu_processes, identity_source, tuple(notes))
+
+
+def _note_dra(
+    drafts: Iterable[_Draft], slices: SliceView, devices: DeviceIndex, notes: list[str], degraded: set[FailureReason]
+) -> None:
+    """Say what the slices could not tell this cycle: an API that did not answer (a degraded source), a slice UUID
+    this node's NVML does not list (a driver and NVML that disagree)."""
+    claimed = [device for draft in drafts for device in draft.dra]
+    note = slice_note(slices, claimed=bool(claimed))
+    if note is not None:
+        notes.append(note)
+        if slices.last_error is not None:
+            degraded.add(FailureReason.KUBERNETES_API)
+    unknown = sorted({d.uuid for d in claimed if d.uuid is not None and d.uuid not in devices.uuids})
+    if unknown:
+        notes.append(f"DRA: ResourceSlices name UUIDs NVML does not list on this node: {', '.join(unknown)}")
 
 
 def _fallback_match(
@@ -346,6 +323,7 @@ def _freeze(draft: _Draft, cards: Mapping[int, str]) -> Container:
         container_id=draft.container_id,
         allocated=draft.allocated,
         unresolved_allocations=draft.unresolved,
+        dra_devices=draft.dra,
         visible=visible,
         visible_devices_env=env,
         env_read=env_read,
@@ -354,131 +332,4 @@ def _freeze(draft: _Draft, cards: Mapping[int, str]) -> Container:
         identity=draft.identity,
         pid=found.pid if found is not None else None,
         spec_field=draft.spec_field,
-    )
-
-
-# --- collect: the I/O ------------------------------------------------------------------------------------
-
-
-def _read_small(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as file:
-            return file.read(4096).strip() or None
-    except OSError:
-        return None
-
-
-def inspect_runtime_containers(hostproc: Any, *, with_fallback_names: bool) -> dict[str, RuntimeContainer]:
-    """One live pid per container (incremental scan) and what it shows: GPU nodes, env, and fallback names."""
-    found: dict[str, RuntimeContainer] = {}
-    pids = hostproc.container_pids()
-    identities = hostproc.identities(pids.values())
-    for container_id, pid in pids.items():
-        identity = identities.get(pid)
-        if identity is None:
-            continue  # exited since the scan
-        env = hostproc.environ(pid, VISIBLE_DEVICES_ENV)
-        hostname = namespace = None
-        if with_fallback_names:
-            hostname = hostproc.environ(pid, "HOSTNAME")
-            namespace = _read_small(f"{hostproc.root}/{pid}/{SERVICEACCOUNT_NAMESPACE}")
-        found[container_id] = RuntimeContainer(
-            container_id=container_id,
-            pod_uid=identity.pod_uid,
-            pid=pid,
-            visible_minors=hostproc.visible_minors(pid),
-            visible_devices_env=env,
-            env_read=env is not None or os.path.exists(f"{hostproc.root}/{pid}/environ"),
-            hostname=hostname,
-            namespace_file=namespace,
-        )
-    return found
-
-
-def identify_processes(hostproc: Any, nvml_processes: Iterable[Any]) -> list[tuple]:
-    """NVML processes with the cgroup identity of their host pid (or why it could not be read)."""
-    nvml_processes = list(nvml_processes)
-    identities = hostproc.identities({p.pid for p in nvml_processes})
-    rows = []
-    for process in nvml_processes:
-        identity = identities.get(process.pid)
-        error = None
-        if identity is None and not os.path.exists(f"{hostproc.root}/{process.pid}"):
-            error = "the process exited before its cgroup could be read"
-        rows.append(
-            (
-                process.pid,
-                process.device_uuid,
-                process.used_memory_bytes,
-                identity.pod_uid if identity else None,
-                identity.container_id if identity else None,
-                error,
-            )
-        )
-    return rows
-
-
-@dataclass
-class Sources:
-    """The adapters one auditor holds across cycles (``pods`` is None with ``--no-kubernetes``)."""
-
-    podresources: Any
-    nvml: Any
-    hostproc: Any
-    pods: Any | None = None
-
-
-def collect(sources: Sources, options: SnapshotOptions, *, clock: Any = time.time) -> NodeSnapshot:
-    """Read every source once and assemble the snapshot; raises ``CollectError`` when the cycle cannot be audited."""
-    from .nvml import NvmlError  # noqa: PLC0415 - keeps NVML out of --help
-    from .podresources.client import KubeletUnavailable  # noqa: PLC0415 - keeps gRPC out of --help
-
-    now = clock()
-    notes: list[str] = []
-    try:
-        allocations = sources.podresources.list()
-    except KubeletUnavailable as error:
-        raise CollectError("kubelet", f"kubelet PodResources API unavailable: {error}") from error
-    try:
-        nvml = sources.nvml.snapshot()
-    except NvmlError as error:
-        raise CollectError("nvml", str(error)) from error
-    notes.extend(f"NVML: {problem.device or 'node'}: {problem.message}" for problem in nvml.problems)
-    try:
-        processes = identify_processes(sources.hostproc, nvml.processes)
-        pod_uids = {row[3] for row in processes if row[3]}
-        container_ids = {row[4] for row in processes if row[4]}
-        pods = None
-        identity_source = "disabled"
-        if sources.pods is not None:
-            sources.pods.ensure(pod_uids, container_ids)
-            identity_source = sources.pods.state
-            if sources.pods.state != "unavailable":
-                pods = sources.pods.pods
-            if sources.pods.last_error:
-                when = "stale pod list in use" if pods is not None else "names from PodResources and /proc"
-                notes.append(f"Kubernetes API unavailable ({sources.pods.last_error}): {when}")
-        if sources.pods is None:
-            notes.append(
-                "Kubernetes API not used: names from PodResources and each container's HOSTNAME and "
-                "service-account namespace file"
-            )
-        if identity_source in ("disabled", "unavailable"):
-            identity_source = "fallback"
-        runtime = inspect_runtime_containers(sources.hostproc, with_fallback_names=identity_source != "kubernetes")
-    except OSError as error:
-        raise CollectError("proc", f"cannot read host /proc at {sources.hostproc.root}: {error}") from error
-    gpus = gpus_from_nvml(nvml.devices)
-    devices = DeviceIndex.build(nvml.devices)
-    return assemble(
-        options,
-        now=now,
-        gpus=gpus,
-        devices=devices,
-        allocations=allocations,
-        runtime=runtime,
-        processes=processes,
-        pods=pods,
-        identity_source=identity_source,
-        notes=notes,
     )

@@ -197,7 +197,7 @@ class Facts:
     allocated_bytes: int
     holder_pid: int
     holder_uuid: str | None  # what CUDA (or PyTorch) said its device is
-    devices: tuple[Mapping[str, Any], ...]  # the NVML adapter's devices (asdict of NvmlDevice)
+    devices: tuple[Mapping[str, Any], ...]  # the NVML adapter's devices (asdict of the model's Gpu)
     driver_version: str | None
     own: Mapping[str, Any] | None  # the NVML adapter's process that is the holder
     own_how: str  # pid | new-process | absent | ambiguous
@@ -909,11 +909,12 @@ def run_once(flags: Sequence[str], deadline: Deadline) -> dict[str, Any]:
 def time_cycles(flags: Sequence[str], count: int) -> dict[str, Any]:
     """The audit cycle alone (no interpreter start): one auditor, one warm-up cycle, then ``count`` timed ones."""
     from gpu_fence.auditor.cli import build_parser
+    from gpu_fence.auditor.collect import CollectError
     from gpu_fence.auditor.daemon import Auditor
-    from gpu_fence.auditor.snapshot import CollectError
+    from gpu_fence.auditor.settings import AuditSettings
 
     args = build_parser().parse_args(["once", *flags])
-    auditor = Auditor(args)
+    auditor = Auditor(AuditSettings.from_args(args))
     samples: list[float] = []
     try:
         auditor.preflight()
@@ -925,7 +926,7 @@ def time_cycles(flags: Sequence[str], count: int) -> dict[str, Any]:
             auditor.cycle()
             samples.append(round(time.perf_counter() - started, 6))
     except CollectError as error:
-        return {"error": f"{error.source}: {error.reason}", "cycle_seconds": samples}
+        return {"error": f"{error.source.value}: {error.reason}", "cycle_seconds": samples}
     finally:
         auditor.close()
     return {

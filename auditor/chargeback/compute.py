@@ -1,30 +1,36 @@
 """Pure cost computation: samples of the auditor's metrics at evenly spaced instants → a bill per group.
 
-No I/O, no clock. ``prometheus.py`` fetches the samples, ``__init__.py`` wires the command, this module only
-does arithmetic, in the order ``docs/chargeback.md`` describes:
+No I/O, no clock. ``prometheus.py`` (or the demo's in-process source) fetches the samples, ``__init__.py`` wires
+the command; this module only does arithmetic, in the order ``docs/chargeback.md`` states it:
 
 1. Each evaluation instant stands for the ``seconds`` before it (one query step).
 2. A card (a physical GPU) costs ``price per hour × seconds / 3600`` in that interval. A card partitioned by MIG
-   is split into its slices by ``gpu_fence_gpu_share_ratio``; the share no slice covers is idle.
-3. The cost of a GPU or slice is split among everything that holds memory on it in that interval, in proportion
-   to the bytes: containers with an allocation (their group's usage), containers without one (overreach, kept
-   apart), and processes outside any container (the unattributed row). A GPU or slice with no memory in use is
-   idle for that interval.
+   is split into its slices by ``gpu_fence_gpu_share_ratio``; the share no slice covers is idle. A GPU or slice
+   is a *unit*.
+3. Method ``holder`` (the default): what an allocation blocks, its holder pays. A holder of a unit that has no
+   memory on it pays ``ids it holds / replicas offered`` of the unit (``reserved``; the replicas the device
+   plugin offers come from ``gpu_fence_gpu_offered_replicas``, and when that is missing the holders are taken to
+   hold every replica). The rest of the unit is split by bytes among everything holding memory on it:
+   containers with an allocation (their group's usage), containers without one (overreach, kept apart) and
+   processes outside any container (the unattributed row). With no memory on it, the rest is idle: capacity
+   nobody holds. Method ``usage``: holders pay only through memory, so a held unit with no memory is idle.
 4. Idle, ``platform``: all of it goes to the platform row. ``proportional``: each card's idle over the whole range
-   is spread over the parties that used that card in the range, in proportion to what they were charged on it;
-   a card nobody used in the whole range has nobody to spread to, so its idle goes to the platform row.
+   is spread over the parties booked on that card in the range, in proportion to what they were booked on it; a
+   card nobody was booked on has nobody to spread to, so its idle goes to the platform row.
 5. Beside it, the request-based figure: allocated ids × the device's share of a card × price × hours.
 
-Every unit of GPU cost lands in exactly one place (a group's usage or idle share, an overreach row, the
-unattributed row, the platform row), so those add up to the cost of all cards over the range.
+Every unit of GPU cost lands in exactly one :class:`Line` of the ledger (a group's usage, reserved or idle share,
+an overreach row, the unattributed row, the platform row), so the lines add up to the cost of all cards over the
+range; the per-group figures, the overreach rows and the per-card breakdown are sums over those lines.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 GIB = 1 << 30
 
@@ -32,6 +38,22 @@ GIB = 1 << 30
 class IdlePolicy(Enum):
     PROPORTIONAL = "proportional"
     PLATFORM = "platform"
+
+
+class Method(Enum):
+    HOLDER = "holder"  # what an allocation blocks, its holder pays; memory splits what is in use
+    USAGE = "usage"  # memory alone: a held unit with no memory in use is idle
+
+
+class Charge(Enum):
+    """What a line of the ledger pays for."""
+
+    USAGE = "usage"  # a byte share of a unit, with an allocation on it
+    RESERVED = "reserved"  # a held unit with none of the holder's memory on it (method holder)
+    IDLE_SHARE = "idle-share"  # a card's idle, spread over the groups booked on it (--idle proportional)
+    OVERREACH = "overreach"  # a byte share (and its idle share) without an allocation: apart from every total
+    UNATTRIBUTED = "unattributed"  # memory of processes outside any container, with its idle share
+    PLATFORM = "platform"  # idle nobody is charged for
 
 
 @dataclass(frozen=True)
@@ -88,8 +110,17 @@ class Unattributed:
 
 
 @dataclass(frozen=True)
+class Offered:
+    """``gpu_fence_gpu_offered_replicas`` at one instant: device ids the device plugin offers for that device."""
+
+    node: str
+    gpu_uuid: str
+    replicas: float
+
+
+@dataclass(frozen=True)
 class Interval:
-    """Everything Prometheus returned for one evaluation instant ``end``, standing for ``seconds`` before it."""
+    """Everything the source returned for one evaluation instant ``end``, standing for ``seconds`` before it."""
 
     end: float
     seconds: float
@@ -97,12 +128,37 @@ class Interval:
     memory: tuple[Memory, ...] = ()
     allocations: tuple[Allocation, ...] = ()
     unattributed: tuple[Unattributed, ...] = ()
+    offered: tuple[Offered, ...] = ()
+
+
+@dataclass(frozen=True)
+class Line:
+    """One place cost landed: a charge on one GPU or MIG device for one group and namespace.
+
+    ``group``/``namespace`` are empty for the unattributed and platform rows; an overreach line also names the
+    offending ``pod`` and ``container``. Idle spread by ``--idle proportional`` is booked on the device where the
+    share it follows was booked.
+    """
+
+    node: str
+    device_uuid: str
+    card_uuid: str
+    model: str  # the card's model, as priced
+    charge: Charge
+    group: str
+    namespace: str
+    pod: str
+    container: str
+    cost: float
+    gib_hours: float
+    card_hours: float  # the share of a card's hours this line pays for: cost = card_hours × the card's price
 
 
 @dataclass(frozen=True)
 class GroupCost:
     group: str
     usage: float = 0.0  # memory share of the cost of the GPUs it used, with an allocation
+    reserved: float = 0.0  # units it held with none of its memory on them (method holder): "reserved, unused"
     idle: float = 0.0  # its share of idle capacity (proportional policy only)
     overreach: float = 0.0  # memory share where it had NO allocation: not part of total, billed or written off apart
     request: float = 0.0  # what a request-based tool charges: allocated GPUs × hours × price
@@ -112,12 +168,12 @@ class GroupCost:
 
     @property
     def total(self) -> float:
-        """The usage-based bill of this group (overreach stays apart)."""
-        return self.usage + self.idle
+        """What this group is billed (overreach stays apart)."""
+        return self.usage + self.reserved + self.idle
 
     @property
     def difference(self) -> float:
-        """Usage-based minus request-based: negative when requests overstate what the group used."""
+        """Billed minus request-based: negative when requests overstate what the group is billed."""
         return self.total - self.request
 
 
@@ -130,6 +186,19 @@ class OverreachRow:
     gpu_uuid: str
     gib_hours: float
     cost: float
+
+
+@dataclass(frozen=True)
+class CardCost:
+    """One physical card over the range: what it cost, and how much of that nobody held or used."""
+
+    node: str
+    uuid: str
+    model: str
+    price_per_hour: float
+    hours: float
+    cost: float
+    unused: float  # idle before --idle decides who pays it: unheld capacity with no memory, MIG space in no slice
 
 
 @dataclass(frozen=True)
@@ -148,6 +217,7 @@ PLATFORM = "(platform)"
 
 @dataclass(frozen=True)
 class Bill:
+    method: Method
     idle_policy: IdlePolicy
     currency: str
     start: float
@@ -159,6 +229,8 @@ class Bill:
     platform: float  # idle charged to the platform (all idle under platform; unused cards under proportional)
     total_gpu_cost: float  # every card × price × time over the range
     gpu_hours: float  # card-hours seen (a MIG card counts once)
+    cards: tuple[CardCost, ...] = ()
+    lines: tuple[Line, ...] = ()
     timeline: tuple[TimePoint, ...] = ()
     notes: tuple[str, ...] = field(default=())
 
@@ -172,9 +244,111 @@ class Bill:
 PriceLookup = Callable[[str, str], "float | None"]
 
 
-# A "party" is who a share of a card's cost is booked to: ("usage", group), ("overreach", (owner, node, gpu)),
-# ("unattributed",). Idle is spread over parties in proportion to what each was booked on the card.
-Party = tuple
+# The hot path keys dicts by these on every interval: NamedTuples hash and compare at C speed, where a frozen
+# dataclass (ContainerRef included) runs a Python __hash__ each time.
+class _Who(NamedTuple):
+    """A container, as the split keys it."""
+
+    namespace: str
+    pod: str
+    container: str
+    group: str
+
+
+class _Party(NamedTuple):
+    """Who a share of a unit is booked to; idle is spread over parties in proportion to what each was booked.
+    ``pod``/``container`` are set for overreach only (each offending container is a row of its own)."""
+
+    charge: str  # a Charge value
+    group: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+
+    @classmethod
+    def of(cls, charge: str, who: _Who) -> _Party:
+        if charge == _OVERREACH:
+            return cls(charge, who.group, who.namespace, who.pod, who.container)
+        return cls(charge, who.group, who.namespace)
+
+
+_USAGE, _RESERVED, _OVERREACH = Charge.USAGE.value, Charge.RESERVED.value, Charge.OVERREACH.value
+_UNATTRIBUTED = _Party(Charge.UNATTRIBUTED.value)
+
+
+@dataclass(frozen=True)
+class _Owner:
+    """A container's key and its parties, made once per ContainerRef object."""
+
+    who: _Who
+    usage: _Party
+    overreach: _Party
+
+
+class _Owners:
+    """The sources reuse one ContainerRef per series; work out its key and parties once per object, not per sample."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[ContainerRef, _Owner]] = {}  # the entry keeps the object alive: ids stay unique
+
+    def of(self, ref: ContainerRef) -> _Owner:
+        found = self._by_id.get(id(ref))
+        if found is None or found[0] is not ref:
+            who = _Who(ref.namespace, ref.pod, ref.container, ref.group)
+            found = self._by_id[id(ref)] = (ref, _Owner(who, _Party.of(_USAGE, who), _Party.of(_OVERREACH, who)))
+        return found[1]
+
+
+class _User(NamedTuple):
+    """Memory on a unit in one interval: who holds it (None for processes outside any container) and how much."""
+
+    party: _Party
+    who: _Who | None
+    bytes: float
+
+
+class _Split(NamedTuple):
+    bookings: list[tuple[_Party, float, float]]  # (party, amount, bytes)
+    idle: float
+    offered_missing: bool  # a holder paid a reserved share with the offered replicas unknown
+    over_held: bool  # more ids held than the device plugin offers
+
+
+def split_unit(
+    amount: float,
+    holders: Mapping[_Who, float],
+    offered: float | None,
+    users: Sequence[_User],
+    method: Method,
+) -> _Split:
+    """One unit in one interval: who pays which part of its ``amount`` (card-hours), and what is left idle.
+
+    The heart of the method; linear in ``amount``, so splitting card-hours and pricing them is splitting cost.
+    """
+    bookings: list[tuple[_Party, float, float]] = []
+    offered_missing = over_held = False
+    reserved = 0.0
+    if method is Method.HOLDER and holders:
+        using = {user.who for user in users}
+        idle_holders = [(who, ids) for who, ids in holders.items() if who not in using]
+        if idle_holders:
+            held = sum(holders.values())
+            known = offered is not None and offered > 0
+            # Missing offered count: take the holders to hold every replica (exact for an unshared GPU).
+            replicas = offered if known else held
+            offered_missing = not known
+            over_held = known and held > replicas
+            for who, ids in idle_holders:
+                share = amount * ids / max(replicas, held)
+                reserved += share
+                bookings.append((_Party.of(_RESERVED, who), share, 0.0))
+    rest = max(0.0, amount - reserved)
+    in_use = sum(user.bytes for user in users)
+    if in_use <= 0:
+        return _Split(bookings, rest, offered_missing, over_held)
+    for user in users:
+        bookings.append((user.party, rest * user.bytes / in_use, user.bytes))
+    return _Split(bookings, 0.0, offered_missing, over_held)
 
 
 def card_models(devices: Iterable[Device]) -> dict[tuple[str, str], str]:
@@ -188,30 +362,32 @@ def card_models(devices: Iterable[Device]) -> dict[tuple[str, str], str]:
     return models
 
 
+def _sample(items: Iterable[tuple[str, str]], limit: int = 3) -> str:
+    return ", ".join(f"{node}/{gpu}" for node, gpu in sorted(items)[:limit])
+
+
 def compute_bill(
     intervals: Iterable[Interval],
     price_per_hour: PriceLookup,
     idle_policy: IdlePolicy,
     currency: str = "USD",
+    method: Method = Method.HOLDER,
 ) -> Bill:
     intervals = tuple(intervals)
-    usage: dict[str, float] = defaultdict(float)
-    memory_gib_hours: dict[str, float] = defaultdict(float)
+    # Units are split in card-hours (a share of a card × hours) and priced at the card's price, so a line's quantity
+    # stays known even at a price of 0. (node, device, card, party) → [cost, GiB-hours, card-hours].
+    ledger: dict[tuple[str, str, str, _Party], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    idle_at: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])  # → [cost, card-hours]
     request: dict[str, float] = defaultdict(float)
     requested_hours: dict[str, float] = defaultdict(float)
-    overreach_cost: dict[tuple, float] = defaultdict(float)
-    overreach_gib_hours: dict[tuple, float] = defaultdict(float)
-    unattributed = 0.0
-    unattributed_gib_hours = 0.0
-    platform = 0.0
-    total = 0.0
-    gpu_hours = 0.0
-    card_idle: dict[tuple[str, str], float] = defaultdict(float)
-    card_parties: dict[tuple[str, str], dict[Party, float]] = defaultdict(lambda: defaultdict(float))
+    card_rows: dict[tuple[str, str], list] = {}  # card → [model, price, hours, cost]
     unpriced: set[tuple[str, str]] = set()
     unknown_devices: set[tuple[str, str]] = set()
     partitioned_cards: set[tuple[str, str]] = set()  # memory booked on a MIG card's own UUID, outside its slices
+    offered_missing: set[tuple[str, str]] = set()
+    over_held: set[tuple[str, str]] = set()
     timeline: list[TimePoint] = []
+    known = _Owners()
 
     for interval in intervals:
         hours = interval.seconds / 3600.0
@@ -226,18 +402,21 @@ def compute_bill(
                 price = 0.0
             card_price[card] = price
 
-        consumers: dict[tuple[str, str], list[tuple[Party, float, float]]] = defaultdict(list)
+        users: dict[tuple[str, str], list[_User]] = defaultdict(list)
         for sample in interval.memory:
-            if sample.bytes <= 0:
-                continue
-            if sample.allocated:
-                party: Party = ("usage", sample.owner.group)
-            else:
-                party = ("overreach", (sample.owner, sample.node, sample.gpu_uuid))
-            consumers[(sample.node, sample.gpu_uuid)].append((party, sample.bytes, hours))
+            if sample.bytes > 0:
+                owner = known.of(sample.owner)
+                party = owner.usage if sample.allocated else owner.overreach
+                users[(sample.node, sample.gpu_uuid)].append(_User(party, owner.who, sample.bytes))
         for sample in interval.unattributed:
             if sample.bytes > 0:
-                consumers[(sample.node, sample.gpu_uuid)].append((("unattributed",), sample.bytes, hours))
+                users[(sample.node, sample.gpu_uuid)].append(_User(_UNATTRIBUTED, None, sample.bytes))
+        holders: dict[tuple[str, str], dict[_Who, float]] = defaultdict(lambda: defaultdict(float))
+        if method is Method.HOLDER:  # the usage method never asks who holds a unit
+            for allocation in interval.allocations:
+                who = known.of(allocation.owner).who
+                holders[(allocation.node, allocation.gpu_uuid)][who] += allocation.count
+        offered = {(item.node, item.gpu_uuid): item.replicas for item in interval.offered}
 
         slices: dict[tuple[str, str], list[Device]] = defaultdict(list)
         for device in devices.values():
@@ -245,41 +424,33 @@ def compute_bill(
                 slices[device.card].append(device)
 
         for card, price in card_price.items():
-            card_cost = price * hours
-            total += card_cost
-            gpu_hours += hours
+            row = card_rows.setdefault(card, [models[card], price, 0.0, 0.0])
+            row[2] += hours
+            row[3] += price * hours
             if slices.get(card):
-                units = [(device, device.share * card_cost) for device in slices[card]]
-                covered = sum(device.share for device in slices[card])
-                uncovered = max(0.0, 1.0 - covered) * card_cost
-                card_idle[card] += uncovered
-                layer[IDLE] += uncovered
+                units = [(device, device.share * hours) for device in slices[card]]
+                uncovered = max(0.0, 1.0 - sum(device.share for device in slices[card])) * hours
+                _add(idle_at[(card[0], card[1], card[1])], uncovered * price, uncovered)
+                layer[IDLE] += uncovered * price
             else:
-                units = [(devices[card], card_cost)]
-            for device, unit_cost in units:
-                holders = consumers.pop((device.node, device.uuid), [])
-                in_use = sum(held for _, held, _ in holders)
-                if in_use <= 0:
-                    card_idle[card] += unit_cost
-                    layer[IDLE] += unit_cost
-                    continue
-                for party, held, party_hours in holders:
-                    cost = unit_cost * held / in_use
-                    gib_hours = held / GIB * party_hours
-                    card_parties[card][party] += cost
-                    if party[0] == "usage":
-                        usage[party[1]] += cost
-                        memory_gib_hours[party[1]] += gib_hours
-                        layer[party[1]] += cost
-                    elif party[0] == "overreach":
-                        overreach_cost[party[1]] += cost
-                        overreach_gib_hours[party[1]] += gib_hours
-                        layer[OVERREACH] += cost
-                    else:
-                        unattributed += cost
-                        unattributed_gib_hours += gib_hours
-                        layer[UNATTRIBUTED] += cost
-        for key in consumers:
+                units = [(devices[card], hours)]
+            for device, unit_hours in units:
+                key = (device.node, device.uuid)
+                split = split_unit(unit_hours, holders.get(key, {}), offered.get(key), users.pop(key, []), method)
+                if split.offered_missing:
+                    offered_missing.add(key)
+                if split.over_held:
+                    over_held.add(key)
+                _add(idle_at[(device.node, device.uuid, card[1])], split.idle * price, split.idle)
+                layer[IDLE] += split.idle * price
+                for party, card_hours, held_bytes in split.bookings:
+                    entry = ledger[(device.node, device.uuid, card[1], party)]
+                    cost = card_hours * price
+                    entry[0] += cost
+                    entry[1] += held_bytes / GIB * hours
+                    entry[2] += card_hours
+                    layer[_layer(party)] += cost
+        for key in users:
             device = devices.get(key)
             if device is not None and slices.get(device.card):
                 partitioned_cards.add(key)
@@ -297,68 +468,164 @@ def compute_bill(
             request[group] += allocation.count * share * card_price[device.card] * hours
         timeline.append(TimePoint(end=interval.end, costs=dict(layer)))
 
-    idle_share: dict[str, float] = defaultdict(float)
-    for card, idle in card_idle.items():
-        parties = card_parties.get(card)
-        booked = sum(parties.values()) if parties else 0.0
-        if idle_policy is IdlePolicy.PLATFORM or booked <= 0:
-            platform += idle
-            continue
-        for party, cost in parties.items():
-            portion = idle * cost / booked
-            if party[0] == "usage":
-                idle_share[party[1]] += portion
-            elif party[0] == "overreach":
-                overreach_cost[party[1]] += portion
-            else:
-                unattributed += portion
+    model_of = {card: row[0] for card, row in card_rows.items()}
+    entries = [((node, device, card), party, amounts) for (node, device, card, party), amounts in ledger.items()]
+    entries += _idle_entries(idle_at, ledger, idle_policy)
+    lines = _merged_lines(entries, model_of)
 
-    overreach_by_group: dict[str, float] = defaultdict(float)
-    overreach_hours_by_group: dict[str, float] = defaultdict(float)
-    rows = []
-    for (owner, node, gpu), cost in overreach_cost.items():
-        overreach_by_group[owner.group] += cost
-        overreach_hours_by_group[owner.group] += overreach_gib_hours[(owner, node, gpu)]
-        rows.append(OverreachRow(owner, node, gpu, overreach_gib_hours[(owner, node, gpu)], cost))
-    rows.sort(key=lambda row: (-row.cost, row.owner.namespace, row.owner.pod, row.owner.container, row.gpu_uuid))
-
-    names = set(usage) | set(request) | set(overreach_by_group) | set(idle_share)
-    groups = sorted(
-        (
-            GroupCost(
-                group=name,
-                usage=usage.get(name, 0.0),
-                idle=idle_share.get(name, 0.0),
-                overreach=overreach_by_group.get(name, 0.0),
-                request=request.get(name, 0.0),
-                requested_gpu_hours=requested_hours.get(name, 0.0),
-                memory_gib_hours=memory_gib_hours.get(name, 0.0),
-                overreach_gib_hours=overreach_hours_by_group.get(name, 0.0),
-            )
-            for name in names
-        ),
-        key=lambda group: (-group.total, -group.request, group.group),
+    unused: dict[tuple[str, str], float] = defaultdict(float)
+    for (node, _device, card), (cost, _hours) in idle_at.items():
+        unused[(node, card)] += cost
+    cards = tuple(
+        CardCost(node, uuid, model, price, hours, cost, unused[(node, uuid)])
+        for (node, uuid), (model, price, hours, cost) in sorted(card_rows.items())
+    )
+    return _bill(
+        intervals,
+        lines,
+        cards,
+        request=request,
+        requested_hours=requested_hours,
+        timeline=timeline,
+        method=method,
+        idle_policy=idle_policy,
+        currency=currency,
+        notes=_notes(unpriced, unknown_devices, partitioned_cards, offered_missing, over_held),
     )
 
-    notes = []
-    for node, model in sorted(unpriced):
-        notes.append(f"no price for GPU model {model!r} on node {node!r}: priced at 0")
-    if unknown_devices:
-        sample = ", ".join(f"{node}/{gpu}" for node, gpu in sorted(unknown_devices)[:3])
-        notes.append(
-            f"{len(unknown_devices)} device(s) had memory or allocations but no gpu_fence_gpu_info series "
-            f"at the same instant, so they were not priced (e.g. {sample})"
+
+def _add(amounts: list[float], *values: float) -> None:
+    for index, value in enumerate(values):
+        amounts[index] += value
+
+
+def _layer(party: _Party) -> str:
+    if party.charge == _OVERREACH:
+        return OVERREACH
+    if party.charge == _UNATTRIBUTED.charge:
+        return UNATTRIBUTED
+    return party.group
+
+
+Where = tuple[str, str, str]  # (node, device, card)
+Entry = tuple[Where, _Party, Sequence[float]]  # amounts: [cost, GiB-hours, card-hours]
+
+
+def _idle_entries(
+    idle_at: Mapping[Where, Sequence[float]],
+    ledger: Mapping[tuple[str, str, str, _Party], Sequence[float]],
+    idle_policy: IdlePolicy,
+) -> list[Entry]:
+    """Idle to the platform, or (proportional) spread per card over what was booked on it, in card-hours booked."""
+    booked: dict[tuple[str, str], dict[tuple[str, _Party], float]] = defaultdict(lambda: defaultdict(float))
+    for (node, device, card, party), (_cost, _gib, card_hours) in ledger.items():
+        booked[(node, card)][(device, party)] += card_hours
+    card_idle: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    entries: list[Entry] = []
+    for (node, device, card), (cost, hours) in idle_at.items():
+        parties = booked.get((node, card))
+        if idle_policy is IdlePolicy.PLATFORM or not parties or sum(parties.values()) <= 0:
+            if hours > 0:
+                entries.append(((node, device, card), _Party(Charge.PLATFORM.value), (cost, 0.0, hours)))
+        else:
+            _add(card_idle[(node, card)], cost, hours)
+    for (node, card), (cost, hours) in card_idle.items():
+        parties = booked[(node, card)]
+        total = sum(parties.values())
+        for (device, party), weight in parties.items():
+            # The idle share keeps the party's kind where that kind is billed apart (overreach, unattributed).
+            apart = party.charge in (_OVERREACH, Charge.UNATTRIBUTED.value)
+            share = party if apart else _idle_party(party)
+            entries.append(((node, device, card), share, (cost * weight / total, 0.0, hours * weight / total)))
+    return entries
+
+
+def _merged_lines(entries: Iterable[Entry], model_of: Mapping[tuple[str, str], str]) -> list[Line]:
+    """One line per (device, party): an overreach row's idle share joins its memory share."""
+    merged: dict[tuple[Where, _Party], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for where, party, amounts in entries:
+        _add(merged[(where, party)], *amounts)
+    lines = []
+    for ((node, device, card), party), (cost, gib_hours, card_hours) in merged.items():
+        lines.append(
+            Line(
+                node=node,
+                device_uuid=device,
+                card_uuid=card,
+                model=model_of[(node, card)],
+                charge=Charge(party.charge),
+                group=party.group,
+                namespace=party.namespace,
+                pod=party.pod,
+                container=party.container,
+                cost=cost,
+                gib_hours=gib_hours,
+                card_hours=card_hours,
+            )
         )
-    if partitioned_cards:
-        sample = ", ".join(f"{node}/{gpu}" for node, gpu in sorted(partitioned_cards)[:3])
-        notes.append(
-            f"{len(partitioned_cards)} MIG-partitioned card(s) had memory booked on the card itself, outside any slice "
-            f"(processes NVML could not place in a MIG device); a MIG card is priced by its slices, so that memory "
-            f"was not priced (e.g. {sample})"
-        )
+    lines.sort(key=lambda line: (line.node, line.card_uuid, line.device_uuid, line.charge.value, line.group))
+    return lines
+
+
+def _idle_party(party: _Party) -> _Party:
+    return _Party(Charge.IDLE_SHARE.value, party.group, party.namespace)
+
+
+_GROUP_FIELD = {Charge.USAGE: "usage", Charge.RESERVED: "reserved", Charge.IDLE_SHARE: "idle"}
+
+
+def _bill(
+    intervals: Sequence[Interval],
+    lines: Sequence[Line],
+    cards: tuple[CardCost, ...],
+    *,
+    request: Mapping[str, float],
+    requested_hours: Mapping[str, float],
+    timeline: Sequence[TimePoint],
+    method: Method,
+    idle_policy: IdlePolicy,
+    currency: str,
+    notes: list[str],
+) -> Bill:
+    """Sum the ledger into the per-group figures, the overreach rows and the special rows."""
+    by_group: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    overreach: dict[tuple[ContainerRef, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    unattributed = unattributed_gib_hours = platform = 0.0
+    for line in lines:
+        if line.charge is Charge.OVERREACH:
+            owner = ContainerRef(line.namespace, line.pod, line.container, line.group)
+            entry = overreach[(owner, line.node, line.device_uuid)]
+            entry[0] += line.cost
+            entry[1] += line.gib_hours
+            by_group[line.group]["overreach"] += line.cost
+            by_group[line.group]["overreach_gib_hours"] += line.gib_hours
+        elif line.charge is Charge.UNATTRIBUTED:
+            unattributed += line.cost
+            unattributed_gib_hours += line.gib_hours
+        elif line.charge is Charge.PLATFORM:
+            platform += line.cost
+        else:
+            by_group[line.group][_GROUP_FIELD[line.charge]] += line.cost
+            if line.charge is Charge.USAGE:
+                by_group[line.group]["memory_gib_hours"] += line.gib_hours
+    for name in request:
+        by_group[name]["request"] += request[name]
+        by_group[name]["requested_gpu_hours"] += requested_hours[name]
+    groups = sorted(
+        (GroupCost(group=name, **figures) for name, figures in by_group.items()),
+        key=lambda group: (-group.total, -group.request, group.group),
+    )
+    rows = sorted(
+        (
+            OverreachRow(owner, node, gpu, gib_hours, cost)
+            for (owner, node, gpu), (cost, gib_hours) in overreach.items()
+        ),
+        key=lambda row: (-row.cost, row.owner.namespace, row.owner.pod, row.owner.container, row.gpu_uuid),
+    )
     start = intervals[0].end - intervals[0].seconds if intervals else 0.0
     end = intervals[-1].end if intervals else 0.0
     return Bill(
+        method=method,
         idle_policy=idle_policy,
         currency=currency,
         start=start,
@@ -368,8 +635,43 @@ def compute_bill(
         unattributed=unattributed,
         unattributed_gib_hours=unattributed_gib_hours,
         platform=platform,
-        total_gpu_cost=total,
-        gpu_hours=gpu_hours,
+        total_gpu_cost=sum(card.cost for card in cards),
+        gpu_hours=sum(card.hours for card in cards),
+        cards=cards,
+        lines=tuple(lines),
         timeline=tuple(timeline),
         notes=tuple(notes),
     )
+
+
+def _notes(
+    unpriced: set[tuple[str, str]],
+    unknown_devices: set[tuple[str, str]],
+    partitioned_cards: set[tuple[str, str]],
+    offered_missing: set[tuple[str, str]],
+    over_held: set[tuple[str, str]],
+) -> list[str]:
+    notes = [f"no price for GPU model {model!r} on node {node!r}: priced at 0" for node, model in sorted(unpriced)]
+    if unknown_devices:
+        notes.append(
+            f"{len(unknown_devices)} device(s) had memory or allocations but no gpu_fence_gpu_info series "
+            f"at the same instant, so they were not priced (e.g. {_sample(unknown_devices)})"
+        )
+    if partitioned_cards:
+        notes.append(
+            f"{len(partitioned_cards)} MIG-partitioned card(s) had memory booked on the card itself, outside any slice "
+            f"(processes NVML could not place in a MIG device); a MIG card is priced by its slices, so that memory "
+            f"was not priced (e.g. {_sample(partitioned_cards)})"
+        )
+    if offered_missing:
+        notes.append(
+            f"{len(offered_missing)} device(s) were held with no memory in use but had no "
+            "gpu_fence_gpu_offered_replicas series, so their holders were charged as holding every replica "
+            f"(exact for an unshared GPU; a shared one may be overcharged) (e.g. {_sample(offered_missing)})"
+        )
+    if over_held:
+        notes.append(
+            f"{len(over_held)} device(s) had more allocation ids held than gpu_fence_gpu_offered_replicas offers; "
+            f"their holders were charged by the ids held (e.g. {_sample(over_held)})"
+        )
+    return notes

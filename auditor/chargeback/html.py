@@ -9,8 +9,9 @@ from __future__ import annotations
 import html
 from collections import defaultdict
 
-from .compute import IDLE, OVERREACH, UNATTRIBUTED, Bill, TimePoint
-from .render import COLUMNS, rows
+from .compute import IDLE, OVERREACH, UNATTRIBUTED, Bill, Method, TimePoint
+from .provenance import Provenance
+from .render import CARD_COLUMNS, COLUMNS, PRICE_COLUMNS, Columns, card_rows, price_rows, rows
 from .times import iso
 
 MAX_BARS = 96
@@ -39,7 +40,9 @@ svg { max-width: 100%; height: auto; }
 .legend i { display: inline-block; width: .8rem; height: .8rem; margin-right: .3rem; vertical-align: -1px; }
 .neg { color: #1a7f37; } .pos { color: #b42318; }
 svg text { font-size: 11px; fill: #444; }
+svg text.axis-title { font-size: 12px; fill: #222; }
 .note { color: #8a5a00; }
+#provenance td, #prices th, #prices td:nth-child(2) { text-align: left; }
 """
 
 
@@ -81,6 +84,16 @@ def _colour(layer: str, layers: list[str]) -> str:
     return FIXED_COLOURS.get(layer) or PALETTE[layers.index(layer) % len(PALETTE)]
 
 
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
+TIME_TICKS = (0.25, 0.5, 0.75)  # labelled instants between the range's start and end
+
+
 def _timeline_svg(bill: Bill, step: float) -> str:
     layers = _layers(bill)
     bars = _buckets(bill.timeline, layers, step)
@@ -88,15 +101,21 @@ def _timeline_svg(bill: Bill, step: float) -> str:
     plot_w, plot_h = width - left - 10, height - bottom - top
     peak = max((sum(costs.values()) for _, _, costs in bars), default=0.0) or 1.0
     bar_w = plot_w / max(1, len(bars))
+    bar_seconds = (bars[0][1] - bars[0][0]) if bars else step
     parts = [
-        f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="GPU cost over time, stacked by group">',
+        f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 20}" '
+        f'viewBox="0 0 {width} {height + 20}" role="img" aria-label="GPU cost over time, stacked by group">',
         f"<title>GPU cost over time, stacked by group, {iso(bill.start)} to {iso(bill.end)}</title>",
     ]
     for fraction in (0.0, 0.5, 1.0):
         y = top + plot_h * (1 - fraction)
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
         parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_money(peak * fraction)}</text>')
+    unit = html.escape(f"{bill.currency} per {_duration(bar_seconds)} bar")
+    parts.append(
+        f'<text class="axis-title" id="y-unit" x="14" y="{top + plot_h / 2:.1f}" text-anchor="middle" '
+        f'transform="rotate(-90 14 {top + plot_h / 2:.1f})">{unit}</text>'
+    )
     for index, (first, last, costs) in enumerate(bars):
         x = left + index * bar_w
         y = top + plot_h
@@ -114,12 +133,23 @@ def _timeline_svg(bill: Bill, step: float) -> str:
     if bars:
         for anchor, moment, x in (("start", bill.start, left), ("end", bill.end, width - 10)):
             parts.append(f'<text x="{x}" y="{height - 12}" text-anchor="{anchor}">{iso(moment)}</text>')
+        for fraction in TIME_TICKS:
+            moment = bill.start + (bill.end - bill.start) * fraction
+            x = left + plot_w * fraction
+            parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top + plot_h}" y2="{top + plot_h + 5}" stroke="#888"/>')
+            parts.append(
+                f'<text class="time-tick" x="{x:.1f}" y="{height - 12}" text-anchor="middle">{iso(moment)}</text>'
+            )
+        parts.append(
+            f'<text class="axis-title" id="x-unit" x="{left + plot_w / 2:.1f}" y="{height + 12}" '
+            f'text-anchor="middle">time (UTC); each bar is the {_duration(bar_seconds)} before its right edge</text>'
+        )
     parts.append(f'<path d="M{left},{top} V{top + plot_h} H{width - 10}" stroke="#888" fill="none"/>')
     parts.append("</svg>")
     legend = "".join(
         f'<span><i style="background:{_colour(layer, layers)}"></i>{html.escape(layer)}</span>' for layer in layers
     )
-    return "\n".join(parts) + f'\n<div class="legend">{legend}</div>'
+    return "\n".join(parts) + f'\n<div class="legend" id="timeline-legend">{legend}</div>'
 
 
 def _comparison_svg(bill: Bill) -> str:
@@ -127,29 +157,34 @@ def _comparison_svg(bill: Bill) -> str:
     if not groups:
         return "<p>No group used or requested a GPU in this range.</p>"
     row_h, left, width = 34, 200, 960
-    height = row_h * len(groups) + 30
+    height = row_h * len(groups) + 40
     peak = max(max(group.total, group.request) for group in groups) or 1.0
     scale = (width - left - 120) / peak
     parts = [
         f'<svg id="comparison" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="request-based versus usage-based cost per group">',
-        "<title>Request-based versus usage-based cost per group</title>",
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="request-based versus billed cost per group">',
+        "<title>Request-based versus billed cost per group</title>",
     ]
     for index, group in enumerate(groups):
         y = 10 + index * row_h
         name = html.escape(group.group)
         parts.append(f'<text x="{left - 8}" y="{y + 15}" text-anchor="end">{name}</text>')
-        bars = ((0, group.request, "#9e9e9e", "request"), (13, group.total, "#1f77b4", "usage"))
+        bars = ((0, group.request, "#9e9e9e", "request"), (13, group.total, "#1f77b4", "billed"))
         for offset, value, colour, kind in bars:
             parts.append(
                 f'<rect x="{left}" y="{y + offset}" width="{max(value * scale, 0.5):.2f}" height="11" fill="{colour}" '
-                f'data-kind="{kind}" data-group="{name}"><title>{name} {kind}-based: {_money(value)}</title></rect>'
+                f'data-kind="{kind}" data-group="{name}"><title>{name} {kind}: {_money(value)}</title></rect>'
             )
             parts.append(f'<text x="{left + value * scale + 6:.2f}" y="{y + offset + 10}">{_money(value)}</text>')
+    parts.append(
+        f'<text class="axis-title" id="comparison-unit" x="{left}" y="{height - 8}">'
+        f"cost over the whole range, {html.escape(bill.currency)}</text>"
+    )
     parts.append("</svg>")
     legend = (
-        '<div class="legend"><span><i style="background:#9e9e9e"></i>request-based (allocated GPUs × hours)</span>'
-        '<span><i style="background:#1f77b4"></i>usage-based (memory share, with idle share)</span></div>'
+        '<div class="legend" id="comparison-legend"><span><i style="background:#9e9e9e"></i>request-based '
+        "(allocated GPUs × hours × price)</span>"
+        '<span><i style="background:#1f77b4"></i>billed here (the group\'s total)</span></div>'
     )
     return "\n".join(parts) + "\n" + legend
 
@@ -183,6 +218,58 @@ def _groups_table(bill: Bill, by: str) -> str:
     )
 
 
+SIGNS_LEGEND = (
+    '<div class="legend" id="signs-legend">'
+    '<span><b class="neg">−1.00</b> total − request below zero: requests overstate what the group is billed '
+    "(a shared card billed once per replica by requests)</span>"
+    '<span><b class="pos">+1.00</b> above zero: billed more than it requested (an idle share of a card it '
+    "used, under --idle proportional)</span>"
+    "<span><b>–</b> does not apply to that row</span>"
+    "<span><em>(italic rows)</em> are not groups: unattributed memory and the platform's idle capacity</span>"
+    "</div>"
+)
+
+
+def _simple_table(table_id: str, caption: str, columns: Columns, records: list[dict]) -> str:
+    """A table whose first column heads each row; numbers as money unless the column counts cards or hours."""
+    head = "".join(f'<th scope="col">{html.escape(title)}</th>' for _, title in columns)
+    body = []
+    for record in records:
+        cells = []
+        for index, (key, _) in enumerate(columns):
+            value = record.get(key)
+            if isinstance(value, str):
+                text = html.escape(value)
+            elif key == "cards":
+                text = f"{value:g}"
+            elif key == "hours":
+                text = f"{value:,.2f}"
+            else:
+                text = _money(value)
+            tag = 'th scope="row"' if index == 0 else "td"
+            cells.append(f'<{tag} data-key="{key}">{text}</{tag[:2]}>')
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    return (
+        f'<table id="{table_id}"><caption>{html.escape(caption)}</caption><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def _provenance_table(bill: Bill, made: Provenance) -> str:
+    facts = [
+        ("generated", f"{iso(made.generated_at)} by gpu-fence {made.version}"),
+        ("source", made.source),
+        ("range", f"{iso(bill.start)} .. {iso(bill.end)}"),
+        ("step", f"{made.step:g} s ({_duration(made.step)})"),
+        ("method", bill.method.value),
+        ("idle capacity", bill.idle_policy.value),
+        ("grouped by", made.group_by),
+        ("currency", bill.currency),
+    ]
+    records = [{"fact": name, "value": value} for name, value in facts]
+    return _simple_table("provenance", "How this bill was made", (("fact", "fact"), ("value", "value")), records)
+
+
 def _overreach_table(bill: Bill) -> str:
     if not bill.overreach:
         return '<p id="no-overreach">No container used GPU memory on a GPU it was not allocated.</p>'
@@ -208,29 +295,41 @@ def _overreach_table(bill: Bill) -> str:
 
 def method_paragraph(bill: Bill) -> str:
     idle = (
-        "Time when a GPU held no memory (and MIG capacity outside any slice) is charged to the platform row."
+        "Idle capacity is charged to the platform row."
         if bill.idle_policy.value == "platform"
-        else "Time when a GPU held no memory (and MIG capacity outside any slice) is spread over the parties that "
-        "used that card in this range, in proportion to what they were charged on it; a card nobody used goes "
-        "to the platform row."
+        else "Idle capacity is spread over the parties billed on that card in this range, in proportion to what "
+        "they were billed on it; a card nobody was billed on goes to the platform row."
     )
+    if bill.method is Method.HOLDER:
+        held = (
+            "What an allocation blocks, its holder pays: a container that holds a GPU or slice (or replicas of a "
+            "shared GPU) with none of its memory on it pays its share of that device (ids held ÷ replicas the "
+            "device plugin offers), shown as reserved, unused. The rest of each device is split among the "
+            "containers that held memory on it, in proportion to the memory they held (measured per process by "
+            "the driver). Idle capacity is what nobody held and nobody used, and MIG capacity outside any slice."
+        )
+    else:
+        held = (
+            "The cost of a GPU or slice is split among the containers that held memory on it, in proportion to the "
+            "memory they held (measured per process by the driver); a device with no memory in use is idle, even "
+            "when it is allocated (method usage)."
+        )
     return (
-        "Every GPU costs its hourly price for every hour it exists; a MIG slice costs its share of its card. In "
-        "each interval, the cost of a GPU or slice is split among the containers that held memory on it, in "
-        f"proportion to the memory they held (memory is measured per process by the driver). {idle} Memory of "
-        "processes outside any container is the unattributed row. Memory a container held on a GPU it was not "
-        "allocated is overreach: priced the same way, listed apart, and never added to anyone's total. The "
-        "request-based column is what tools that bill allocations charge: allocated GPUs × hours × price. "
-        "Compute utilisation is an operational signal and is not billed."
+        "Every GPU costs its hourly price for every hour it exists; a MIG slice costs its share of its card. "
+        f"{held} {idle} Memory of processes outside any container is the unattributed row. Memory a container "
+        "held on a GPU it was not allocated is overreach: priced the same way, listed apart, and never added to "
+        "anyone's total. The request-based column is what tools that bill allocations charge: allocated GPUs × "
+        "hours × price. Compute utilisation is an operational signal and is not billed."
     )
 
 
-def render_html(bill: Bill, by: str, step: float) -> str:
+def render_html(bill: Bill, made: Provenance) -> str:
     billed = sum(group.total for group in bill.groups)
     overreach = sum(group.overreach for group in bill.groups)
     cards = [
         ("GPU cost of the range", bill.total_gpu_cost),
         ("billed to groups", billed),
+        ("of which reserved, unused", sum(group.reserved for group in bill.groups)),
         ("overreach (apart)", overreach),
         ("unattributed", bill.unattributed),
         ("platform idle", bill.platform),
@@ -242,6 +341,11 @@ def render_html(bill: Bill, by: str, step: float) -> str:
     )
     notes = "".join(f'<p class="note">Note: {html.escape(note)}</p>' for note in bill.notes)
     title = f"GPU chargeback {iso(bill.start)} – {iso(bill.end)}"
+    by = made.group_by
+    prices = _simple_table(
+        "prices", f"Prices as applied, {bill.currency} per card-hour", PRICE_COLUMNS, price_rows(made)
+    )
+    per_card = _simple_table("cards", f"Every card over the range, {bill.currency}", CARD_COLUMNS, card_rows(bill))
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -252,27 +356,32 @@ def render_html(bill: Bill, by: str, step: float) -> str:
 </head>
 <body>
 <h1>{html.escape(title)}</h1>
-<p class="meta">Grouped by {html.escape(by)} · idle capacity: {html.escape(bill.idle_policy.value)} ·
-resolution {step:g} s · {bill.gpu_hours:,.1f} card-hours · amounts in {html.escape(bill.currency)}</p>
+<p class="meta">Grouped by {html.escape(by)} · method {html.escape(bill.method.value)} · idle capacity:
+{html.escape(bill.idle_policy.value)} · resolution {made.step:g} s · {bill.gpu_hours:,.1f} card-hours · amounts in
+{html.escape(bill.currency)} · generated {iso(made.generated_at)} by gpu-fence {html.escape(made.version)}</p>
 <div class="cards">{card_html}</div>
 {notes}
 <h2>Cost per group</h2>
 {_groups_table(bill, by)}
+{SIGNS_LEGEND}
 <p>The unattributed row is GPU memory of processes outside any known container (for example host processes).
 The platform row is idle capacity nobody was charged for.</p>
 <h2>Cost over time</h2>
-<p>What each interval's GPU cost went to, stacked: groups (by memory share), overreach, unattributed memory and
-idle capacity.</p>
-{_timeline_svg(bill, step)}
-<h2>Request-based versus usage-based</h2>
-<p>Request-based tools bill the GPUs a pod was allocated for as long as it held them. Usage-based billing
-splits what the GPUs cost by the memory each group actually held. A shared (time-sliced) GPU is billed once
-per replica by requests, once in total by usage.</p>
+<p>What each interval's GPU cost went to, stacked: groups (memory share and reservations), overreach, unattributed
+memory and idle capacity.</p>
+{_timeline_svg(bill, made.step)}
+<h2>Request-based versus billed</h2>
+<p>Request-based tools bill the GPUs a pod was allocated for as long as it held them. This bill splits what the
+GPUs cost by the memory each group held, and charges holders for what they held without using. A shared
+(time-sliced) GPU is billed once per replica by requests, once in total here.</p>
 {_comparison_svg(bill)}
 <h2>Overreach: GPU use without an allocation</h2>
 {_overreach_table(bill)}
 <h2>How this was computed</h2>
 <p id="method">{html.escape(method_paragraph(bill))}</p>
+{_provenance_table(bill, made)}
+{prices}
+{per_card}
 </body>
 </html>
 """

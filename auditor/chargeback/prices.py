@@ -17,14 +17,14 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import ChargebackError
+from .files import read_yaml
 
 _KEYS = ("currency", "default", "models", "nodes")
 # NVML names a MIG device "<card model> MIG 3g.40gb"; the card's own name is what a price list holds.
@@ -42,25 +42,60 @@ class Prices:
     nodes: tuple[tuple[str, float], ...] = ()
     currency: str = "USD"
 
+    flat_price: bool = False  # one --price-per-gpu-hour for every card, rather than a file
+
     @classmethod
     def flat(cls, per_gpu_hour: float) -> Prices:
         if not math.isfinite(per_gpu_hour) or per_gpu_hour < 0:
             raise PriceError(f"--price-per-gpu-hour must be a number >= 0, got {per_gpu_hour}")
-        return cls(default=float(per_gpu_hour))
+        return cls(default=float(per_gpu_hour), flat_price=True)
 
-    def per_hour(self, node: str, model: str) -> float | None:
-        """Hourly price of a whole card of ``model`` on ``node``; None when nothing in the list matches."""
+    def match(self, node: str, model: str) -> PriceMatch | None:
+        """The price of a whole card of ``model`` on ``node`` and the entry it came from; None when none matches."""
         for pattern, price in self.nodes:
             if pattern == node:
-                return price
+                return PriceMatch(price, f"nodes.{pattern!r}")
         for pattern, price in self.nodes:
             if fnmatch.fnmatchcase(node, pattern):
-                return price
+                return PriceMatch(price, f"nodes.{pattern!r}")
         card_model = _MIG_SUFFIX.sub("", model)
         for name, price in self.models:
             if name in (model, card_model):
-                return price
-        return self.default
+                return PriceMatch(price, f"models.{name!r}")
+        if self.default is None:
+            return None
+        return PriceMatch(self.default, "--price-per-gpu-hour" if self.flat_price else "default")
+
+    def per_hour(self, node: str, model: str) -> float | None:
+        """Hourly price of a whole card of ``model`` on ``node``; None when nothing in the list matches."""
+        found = self.match(node, model)
+        return None if found is None else found.price
+
+
+@dataclass(frozen=True)
+class PriceMatch:
+    price: float
+    rule: str  # the entry that set it: nodes.'spot-*', models.'NVIDIA H100 80GB HBM3', default, --price-per-gpu-hour
+
+
+@dataclass(frozen=True)
+class AppliedPrice:
+    """One line of the price list as a bill applied it: which entry priced which model, and how many cards."""
+
+    rule: str
+    model: str
+    price: float
+    cards: int
+
+
+def applied_prices(prices: Prices, cards: Iterable[tuple[str, str]]) -> tuple[AppliedPrice, ...]:
+    """The entries of ``prices`` that priced ``cards`` (node, model), one per (entry, model, price)."""
+    counts: Counter[tuple[str, str, float]] = Counter()
+    for node, model in cards:
+        found = prices.match(node, model)
+        if found is not None:
+            counts[(found.rule, model, found.price)] += 1
+    return tuple(AppliedPrice(rule, model, price, count) for (rule, model, price), count in sorted(counts.items()))
 
 
 def _price(value: Any, where: str, source: str) -> float:
@@ -106,14 +141,5 @@ def prices_from_mapping(document: Any, source: str = "prices") -> Prices:
 
 
 def load_prices(path: Path) -> Prices:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise PriceError(f"cannot read price file {path}: {error.strerror or error}") from None
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise PriceError(f"price file {path} is not valid YAML{where}: {getattr(error, 'problem', error)}") from None
+    document = read_yaml(path, f"price file {path}", PriceError)
     return prices_from_mapping(document, source=f"price file {path}")

@@ -2,7 +2,9 @@
 
 All four show the same rows: one per group, then ``(unattributed)`` (memory of processes outside any container),
 ``(platform)`` (idle capacity nobody is charged for), and ``TOTAL``. Overreach is a column of its own that is
-not part of a group's total; the footer states that billed total + overreach = the GPU cost of the range.
+not part of a group's total; the footer states that billed total + overreach = the GPU cost of the range. Each
+also says how it was made (:class:`~.provenance.Provenance`): the price list as applied and every card's cost.
+The JSON follows ``bill.schema.json`` beside this module.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ import csv
 import io
 import json
 from dataclasses import dataclass
+from importlib import resources
+from typing import Any
 
 from .compute import PLATFORM, UNATTRIBUTED, Bill
+from .provenance import Provenance
 from .times import iso
 
 COLUMNS = (
@@ -21,12 +26,29 @@ COLUMNS = (
     ("request_cost", "request cost"),
     ("memory_gib_hours", "memory GiB-h"),
     ("usage_cost", "usage cost"),
+    ("reserved_cost", "reserved, unused"),
     ("idle_cost", "idle share"),
     ("total_cost", "total"),
     ("difference", "total - request"),
     ("overreach_cost", "overreach (apart)"),
 )
-MONEY = {"request_cost", "usage_cost", "idle_cost", "total_cost", "difference", "overreach_cost"}
+MONEY = {"request_cost", "usage_cost", "reserved_cost", "idle_cost", "total_cost", "difference", "overreach_cost"}
+CARD_COLUMNS = (
+    ("node", "node"),
+    ("gpu_uuid", "GPU"),
+    ("model", "model"),
+    ("price_per_gpu_hour", "price/h"),
+    ("hours", "hours"),
+    ("cost", "cost"),
+    ("unused_cost", "unheld, unused"),
+)
+PRICE_COLUMNS = (
+    ("rule", "price list entry"),
+    ("model", "model"),
+    ("price_per_gpu_hour", "price/h"),
+    ("cards", "cards"),
+)
+SCHEMA = "bill.schema.json"
 
 
 @dataclass(frozen=True)
@@ -47,6 +69,7 @@ def rows(bill: Bill) -> list[Row]:
                     "request_cost": group.request,
                     "memory_gib_hours": group.memory_gib_hours,
                     "usage_cost": group.usage,
+                    "reserved_cost": group.reserved,
                     "idle_cost": group.idle,
                     "total_cost": group.total,
                     "difference": group.difference,
@@ -72,19 +95,51 @@ def rows(bill: Bill) -> list[Row]:
     return result
 
 
+def card_rows(bill: Bill) -> list[dict[str, float | str]]:
+    return [
+        {
+            "node": card.node,
+            "gpu_uuid": card.uuid,
+            "model": card.model,
+            "price_per_gpu_hour": card.price_per_hour,
+            "hours": card.hours,
+            "cost": card.cost,
+            "unused_cost": card.unused,
+        }
+        for card in bill.cards
+    ]
+
+
+def price_rows(made: Provenance) -> list[dict[str, float | str]]:
+    return [
+        {"rule": item.rule, "model": item.model, "price_per_gpu_hour": item.price, "cards": item.cards}
+        for item in made.prices
+    ]
+
+
 def _cell(key: str, value: float | str | None) -> str:
     if value is None:
         return "-"
     if isinstance(value, str):
         return value
+    if key == "cards":
+        return f"{value:d}" if isinstance(value, int) else f"{value:g}"
     return f"{value + 0.0:,.2f}"  # + 0.0 turns -0.0 into 0.0, so a zero difference never prints as "-0.00"
 
 
-def _header(bill: Bill, by: str, step: float) -> list[str]:
+def provenance_lines(bill: Bill, made: Provenance) -> list[str]:
+    """The facts every format states, as ``label: value`` pairs in one order."""
     return [
-        f"GPU chargeback {iso(bill.start)} .. {iso(bill.end)} (step {step:g} s), by {by}, "
-        f"idle: {bill.idle_policy.value}, currency: {bill.currency}",
+        f"range: {iso(bill.start)} .. {iso(bill.end)}, step {made.step:g} s",
+        f"method: {bill.method.value}, idle: {bill.idle_policy.value}, grouped by {made.group_by}",
+        f"currency: {bill.currency}",
+        f"source: {made.source}",
+        f"generated: {iso(made.generated_at)} by gpu-fence {made.version}",
     ]
+
+
+def _header(bill: Bill, made: Provenance) -> str:
+    return f"GPU chargeback {iso(bill.start)} .. {iso(bill.end)}, by {made.group_by}"
 
 
 def _footer(bill: Bill) -> list[str]:
@@ -98,18 +153,29 @@ def _footer(bill: Bill) -> list[str]:
     return lines
 
 
-def render_table(bill: Bill, by: str, step: float) -> str:
-    table = [[title for _, title in COLUMNS]]
-    table += [[_cell(key, row.values.get(key)) for key, _ in COLUMNS] for row in rows(bill)]
-    widths = [max(len(line[index]) for line in table) for index in range(len(COLUMNS))]
+Columns = tuple[tuple[str, str], ...]
+
+
+def _aligned(columns: Columns, records: list[dict[str, Any]], total_last: bool = False) -> list[str]:
+    table = [[title for _, title in columns]]
+    table += [[_cell(key, record.get(key)) for key, _ in columns] for record in records]
+    widths = [max(len(line[index]) for line in table) for index in range(len(columns))]
 
     def line(cells: list[str]) -> str:
         padded = (c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
         return "  ".join(padded).rstrip()
 
-    out = [*_header(bill, by, step), "", line(table[0]), line(["-" * w for w in widths])]
-    out += [line(cells) for cells in table[1:-1]]
-    out += [line(["-" * w for w in widths]), line(table[-1]), ""]
+    rule = line(["-" * w for w in widths])
+    body = [line(cells) for cells in table[1:]]
+    if total_last:
+        body = [*body[:-1], rule, body[-1]]
+    return [line(table[0]), rule, *body]
+
+
+def render_table(bill: Bill, made: Provenance) -> str:
+    out = [_header(bill, made), *provenance_lines(bill, made), ""]
+    out += _aligned(COLUMNS, [row.values for row in rows(bill)], total_last=True)
+    out.append("")
     if bill.overreach:
         out.append("Overreach (GPU memory without an allocation; not in any group's total):")
         for item in bill.overreach:
@@ -118,12 +184,25 @@ def render_table(bill: Bill, by: str, step: float) -> str:
                 f"{item.gib_hours:,.1f} GiB-h, {item.cost:,.2f}"
             )
         out.append("")
+    out += ["Prices as applied (per card-hour):", *_aligned(PRICE_COLUMNS, price_rows(made)), ""]
+    out += ["Cards:", *_aligned(CARD_COLUMNS, card_rows(bill)), ""]
     out += _footer(bill)
     return "\n".join(out) + "\n"
 
 
-def render_markdown(bill: Bill, by: str, step: float) -> str:
-    out = [f"## {_header(bill, by, step)[0]}", ""]
+def _markdown_table(columns: Columns, records: list[dict[str, Any]]) -> list[str]:
+    out = ["| " + " | ".join(title for _, title in columns) + " |"]
+    out.append("|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|")
+    for record in records:
+        cells = [_cell(key, record.get(key)).replace("|", "\\|") for key, _ in columns]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def render_markdown(bill: Bill, made: Provenance) -> str:
+    out = [f"## {_header(bill, made)}", ""]
+    out += [f"- {line}" for line in provenance_lines(bill, made)]
+    out.append("")
     out.append("| " + " | ".join(title for _, title in COLUMNS) + " |")
     out.append("|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|")
     for row in rows(bill):
@@ -145,44 +224,94 @@ def render_markdown(bill: Bill, by: str, step: float) -> str:
                 f"{item.gpu_uuid} | {item.gib_hours:,.1f} | {item.cost:,.2f} |"
             )
         out.append("")
+    out += ["### Prices as applied (per card-hour)", "", *_markdown_table(PRICE_COLUMNS, price_rows(made)), ""]
+    out += ["### Cards", "", *_markdown_table(CARD_COLUMNS, card_rows(bill)), ""]
     out += [f"{line}  " for line in _footer(bill)]
     return "\n".join(out) + "\n"
 
 
-def render_csv(bill: Bill, by: str, step: float) -> str:
+# CSV is one table: bill rows, then a row per price list entry (kind "price") and per card (kind "card"), with
+# the columns of all three; how the bill was made repeats on every row so that any row can stand alone.
+CSV_EXTRA = (
+    "node",
+    "gpu_uuid",
+    "model",
+    "price_rule",
+    "price_per_gpu_hour",
+    "cards",
+    "card_hours",
+    "card_cost",
+    "unused_cost",
+)
+CSV_MADE = (
+    "currency",
+    "start",
+    "end",
+    "step_seconds",
+    "method",
+    "idle_policy",
+    "group_by",
+    "source",
+    "generated_at",
+    "gpu_fence_version",
+)
+
+
+def render_csv(bill: Bill, made: Provenance) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["kind", *[key for key, _ in COLUMNS], "currency", "start", "end"])
+    body = [*(key for key, _ in COLUMNS), *CSV_EXTRA]
+    writer.writerow(["kind", *body, *CSV_MADE])
+    made_values = [
+        bill.currency,
+        iso(bill.start),
+        iso(bill.end),
+        f"{made.step:g}",
+        bill.method.value,
+        bill.idle_policy.value,
+        made.group_by,
+        made.source,
+        iso(made.generated_at),
+        made.version,
+    ]
+
+    def write(kind: str, record: dict[str, Any]) -> None:
+        cells = ("" if record.get(key) is None else _csv_number(record[key]) for key in body)
+        writer.writerow([kind, *cells, *made_values])
+
     for row in rows(bill):
-        values = [row.values.get(key) for key, _ in COLUMNS]
-        writer.writerow(
-            [
-                row.kind,
-                *("" if v is None else (f"{v:.6f}" if isinstance(v, float) else v) for v in values),
-                bill.currency,
-                iso(bill.start),
-                iso(bill.end),
-            ]
-        )
+        write(row.kind, row.values)
+    for price in price_rows(made):
+        write("price", {**price, "price_rule": price["rule"]})
+    for card in card_rows(bill):
+        write("card", {**card, "card_hours": card["hours"], "card_cost": card["cost"]})
     return buffer.getvalue()
 
 
-def bill_document(bill: Bill, by: str, step: float) -> dict:
+def _csv_number(value: Any) -> str:
+    return f"{value:.6f}" if isinstance(value, float) else str(value)
+
+
+def bill_document(bill: Bill, made: Provenance) -> dict:
     def number(value: float) -> float:
         return round(value, 6)
 
+    def numbers(record: dict[str, Any]) -> dict[str, Any]:
+        return {key: (number(value) if isinstance(value, float) else value) for key, value in record.items()}
+
     return {
-        "range": {"start": iso(bill.start), "end": iso(bill.end), "step_seconds": step},
-        "group_by": by,
+        "generated_at": iso(made.generated_at),
+        "gpu_fence_version": made.version,
+        "source": made.source,
+        "range": {"start": iso(bill.start), "end": iso(bill.end), "step_seconds": made.step},
+        "method": bill.method.value,
         "idle_policy": bill.idle_policy.value,
+        "group_by": made.group_by,
         "currency": bill.currency,
+        "prices": [numbers(price) for price in price_rows(made)],
         "total_gpu_cost": number(bill.total_gpu_cost),
         "card_hours": number(bill.gpu_hours),
-        "groups": [
-            {key: (value if isinstance(value, str) else number(value)) for key, value in row.values.items()}
-            for row in rows(bill)
-            if row.kind == "group"
-        ],
+        "groups": [numbers(row.values) for row in rows(bill) if row.kind == "group"],
         "unattributed": {"cost": number(bill.unattributed), "memory_gib_hours": number(bill.unattributed_gib_hours)},
         "platform": {"cost": number(bill.platform)},
         "overreach": [
@@ -198,6 +327,7 @@ def bill_document(bill: Bill, by: str, step: float) -> dict:
             }
             for item in bill.overreach
         ],
+        "cards": [numbers(card) for card in card_rows(bill)],
         "timeline": [
             {"end": iso(point.end), "costs": {name: number(cost) for name, cost in sorted(point.costs.items())}}
             for point in bill.timeline
@@ -206,5 +336,10 @@ def bill_document(bill: Bill, by: str, step: float) -> dict:
     }
 
 
-def render_json(bill: Bill, by: str, step: float) -> str:
-    return json.dumps(bill_document(bill, by, step), indent=2) + "\n"
+def render_json(bill: Bill, made: Provenance) -> str:
+    return json.dumps(bill_document(bill, made), indent=2) + "\n"
+
+
+def bill_schema() -> dict:
+    """The JSON Schema every ``--format json`` document satisfies (shipped beside this module)."""
+    return json.loads(resources.files(__package__).joinpath(SCHEMA).read_text(encoding="utf-8"))

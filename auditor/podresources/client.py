@@ -4,27 +4,28 @@ The kubelet serves it without authentication on a unix socket, ``<kubelet root-d
 and rate-limits all its callers together (100 QPS, burst 10), so every public method makes exactly one RPC and
 never retries; the caller's next cycle is the retry.
 
-Errors come out as :class:`KubeletUnavailable` with a short machine-readable ``reason`` (one of ``REASONS``, fit
-for a metric label) and a message that says what to fix. Nothing happens at import or construction: the channel
-is opened by the first call.
+Answers are the plain values of ``allocations``. Errors come out as :class:`KubeletUnavailable` with a short
+machine-readable ``reason`` (one of ``REASONS``, fit for a metric label) and a message that says what to fix.
+Nothing happens at import or construction: the channel is opened by the first call.
 """
 
 from __future__ import annotations
 
+import builtins
 import collections
 import os
 import re
 import socket
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from . import DEFAULT_SOCKET
+from .allocations import ClaimDevice, ContainerAllocation, DeviceAllocation, DynamicResource
 from .v1 import api_pb2, api_pb2_grpc
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 #: A dense node's List answer is well under 1 MiB; allow what other PodResources clients (NFD) allow.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -48,8 +49,16 @@ REASONS = (
 )
 
 # Kubelets before 1.34 answer Get with UNKNOWN "PodResources API Get method disabled" when the
-# KubeletPodResourcesGet gate is off; before 1.27 the method does not exist (UNIMPLEMENTED).
-_GET_DISABLED = re.compile(r"method disabled", re.IGNORECASE)
+# KubeletPodResourcesGet gate is off, and 1.21-1.22 GetAllocatableResources with "Pod Resources API
+# GetAllocatableResources disabled" when KubeletPodResourcesGetAllocatable is off; a method older than the kubelet
+# does not exist (UNIMPLEMENTED).
+_DISABLED = re.compile(r"(method|GetAllocatableResources) disabled", re.IGNORECASE)
+#: Why a method may be missing, for the message of an UNIMPLEMENTED answer.
+_NEEDS = {
+    "Get": "Get needs Kubernetes 1.27+ with the KubeletPodResourcesGet feature gate (on by default from 1.34)",
+    "GetAllocatableResources": "GetAllocatableResources needs Kubernetes 1.21+ with the "
+    "KubeletPodResourcesGetAllocatable feature gate (on by default from 1.23)",
+}
 _POD_NOT_FOUND = re.compile(r"^pod .* not found$")
 
 
@@ -59,53 +68,6 @@ class KubeletUnavailable(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class DeviceAllocation:
-    """Devices of one extended resource, ids exactly as the kubelet reports them (see ``auditor.deviceids``)."""
-
-    resource_name: str
-    device_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ClaimDevice:
-    """One device of a DRA claim. ``driver_name``/``pool_name``/``device_name`` are sent from 1.31, ``share_id``
-    from 1.35 (None when the kubelet did not send it); ``cdi_devices`` are fully qualified CDI names."""
-
-    driver_name: str
-    pool_name: str
-    device_name: str
-    cdi_devices: tuple[str, ...]
-    share_id: str | None = None
-
-
-@dataclass(frozen=True)
-class DynamicResource:
-    """A DRA claim allocated to a container.
-
-    ``devices`` names each device as available: ``<pool>/<device>`` where the kubelet sends them (1.31+), then its
-    CDI device names. ``class_name`` is always empty: the API dropped it in 1.31 (field 1 is reserved) and it
-    stays only for the shape callers code against. ``claim_devices`` has every field per device.
-    """
-
-    class_name: str
-    claim_name: str
-    claim_namespace: str
-    devices: tuple[str, ...]
-    claim_devices: tuple[ClaimDevice, ...] = ()
-
-
-@dataclass(frozen=True)
-class ContainerAllocation:
-    """What the kubelet allocated to one container; containers with nothing allocated are listed too."""
-
-    namespace: str
-    pod: str
-    container: str
-    devices: tuple[DeviceAllocation, ...]
-    dynamic_resources: tuple[DynamicResource, ...]
 
 
 def _device_allocations(messages: Iterable[api_pb2.ContainerDevices]) -> tuple[DeviceAllocation, ...]:
@@ -123,12 +85,7 @@ def _dynamic_resource(message: api_pb2.DynamicResource) -> DynamicResource:
         )
         for resource in message.claim_resources
     )
-    names: list[str] = []
-    for device in claim_devices:
-        if device.device_name:
-            names.append(f"{device.pool_name}/{device.device_name}")
-        names.extend(device.cdi_devices)
-    return DynamicResource("", message.claim_name, message.claim_namespace, tuple(names), claim_devices)
+    return DynamicResource(message.claim_name, message.claim_namespace, claim_devices)
 
 
 def _container_allocations(pod: api_pb2.PodResources) -> list[ContainerAllocation]:
@@ -148,7 +105,12 @@ class PodResourcesClient:
     """One kubelet's PodResources API over its unix socket. Not thread-safe: one auditor cycle at a time."""
 
     def __init__(
-        self, socket_path: str = DEFAULT_SOCKET, *, timeout: float = 5.0, calls: collections.Counter[str] | None = None
+        self,
+        socket_path: str = DEFAULT_SOCKET,
+        *,
+        timeout: float = 5.0,
+        calls: collections.Counter[str] | None = None,
+        failures: collections.Counter[tuple[str, str]] | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
@@ -157,6 +119,10 @@ class PodResourcesClient:
         #: RPCs made (failed ones too), by method name ("List", "GetAllocatableResources", "Get"). Pass ``calls`` to
         #: keep counting in one Counter across the clients a long-running caller rebuilds after kubelet restarts.
         self.calls: collections.Counter[str] = calls if calls is not None else collections.Counter()
+        #: RPCs that raised ``KubeletUnavailable``, by (method, reason); shared the same way through ``failures``.
+        self.failures: collections.Counter[tuple[str, str]] = (
+            failures if failures is not None else collections.Counter()
+        )
         self._channel: grpc.Channel | None = None
         self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
 
@@ -164,17 +130,22 @@ class PodResourcesClient:
     def target(self) -> str:
         return f"unix://{os.path.abspath(self.socket_path)}"
 
-    def list(self) -> list[ContainerAllocation]:
+    def list(self) -> builtins.list[ContainerAllocation]:
         """Every container of every pod the kubelet knows on this node, with its allocation (one List RPC)."""
         response = self._call("List", api_pb2.ListPodResourcesRequest())
         return [allocation for pod in response.pod_resources for allocation in _container_allocations(pod)]
 
-    def allocatable(self) -> list[DeviceAllocation]:
-        """Every device the node's device plugins offer (one GetAllocatableResources RPC)."""
+    def allocatable(self) -> builtins.list[DeviceAllocation]:
+        """Every healthy device the node's device plugins offer, ids as advertised (one GetAllocatableResources RPC).
+
+        The kubelet sends one entry per id and NUMA node, so an id on two NUMA nodes comes twice. DRA devices are not
+        in the answer. Raises ``KubeletUnavailable`` as :meth:`list` does, with ``reason="unimplemented"`` where the
+        kubelet lacks the method or has it disabled.
+        """
         response = self._call("GetAllocatableResources", api_pb2.AllocatableResourcesRequest())
         return list(_device_allocations(response.devices))
 
-    def get(self, namespace: str, pod: str) -> list[ContainerAllocation]:
+    def get(self, namespace: str, pod: str) -> builtins.list[ContainerAllocation]:
         """One pod's containers (one Get RPC); empty when the kubelet does not know the pod.
 
         Raises ``KubeletUnavailable(reason="unimplemented")`` where the kubelet lacks Get (before 1.27) or has it
@@ -220,7 +191,10 @@ class PodResourcesClient:
                 # Start the next call on a new channel: one that failed to connect waits out a reconnect backoff
                 # (fast-failing meanwhile), and a restarted kubelet listens on a new socket inode.
                 self.close()
-            raise self._translate(method, code, error) from None
+            translated = self._translate(method, code, error)
+            if isinstance(translated, KubeletUnavailable):
+                self.failures[(method, translated.reason)] += 1
+            raise translated from None
 
     def _translate(self, method: str, code: grpc.StatusCode, error: grpc.RpcError) -> Exception:
         details = (error.details() if isinstance(error, grpc.Call) else None) or str(code)
@@ -229,11 +203,10 @@ class PodResourcesClient:
             return KubeletUnavailable(TIMEOUT, f"{where}: timeout, no answer within {self.timeout:g} s")
         if code == grpc.StatusCode.UNAVAILABLE:
             return self._diagnose_unavailable(where, details)
-        if code == grpc.StatusCode.UNIMPLEMENTED or (code == grpc.StatusCode.UNKNOWN and _GET_DISABLED.search(details)):
+        if code == grpc.StatusCode.UNIMPLEMENTED or (code == grpc.StatusCode.UNKNOWN and _DISABLED.search(details)):
+            needs = _NEEDS.get(method)
             return KubeletUnavailable(
-                UNIMPLEMENTED,
-                f"{where}: not served by this kubelet ({details}); Get needs Kubernetes 1.27+ with the "
-                "KubeletPodResourcesGet feature gate (on by default from 1.34)",
+                UNIMPLEMENTED, f"{where}: not served by this kubelet ({details})" + (f"; {needs}" if needs else "")
             )
         if code == grpc.StatusCode.UNKNOWN and method == "Get" and _POD_NOT_FOUND.match(details):
             return _NotFound(details)

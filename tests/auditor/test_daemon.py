@@ -1,5 +1,6 @@
 """``run``: the real console script against a scenario node, scraped over HTTP, then stopped with SIGTERM.
-Plus the pieces of the loop that are pure: backoff, health, metric rendering, argument errors."""
+Plus the pieces of the loop that are pure (backoff) and ``once``'s start-up errors. The HTTP server and health
+are ``test_server.py``'s, the flags ``test_settings.py``'s."""
 
 from __future__ import annotations
 
@@ -16,13 +17,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_fence.auditor.audit import audit
 from gpu_fence.auditor.cli import main
-from gpu_fence.auditor.daemon import Health, backoff
-from gpu_fence.auditor.metrics import AuditorMetrics, label_name
-from gpu_fence.auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
+from gpu_fence.auditor.daemon import backoff
+from gpu_fence.auditor.model import IdentitySource
 from tests.fakes.node_scenario import Ctr, NodeScenario, uuid_of
 from tests.fakes.nvml import GIB, FakeError
+from tests.fakes.podresources_server import GET_ABSENT, offered
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
 
@@ -182,9 +182,10 @@ def test_the_second_cycle_freezes_what_the_process_holds_for_good(scenario, monk
 
     from gpu_fence.auditor.cli import build_parser
     from gpu_fence.auditor.daemon import Auditor
+    from gpu_fence.auditor.settings import AuditSettings
 
     monkeypatch.setenv("FAKE_NVML_CONFIG", scenario.env()["FAKE_NVML_CONFIG"])
-    auditor = Auditor(build_parser().parse_args(scenario.args("once")))
+    auditor = Auditor(AuditSettings.from_args(build_parser().parse_args(scenario.args("once"))))
     gc.unfreeze()
     try:
         auditor.preflight()
@@ -193,7 +194,7 @@ def test_the_second_cycle_freezes_what_the_process_holds_for_good(scenario, monk
         del first
         second, _ = auditor.cycle()
         frozen = gc.get_freeze_count()
-        assert frozen > 1000 and second.identity_source == "kubernetes"
+        assert frozen > 1000 and second.identity_source is IdentitySource.KUBERNETES
         auditor.cycle()
         assert gc.get_freeze_count() <= frozen  # once only (frozen objects may still be freed by refcount)
     finally:
@@ -285,6 +286,68 @@ def test_run_with_a_lost_gpu_keeps_auditing_the_others(scenario):
         assert daemon.stop() == 0
 
 
+def test_run_exports_offered_replicas_asked_at_start_and_every_interval_only(scenario):
+    """GetAllocatableResources through the real gRPC server, answered in the kubelet's shape: four time-slicing
+    replicas of GPU 0 on two NUMA nodes (each id listed twice), GPU 1 unshared."""
+    scenario.kubelet.allocatable = [
+        *offered("nvidia.com/gpu.shared", [f"{uuid_of(0)}::{n}" for n in range(4)], numa_nodes=(0, 1)),
+        *offered("nvidia.com/gpu", [uuid_of(1)]),
+    ]
+    daemon = Daemon(scenario, "--allocatable-interval", "1")
+    try:
+        wait_for(lambda: daemon.cycles() >= 10, "ten cycles")
+        metrics = daemon.metrics()
+        assert value(metrics, "gpu_fence_gpu_offered_replicas", gpu_uuid=uuid_of(0)) == 4
+        assert value(metrics, "gpu_fence_gpu_offered_replicas", gpu_uuid=uuid_of(1)) == 1
+        asked = value(metrics, "gpu_fence_audit_kubelet_calls_total", method="GetAllocatableResources")
+        lists = value(metrics, "gpu_fence_audit_kubelet_calls_total", method="List")
+        assert 1 <= asked <= lists / 3  # at start, then once a second: not every cycle (one every 0.2 s)
+        assert scenario.kubelet.calls["GetAllocatableResources"] >= asked
+
+        scenario.kubelet.allocatable_mode = GET_ABSENT  # a kubelet that lacks the call: absent, and counted
+        wait_for(
+            lambda: "gpu_fence_gpu_offered_replicas" not in {name for name, _ in daemon.metrics()},
+            "the offer to be withdrawn",
+        )
+        failed = daemon.metrics()
+        assert value(failed, "gpu_fence_audit_kubelet_call_failures_total", reason="unimplemented") >= 1
+        assert value(failed, "gpu_fence_audit_cycle_failures_total", reason="kubelet") == 0  # the audit goes on
+        notes = [n for e in daemon.lines if e["event"] == "cycle" for n in e["notes"] or ()]
+        assert any("GetAllocatableResources" in n and "not served by this kubelet" in n for n in notes)
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_run_keeps_resolving_dra_claims_with_the_last_slices_while_the_api_is_down(tmp_path):
+    node = NodeScenario(tmp_path / "dra", gpus=2, minors={0: 1, 1: 0}, dra_release="v25.12")
+    node.add_pod("ml", "train", Ctr("main", dra=[1], visible=[1], processes=[(1, 3 * GIB)]))
+    with node:
+        daemon = Daemon(node)
+        try:
+            wait_for(lambda: daemon.cycles() >= 5, "five cycles")
+            metrics = daemon.metrics()
+            assert value(metrics, "gpu_fence_container_allocated_gpus", pod="train", gpu_uuid=uuid_of(1)) == 1
+            assert value(metrics, "gpu_fence_container_gpu_memory_bytes", pod="train", allocated="true") == 3 * GIB
+            assert value(metrics, "gpu_fence_dra_slices_state", state="fresh") == 1
+            # listed once, then watched: no list per cycle
+            lists = [q for _, path, q in node.api.slice_requests() if path.endswith("/resourceslices")]
+            assert sum(1 for q in lists if "watch" not in q) == 1 and node.api.resource_slices.watches_open == 1
+
+            node.api.down = True
+            wait_for(lambda: value(daemon.metrics(), "gpu_fence_dra_slices_state", state="stale") == 1, "stale")
+            done = daemon.cycles()
+            wait_for(lambda: daemon.cycles() >= done + 2, "cycles with the API down")
+            down = daemon.metrics()
+            assert value(down, "gpu_fence_container_allocated_gpus", pod="train", gpu_uuid=uuid_of(1)) == 1
+            assert value(down, "gpu_fence_overreach_findings", pod="train") == 0
+            assert value(down, "gpu_fence_audit_cycle_failures_total", reason="kubernetes-api") >= 2
+
+            node.api.down = False
+            wait_for(lambda: value(daemon.metrics(), "gpu_fence_dra_slices_state", state="fresh") == 1, "recovery")
+        finally:
+            assert daemon.stop() == 0
+
+
 # --- the pure parts of the loop --------------------------------------------------------------------------
 
 
@@ -297,66 +360,6 @@ def test_backoff_after_a_very_long_outage_stays_capped():
     """--interval is a float: 2**n past ~1024 failures in a row must not overflow and end the loop."""
     assert backoff(30.0, 1100, 300.0) == 300.0
     assert backoff(30.0, 10**6, 300.0) == 300.0
-
-
-def test_health_window():
-    now = [100.0]
-    health = Health(interval=10, unhealthy_after=3, clock=lambda: now[0])
-    assert health.check()[0] == 200  # starting
-    now[0] = 131
-    health.last_error = "kubelet down"
-    assert health.check() == (503, "no successful audit cycle in 31s: kubelet down")
-    health.last_success = 130
-    assert health.check()[0] == 200
-    now[0] = 161
-    code, message = health.check()
-    assert code == 503 and "31s ago" in message
-
-
-def test_metrics_render_latest_audit_without_stale_series():
-    g0, g1 = "GPU-0", "GPU-1"
-    gpus = (Gpu(g0, 0, 0, "H100", 80 * GIB), Gpu(g1, 1, 1, "H100", 80 * GIB))
-    first = NodeSnapshot(
-        "n", 0.0, gpus, (Container("a", "p", "c", "u", "c1", allocated=(g0,)),), (GpuProcess(1, g1, GIB, "u", "c1"),)
-    )
-    metrics = AuditorMetrics("n")
-    metrics.observe(first, audit(first), 0.01)
-    assert value(samples(metrics.exposition().decode()), "gpu_fence_container_gpu_memory_bytes", allocated="false")
-    empty = NodeSnapshot("n", 1.0, gpus, (), ())
-    metrics.observe(empty, audit(empty), 0.01)
-    rendered = samples(metrics.exposition().decode())
-    assert value(rendered, "gpu_fence_container_gpu_memory_bytes") == 0
-    assert value(rendered, "gpu_fence_gpu_share_ratio", gpu_uuid=g1) == 1
-    assert label_name("app.kubernetes.io/part-of") == "label_app_kubernetes_io_part_of"
-
-
-@pytest.mark.parametrize("bad", [["--interval", "0"], ["--interval", "soon"], ["--metrics-port", "70000"]])
-def test_bad_flags_are_usage_errors(bad, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["run", *bad])
-    assert exit_info.value.code == 2
-    assert "gpu-fence-auditor run: error:" in capsys.readouterr().err
-
-
-def test_pod_labels_that_become_one_metric_label_are_refused(tmp_path, capsys):
-    """``a.b`` and ``a_b`` both export as ``label_a_b``: one value would silently replace the other on every pod."""
-    assert (
-        main(
-            [
-                "run",
-                "--no-kubernetes",
-                "--host-proc",
-                str(tmp_path),
-                "--pod-label",
-                "team.name",
-                "--pod-label",
-                "team_name",
-            ]
-        )
-        == 2
-    )
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "team.name" in err and "team_name" in err and "label_team_name" in err
 
 
 def test_missing_host_proc_is_a_one_line_reason(tmp_path, capsys):

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpu_fence.auditor.cgroups import CONTAINERD, CRIO, CgroupIdentity
-from gpu_fence.auditor.hostproc import HostProc
+from gpu_fence.auditor import hostproc
+from gpu_fence.auditor.cgroups import CONTAINERD, CRIO, CgroupIdentity, parse_cgroup
+from gpu_fence.auditor.hostproc import ROOT_FILE_LIMIT, HostProc
 from tests.fakes.hostproc_tree import NVIDIA_MAJOR, HostProcTree, cgroup_text, make_char_device
 
 POD_A = "11111111-2222-4333-8444-555555555555"
@@ -40,6 +41,7 @@ def test_pids_lists_only_processes(tree: HostProcTree) -> None:
 
 def test_a_missing_proc_root_is_an_error_not_an_empty_node(tmp_path: Path) -> None:
     proc = HostProc(str(tmp_path / "not-mounted"))
+    assert not proc.root_is_directory() and HostProc(str(tmp_path)).root_is_directory()
     with pytest.raises(FileNotFoundError, match="not-mounted"):
         proc.pids()
     with pytest.raises(FileNotFoundError, match="not-mounted"):
@@ -67,6 +69,7 @@ def test_a_pid_that_vanishes_after_listing_is_skipped(tree: HostProcTree) -> Non
     assert proc.identities(pids) == {10: CgroupIdentity(POD_A, C1, CONTAINERD)}
     assert proc.visible_minors(11) is None
     assert proc.environ(11, "PATH") is None
+    assert not proc.exists(11) and proc.exists(10)
 
 
 def test_unreadable_entries_are_skipped_not_fatal(tree: HostProcTree) -> None:
@@ -85,18 +88,22 @@ def test_unreadable_entries_are_skipped_not_fatal(tree: HostProcTree) -> None:
     assert proc.visible_minors(30) is None
     assert proc.environ(30, "PATH") is None
     assert proc.environ(20, "PATH") is None
+    assert proc.read_root_file(30, "etc/hostname") is None
+    assert proc.read_root_file(20, "etc/hostname") is None
 
 
 UNPRIVILEGED_PROBE = """
 import json, sys
-from gpu_fence.auditor.hostproc import HostProc
+from gpu_fence.auditor.hostproc import ROOT_FILE_LIMIT, HostProc
 proc = HostProc(sys.argv[1])
 print(json.dumps({
     "identity": repr(proc.identity(40)),
     "container_pids": proc.container_pids(),
     "minors": repr(proc.visible_minors(40)),
     "environ": proc.environ(40, "NVIDIA_VISIBLE_DEVICES"),
+    "root_file": proc.read_root_file(40, "etc/hostname"),
     "other_minors": sorted(proc.visible_minors(41) or ()),
+    "other_root_file": proc.read_root_file(41, "etc/hostname").decode(),
 }))
 """
 
@@ -104,7 +111,12 @@ print(json.dumps({
 def test_permission_denied_reads_are_skipped(tree: HostProcTree) -> None:
     """Another user's process, as a reader without CAP_SYS_PTRACE/DAC_READ_SEARCH meets it on a real node."""
     locked = tree.add_container_process(40, POD_A, C1, environ={"NVIDIA_VISIBLE_DEVICES": "all"})
-    tree.add_container_process(41, POD_A, C2, rootfs=tree.rootfs("open", gpu_minors=[2]))
+    (locked / "root/etc").mkdir()
+    (locked / "root/etc/hostname").write_text("locked")
+    rootfs = tree.rootfs("open", gpu_minors=[2])
+    (rootfs / "etc").mkdir()
+    (rootfs / "etc/hostname").write_text("open")
+    tree.add_container_process(41, POD_A, C2, rootfs=rootfs)
     for name in ("cgroup", "environ", "root"):
         (locked / name).chmod(0)
     command = [sys.executable, "-c", UNPRIVILEGED_PROBE, str(tree)]
@@ -119,7 +131,9 @@ def test_permission_denied_reads_are_skipped(tree: HostProcTree) -> None:
         "container_pids": {C2: 41},
         "minors": "None",
         "environ": None,
+        "root_file": None,
         "other_minors": [2],
+        "other_root_file": "open",
     }
 
 
@@ -242,19 +256,30 @@ def test_without_a_window_a_host_process_is_read_once(tree: HostProcTree) -> Non
     assert proc.cgroup_reads == 1
 
 
-def test_equal_cgroup_texts_share_one_parsed_identity(tree: HostProcTree, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The processes of one container have one cgroup text: it is parsed once and its identity object shared, and
-    the memo of texts starts afresh past its limit instead of growing with the node."""
+def test_equal_cgroup_texts_are_parsed_once_and_the_memo_stays_bounded(
+    tree: HostProcTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The processes of one container have one cgroup text: it is parsed once per scan of the whole node, not once
+    per process; past ``PARSED_LIMIT`` distinct texts the memo starts afresh instead of growing with the node (a
+    text parsed before is then parsed again)."""
+    parsed: list[str] = []
+    monkeypatch.setattr(hostproc, "parse_cgroup", lambda text: parsed.append(text) or parse_cgroup(text))
     for pid in range(100, 110):
         tree.add_container_process(pid, POD_A, C1)
     tree.add_container_process(110, POD_B, C2)
-    proc = HostProc(str(tree))
-    proc.container_pids()
-    assert len({id(identity) for identity in proc.identities(range(100, 110)).values()}) == 1
-    monkeypatch.setattr("gpu_fence.auditor.hostproc.PARSED_LIMIT", 1)
-    fresh = HostProc(str(tree))
-    assert fresh.container_pids() == {C1: 100, C2: 110}
-    assert len(fresh._parsed) == 1
+    assert HostProc(str(tree)).container_pids() == {C1: 100, C2: 110}
+    assert len(parsed) == 2  # eleven processes, two texts
+
+    a, b = CgroupIdentity(POD_A, C1, CONTAINERD), CgroupIdentity(POD_B, C2, CONTAINERD)
+
+    def parses_of_a_b_a(proc: HostProc) -> int:
+        parsed.clear()
+        assert [proc.identity(pid) for pid in (100, 110, 101)] == [a, b, a]
+        return len(parsed)
+
+    assert parses_of_a_b_a(HostProc(str(tree))) == 2
+    monkeypatch.setattr(hostproc, "PARSED_LIMIT", 1)
+    assert parses_of_a_b_a(HostProc(str(tree))) == 3  # the second text pushed the first one out
 
 
 def test_a_cgroup_file_longer_than_one_read_is_read_whole(tree: HostProcTree) -> None:
@@ -319,21 +344,62 @@ def test_visible_minors_without_gpus(tree: HostProcTree) -> None:
 )
 def test_environ(tree: HostProcTree, environ: list[tuple[str, str]], expected: str | None) -> None:
     tree.add_process(10, environ=environ)
-    assert HostProc(str(tree)).environ(10, "NVIDIA_VISIBLE_DEVICES") == expected
+    found = HostProc(str(tree)).environ(10, "NVIDIA_VISIBLE_DEVICES")
+    assert found is not None  # readable: an unset variable is left out, never None
+    assert found.get("NVIDIA_VISIBLE_DEVICES") == expected
+    assert ("NVIDIA_VISIBLE_DEVICES" in found) == (expected is not None)
+
+
+def test_environ_tells_an_unset_variable_from_an_unreadable_environment(tree: HostProcTree) -> None:
+    """The contract, in the manner of dcgm-exporter's ProcFS.ReadEnviron: absent is an answer (the name is left
+    out), unreadable is unknown (None), so that "no NVIDIA_VISIBLE_DEVICES" is never claimed for a process not read."""
+    tree.add_process(10, environ=[("PATH", "/bin")])
+    gone = tree.add_process(11, environ=[("NVIDIA_VISIBLE_DEVICES", "all")])
+    (gone / "environ").unlink()
+    proc = HostProc(str(tree))
+    assert proc.environ(10, "NVIDIA_VISIBLE_DEVICES") == {}
+    assert proc.environ(11, "NVIDIA_VISIBLE_DEVICES") is None
+    assert proc.environ(12, "NVIDIA_VISIBLE_DEVICES") is None  # no such process
+
+
+def test_environ_reads_several_names_in_one_read(tree: HostProcTree) -> None:
+    tree.add_process(10, environ=[("HOSTNAME", "train-0"), ("NVIDIA_VISIBLE_DEVICES", "0"), ("HOSTNAME", "train-1")])
+    assert HostProc(str(tree)).environ(10, "NVIDIA_VISIBLE_DEVICES", "HOSTNAME", "HOME") == {
+        "NVIDIA_VISIBLE_DEVICES": "0",
+        "HOSTNAME": "train-1",  # the last occurrence wins
+    }
 
 
 def test_a_long_environment_is_read_whole(tree: HostProcTree) -> None:
     """The variable that counts may come after 100 KB of others (a CI image's environment)."""
     filler = [(f"FILLER_{n}", "x" * 1000) for n in range(100)]
     tree.add_process(10, environ=[*filler, ("NVIDIA_VISIBLE_DEVICES", "all")])
-    assert HostProc(str(tree)).environ(10, "NVIDIA_VISIBLE_DEVICES") == "all"
+    assert HostProc(str(tree)).environ(10, "NVIDIA_VISIBLE_DEVICES") == {"NVIDIA_VISIBLE_DEVICES": "all"}
 
 
 def test_environ_tolerates_bytes_that_are_not_utf8(tree: HostProcTree) -> None:
     tree.add_process(10, environ=b"A=\xff\xfe\0NVIDIA_VISIBLE_DEVICES=GPU-1\xff\0")
     proc = HostProc(str(tree))
-    assert proc.environ(10, "NVIDIA_VISIBLE_DEVICES") == "GPU-1\ufffd"
-    assert proc.environ(10, "A") == "\ufffd\ufffd"
+    assert proc.environ(10, "NVIDIA_VISIBLE_DEVICES", "A") == {
+        "NVIDIA_VISIBLE_DEVICES": "GPU-1\ufffd",
+        "A": "\ufffd\ufffd",
+    }
+
+
+def test_read_root_file_reads_a_bounded_prefix_of_a_file_in_the_processs_root(tree: HostProcTree) -> None:
+    fs = tree.rootfs("named")
+    secrets = fs / "var/run/secrets/kubernetes.io/serviceaccount"
+    secrets.mkdir(parents=True)
+    (secrets / "namespace").write_text("ml")
+    (fs / "big").write_bytes(b"x" * (3 * ROOT_FILE_LIMIT))
+    (fs / "a-directory").mkdir()
+    tree.add_container_process(10, POD_A, C1, rootfs=fs)
+    proc = HostProc(str(tree))
+    assert proc.read_root_file(10, "var/run/secrets/kubernetes.io/serviceaccount/namespace") == b"ml"
+    assert proc.read_root_file(10, "big") == b"x" * ROOT_FILE_LIMIT
+    assert proc.read_root_file(10, "no-such-file") is None
+    assert proc.read_root_file(10, "a-directory") is None
+    assert proc.read_root_file(99, "big") is None  # no such process
 
 
 # --- property: the incremental scan always agrees with a fresh full scan -------------------------------------------

@@ -14,7 +14,7 @@ from gpu_fence.auditor.kube import (
     kai_gpu_groups,
     load_api_client,
 )
-from gpu_fence.auditor.model import Finding, FindingKind
+from gpu_fence.auditor.model import Finding, FindingKind, IdentitySource
 from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
 
 CID = "a" * 64
@@ -54,7 +54,7 @@ def api(tmp_path):
 def test_pod_cache_lists_only_this_node_with_a_field_selector(api):
     fake, client = api
     cache = PodCache(client, "node-a")
-    assert cache.refresh() and cache.state == "kubernetes"
+    assert cache.refresh() and cache.state is IdentitySource.KUBERNETES
     assert set(cache.pods) == {"uid-1"}
     assert fake.pod_lists()[0][2]["fieldSelector"] == ["spec.nodeName=node-a"]
     assert container_names_by_id(cache.pods["uid-1"]) == {CID: "main"}
@@ -86,10 +86,10 @@ def test_pod_cache_keeps_the_last_list_while_the_api_is_down(api):
     fake.down = True
     clock.now += 100
     assert not cache.refresh()
-    assert cache.state == "kubernetes-stale" and "503" in cache.last_error and "uid-1" in cache.pods
+    assert cache.state is IdentitySource.KUBERNETES_STALE and "503" in cache.last_error and "uid-1" in cache.pods
     fake.down = False
     clock.now += 1
-    assert cache.refresh() and cache.state == "kubernetes"
+    assert cache.refresh() and cache.state is IdentitySource.KUBERNETES
 
 
 def test_pod_cache_skips_malformed_pods_instead_of_failing_every_cycle(api):
@@ -102,10 +102,9 @@ def test_pod_cache_skips_malformed_pods_instead_of_failing_every_cycle(api):
     odd["metadata"]["labels"] = ["not-a-map"]
     fake.add_pod(junk)
     fake.add_pod(odd)
-    with fake._lock:
-        fake.pods["uid-meta"] = {"metadata": "not-an-object", "spec": {"nodeName": "node-a"}}
+    fake.add_pod({"metadata": "not-an-object", "spec": {"nodeName": "node-a"}}, uid="uid-meta")
     cache = PodCache(client, "node-a")
-    assert cache.refresh() and cache.state == "kubernetes"
+    assert cache.refresh() and cache.state is IdentitySource.KUBERNETES
     assert set(cache.pods) == {"uid-1", "uid-junk", "uid-odd"}  # a pod without readable metadata is left out
     assert container_names_by_id(cache.pods["uid-junk"]) == {}
     assert container_names_by_id(cache.pods["uid-odd"]) == {"e" * 64: "main"}
@@ -119,7 +118,7 @@ def test_pod_cache_treats_a_pod_list_that_is_not_json_as_the_api_being_down(api)
     fake.raw_pod_list = b"<html>proxy error</html>"
     clock.now += 100
     assert not cache.refresh()
-    assert cache.state == "kubernetes-stale" and cache.last_error and "uid-1" in cache.pods
+    assert cache.state is IdentitySource.KUBERNETES_STALE and cache.last_error and "uid-1" in cache.pods
     fake.raw_pod_list = b'{"items": {"not": "a list"}}'
     clock.now += 100
     assert not cache.refresh() and "uid-1" in cache.pods
@@ -131,7 +130,7 @@ def test_pod_cache_that_never_reached_the_api_is_unavailable(tmp_path):
     fake.stop()  # nothing listens on that port any more
     cache = PodCache(load_api_client(str(kubeconfig), timeout=2), "node-a")
     assert not cache.refresh()
-    assert cache.state == "unavailable" and cache.pods == {} and cache.last_error
+    assert cache.state is IdentitySource.FALLBACK and cache.pods == {} and cache.last_error
 
 
 def test_load_api_client_names_what_to_fix(tmp_path):
@@ -193,8 +192,13 @@ def test_forbidden_events_are_counted_and_never_raise(api):
 def test_event_cache_is_bounded_and_an_existing_event_is_not_duplicated(api):
     fake, client = api
     recorder = EventRecorder(client, "node-a", max_entries=3, max_per_cycle=100)
-    recorder.record([finding(pod=f"p{i}") for i in range(10)])
-    assert len(recorder._seen) == 3 and len(fake.events) == 10
+    assert recorder.record([finding(pod=f"p{i}") for i in range(10)]) == 10
+    assert len(fake.events) == 10
+    # It remembers the last three: those are not due again; one it forgot is posted again, and the API's 409
+    # keeps the Event single.
+    assert recorder.record([finding(pod=f"p{i}") for i in (7, 8, 9)]) == 0
+    assert recorder.record([finding(pod="p6")]) == 1
+    assert len(fake.events) == 10
     again = EventRecorder(client, "node-a")  # a restarted auditor: the API answers 409, no second Event
     assert again.record([finding(pod="p0")]) == 1
     assert len(fake.events) == 10
@@ -268,8 +272,7 @@ def test_an_expired_event_is_posted_again_with_its_count(api):
     clock = Clock()
     recorder = EventRecorder(client, "node-a", reemit_after=600, clock=clock)
     assert recorder.record([finding()]) == 1
-    with fake._lock:
-        fake.events.clear()
+    fake.expire_events()
     clock.now += 600
     assert recorder.record([finding()]) == 1
     assert len(fake.event_patches()) == 1 and len(fake.event_posts()) == 2

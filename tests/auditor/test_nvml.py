@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_fence.auditor.model import Gpu
 from gpu_fence.auditor.nvml import NO_INSTANCE, REASONS, Nvml, NvmlError, NvmlSnapshot
 from tests.fakes.nvml import (
     CONFIG_ENV,
@@ -66,9 +67,10 @@ def process_set(snapshot: NvmlSnapshot) -> set[tuple[int, str, int | None, str]]
 def test_lists_whole_gpus_with_index_minor_name_and_memory(open_nvml: OpenNvml) -> None:
     snapshot = open_nvml(MIXED_NODE).snapshot()
 
+    assert all(type(device) is Gpu for device in snapshot.devices)  # the model's value, for the join as it is
     gpu0, gpu2 = by_uuid(snapshot)[GPU0], by_uuid(snapshot)[GPU2]
-    assert (gpu0.index, gpu0.minor, gpu0.name, gpu0.memory_total_bytes) == (0, 3, "NVIDIA H100 80GB HBM3", 80 * GIB)
-    assert (gpu2.index, gpu2.minor, gpu2.name, gpu2.memory_total_bytes) == (2, 7, "NVIDIA A100-SXM4-40GB", 40 * GIB)
+    assert (gpu0.index, gpu0.minor, gpu0.model, gpu0.memory_total_bytes) == (0, 3, "NVIDIA H100 80GB HBM3", 80 * GIB)
+    assert (gpu2.index, gpu2.minor, gpu2.model, gpu2.memory_total_bytes) == (2, 7, "NVIDIA A100-SXM4-40GB", 40 * GIB)
     assert not gpu0.mig_enabled and not gpu0.is_mig and gpu0.share == 1.0 and gpu0.parent_uuid is None
     assert snapshot.problems == ()
     assert snapshot.driver_version == "550.163.01"
@@ -90,7 +92,7 @@ def test_mig_devices_carry_parent_instance_ids_share_and_profile(open_nvml: Open
     assert (one.gpu_instance_id, one.mig_index) == (9, 2)
     assert [three.share, two.share, one.share] == pytest.approx([3 / 7, 2 / 7, 1 / 7])
     assert [three.profile, two.profile, one.profile] == ["3g.40gb", "2g.20gb", "1g.10gb"]
-    assert three.name == "NVIDIA H100 80GB HBM3"  # the card's model; the slice is the profile
+    assert three.model == "NVIDIA H100 80GB HBM3"  # the card's model; the slice is the profile
     assert three.memory_total_bytes == 40 * GIB and three.is_mig and not three.mig_enabled
 
 
@@ -123,8 +125,8 @@ def test_mig_device_without_a_name_suffix_has_no_profile(open_nvml: OpenNvml) ->
     )
     mig = open_nvml(config).snapshot().devices[1]
 
-    assert mig.profile is None
-    assert mig.name == "NVIDIA H100 80GB HBM3"
+    assert mig.profile == ""
+    assert mig.model == "NVIDIA H100 80GB HBM3"
 
 
 def test_node_without_gpus_is_an_empty_snapshot(open_nvml: OpenNvml) -> None:
@@ -154,7 +156,7 @@ def test_unreadable_name_or_memory_keeps_the_gpu_and_says_so(open_nvml: OpenNvml
     snapshot = open_nvml(config).snapshot()
 
     assert by_uuid(snapshot)[GPU2].memory_total_bytes == 0
-    assert by_uuid(snapshot)[GPU0].name == ""
+    assert by_uuid(snapshot)[GPU0].model == ""
     assert {(p.device, p.reason) for p in snapshot.problems} == {(GPU2, "unknown"), (GPU0, "no-permission")}
     assert any("memory" in p.message for p in snapshot.problems)
 
@@ -184,15 +186,11 @@ def test_processes_of_every_kind_on_a_whole_gpu(open_nvml: OpenNvml) -> None:
 
 
 def test_processes_in_mig_devices_are_attributed_to_the_mig_device(open_nvml: OpenNvml) -> None:
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(
-            FakeProcess(MIG10, pid=200, used_memory_bytes=5 * GIB),
-            FakeProcess(MIG10, pid=201, used_memory_bytes=None),
-            FakeProcess(MIG12, pid=202, used_memory_bytes=GIB, kind="mps"),
-            FakeProcess(0, pid=300, used_memory_bytes=GIB),
-        ),
+    config = MIXED_NODE.running(
+        FakeProcess(MIG10, pid=200, used_memory_bytes=5 * GIB),
+        FakeProcess(MIG10, pid=201, used_memory_bytes=None),
+        FakeProcess(MIG12, pid=202, used_memory_bytes=GIB, kind="mps"),
+        FakeProcess(0, pid=300, used_memory_bytes=GIB),
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -207,18 +205,15 @@ def test_processes_in_mig_devices_are_attributed_to_the_mig_device(open_nvml: Op
 
 def test_parent_aggregate_denied_still_reads_mig_device_handles(open_nvml: OpenNvml) -> None:
     """nvml.h: the parent handle gives the aggregate only to privileged callers; per-instance lists still work."""
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(FakeProcess(MIG11, pid=210, used_memory_bytes=GIB),),
-        errors=tuple(
+    config = MIXED_NODE.running(FakeProcess(MIG11, pid=210, used_memory_bytes=GIB)).with_errors(
+        *(
             FakeError(function, "NO_PERMISSION", device=GPU1)
             for function in (
                 "nvmlDeviceGetComputeRunningProcesses_v3",
                 "nvmlDeviceGetGraphicsRunningProcesses_v3",
                 "nvmlDeviceGetMPSComputeRunningProcesses_v3",
             )
-        ),
+        )
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -228,17 +223,14 @@ def test_parent_aggregate_denied_still_reads_mig_device_handles(open_nvml: OpenN
 
 def test_parent_view_alone_attributes_by_gpu_and_compute_instance_ids(open_nvml: OpenNvml) -> None:
     """When the MIG handles list nothing, the parent's gpuInstanceId/computeInstanceId place each process."""
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(
-            FakeProcess(1, pid=220, used_memory_bytes=GIB, gpu_instance_id=3, compute_instance_id=0),
-            FakeProcess(1, pid=221, used_memory_bytes=2 * GIB, gpu_instance_id=9, compute_instance_id=0),
-        ),
-        errors=tuple(
+    config = MIXED_NODE.running(
+        FakeProcess(1, pid=220, used_memory_bytes=GIB, gpu_instance_id=3, compute_instance_id=0),
+        FakeProcess(1, pid=221, used_memory_bytes=2 * GIB, gpu_instance_id=9, compute_instance_id=0),
+    ).with_errors(
+        *(
             FakeError("nvmlDeviceGetComputeRunningProcesses_v3", "NOT_SUPPORTED", device=mig)
             for mig in (MIG10, MIG11, MIG12)
-        ),
+        )
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -247,10 +239,8 @@ def test_parent_view_alone_attributes_by_gpu_and_compute_instance_ids(open_nvml:
 
 def test_parent_view_places_an_unknown_compute_instance_by_its_gpu_instance(open_nvml: OpenNvml) -> None:
     """A GPU instance with one MIG device is unambiguous even when the compute instance id is not one we know."""
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(FakeProcess(1, pid=225, used_memory_bytes=GIB, gpu_instance_id=3, compute_instance_id=5),),
+    config = MIXED_NODE.running(
+        FakeProcess(1, pid=225, used_memory_bytes=GIB, gpu_instance_id=3, compute_instance_id=5)
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -259,11 +249,7 @@ def test_parent_view_places_an_unknown_compute_instance_by_its_gpu_instance(open
 
 
 def test_process_seen_by_parent_and_mig_handle_is_listed_once(fake_lib: Path, open_nvml: OpenNvml) -> None:
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(FakeProcess(MIG10, pid=230, used_memory_bytes=7 * GIB),),
-    )
+    config = MIXED_NODE.running(FakeProcess(MIG10, pid=230, used_memory_bytes=7 * GIB))
     counters = FakeNvmlCounters(fake_lib)
     counters.reset()
     snapshot = open_nvml(config).snapshot()
@@ -274,10 +260,8 @@ def test_process_seen_by_parent_and_mig_handle_is_listed_once(fake_lib: Path, op
 
 
 def test_process_in_no_known_mig_device_counts_on_the_card_with_a_problem(open_nvml: OpenNvml) -> None:
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(FakeProcess(1, pid=240, used_memory_bytes=GIB, gpu_instance_id=13, compute_instance_id=0),),
+    config = MIXED_NODE.running(
+        FakeProcess(1, pid=240, used_memory_bytes=GIB, gpu_instance_id=13, compute_instance_id=0)
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -306,10 +290,8 @@ def test_process_in_several_lists_of_one_device_is_one_entry(open_nvml: OpenNvml
 def test_process_of_a_mig_device_with_odd_ids_in_the_parent_view_is_not_counted_twice(open_nvml: OpenNvml) -> None:
     """The MIG handle already placed the process; the parent's aggregate entry with ids that match no MIG device
     is the same memory, not a second process on the whole card."""
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(FakeProcess(MIG10, pid=262, used_memory_bytes=GIB, gpu_instance_id=13, compute_instance_id=0),),
+    config = MIXED_NODE.running(
+        FakeProcess(MIG10, pid=262, used_memory_bytes=GIB, gpu_instance_id=13, compute_instance_id=0)
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -320,14 +302,10 @@ def test_process_of_a_mig_device_with_odd_ids_in_the_parent_view_is_not_counted_
 def test_a_process_size_larger_than_its_device_is_unknown_with_a_problem(open_nvml: OpenNvml) -> None:
     """A reading past the device's memory is garbage (a driver bug, a torn read): billing it would put exabytes on
     one container, so it counts as unknown and says so."""
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(
-            FakeProcess(0, pid=270, used_memory_bytes=2**63),
-            FakeProcess(MIG12, pid=271, used_memory_bytes=11 * GIB),  # a 10 GiB slice
-            FakeProcess(0, pid=272, used_memory_bytes=80 * GIB),  # the whole card: fine
-        ),
+    config = MIXED_NODE.running(
+        FakeProcess(0, pid=270, used_memory_bytes=2**63),
+        FakeProcess(MIG12, pid=271, used_memory_bytes=11 * GIB),  # a 10 GiB slice
+        FakeProcess(0, pid=272, used_memory_bytes=80 * GIB),  # the whole card: fine
     )
     snapshot = open_nvml(config).snapshot()
 
@@ -477,11 +455,8 @@ def test_gpu_lost_on_one_device_is_a_problem_and_the_others_are_reported(open_nv
 
 def test_gpu_lost_while_listing_processes_drops_that_whole_card(open_nvml: OpenNvml) -> None:
     """A card that is lost mid-read is not half-reported: its MIG devices and processes go with it."""
-    config = FakeNvmlConfig(
-        gpus=MIXED_NODE.gpus,
-        migs=MIXED_NODE.migs,
-        processes=(FakeProcess(MIG10, pid=810), FakeProcess(0, pid=811)),
-        errors=(FakeError("nvmlDeviceGetMPSComputeRunningProcesses_v3", "GPU_IS_LOST", device=MIG12),),
+    config = MIXED_NODE.running(FakeProcess(MIG10, pid=810), FakeProcess(0, pid=811)).with_errors(
+        FakeError("nvmlDeviceGetMPSComputeRunningProcesses_v3", "GPU_IS_LOST", device=MIG12)
     )
     snapshot = open_nvml(config).snapshot()
 

@@ -3,33 +3,36 @@
 from __future__ import annotations
 
 from gpu_fence.auditor import snapshot as snapshot_module
-from gpu_fence.auditor.model import Identity
-from gpu_fence.auditor.nvml import NvmlDevice
-from gpu_fence.auditor.podresources.client import ClaimDevice, ContainerAllocation, DeviceAllocation, DynamicResource
-from gpu_fence.auditor.snapshot import DeviceIndex, RuntimeContainer, SnapshotOptions, assemble, gpus_from_nvml
+from gpu_fence.auditor.dra import SliceIndex, SliceView
+from gpu_fence.auditor.model import DraResolution, FailureReason, Gpu, GpuProcess, Identity, IdentitySource, SliceState
+from gpu_fence.auditor.podresources.allocations import (
+    ClaimDevice,
+    ContainerAllocation,
+    DeviceAllocation,
+    DynamicResource,
+)
+from gpu_fence.auditor.snapshot import DeviceIndex, RuntimeContainer, SnapshotOptions, assemble
 from tests.fakes.kubeapi_pods_events import make_pod
+from tests.fakes.kubeapi_resourceslices import DraGpu, DraMig, nvidia_slice
 
 G0 = "GPU-00000000-0000-4000-8000-000000000000"
 G1 = "GPU-00000001-0000-4000-8000-000000000001"
 M0 = "MIG-00000001-0000-4000-8000-000000000010"
-DEVICES = (
-    NvmlDevice(G0, 0, 0, "H100", 80 << 30),
-    NvmlDevice(G1, 1, 1, "H100", 80 << 30, mig_enabled=True),
-    NvmlDevice(
+CARD1 = Gpu(G1, 1, 1, "H100", 80 << 30, mig_enabled=True)
+GPUS = (
+    Gpu(G0, 0, 0, "H100", 80 << 30),
+    CARD1,
+    CARD1.mig_device(
         M0,
-        1,
-        None,
-        "H100 MIG 3g.40gb",
-        40 << 30,
-        parent_uuid=G1,
         mig_index=0,
         gpu_instance_id=2,
-        share=3 / 7,
+        compute_instance_id=0,
+        memory_total_bytes=40 << 30,
         profile="3g.40gb",
+        share=3 / 7,
     ),
 )
-GPUS = gpus_from_nvml(DEVICES)
-INDEX = DeviceIndex.build(DEVICES)
+INDEX = DeviceIndex.build(GPUS)
 OPTIONS = SnapshotOptions(node="node-a", pod_label_keys=("team",))
 
 
@@ -42,7 +45,7 @@ def running(cid, uid, pid, *, minors=(), env=None, hostname=None, namespace=None
     return RuntimeContainer(cid, uid, pid, frozenset(minors), env, True, hostname=hostname, namespace_file=namespace)
 
 
-def build(allocations, runtime, pods, processes=(), identity="kubernetes"):
+def build(allocations, runtime, pods, processes=(), identity=IdentitySource.KUBERNETES, **extra):
     return assemble(
         OPTIONS,
         now=0.0,
@@ -53,6 +56,7 @@ def build(allocations, runtime, pods, processes=(), identity="kubernetes"):
         processes=list(processes),
         pods=None if pods is None else {p["metadata"]["uid"]: p for p in pods},
         identity_source=identity,
+        **extra,
     )
 
 
@@ -60,11 +64,25 @@ def by_name(snapshot):
     return {(c.pod, c.container): c for c in snapshot.containers}
 
 
-def test_mig_device_takes_its_cards_index_and_minor():
-    mig = next(g for g in GPUS if g.uuid == M0)
-    assert (mig.index, mig.minor, mig.parent_uuid, mig.profile) == (1, 1, G1, "3g.40gb")
-    assert mig.gpu_instance_id == 2  # what the pre-R470 "MIG-<card>/<gi>/<ci>" form is resolved by
-    assert next(g for g in GPUS if g.uuid == G1).mig_enabled
+def test_device_ids_resolve_through_the_index_of_the_gpus():
+    assert INDEX.normalize("nvidia1/gi2") == M0  # GKE MIG: the card's index and the slice's GPU instance
+    assert INDEX.normalize("1:0") == M0  # the toolkit's <gpu>:<mig> form: the slice's position on its card
+    assert INDEX.normalize(f"MIG-{G1}/2/0") == M0  # pre-R470: the card's UUID and the GPU instance
+    assert INDEX.normalize("0") == G0 and INDEX.normalize("nvidia0/vgpu3") == G0
+
+
+def test_the_snapshot_carries_the_identity_source_the_notes_and_the_degraded_sources():
+    snapshot = build(
+        [],
+        [],
+        None,
+        identity=IdentitySource.FALLBACK,
+        notes=["NVML: GPU-x: lost"],
+        degraded=[FailureReason.NVML, FailureReason.NVML],
+    )
+    assert snapshot.identity_source is IdentitySource.FALLBACK
+    assert snapshot.notes == ("NVML: GPU-x: lost",) and snapshot.degraded == {FailureReason.NVML}
+    assert snapshot.gpus == GPUS
 
 
 def test_api_names_containers_and_normalises_allocations():
@@ -85,22 +103,101 @@ def test_api_names_containers_and_normalises_allocations():
     assert len(snapshot.containers) == 2  # the sandbox (pause) container of a known pod is not a row
 
 
+def dra_claim(*devices: str, name="claim", driver="gpu.nvidia.com"):
+    return DynamicResource(
+        name, "ml", tuple(ClaimDevice(driver, "node-a", d, (f"k8s.gpu.nvidia.com/claim=u-{d}",)) for d in devices)
+    )
+
+
+# minors are not indices: gpu-0 is the card of minor 0 (index 0 here); the slice gives each UUID
+SLICES = SliceView(
+    SliceState.FRESH,
+    SliceIndex.build(
+        [
+            nvidia_slice(
+                "node-a",
+                [DraGpu(0, 0, G0), DraGpu(1, 1, G1)],
+                [DraMig(DraGpu(1, 1, G1), M0, "3g.40gb", 0, 4)],
+            )
+        ],
+        ["gpu.nvidia.com"],
+    ),
+)
+
+
+def test_dra_devices_resolve_through_the_slices_by_their_uuid_attribute():
+    allocations = [alloc("ml", "p", "c", dra=[dra_claim("gpu-0", "gpu-1-mig-3g40gb-9-0")])]
+    (container,) = build(allocations, [], [], slices=SLICES).containers
+    assert container.allocated == (G0, M0) and container.unresolved_allocations == ()
+    assert [(d.device, d.uuid, d.resolution) for d in container.dra_devices] == [
+        ("gpu-0", G0, DraResolution.RESOLVED),
+        ("gpu-1-mig-3g40gb-9-0", M0, DraResolution.RESOLVED),
+    ]
+
+
 def test_unresolvable_ids_and_dra_devices_are_kept_as_unresolved():
-    dra = DynamicResource(
-        "",
+    claim = DynamicResource(
         "claim",
         "ml",
-        (),
         (
             ClaimDevice("gpu.nvidia.com", "node-a", "gpu-0", ()),
-            ClaimDevice("gpu.nvidia.com", "node-a", "gpu-0-mig-3g", ()),
+            ClaimDevice("gpu.nvidia.com", "node-a", "gpu-7", ()),
             ClaimDevice("nic.example.com", "node-a", "eth1", ()),
         ),
     )
-    snapshot = build([alloc("ml", "p", "c", "weird-id", dra=[dra])], [], [])
+    snapshot = build([alloc("ml", "p", "c", "weird-id", dra=[claim])], [], [], slices=SLICES)
     container = snapshot.containers[0]
     assert container.allocated == (G0,) and container.identity is Identity.KUBELET
-    assert container.unresolved_allocations == ("nvidia.com/gpu:weird-id", "claim ml/claim: node-a/gpu-0-mig-3g")
+    assert container.unresolved_allocations == ("nvidia.com/gpu:weird-id",)
+    assert [(d.device, d.resolution) for d in container.dra_devices] == [
+        ("gpu-0", DraResolution.RESOLVED),
+        ("gpu-7", DraResolution.NO_SLICE),  # never guessed from its name; the NIC is not ours at all
+    ]
+    assert snapshot.notes == () and snapshot.dra_slices is SliceState.FRESH
+
+
+def test_without_slices_a_claim_is_shown_unresolved_and_the_cycle_says_so():
+    down = SliceView(SliceState.NONE, last_error="HTTP 503 Service Unavailable")
+    snapshot = build([alloc("ml", "p", "c", dra=[dra_claim("gpu-0")])], [], [], slices=down)
+    (device,) = snapshot.containers[0].dra_devices
+    assert (device.resolution, device.uuid, device.cdi_devices) == (
+        DraResolution.SLICES_UNAVAILABLE,
+        None,
+        ("k8s.gpu.nvidia.com/claim=u-gpu-0",),
+    )
+    assert snapshot.containers[0].allocated == ()
+    assert snapshot.degraded == {FailureReason.KUBERNETES_API} and "HTTP 503" in snapshot.notes[0]
+    assert snapshot.dra_slices is SliceState.NONE
+
+
+def test_stale_slices_still_resolve_and_degrade_the_cycle():
+    stale = SliceView(SliceState.STALE, SLICES.index, "HTTP 503")
+    snapshot = build([alloc("ml", "p", "c", dra=[dra_claim("gpu-1-mig-3g40gb-9-0")])], [], [], slices=stale)
+    assert snapshot.containers[0].allocated == (M0,)
+    assert snapshot.degraded == {FailureReason.KUBERNETES_API} and "last good list" in snapshot.notes[0]
+
+
+def test_a_slice_uuid_nvml_does_not_list_is_allocated_and_noted():
+    elsewhere = SliceView(
+        SliceState.FRESH, SliceIndex.build([nvidia_slice("node-a", [DraGpu(5, 5, "GPU-gone")])], ["gpu.nvidia.com"])
+    )
+    snapshot = build([alloc("ml", "p", "c", dra=[dra_claim("gpu-5")])], [], [], slices=elsewhere)
+    assert snapshot.containers[0].allocated == ("GPU-gone",)
+    assert snapshot.notes == ("DRA: ResourceSlices name UUIDs NVML does not list on this node: GPU-gone",)
+    assert snapshot.degraded == frozenset()
+
+
+def test_offered_replicas_count_distinct_ids_per_uuid():
+    offered = [
+        DeviceAllocation("nvidia.com/gpu.shared", (f"{G0}::0",)),
+        DeviceAllocation("nvidia.com/gpu.shared", (f"{G0}::0",)),  # the same id on a second NUMA node
+        DeviceAllocation("nvidia.com/gpu.shared", (f"{G0}::1", f"{G0}::2")),
+        DeviceAllocation("nvidia.com/mig-3g.40gb", (M0,)),
+        DeviceAllocation("example.com/nic", ("nic0",)),
+        DeviceAllocation("nvidia.com/gpu", ("not-a-gpu",)),
+    ]
+    assert build([], [], [], offered=offered).offered_replicas == ((G0, 3), (M0, 1))
+    assert build([], [], []).offered_replicas is None
 
 
 def test_fallback_names_by_evidence_then_by_elimination():
@@ -109,7 +206,7 @@ def test_fallback_names_by_evidence_then_by_elimination():
         running("c2", "uid-1", 11, hostname="train", namespace="ml"),
         running("c1", "uid-1", 10, minors=[0], hostname="train", namespace="ml"),
     ]
-    containers = by_name(build(allocations, runtime, None, identity="fallback"))
+    containers = by_name(build(allocations, runtime, None, identity=IdentitySource.FALLBACK))
     assert containers[("train", "main")].container_id == "c1"
     assert containers[("train", "logger")].container_id == "c2"
     assert {c.identity for c in containers.values()} == {Identity.FALLBACK}
@@ -118,7 +215,8 @@ def test_fallback_names_by_evidence_then_by_elimination():
 def test_fallback_matching_looks_only_at_the_containers_own_pod(monkeypatch):
     """Without the API a dense node has hundreds of unnamed containers; matching each against every PodResources
     container is quadratic (tens of ms at 440 containers). Work is counted, not timed: reads of a draft's
-    ``in_kubelet`` stay linear in the containers."""
+    ``in_kubelet`` stay linear in the containers. A private contract is the point here (the fallback's cost), so
+    the test counts on the join's private draft rather than on its answer, which a quadratic join gives too."""
     reads = [0]
 
     class CountingDraft(snapshot_module._Draft):
@@ -135,15 +233,15 @@ def test_fallback_matching_looks_only_at_the_containers_own_pod(monkeypatch):
         for i in range(pods)
         for k, name in enumerate(("main", "side"))
     ]
-    containers = build(allocations, runtime, None, identity="fallback").containers
+    containers = build(allocations, runtime, None, identity=IdentitySource.FALLBACK).containers
     assert sum(c.identity is Identity.FALLBACK for c in containers) == 0  # two candidates each: no guess
     assert reads[0] <= 10 * len(allocations)
 
 
 def test_unnamed_containers_are_rows_only_when_they_touch_a_gpu():
     runtime = [running("c1", "uid-9", 10, minors=[0]), running("c2", "uid-9", 11), running("c3", "uid-9", 12)]
-    processes = [(12, G0, 1 << 20, "uid-9", "c3", None)]
-    snapshot = build([], runtime, None, processes, identity="fallback")
+    processes = [GpuProcess(12, G0, 1 << 20, pod_uid="uid-9", container_id="c3")]
+    snapshot = build([], runtime, None, processes, identity=IdentitySource.FALLBACK)
     assert sorted(c.container_id for c in snapshot.containers) == ["c1", "c3"]
     assert {c.identity for c in snapshot.containers} == {Identity.UID}
     assert snapshot.processes[0].container_id == "c3"
@@ -198,6 +296,6 @@ def test_the_pod_list_tells_init_and_ephemeral_containers_from_regular_ones():
         [alloc("ml", "train", "main")],
         [running("c1", "uid-1", 10, hostname="train", namespace="ml")],
         None,
-        identity="fallback",
+        identity=IdentitySource.FALLBACK,
     )
     assert by_name(fallback)[("train", "main")].spec_field is None  # PodResources does not say which list

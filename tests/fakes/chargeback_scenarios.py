@@ -12,11 +12,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from jsonschema import Draft202012Validator, FormatChecker
+
 from gpu_fence.auditor import chargeback
+from gpu_fence.auditor.chargeback.provenance import Provenance
+from gpu_fence.auditor.chargeback.render import bill_schema
 
 GIB = 1 << 30
 HOUR = 3600
@@ -49,7 +54,19 @@ class Window:
 
 WINDOWS = {
     name: Window(BASE + index * 3 * HOUR, BASE + index * 3 * HOUR + HOUR)
-    for index, name in enumerate(["exclusive", "timeslice", "mig", "overreach", "renamed"])
+    for index, name in enumerate(
+        [
+            "exclusive",
+            "timeslice",
+            "mig",
+            "overreach",
+            "renamed",
+            "held-idle",
+            "replicas",
+            "replicas-unknown",
+            "mig-idle",
+        ]
+    )
 }
 
 
@@ -70,10 +87,13 @@ class OpenMetrics:
         return "\n".join([*out, "# EOF", ""])
 
 
-def card(om: OpenMetrics, window: Window, node: str, uuid: str, model: str) -> None:
+def card(om: OpenMetrics, window: Window, node: str, uuid: str, model: str, *, offered: int | None = 1) -> None:
+    """A whole GPU; ``offered`` is what gpu_fence_gpu_offered_replicas says (None: the auditor exported none)."""
     labels = {"node": node, "gpu_uuid": uuid, "parent_uuid": "", "model": model, "mig_profile": ""}
     om.series("gpu_fence_gpu_info", labels, 1, window.start, window.end)
     om.series("gpu_fence_gpu_share_ratio", {"node": node, "gpu_uuid": uuid}, 1, window.start, window.end)
+    if offered is not None:
+        om.series("gpu_fence_gpu_offered_replicas", {"node": node, "gpu_uuid": uuid}, offered, window.start, window.end)
 
 
 def mig(om: OpenMetrics, window: Window, node: str, parent: str, uuid: str, *, model: str, slices: int) -> None:
@@ -86,6 +106,14 @@ def mig(om: OpenMetrics, window: Window, node: str, parent: str, uuid: str, *, m
     }
     om.series("gpu_fence_gpu_info", labels, 1, window.start, window.end)
     om.series("gpu_fence_gpu_share_ratio", {"node": node, "gpu_uuid": uuid}, slices / 7, window.start, window.end)
+    om.series("gpu_fence_gpu_offered_replicas", {"node": node, "gpu_uuid": uuid}, 1, window.start, window.end)
+
+
+def mig_3_2_2(om: OpenMetrics, window: Window, node: str, parent: str, slices: tuple[str, str, str]) -> None:
+    """An A100 40GB card split into a 3g and two 2g slices (3/7, 2/7, 2/7 of the card); 1/7 stays unpartitioned."""
+    card(om, window, node, parent, A100_40)
+    for uuid, size in zip(slices, (3, 2, 2), strict=True):
+        mig(om, window, node, parent, uuid, model=A100_40, slices=size)
 
 
 def container(
@@ -99,18 +127,22 @@ def container(
     gib: float,
     allocated: bool = True,
     until: int | None = None,
+    replicas: int = 1,
 ) -> None:
+    """A container holding ``replicas`` allocation ids on ``uuid`` all window (when ``allocated``) and ``gib`` of
+    memory on it until ``until``; ``gib=0`` is a holder that never puts memory on the device."""
     who = {"node": node, "namespace": namespace, "pod": pod, "container": "main", "gpu_uuid": uuid}
     end = window.end if until is None else until
-    om.series(
-        "gpu_fence_container_gpu_memory_bytes",
-        {**who, "allocated": str(allocated).lower()},
-        gib * GIB,
-        window.start,
-        end,
-    )
+    if gib > 0:
+        om.series(
+            "gpu_fence_container_gpu_memory_bytes",
+            {**who, "allocated": str(allocated).lower()},
+            gib * GIB,
+            window.start,
+            end,
+        )
     if allocated:
-        om.series("gpu_fence_container_allocated_gpus", who, 1, window.start, window.end)
+        om.series("gpu_fence_container_allocated_gpus", who, replicas, window.start, window.end)
 
 
 def scenarios() -> str:
@@ -124,7 +156,7 @@ def scenarios() -> str:
 
     # Time-slicing: one A100 80GB (3.00/h), three replicas, 6 / 2 / 4 GiB; pod c carries no team label.
     w = WINDOWS["timeslice"]
-    card(om, w, "ts", "GPU-t", A100_80)
+    card(om, w, "ts", "GPU-t", A100_80, offered=3)
     container(om, w, "ts", "GPU-t", namespace="ml", pod="a", gib=6)
     container(om, w, "ts", "GPU-t", namespace="ml", pod="b", gib=2)
     container(om, w, "ts", "GPU-t", namespace="research", pod="c", gib=4)
@@ -137,10 +169,7 @@ def scenarios() -> str:
 
     # MIG: one A100 40GB (7.00/h) split 3g / 2g / 2g; the second 2g slice is used for the first half hour only.
     w = WINDOWS["mig"]
-    card(om, w, "mig", "GPU-m", A100_40)
-    mig(om, w, "mig", "GPU-m", "MIG-m3", model=A100_40, slices=3)
-    mig(om, w, "mig", "GPU-m", "MIG-m2a", model=A100_40, slices=2)
-    mig(om, w, "mig", "GPU-m", "MIG-m2b", model=A100_40, slices=2)
+    mig_3_2_2(om, w, "mig", "GPU-m", ("MIG-m3", "MIG-m2a", "MIG-m2b"))
     container(om, w, "mig", "MIG-m3", namespace="vision", pod="p3", gib=10)
     container(om, w, "mig", "MIG-m2a", namespace="nlp", pod="p2a", gib=5)
     container(om, w, "mig", "MIG-m2b", namespace="nlp", pod="p2b", gib=1, until=w.start + 29 * 60)
@@ -175,7 +204,34 @@ def scenarios() -> str:
         w.start,
         w.end,
     )
+    held_idle_scenarios(om)
     return om.text()
+
+
+def held_idle_scenarios(om: OpenMetrics) -> None:
+    """What an allocation blocks, its holder pays: devices held with no memory in use."""
+    # Two H100 (4.00/h) held all hour by one pod that never allocates memory on them; a third nobody holds.
+    w = WINDOWS["held-idle"]
+    for uuid in ("GPU-h1", "GPU-h2", "GPU-h3"):
+        card(om, w, "held", uuid, H100)
+    container(om, w, "held", "GPU-h1", namespace="team-idle", pod="waiting", gib=0)
+    container(om, w, "held", "GPU-h2", namespace="team-idle", pod="waiting", gib=0)
+
+    # An A100 80GB (3.00/h) time-sliced into 4 replicas: lab/active holds one and uses 4 GiB for the first half
+    # hour; queue/waiting holds two and never uses them; the fourth replica nobody holds.
+    for name, offered in (("replicas", 4), ("replicas-unknown", None)):
+        w = WINDOWS[name]
+        node = "ts4" if offered else "ts-unknown"
+        card(om, w, node, "GPU-r4", A100_80, offered=offered)
+        container(om, w, node, "GPU-r4", namespace="lab", pod="active", gib=4, until=w.start + 29 * 60)
+        container(om, w, node, "GPU-r4", namespace="queue", pod="waiting", gib=0, replicas=2)
+
+    # An A100 40GB (7.00/h) split 3g / 2g / 2g: infer uses the 3g slice all hour; hold holds both 2g slices idle.
+    w = WINDOWS["mig-idle"]
+    mig_3_2_2(om, w, "mig-idle", "GPU-mi", ("MIG-i3", "MIG-i2a", "MIG-i2b"))
+    container(om, w, "mig-idle", "MIG-i3", namespace="infer", pod="serve", gib=8)
+    container(om, w, "mig-idle", "MIG-i2a", namespace="hold", pod="reserve-a", gib=0)
+    container(om, w, "mig-idle", "MIG-i2b", namespace="hold", pod="reserve-b", gib=0)
 
 
 @dataclass(frozen=True)
@@ -186,14 +242,36 @@ class Result:
 
 
 def run_chargeback(*argv: str) -> Result:
-    """Run ``gpu-fence-auditor chargeback ARGV`` in process through the subcommand's own argparse wiring."""
+    """Run ``gpu-fence-auditor chargeback ARGV`` in process through the subcommand's own argparse wiring.
+
+    Every JSON bill it writes (to stdout or ``--output``) is checked against the published schema on the way.
+    """
     parser = argparse.ArgumentParser(prog="gpu-fence-auditor")
     chargeback.add_arguments(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["chargeback", *argv])
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = args.run(args)
+    if code == 0 and args.format == "json":
+        validate_bill(json.loads(args.output.read_text(encoding="utf-8") if args.output else stdout.getvalue()))
     return Result(code, stdout.getvalue(), stderr.getvalue())
+
+
+def validate_bill(document: dict) -> dict:
+    """Raise unless ``document`` satisfies ``bill.schema.json``; returns it, for chaining."""
+    Draft202012Validator(bill_schema(), format_checker=FormatChecker()).validate(document)
+    return document
+
+
+def made(step: float = 60.0, group_by: str = "namespace") -> Provenance:
+    """A provenance for renderer tests that build a bill by hand."""
+    return Provenance(
+        generated_at=1_800_000_000.0,
+        version="0.0.0-test",
+        source="http://prometheus:9090",
+        step=step,
+        group_by=group_by,
+    )
 
 
 def window_args(name: str) -> list[str]:

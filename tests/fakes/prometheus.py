@@ -4,16 +4,25 @@ Two ways to give it data:
 - ``backfill``: OpenMetrics text turned into TSDB blocks by ``promtool tsdb create-blocks-from openmetrics``
   before the server starts. Backfilled samples must be older than the head block's window (use timestamps
   hours in the past) and are queried with explicit timestamps.
-- ``scrape_targets``: ``host:port`` strings scraped at ``scrape_interval`` (job ``gpu-fence-auditor``).
+- ``scrape_targets``: ``host:port`` strings scraped at ``scrape_interval`` (job ``gpu-fence-auditor``);
+  ``scrape_configs``: further jobs, as Prometheus' own ``scrape_configs`` entries (the webhook over TLS, say).
+
+``rule_files`` are loaded as Prometheus' ``rule_files`` (recording and alerting rules, evaluated every second
+unless a group sets its own interval).
+
+``web_config`` starts it with ``--web.config.file`` (Prometheus' own TLS and basic-auth server settings); readiness
+is then checked over HTTPS against ``ca_file`` with the ``basic_auth`` credentials given.
 
 Readiness and scrapes are waited for by polling with a deadline, never by sleeping a fixed time.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.parse
@@ -56,6 +65,16 @@ def backfill(openmetrics: str, data_dir: Path) -> None:
         raise RuntimeError(f"promtool backfill failed: {result.stderr.strip() or result.stdout.strip()}")
 
 
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within 20 s: a server started by a test, stopped by it."""
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
 class ProcessExited(RuntimeError):
     """The server process ended while we waited for it: stop polling at once."""
 
@@ -86,7 +105,20 @@ class PrometheusServer:
         openmetrics: str | None = None,
         scrape_targets: Sequence[str] = (),
         scrape_interval: str = "1s",
+        *,
+        retention: str = "30d",
+        web_config: dict[str, Any] | None = None,
+        ca_file: Path | None = None,
+        basic_auth: tuple[str, str] | None = None,
+        scrape_configs: Sequence[dict[str, Any]] = (),
+        rule_files: Sequence[Path] = (),
     ) -> None:
+        self.extra_scrape_configs = list(scrape_configs)
+        self.rule_files = list(rule_files)
+        self.retention = retention
+        self.web_config = web_config
+        self.ca_file = ca_file
+        self.basic_auth = basic_auth
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.openmetrics = openmetrics
@@ -97,19 +129,26 @@ class PrometheusServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.web_config and "tls_server_config" in self.web_config else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def _config(self) -> Path:
         config: dict[str, Any] = {"global": {"scrape_interval": self.scrape_interval, "evaluation_interval": "1s"}}
+        jobs = list(self.extra_scrape_configs)
         if self.scrape_targets:
-            config["scrape_configs"] = [
+            jobs.insert(
+                0,
                 {
                     "job_name": JOB,
                     "scrape_interval": self.scrape_interval,
                     "scrape_timeout": self.scrape_interval,
                     "static_configs": [{"targets": self.scrape_targets}],
-                }
-            ]
+                },
+            )
+        if jobs:
+            config["scrape_configs"] = jobs
+        if self.rule_files:
+            config["rule_files"] = [str(path) for path in self.rule_files]
         path = self.workdir / "prometheus.yml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         return path
@@ -119,6 +158,11 @@ class PrometheusServer:
         if self.openmetrics is not None:
             backfill(self.openmetrics, self.data_dir)
         config = self._config()
+        extra = []
+        if self.web_config is not None:
+            web = self.workdir / "web.yml"
+            web.write_text(yaml.safe_dump(self.web_config), encoding="utf-8")
+            extra.append(f"--web.config.file={web}")
         log_path = self.workdir / "prometheus.log"
         for _attempt in range(3):  # another process may take the free port between probing and binding
             self.port = free_port()
@@ -129,8 +173,9 @@ class PrometheusServer:
                         f"--config.file={config}",
                         f"--storage.tsdb.path={self.data_dir}",
                         f"--web.listen-address=127.0.0.1:{self.port}",
-                        "--storage.tsdb.retention.time=30d",
+                        f"--storage.tsdb.retention.time={self.retention}",
                         "--log.level=warn",
+                        *extra,
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -148,7 +193,14 @@ class PrometheusServer:
     def _ready(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
             raise ProcessExited(f"prometheus exited with {self.process.returncode}")
-        with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+        request = urllib.request.Request(f"{self.url}/-/ready")
+        if self.basic_auth is not None:
+            token = base64.b64encode(":".join(self.basic_auth).encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        context = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else None
+        if context is not None:
+            context.check_hostname = False  # the server certificate names localhost; we dial 127.0.0.1
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
             return response.status == 200
 
     def stop(self) -> None:
@@ -174,6 +226,15 @@ class PrometheusServer:
         if document.get("status") != "success":
             raise RuntimeError(f"query {promql!r} failed: {document}")
         return document["data"]["result"]
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        """The values of ``label`` on the series ``match`` selects (Grafana's ``label_values(match, label)``)."""
+        parameters = urllib.parse.urlencode({"match[]": match})
+        with urllib.request.urlopen(f"{self.url}/api/v1/label/{label}/values?{parameters}", timeout=10) as response:
+            document = json.load(response)
+        if document.get("status") != "success":
+            raise RuntimeError(f"label values of {label} for {match!r} failed: {document}")
+        return document["data"]
 
     def __enter__(self) -> PrometheusServer:
         return self.start()

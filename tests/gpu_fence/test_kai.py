@@ -7,6 +7,7 @@ import pytest
 from gpu_fence import kai
 from gpu_fence.auditor.cli import build_parser
 from gpu_fence.auditor.daemon import Auditor
+from gpu_fence.auditor.settings import AuditSettings
 from gpu_fence.vocabulary import kai_fraction_container
 from gpu_fence.webhook.config import PolicyConfig, load_config
 
@@ -16,7 +17,7 @@ def test_the_webhook_trusts_fractions_under_kais_default_scheduler_name():
 
 
 def test_the_auditor_defaults_to_kais_scheduler_and_reservation_namespace():
-    auditor = Auditor(build_parser().parse_args(["once", "--node", "n1", "--no-kubernetes"]))
+    auditor = Auditor(AuditSettings.from_args(build_parser().parse_args(["once", "--node", "n1", "--no-kubernetes"])))
     assert auditor.options.kai_scheduler_names == kai.DEFAULT_SCHEDULER_NAMES
     assert auditor.options.kai_reservation_namespace == kai.DEFAULT_RESERVATION_NAMESPACE
     assert auditor.policy.kai_reservation_namespace == kai.DEFAULT_RESERVATION_NAMESPACE

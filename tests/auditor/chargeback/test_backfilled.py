@@ -31,9 +31,10 @@ def groups(document: dict) -> dict[str, dict]:
     return {group["group"]: group for group in document["groups"]}
 
 
-def test_exclusive_gpus_platform_idle(prometheus, prices_file):
-    document = bill(prometheus, prices_file, "exclusive", "--idle", "platform")
+def test_exclusive_gpus_usage_method_platform_idle(prometheus, prices_file):
+    document = bill(prometheus, prices_file, "exclusive", "--method", "usage", "--idle", "platform")
     by = groups(document)
+    assert document["method"] == "usage"
     # Two H100 at 4.00/h for 1 h: 8.00 in all.
     assert document["total_gpu_cost"] == pytest.approx(8.00)
     assert document["currency"] == "EUR"
@@ -42,8 +43,10 @@ def test_exclusive_gpus_platform_idle(prometheus, prices_file):
     assert by["team-a"]["request_cost"] == pytest.approx(4.00)
     assert by["team-a"]["difference"] == pytest.approx(0.00)
     assert by["team-a"]["memory_gib_hours"] == pytest.approx(40.0)  # 40 GiB × 1 h
-    # team-b on GPU-e2 for 3 of 6 intervals: 4.00 × 0.5 h = 2.00; the other half hour (2.00) is idle → platform.
+    # team-b on GPU-e2 for 3 of 6 intervals: 4.00 × 0.5 h = 2.00; the other half hour (2.00) is idle → platform,
+    # although team-b held the GPU all hour (usage: only memory is charged).
     assert by["team-b"]["usage_cost"] == pytest.approx(2.00)
+    assert by["team-b"]["reserved_cost"] == pytest.approx(0.00)
     assert by["team-b"]["idle_cost"] == pytest.approx(0.00)
     assert by["team-b"]["request_cost"] == pytest.approx(4.00)
     assert by["team-b"]["difference"] == pytest.approx(2.00 - 4.00)
@@ -51,8 +54,8 @@ def test_exclusive_gpus_platform_idle(prometheus, prices_file):
     assert document["platform"]["cost"] == pytest.approx(2.00)
 
 
-def test_exclusive_gpus_proportional_idle(prometheus, prices_file):
-    by = groups(document := bill(prometheus, prices_file, "exclusive", "--idle", "proportional"))
+def test_exclusive_gpus_usage_method_proportional_idle(prometheus, prices_file):
+    by = groups(document := bill(prometheus, prices_file, "exclusive", "--method", "usage", "--idle", "proportional"))
     # GPU-e2's idle half hour (2.00) goes to its only user, team-b: 2.00 + 2.00 = 4.00; nothing left to platform.
     assert by["team-b"]["usage_cost"] == pytest.approx(2.00)
     assert by["team-b"]["idle_cost"] == pytest.approx(2.00)
@@ -60,6 +63,103 @@ def test_exclusive_gpus_proportional_idle(prometheus, prices_file):
     assert by["team-a"]["idle_cost"] == pytest.approx(0.00)  # GPU-e1 was never idle
     assert document["platform"]["cost"] == pytest.approx(0.00)
     assert document["total_gpu_cost"] == pytest.approx(8.00)
+
+
+@pytest.mark.parametrize("idle", ["platform", "proportional"])
+def test_half_used_exclusive_holder_pays_the_half_it_held_idle(prometheus, prices_file, idle):
+    document = bill(prometheus, prices_file, "exclusive", "--idle", idle)
+    by = groups(document)
+    assert document["method"] == "holder"  # the default
+    # team-b held GPU-e2 all hour and used it for the first half: 2.00 usage + 2.00 reserved, unused = 4.00,
+    # under both idle policies: nobody else could have used the GPU it held.
+    assert by["team-b"]["usage_cost"] == pytest.approx(2.00)
+    assert by["team-b"]["reserved_cost"] == pytest.approx(2.00)
+    assert by["team-b"]["idle_cost"] == pytest.approx(0.00)
+    assert by["team-b"]["total_cost"] == pytest.approx(4.00)
+    assert by["team-b"]["difference"] == pytest.approx(0.00)  # = what requests charge for one exclusive GPU
+    assert by["team-a"]["total_cost"] == pytest.approx(4.00)
+    assert document["platform"]["cost"] == pytest.approx(0.00)
+    assert document["notes"] == []  # every device had its offered replicas
+
+
+@pytest.mark.parametrize("idle", ["platform", "proportional"])
+def test_idle_exclusive_holder_pays_and_a_card_nobody_holds_is_platform(prometheus, prices_file, idle):
+    document = bill(prometheus, prices_file, "held-idle", "--idle", idle)
+    by = groups(document)
+    # Three H100 at 4.00/h: 12.00. team-idle held two all hour with no memory on them: 2 × 4.00 = 8.00, all of it
+    # reserved, unused. GPU-h3 nobody held or used: 4.00 to the platform under both policies.
+    assert document["total_gpu_cost"] == pytest.approx(12.00)
+    assert by["team-idle"]["usage_cost"] == pytest.approx(0.00)
+    assert by["team-idle"]["reserved_cost"] == pytest.approx(8.00)
+    assert by["team-idle"]["total_cost"] == pytest.approx(8.00)
+    assert by["team-idle"]["memory_gib_hours"] == pytest.approx(0.0)
+    assert document["platform"]["cost"] == pytest.approx(4.00)
+    cards = {card["gpu_uuid"]: card for card in document["cards"]}
+    assert cards["GPU-h3"]["unused_cost"] == pytest.approx(4.00)
+    assert cards["GPU-h1"]["unused_cost"] == pytest.approx(0.00)
+
+
+def test_idle_exclusive_holder_under_the_usage_method_pays_nothing(prometheus, prices_file):
+    # The rule a finance team rejects, still there for sites that want it: the two held card-hours go to platform.
+    document = bill(prometheus, prices_file, "held-idle", "--method", "usage", "--idle", "proportional")
+    assert groups(document)["team-idle"]["total_cost"] == pytest.approx(0.00)
+    assert groups(document)["team-idle"]["request_cost"] == pytest.approx(8.00)
+    assert document["platform"]["cost"] == pytest.approx(12.00)
+
+
+def test_idle_replicas_of_a_shared_gpu_pay_their_share(prometheus, prices_file):
+    document = bill(prometheus, prices_file, "replicas", "--idle", "platform")
+    by = groups(document)
+    # A100 80GB at 3.00/h, 4 replicas offered: 0.75/h per replica. queue/waiting holds 2 and never uses them:
+    # 2/4 × 3.00 × 1 h = 1.50 reserved. lab/active holds 1 and uses 4 GiB for the first half hour: there it
+    # pays the rest of the card (3.00 × 0.5 h − the 0.75 queue reserved) = 0.75; in the second half it holds its
+    # replica idle: 1/4 × 3.00 × 0.5 h = 0.375 reserved. The replica nobody holds is idle then: 0.375.
+    assert by["queue"]["reserved_cost"] == pytest.approx(1.50)
+    assert by["queue"]["total_cost"] == pytest.approx(1.50)
+    assert by["lab"]["usage_cost"] == pytest.approx(0.75)
+    assert by["lab"]["reserved_cost"] == pytest.approx(0.375)
+    assert by["lab"]["total_cost"] == pytest.approx(1.125)
+    assert document["platform"]["cost"] == pytest.approx(0.375)
+    assert document["total_gpu_cost"] == pytest.approx(3.00)
+    # Requests bill each replica as a whole card-hour: queue 2 × 3.00 = 6.00, lab 3.00.
+    assert by["queue"]["request_cost"] == pytest.approx(6.00)
+    assert by["lab"]["request_cost"] == pytest.approx(3.00)
+    assert document["notes"] == []
+
+    spread = bill(prometheus, prices_file, "replicas", "--idle", "proportional")
+    # The unheld replica's 0.375 is spread over the card's parties by what they were booked: 1.50 : 1.125.
+    assert groups(spread)["queue"]["idle_cost"] == pytest.approx(0.375 * 1.50 / 2.625, abs=1e-6)
+    assert groups(spread)["lab"]["idle_cost"] == pytest.approx(0.375 * 1.125 / 2.625, abs=1e-6)
+    assert spread["platform"]["cost"] == pytest.approx(0.0)
+
+
+def test_replicas_offered_missing_falls_back_to_all_held_with_a_note(prometheus, prices_file):
+    document = bill(prometheus, prices_file, "replicas-unknown", "--idle", "platform")
+    by = groups(document)
+    # No gpu_fence_gpu_offered_replicas: the 3 ids held are taken as every replica. First half hour: queue pays
+    # 2/3 × 3.00 × 0.5 = 1.00, lab the rest 0.50 (its memory); second half: queue 1.00, lab 1/3 × 1.50 = 0.50.
+    assert by["queue"]["reserved_cost"] == pytest.approx(2.00)
+    assert by["lab"]["usage_cost"] == pytest.approx(0.50)
+    assert by["lab"]["reserved_cost"] == pytest.approx(0.50)
+    assert document["platform"]["cost"] == pytest.approx(0.0)
+    [note] = document["notes"]
+    assert "gpu_fence_gpu_offered_replicas" in note and "ts-unknown/GPU-r4" in note and "every replica" in note
+
+
+@pytest.mark.parametrize("idle", ["platform", "proportional"])
+def test_mig_slices_held_idle_are_paid_by_their_holder(prometheus, prices_file, idle):
+    document = bill(prometheus, prices_file, "mig-idle", "--idle", idle)
+    by = groups(document)
+    # A100 40GB at 7.00/h: the 3g slice 3.00/h, each 2g slice 2.00/h. infer uses the 3g all hour: 3.00. hold
+    # holds both 2g slices without memory: 2 × 2.00 = 4.00 reserved. Nothing is idle.
+    assert by["infer"]["usage_cost"] == pytest.approx(3.00)
+    assert by["hold"]["reserved_cost"] == pytest.approx(4.00)
+    assert by["hold"]["total_cost"] == pytest.approx(4.00)
+    assert by["hold"]["request_cost"] == pytest.approx(4.00)
+    assert document["platform"]["cost"] == pytest.approx(0.0)
+    usage = bill(prometheus, prices_file, "mig-idle", "--method", "usage", "--idle", "platform")
+    assert groups(usage)["hold"]["total_cost"] == pytest.approx(0.0)
+    assert usage["platform"]["cost"] == pytest.approx(4.00)
 
 
 def test_time_slicing_splits_by_unequal_memory(prometheus, prices_file):
@@ -88,7 +188,7 @@ def test_group_by_sanitised_pod_label(prometheus, prices_file):
 
 
 def test_mig_card_split_3_2_2(prometheus, prices_file):
-    platform = bill(prometheus, prices_file, "mig", "--idle", "platform")
+    platform = bill(prometheus, prices_file, "mig", "--method", "usage", "--idle", "platform")
     by = groups(platform)
     # A100 40GB at 7.00/h; slices cost 3/7 × 7.00 = 3.00/h and 2/7 × 7.00 = 2.00/h each.
     assert platform["total_gpu_cost"] == pytest.approx(7.00)
@@ -101,16 +201,26 @@ def test_mig_card_split_3_2_2(prometheus, prices_file):
     assert by["nlp"]["request_cost"] == pytest.approx(4.00)
     assert by["vision"]["requested_gpu_hours"] == pytest.approx(3 / 7)
 
-    spread = groups(document := bill(prometheus, prices_file, "mig", "--idle", "proportional"))
+    spread = groups(document := bill(prometheus, prices_file, "mig", "--method", "usage", "--idle", "proportional"))
     # The card's 1.00 idle is spread over its users in proportion to their charges on it, 3.00 : 3.00.
     assert spread["vision"]["total_cost"] == pytest.approx(3.50)
     assert spread["nlp"]["total_cost"] == pytest.approx(3.50)
     assert document["platform"]["cost"] == pytest.approx(0.0)
 
+    for idle in ("platform", "proportional"):
+        held = groups(document := bill(prometheus, prices_file, "mig", "--idle", idle))
+        # holder: nlp held MIG-m2b all hour and used it half of it: 1.00 usage + 1.00 reserved, so 2.00 + 2.00.
+        assert held["nlp"]["usage_cost"] == pytest.approx(3.00)
+        assert held["nlp"]["reserved_cost"] == pytest.approx(1.00)
+        assert held["nlp"]["total_cost"] == pytest.approx(4.00)
+        assert held["vision"]["total_cost"] == pytest.approx(3.00)
+        assert document["platform"]["cost"] == pytest.approx(0.0)
 
-def test_overreach_unattributed_and_unused_card(prometheus, prices_file):
+
+@pytest.mark.parametrize("method", ["holder", "usage"])
+def test_overreach_unattributed_and_unused_card(prometheus, prices_file, method):
     for policy in ("platform", "proportional"):
-        document = bill(prometheus, prices_file, "overreach", "--idle", policy)
+        document = bill(prometheus, prices_file, "overreach", "--idle", policy, "--method", method)
         by = groups(document)
         # GPU-o: Tesla T4 has no model price → default 2.50/h; 8 GiB in use: legit 3, miner 1, host 4.
         # GPU-idle: node cheap-7 matches "cheap-*" → 1.00/h, never used → platform under both policies.

@@ -170,3 +170,50 @@ def test_unwritable_output(tmp_path: Path, prometheus):
         str(tmp_path / "missing-dir" / "bill.csv"),
     )
     assert_one_line_error(result, "cannot write --output")
+
+
+@pytest.mark.parametrize(
+    ("content", "fragments"),
+    [
+        ("basic_auth: [finance]\n", ("basic_auth must be a mapping",)),
+        ("basic_auth: {username: a, password: b, password_file: c}\n", ("at most one of basic_auth.password",)),
+        ("basic_auth: {user: a}\n", ("unknown key 'basic_auth.user'", "allowed here:")),
+        ("basic_auth: {username: a, password_file: missing}\n", ("cannot read basic_auth.password_file",)),
+        ("authorization: {type: Basic, credentials: x}\n", ('cannot be "Basic"', "basic_auth")),
+        ("authorization: {type: Bearer}\n", ("needs credentials or credentials_file",)),
+        ("authorization: {credentials: x}\nbasic_auth: {username: a}\n", ("at most one of basic_auth, authorization",)),
+        ("bearer_token: x\nbearer_token_file: y\n", ("at most one of bearer_token and bearer_token_file",)),
+        ("oauth2: {client_id: a}\n", ("oauth2 is not supported by chargeback",)),
+        ("proxy_url: http://proxy:3128\n", ("proxy_url is not supported",)),
+        ("authorization: {credentials_ref: vault}\n", ("authorization.credentials_ref is not supported",)),
+        ("tls_config: {cert: PEM}\n", ("needs both a certificate and a key",)),
+        ("tls_config: {cert_file: client.pem, key_file: key.pem}\n", ("cannot read tls_config.cert_file",)),
+        ("tls_config: {ca: not a certificate}\n", ("not a PEM certificate bundle",)),
+        ("tls_config: {min_version: TLS9}\n", ("tls_config.min_version 'TLS9'", "TLS12")),
+        ("tls_config: {insecure_skip_verify: maybe}\n", ("insecure_skip_verify must be true or false",)),
+        ("http_headers: {Authorization: {values: [x]}}\n", ("setting header 'Authorization' is not allowed",)),
+        ("http_headers: {X-Scope-OrgID: [tenant]}\n", ("http_headers.X-Scope-OrgID must be a mapping",)),
+        ("http_headers: {X-Scope-OrgID: {values: tenant}}\n", ("values must be a list of strings",)),
+        ("http_headers: {X-Scope-OrgID: {files: [missing]}}\n", ("cannot read http_headers.X-Scope-OrgID.files",)),
+        ("follow_redirects: sometimes\n", ("follow_redirects must be true or false",)),
+        ("basic_auth: {username: [a\n", ("not valid YAML", "line")),
+        ("- basic_auth\n", ("the file must be a mapping",)),
+    ],
+)
+def test_malformed_http_config(tmp_path: Path, content: str, fragments: tuple[str, ...]):
+    config = tmp_path / "http.yaml"
+    config.write_text(content, encoding="utf-8")
+    # The HTTP client configuration is read before Prometheus is asked anything: no server needed.
+    result = run_chargeback(
+        "--prometheus", f"http://127.0.0.1:{free_port()}", *window_args("exclusive"), "--price-per-gpu-hour", "1",
+        "--http-config", str(config),
+    )  # fmt: skip
+    assert_one_line_error(result, f"--http-config {config}", *fragments)
+
+
+def test_missing_http_config(tmp_path: Path):
+    result = run_chargeback(
+        "--prometheus", "http://127.0.0.1:9", *window_args("exclusive"), "--price-per-gpu-hour", "1",
+        "--http-config", str(tmp_path / "nope.yaml"),
+    )  # fmt: skip
+    assert_one_line_error(result, "cannot read --http-config", "nope.yaml")

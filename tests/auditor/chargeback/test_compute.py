@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hypothesis import given, settings
@@ -12,11 +13,14 @@ from gpu_fence.auditor.chargeback.compute import (
     OVERREACH,
     UNATTRIBUTED,
     Allocation,
+    Charge,
     ContainerRef,
     Device,
     IdlePolicy,
     Interval,
     Memory,
+    Method,
+    Offered,
     Unattributed,
     compute_bill,
 )
@@ -154,6 +158,94 @@ def test_empty_input_is_an_empty_bill():
     assert bill.groups == () and bill.total_gpu_cost == 0.0 and bill.accounted == 0.0
 
 
+def test_holder_with_memory_shares_by_bytes_idle_holder_pays_its_replicas():
+    # A card offered as 4 replicas at 4.00/h: a holds 1 and uses 3 GiB, b holds 1 and uses 1 GiB, c holds 1 and
+    # uses none. c pays its replica (1/4 of the card); a and b split the rest 3:1 by memory; nothing is idle.
+    gpu = Device("n1", "GPU-a", "", "H100")
+    a, b, c = owner("a"), owner("b"), owner("c")
+    interval = Interval(
+        end=HOUR,
+        seconds=HOUR,
+        devices=(gpu,),
+        memory=(Memory("n1", "GPU-a", a, True, 3 * GIB), Memory("n1", "GPU-a", b, True, 1 * GIB)),
+        allocations=tuple(Allocation("n1", "GPU-a", who, 1) for who in (a, b, c)),
+        offered=(Offered("n1", "GPU-a", 4),),
+    )
+    groups = by_group(bill := compute_bill([interval], flat(4.0), IdlePolicy.PLATFORM))
+    assert bill.method is Method.HOLDER
+    assert math.isclose(groups["c"].reserved, 1.0) and groups["c"].usage == 0.0
+    assert math.isclose(groups["a"].usage, 2.25) and math.isclose(groups["b"].usage, 0.75)
+    assert bill.platform == 0.0 and bill.notes == ()
+    # The same hour under the usage method: c pays nothing, a and b split the whole card 3:1.
+    groups = by_group(compute_bill([interval], flat(4.0), IdlePolicy.PLATFORM, method=Method.USAGE))
+    assert groups["c"].total == 0.0
+    assert math.isclose(groups["a"].usage, 3.0) and math.isclose(groups["b"].usage, 1.0)
+
+
+def test_idle_holders_leave_unheld_replicas_idle_and_a_missing_offer_counts_them_all_held():
+    gpu = Device("n1", "GPU-a", "", "H100")
+    a = owner("a")
+    held = Interval(end=HOUR, seconds=HOUR, devices=(gpu,), allocations=(Allocation("n1", "GPU-a", a, 2),))
+    offered = dataclasses.replace(held, offered=(Offered("n1", "GPU-a", 8),))
+    bill = compute_bill([offered], flat(4.0), IdlePolicy.PLATFORM)
+    assert math.isclose(by_group(bill)["a"].reserved, 1.0)  # 2 of 8 replicas
+    assert math.isclose(bill.platform, 3.0)
+    assert bill.cards[0].unused == bill.platform
+    bill = compute_bill([held], flat(4.0), IdlePolicy.PLATFORM)
+    assert math.isclose(by_group(bill)["a"].reserved, 4.0)  # offered unknown: the 2 ids held are all there are
+    [note] = bill.notes
+    assert "gpu_fence_gpu_offered_replicas" in note and "n1/GPU-a" in note
+    # More ids held than offered (a stale offer): charged by the ids held, never more than the card, with a note.
+    stale = dataclasses.replace(held, offered=(Offered("n1", "GPU-a", 1),))
+    bill = compute_bill([stale], flat(4.0), IdlePolicy.PLATFORM)
+    assert math.isclose(by_group(bill)["a"].reserved, 4.0)
+    assert any("more allocation ids held" in note for note in bill.notes)
+
+
+def test_overreach_on_a_device_its_holder_reserved_costs_nothing_more():
+    # The holder blocked the whole GPU and pays it; the memory of a container without an allocation there is
+    # listed as overreach with its GiB-hours, at no extra cost (the card was paid for once).
+    gpu = Device("n1", "GPU-a", "", "H100")
+    holder, rogue = owner("holder"), owner("rogue", pod="miner")
+    interval = Interval(
+        end=HOUR,
+        seconds=HOUR,
+        devices=(gpu,),
+        memory=(Memory("n1", "GPU-a", rogue, False, 2 * GIB),),
+        allocations=(Allocation("n1", "GPU-a", holder, 1),),
+        offered=(Offered("n1", "GPU-a", 1),),
+    )
+    bill = compute_bill([interval], flat(2.0), IdlePolicy.PLATFORM)
+    assert math.isclose(by_group(bill)["holder"].reserved, 2.0)
+    [row] = bill.overreach
+    assert row.cost == 0.0 and math.isclose(row.gib_hours, 2.0)
+    usage = compute_bill([interval], flat(2.0), IdlePolicy.PLATFORM, method=Method.USAGE)
+    assert math.isclose(usage.overreach[0].cost, 2.0) and by_group(usage)["holder"].total == 0.0
+
+
+def test_ledger_lines_name_the_device_and_add_up():
+    card = Device("n1", "GPU-m", "", "A100")
+    s3 = Device("n1", "MIG-3", "GPU-m", "A100 MIG 3g.40gb", 3 / 7)
+    s2 = Device("n1", "MIG-2", "GPU-m", "A100 MIG 2g.20gb", 2 / 7)
+    x, y = owner("x"), owner("y")
+    interval = Interval(
+        end=HOUR,
+        seconds=HOUR,
+        devices=(card, s3, s2),
+        memory=(Memory("n1", "MIG-3", x, True, GIB),),
+        allocations=(Allocation("n1", "MIG-3", x, 1), Allocation("n1", "MIG-2", y, 1)),
+        offered=(Offered("n1", "MIG-3", 1), Offered("n1", "MIG-2", 1)),
+    )
+    bill = compute_bill([interval], flat(7.0), IdlePolicy.PLATFORM)
+    lines = {(line.device_uuid, line.charge): line for line in bill.lines}
+    assert math.isclose(lines[("MIG-3", Charge.USAGE)].cost, 3.0)
+    assert math.isclose(lines[("MIG-3", Charge.USAGE)].card_hours, 3 / 7)
+    assert math.isclose(lines[("MIG-2", Charge.RESERVED)].cost, 2.0)
+    assert math.isclose(lines[("GPU-m", Charge.PLATFORM)].cost, 2.0)  # 2/7 of the card is in no slice
+    assert {line.card_uuid for line in bill.lines} == {"GPU-m"}
+    assert math.isclose(sum(line.cost for line in bill.lines), bill.total_gpu_cost)
+
+
 # --- properties -------------------------------------------------------------------------------------------------
 
 NAMESPACES = ["a", "b", "c"]
@@ -174,15 +266,19 @@ def clusters(draw):
                 remaining -= size
                 cards.append(Device("n1", f"MIG-{index}-{slot}", uuid, "A100 MIG", size / 7))
     leaves = [d for d in cards if d.parent_uuid or not any(c.parent_uuid == d.uuid for c in cards)]
+    # Replicas the device plugin offers per device: sometimes unknown, sometimes fewer than a cluster holds.
+    offers = {device.uuid: draw(st.sampled_from([None, 1, 2, 4])) for device in leaves}
     intervals = []
     for step in range(draw(st.integers(1, 4))):
         memory, unattributed, allocations = [], [], []
         for device in leaves:
-            for namespace in draw(st.lists(st.sampled_from(NAMESPACES), max_size=3)):
+            for namespace in draw(st.lists(st.sampled_from(NAMESPACES), max_size=3, unique=True)):
                 ref = owner(namespace, pod=f"p{step % 2}")
-                memory.append(Memory("n1", device.uuid, ref, draw(st.booleans()), draw(st.integers(0, 8)) * GIB))
+                gib = draw(st.integers(0, 8))
+                if gib or draw(st.booleans()):
+                    memory.append(Memory("n1", device.uuid, ref, draw(st.booleans()), gib * GIB))
                 if draw(st.booleans()):
-                    allocations.append(Allocation("n1", device.uuid, ref, 1))
+                    allocations.append(Allocation("n1", device.uuid, ref, draw(st.integers(1, 3))))
             if draw(st.booleans()):
                 unattributed.append(Unattributed("n1", device.uuid, draw(st.integers(0, 4)) * GIB))
         intervals.append(
@@ -193,6 +289,7 @@ def clusters(draw):
                 memory=tuple(memory),
                 allocations=tuple(allocations),
                 unattributed=tuple(unattributed),
+                offered=tuple(Offered("n1", uuid, count) for uuid, count in offers.items() if count is not None),
             )
         )
     return intervals
@@ -205,26 +302,59 @@ def price(node: str, model: str) -> float:
 @settings(max_examples=150, deadline=None)
 @given(clusters())
 def test_every_cost_lands_somewhere_exactly_once(intervals):
-    for policy in IdlePolicy:
-        bill = compute_bill(intervals, price, policy)
-        assert math.isclose(bill.accounted, bill.total_gpu_cost, rel_tol=1e-9, abs_tol=1e-9)
-        for point in bill.timeline:
-            assert all(cost >= 0 for cost in point.costs.values())
+    for method in Method:
+        for policy in IdlePolicy:
+            bill = compute_bill(intervals, price, policy, method=method)
+            assert math.isclose(bill.accounted, bill.total_gpu_cost, rel_tol=1e-9, abs_tol=1e-9)
+            # The ledger is where it landed: its lines add up to the same total, none negative, and the groups'
+            # figures are sums over them.
+            assert math.isclose(sum(line.cost for line in bill.lines), bill.total_gpu_cost, abs_tol=1e-9)
+            assert all(line.cost >= 0 and line.card_hours >= 0 for line in bill.lines)
+            for group in bill.groups:
+                mine = [line for line in bill.lines if line.group == group.group]
+                billed = [line for line in mine if line.charge in (Charge.USAGE, Charge.RESERVED, Charge.IDLE_SHARE)]
+                assert math.isclose(sum(line.cost for line in billed), group.total, abs_tol=1e-9)
+            assert math.isclose(sum(card.cost for card in bill.cards), bill.total_gpu_cost, abs_tol=1e-9)
+            for point in bill.timeline:
+                assert all(cost >= 0 for cost in point.costs.values())
+            if method is Method.USAGE:
+                assert all(group.reserved == 0.0 for group in bill.groups)
 
 
 @settings(max_examples=150, deadline=None)
 @given(clusters())
 def test_idle_policies_differ_only_in_who_pays_for_idle(intervals):
-    spread = compute_bill(intervals, price, IdlePolicy.PROPORTIONAL)
-    platform = compute_bill(intervals, price, IdlePolicy.PLATFORM)
-    assert math.isclose(spread.accounted, platform.accounted, rel_tol=1e-9, abs_tol=1e-9)
-    assert spread.platform <= platform.platform + 1e-9
-    usage = {group.group: group.usage for group in platform.groups}
-    for group in spread.groups:
-        assert math.isclose(group.usage, usage.get(group.group, 0.0), abs_tol=1e-9)
-        assert math.isclose(group.request, by_group(platform)[group.group].request, abs_tol=1e-9)
-    assert all(group.idle == 0.0 for group in platform.groups)
-    assert sum(p.costs.get(OVERREACH, 0.0) for p in platform.timeline) <= sum(g.overreach for g in spread.groups) + 1e-9
+    for method in Method:
+        spread = compute_bill(intervals, price, IdlePolicy.PROPORTIONAL, method=method)
+        platform = compute_bill(intervals, price, IdlePolicy.PLATFORM, method=method)
+        assert math.isclose(spread.accounted, platform.accounted, rel_tol=1e-9, abs_tol=1e-9)
+        assert spread.platform <= platform.platform + 1e-9
+        usage = {group.group: group.usage for group in platform.groups}
+        for group in spread.groups:
+            assert math.isclose(group.usage, usage.get(group.group, 0.0), abs_tol=1e-9)
+            assert math.isclose(group.reserved, by_group(platform)[group.group].reserved, abs_tol=1e-9)
+            assert math.isclose(group.request, by_group(platform)[group.group].request, abs_tol=1e-9)
+        assert all(group.idle == 0.0 for group in platform.groups)
+        overreach = sum(p.costs.get(OVERREACH, 0.0) for p in platform.timeline)
+        assert overreach <= sum(g.overreach for g in spread.groups) + 1e-9
+
+
+@settings(max_examples=150, deadline=None)
+@given(clusters())
+def test_holders_pay_for_what_they_block_and_never_more_than_requests_charge(intervals):
+    holder = compute_bill(intervals, price, IdlePolicy.PLATFORM, method=Method.HOLDER)
+    usage = compute_bill(intervals, price, IdlePolicy.PLATFORM, method=Method.USAGE)
+    # Reservations only move cost out of idle: the platform pays no more than under usage, requests are equal.
+    assert holder.platform <= usage.platform + 1e-9
+    assert {g.group: round(g.request, 9) for g in holder.groups if g.request} == {
+        g.group: round(g.request, 9) for g in usage.groups if g.request
+    }
+    # A reservation never costs more than what a request-based tool charges for the same ids.
+    for group in holder.groups:
+        assert group.reserved <= group.request + 1e-9
+    # With nothing held, the two methods are the same bill.
+    if not any(interval.allocations for interval in intervals):
+        assert holder.groups == usage.groups and math.isclose(holder.platform, usage.platform)
 
 
 def test_memory_on_a_mig_partitioned_card_itself_is_noted_as_such():

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.chargeback_scenarios import PRICES_YAML, run_chargeback, window_args
+from gpu_fence.auditor.chargeback.compute import IDLE, OVERREACH, UNATTRIBUTED
+from gpu_fence.auditor.chargeback.times import iso
+from tests.fakes.chargeback_scenarios import PRICES_YAML, WINDOWS, run_chargeback, window_args
 
 pytestmark = pytest.mark.e2e
 
@@ -52,6 +54,10 @@ class Dom(HTMLParser):
         self.tables: dict[str, list[list[str]]] = {}
         self.cell: list[str] | None = None
         self.external: list[str] = []
+        self.texts: dict[str, list[dict[str, str]]] = {}  # svg id → its <text> elements (attributes and "text")
+        self.text: dict[str, str] | None = None
+        self.legends: dict[str, str] = {}
+        self.legend: str | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attributes = {key: value or "" for key, value in attrs}
@@ -63,6 +69,13 @@ class Dom(HTMLParser):
         if tag == "svg":
             self.svg = attributes.get("id", "")
             self.shapes[self.svg] = []
+            self.texts[self.svg] = []
+        elif tag == "text" and self.svg is not None:
+            self.text = {**attributes, "text": ""}
+            self.texts[self.svg].append(self.text)
+        elif tag == "div" and "legend" in attributes.get("class", ""):
+            self.legend = attributes.get("id", "")
+            self.legends[self.legend] = ""
         elif tag in ("rect", "path") and self.svg is not None:
             self.shapes[self.svg].append({"tag": tag, **attributes})
         elif tag == "table":
@@ -74,6 +87,10 @@ class Dom(HTMLParser):
             self.cell = []
 
     def handle_endtag(self, tag: str) -> None:
+        if tag == "text":
+            self.text = None
+        elif tag == "div":
+            self.legend = None
         if tag == "svg":
             self.svg = None
         elif tag == "table":
@@ -85,6 +102,10 @@ class Dom(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self.cell is not None:
             self.cell.append(data)
+        if self.text is not None:
+            self.text["text"] += data
+        if self.legend is not None:
+            self.legends[self.legend] += data
 
 
 def png_pixels(data: bytes) -> tuple[int, int, list[bytearray]]:
@@ -166,7 +187,7 @@ def test_dom_has_charts_and_the_right_numbers(report: Path, tmp_path: Path):
     comparison = dom.shapes["comparison"]
     assert {(shape["data-group"], shape["data-kind"]) for shape in comparison} >= {
         ("batch", "request"),
-        ("batch", "usage"),
+        ("batch", "billed"),
     }
 
     rows = {row[0]: row for row in dom.tables["groups"][1:]}
@@ -183,6 +204,54 @@ def test_dom_has_charts_and_the_right_numbers(report: Path, tmp_path: Path):
     assert dom.tables["overreach"][1] == ["sneaky", "miner", "main", "over", "GPU-o", "1.0", "0.31"]
     assert "3.50 EUR" in dom_text  # GPU cost of the range
     assert re.search(r'id="method"[^>]*>[^<]*memory', dom_text)
+
+
+def test_axes_have_units_time_labels_and_the_signs_a_legend(report: Path, tmp_path: Path):
+    dom = Dom()
+    dom.feed(chromium("--dump-dom", report.as_uri(), profile=tmp_path / "profile").stdout)
+    texts = {text.get("id"): text["text"] for text in dom.texts["timeline"] if text.get("id")}
+    assert texts["y-unit"] == "EUR per 10 min bar"  # six 10-minute intervals, one bar each
+    assert texts["x-unit"].startswith("time (UTC)")
+    assert dom.texts["comparison"][-1]["text"] == "cost over the whole range, EUR"
+    # The range's own start and end at the ends of the axis, and the quarter, half and three-quarter instants
+    # between them, left to right.
+    window = WINDOWS["overreach"]
+    ticks = [text for text in dom.texts["timeline"] if text.get("class") == "time-tick"]
+    assert [text["text"] for text in ticks] == [iso(window.start + 900 * k) for k in (1, 2, 3)]
+    ends = [
+        text for text in dom.texts["timeline"] if text.get("text-anchor") in ("start", "end") and "T" in text["text"]
+    ]
+    assert [text["text"] for text in ends] == [iso(window.start), iso(window.end)]
+    positions = [float(text["x"]) for text in (ends[0], *ticks, ends[1])]
+    assert positions == sorted(positions) and len(set(positions)) == 5
+    signs = dom.legends["signs-legend"]
+    assert "below zero" in signs and "above zero" in signs and "does not apply" in signs
+    assert all(layer in dom.legends["timeline-legend"] for layer in ("batch", OVERREACH, UNATTRIBUTED, IDLE))
+
+
+def test_report_says_how_it_was_made(report: Path, tmp_path: Path, prometheus):
+    dom = Dom()
+    dom.feed(chromium("--dump-dom", report.as_uri(), profile=tmp_path / "profile").stdout)
+    facts = dict(dom.tables["provenance"][1:])
+    window = WINDOWS["overreach"]
+    assert facts["source"] == prometheus.url
+    assert facts["range"] == f"{iso(window.start)} .. {iso(window.end)}"
+    assert facts["step"] == "600 s (10 min)"
+    assert (facts["method"], facts["idle capacity"], facts["grouped by"], facts["currency"]) == (
+        "holder",
+        "platform",
+        "namespace",
+        "EUR",
+    )
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ by gpu-fence \S+", facts["generated"])
+    # The price list as applied: the T4 matched no model, so default priced GPU-o; cheap-7 matched nodes."cheap-*".
+    assert dom.tables["prices"][1:] == [
+        ["default", "Tesla T4", "2.50", "1"],
+        ["nodes.'cheap-*'", "Tesla T4", "1.00", "1"],
+    ]
+    cards = {row[1]: row for row in dom.tables["cards"][1:]}
+    assert cards["GPU-o"] == ["over", "GPU-o", "Tesla T4", "2.50", "1.00", "2.50", "0.00"]
+    assert cards["GPU-idle"] == ["cheap-7", "GPU-idle", "Tesla T4", "1.00", "1.00", "1.00", "1.00"]
 
 
 def test_screenshot_is_not_blank(report: Path, tmp_path: Path):

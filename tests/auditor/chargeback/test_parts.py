@@ -16,6 +16,7 @@ from gpu_fence.auditor.chargeback.prices import Prices, prices_from_mapping
 from gpu_fence.auditor.chargeback.prometheus import Series, intervals_from_series, label_name, pod_groups
 from gpu_fence.auditor.chargeback.render import render_json, render_markdown, render_table
 from gpu_fence.auditor.chargeback.times import parse_duration, parse_time
+from tests.fakes.chargeback_scenarios import made, validate_bill
 
 NOW = 1_800_000_000.0
 
@@ -66,11 +67,26 @@ def test_price_lookup_order():
     assert Prices(models=(("x", 1.0),)).per_hour("n", "y") is None
 
 
-def test_label_names_are_the_exporters_own():
-    # --by label:KEY must find the label under exactly the name the auditor exports it as: one function, not a copy.
-    from gpu_fence.auditor import metrics
+@pytest.mark.parametrize("key", ["team", "app.kubernetes.io/part-of", "example.com/cost-center", "a-b_c.d"])
+def test_label_names_are_the_exporters_own(key: str):
+    """--by label:KEY must find the label under exactly the name the auditor exports --pod-label KEY as."""
+    from prometheus_client.parser import text_string_to_metric_families
 
-    assert label_name is metrics.label_name
+    from gpu_fence.auditor.audit import audit
+    from gpu_fence.auditor.metrics import AuditorMetrics
+    from gpu_fence.auditor.model import Container, NodeSnapshot
+
+    pod = Container("ml", "train", "main", "uid-1", "c1", labels=((key, "vision"),))
+    snapshot = NodeSnapshot("n", 0.0, (), (pod,), ())
+    metrics = AuditorMetrics("n", [key])
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    (exported,) = (
+        sample.labels
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+        if sample.name == "gpu_fence_pod_labels"
+    )
+    assert exported[label_name(key)] == "vision"
 
 
 def test_label_names_are_sanitised_like_prometheus():
@@ -123,19 +139,24 @@ def hostile_bill():
 
 
 def test_html_escapes_names_and_loads_nothing():
-    page = render_html(hostile_bill(), "label:team", 60)
+    provenance = made(group_by="label:team")
+    page = render_html(hostile_bill(), provenance)
     assert "<script>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    assert "https://" not in page
+    # The Prometheus URL is printed as the bill's source, as text; nothing else names a URL, and nothing links one.
+    assert f'<td data-key="value">{provenance.source}</td>' in page
+    text = page.replace('xmlns="http://www.w3.org/2000/svg"', "").replace(provenance.source, "")
+    assert "http://" not in text
+    assert "https://" not in text
+    assert "href=" not in page and "src=" not in page
 
 
 def test_text_renderers_agree():
     bill = hostile_bill()
-    document = json.loads(render_json(bill, "namespace", 60))
+    document = validate_bill(json.loads(render_json(bill, made())))
     assert document["groups"][0]["difference"] == -1.0
-    assert "-1.00" in render_table(bill, "namespace", 60)
-    assert "| **TOTAL** |" in render_markdown(bill, "namespace", 60)
+    assert "-1.00" in render_table(bill, made())
+    assert "| **TOTAL** |" in render_markdown(bill, made())
 
 
 def test_series_renamed_by_a_scrape_without_honor_labels_are_refused():
@@ -179,7 +200,7 @@ def test_html_time_axis_and_bar_titles_span_the_range():
 
     from gpu_fence.auditor.chargeback.times import iso
 
-    page = render_html(hour_bill(), "namespace", 600)
+    page = render_html(hour_bill(), made(step=600))
     timeline = page[page.index('<svg id="timeline"') : page.index("</svg>")]
     axis = re.findall(r'<text x="[^"]+" y="288" text-anchor="(?:start|end)">([^<]+)</text>', timeline)
     assert axis == [iso(1_800_000_000), iso(1_800_003_600)]  # the range's own start and end
@@ -192,7 +213,7 @@ def test_html_time_axis_and_bar_titles_span_the_range():
 def test_html_tables_and_charts_are_labelled_for_screen_readers():
     import re
 
-    page = render_html(hostile_bill(), "namespace", 60)
+    page = render_html(hostile_bill(), made())
     for table in re.findall(r"<table.*?</table>", page, flags=re.S):
         assert "<caption>" in table
         head = table[table.index("<thead>") : table.index("</thead>")]

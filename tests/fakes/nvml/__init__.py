@@ -226,6 +226,10 @@ class FakeNvmlConfig:
     def with_errors(self, *errors: FakeError) -> FakeNvmlConfig:
         return replace(self, errors=self.errors + errors)
 
+    def running(self, *processes: FakeProcess) -> FakeNvmlConfig:
+        """The same devices, running ``processes`` (instead of any this config had)."""
+        return replace(self, processes=processes)
+
 
 def mig_node(
     gpu_count: int,
