@@ -29,6 +29,8 @@ import pytest
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fakes import pods
+from tests.fakes.pods import as_kai_leaves_it, kai_fraction_pod, kai_reference
 from tests.fakes.webhook_server import BIN, NAMESPACE, Reply, Server, free_port, run_certs, send, serving
 
 pytestmark = pytest.mark.e2e
@@ -158,6 +160,223 @@ def test_other_operations_and_kinds_are_allowed_without_patch(server, name):
     review = fixture(name)
     for path in ("/mutate", "/validate"):
         assert server.post(path, review).document["response"] == {"uid": review["request"]["uid"], "allowed": True}
+
+
+# -- each bypass class of the threat model's V11 and V15-V24, and the workloads that must keep working ----------
+
+CUDA = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
+VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+
+
+def review_of(
+    document: dict, *, namespace: str = "default", operation: str = "CREATE", old: dict | None = None
+) -> dict:
+    """A real AdmissionReview (the kubectl CREATE fixture) carrying this pod."""
+    review = fixture("pod-create-kubectl")
+    request = review["request"]
+    request.update(namespace=namespace, operation=operation, name=document["metadata"]["name"])
+    request["object"] = {**document, "metadata": {**document["metadata"], "namespace": namespace}}
+    request["oldObject"] = old
+    return review
+
+
+def bypass_pods() -> dict[str, tuple[dict, str]]:
+    """One pod per bypass class (V11, V15-V21) that the default policy rejects, with the rule that must say so."""
+    kai_bound = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
+    kai_bound["spec"]["nodeName"] = "gpu-node-1"
+    kai_elsewhere = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
+    kai_elsewhere["spec"]["containers"][0]["env"][0] = kai_reference(name="mine")
+    claim = pods.pod(
+        pods.container("app", image=CUDA, environment=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
+    )
+    claim["spec"]["containers"][0]["resources"] = {"claims": [{"name": "nic"}]}
+    claim["spec"]["resourceClaims"] = [{"name": "nic", "resourceClaimTemplateName": "rdma-nic"}]
+    pinned = {"image": CUDA, "environment": [VOID]}
+    return {
+        "kai fraction pod created bound to a node": (kai_bound, "visible-devices-env"),
+        "kai reference to another ConfigMap": (kai_elsewhere, "visible-devices-env"),
+        "dra claim for a nic with all GPUs": (claim, "visible-devices-env"),
+        "hostPath /proc/1/root": (pods.host_path_pod("/proc/1/root"), "host-device-path"),
+        "hostPath /sys/fs/cgroup": (pods.host_path_pod("/sys/fs/cgroup"), "host-device-path"),
+        "hostPath /etc/kubernetes/manifests": (pods.host_path_pod("/etc/kubernetes/manifests"), "host-device-path"),
+        "writable hostPath off the allowlist": (pods.host_path_pod("/srv/shared"), "host-path"),
+        "SYS_PTRACE": (
+            pods.pod(pods.gpu_container("cuda", securityContext={"capabilities": {"add": ["SYS_PTRACE"]}})),
+            "added-capability",
+        ),
+        "DAC_READ_SEARCH": (
+            pods.pod(pods.container("app", **pinned, securityContext={"capabilities": {"add": ["DAC_READ_SEARCH"]}})),
+            "added-capability",
+        ),
+        "hostPID": (pods.pod(pods.gpu_container("cuda"), hostPID=True), "host-pid"),
+        "CRI-O device annotation": (
+            pods.pod(pods.container("app", **pinned), annotations={"io.kubernetes.cri-o.Devices": "/dev/nvidia0"}),
+            "runtime-annotation",
+        ),
+        "NRI device injection": (
+            pods.pod(
+                pods.container("app", **pinned), annotations={"devices.noderesource.dev/pod": "- path: /dev/nvidia0"}
+            ),
+            "runtime-annotation",
+        ),
+        "IMEX channels": (
+            pods.pod(pods.gpu_container("cuda", environment=[{"name": "NVIDIA_IMEX_CHANNELS", "value": "0"}])),
+            "imex-channels-env",
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(bypass_pods()))
+def test_each_class_of_bypass_is_denied_over_https(server, name):
+    document, rule = bypass_pods()[name]
+    review = review_of(document)
+    response = server.post("/validate", review).document["response"]
+    assert response["uid"] == review["request"]["uid"]
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    assert rule in response["auditAnnotations"]["rules"].split(",")
+    assert f"{rule}: " in response["status"]["message"]  # the clause names its rule, as every denial does
+    warned = server.post("/validate/warn", review).document["response"]
+    assert warned["allowed"] is True and any(w.startswith(rule) for w in warned["warnings"])
+
+
+def test_a_plain_update_that_adds_a_runtime_device_annotation_is_denied(server):
+    before = pods.pod(pods.gpu_container("cuda"), name="running")
+    after = copy.deepcopy(before)
+    after["metadata"]["annotations"] = {"mounts.noderesource.dev/container.cuda": "- source: /\n  destination: /host"}
+    review = review_of(after, operation="UPDATE", old=before)
+    response = server.post("/validate", review).document["response"]
+    assert response["allowed"] is False and response["auditAnnotations"]["rules"] == "runtime-annotation"
+    review["request"]["object"] = {**before, "metadata": {**before["metadata"], "namespace": "default"}}
+    assert server.post("/validate", review).document["response"]["allowed"] is True
+
+
+def admitted(server: Server, document: dict, *, after_mutation=lambda pod: pod, namespace: str = "default") -> dict:
+    """/mutate, the patch applied (then whatever else mutates the pod), a schema check, /validate: the pod."""
+    review = review_of(document, namespace=namespace)
+    reply = server.post("/mutate", review)
+    assert reply.document["response"]["allowed"] is True
+    patch = decoded_patch(reply)
+    pod = after_mutation(jsonpatch.apply_patch(review["request"]["object"], patch) if patch else document)
+    pods.assert_valid_pod(pod)
+    final = review_of(pod, namespace=namespace)
+    response = server.post("/validate", final).document["response"]
+    assert response["allowed"] is True, response
+    assert server.post("/mutate", final).document["response"].get("patch") is None  # nothing left to pin
+    return pod
+
+
+def test_a_dra_gpu_claim_is_pinned_and_admitted(server):
+    document = pods.pod(pods.container("ctr", image=CUDA))
+    document["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    document["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
+    pod = admitted(server, document)
+    assert pod["spec"]["containers"][0]["env"] == [VOID]
+
+
+def test_a_kai_fraction_pod_is_admitted_after_kai_s_webhook_replaces_the_pin(server):
+    authored = kai_fraction_pod(pods.container("gpu-workload", image=CUDA), pods.container("sidecar", image=CUDA))
+    pod = admitted(server, authored, after_mutation=as_kai_leaves_it)
+    workload, sidecar = pod["spec"]["containers"]
+    assert [e for e in workload["env"] if e["name"] == "NVIDIA_VISIBLE_DEVICES"] == [kai_reference()]
+    assert sidecar["env"] == [VOID]
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+
+
+def test_a_gpu_pod_with_cpu_sidecars_and_multi_node_nccl_training_are_admitted(server):
+    worker = pods.gpu_container(
+        "trainer",
+        gpus=8,
+        securityContext={"capabilities": {"add": ["IPC_LOCK"]}},
+        volumeMounts=[{"name": "dshm", "mountPath": "/dev/shm"}],
+    )
+    nccl = pods.pod(
+        worker,
+        pods.container("metrics", image=CUDA),
+        hostNetwork=True,
+        dnsPolicy="ClusterFirstWithHostNet",
+        volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    )
+    pod = admitted(server, nccl)
+    assert "env" not in pod["spec"]["containers"][0] and pod["spec"]["containers"][1]["env"] == [VOID]
+
+
+def test_an_exempt_monitoring_daemonset_pod_is_admitted_untouched(server):
+    exporter = pods.pod(
+        pods.container(
+            "dcgm-exporter",
+            image="nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04",
+            environment=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+            securityContext={"capabilities": {"add": ["SYS_ADMIN"]}},
+            volumeMounts=[{"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}],
+        ),
+        hostPID=True,
+        volumes=[{"name": "pod-resources", "hostPath": {"path": "/var/lib/kubelet/pod-resources"}}],
+    )
+    for path in ("/mutate", "/validate"):
+        response = server.post(path, review_of(exporter, namespace="kube-system")).document["response"]
+        assert response["allowed"] is True and "patch" not in response and "exempt" in response["auditAnnotations"]
+    assert server.post("/validate", review_of(exporter)).document["response"]["allowed"] is False
+
+
+def test_env_from_on_a_gpu_container_and_a_user_set_none_warn_by_default(server):
+    document = pods.pod(
+        pods.gpu_container("cuda", envFrom=[{"configMapRef": {"name": "settings"}}]),
+        pods.container("tools", image=CUDA, environment=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]),
+    )
+    response = server.post("/validate", review_of(document)).document["response"]
+    assert response["allowed"] is True and len(response["warnings"]) == 2
+    assert all(len(w) <= 120 for w in response["warnings"])
+    assert any("envFrom" in w for w in response["warnings"]) and any("use void" in w for w in response["warnings"])
+
+
+CONFIGURED_POLICY = """\
+visible_devices_aliases: [DOCKER_RESOURCE_GPU]
+host_path_allowlist:
+  - {path: /dev/infiniband, writable: false}
+  - {path: /tmp/nvidia-mps, writable: true}
+env_from_on_gpu_containers: reject
+visible_devices_none: reject
+"""
+
+
+@pytest.fixture(scope="module")
+def configured_server(tmp_path_factory) -> Iterator[Server]:
+    """A second webhook, serving a policy.yaml that sets the allowlist, aliases and switches (``serve --config``)."""
+    tmp = tmp_path_factory.mktemp("configured")
+    config = tmp / "policy.yaml"
+    config.write_text(CONFIGURED_POLICY)
+    with serving(tmp, "--config", str(config)) as started:
+        yield started
+
+
+def test_configured_aliases_are_pinned_beside_the_variable(configured_server):
+    pod = admitted(configured_server, pods.pod(pods.gpu_container("cuda"), pods.container("sidecar", image=CUDA)))
+    assert pod["spec"]["containers"][1]["env"] == [VOID, {"name": "DOCKER_RESOURCE_GPU", "value": "void"}]
+    unpinned_alias = pods.pod(pods.container("sidecar", image=CUDA, environment=[VOID]))
+    denied = configured_server.post("/validate", review_of(unpinned_alias)).document["response"]
+    assert denied["allowed"] is False and "DOCKER_RESOURCE_GPU" in denied["status"]["message"]
+
+
+def test_configured_switches_reject(configured_server):
+    env_from = pods.pod(pods.gpu_container("cuda", envFrom=[{"configMapRef": {"name": "settings"}}]))
+    none = pods.pod(
+        pods.container("tools", image=CUDA, environment=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}])
+    )
+    none["spec"]["containers"][0]["env"].append({"name": "DOCKER_RESOURCE_GPU", "value": "void"})
+    for document, rule in ((env_from, "gpu-env-from"), (none, "visible-devices-none")):
+        response = configured_server.post("/validate", review_of(document)).document["response"]
+        assert response["allowed"] is False and response["auditAnnotations"]["rules"] == rule
+        assert "warnings" not in response
+
+
+def test_configured_allowlist_admits_rdma_devices_read_only_only(configured_server):
+    read_only = pods.host_path_pod("/dev/infiniband")
+    read_only["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] = True
+    admitted(configured_server, read_only)
+    writable = configured_server.post("/validate", review_of(pods.host_path_pod("/dev/infiniband"))).document
+    assert writable["response"]["allowed"] is False
+    assert "host-path" in writable["response"]["auditAnnotations"]["rules"].split(",")
+    admitted(configured_server, pods.host_path_pod("/tmp/nvidia-mps"))
 
 
 # -- bad input: a clear JSON 4xx, never a 500 or a traceback ---------------------------------------------------
