@@ -6,6 +6,13 @@ Two ways to give it data:
   hours in the past) and are queried with explicit timestamps.
 - ``scrape_targets``: ``host:port`` strings scraped at ``scrape_interval`` (job ``gpu-fence-auditor``).
 
+Recording rules over backfilled data: :meth:`PrometheusServer.record` has ``promtool tsdb create-blocks-from
+rules`` evaluate them against the running server over a past range, as the server itself would have at each
+evaluation (the same phase: promtool offsets a group by the same hash of its name and file), then restarts the
+server on those blocks.
+
+``blocks`` copies TSDB blocks made elsewhere into the data directory before it starts.
+
 ``web_config`` starts it with ``--web.config.file`` (Prometheus' own TLS and basic-auth server settings); readiness
 is then checked over HTTPS against ``ca_file`` with the ``basic_auth`` credentials given.
 
@@ -96,7 +103,9 @@ class PrometheusServer:
         web_config: dict[str, Any] | None = None,
         ca_file: Path | None = None,
         basic_auth: tuple[str, str] | None = None,
+        blocks: Path | None = None,
     ) -> None:
+        self.blocks = blocks
         self.retention = retention
         self.web_config = web_config
         self.ca_file = ca_file
@@ -133,6 +142,10 @@ class PrometheusServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.openmetrics is not None:
             backfill(self.openmetrics, self.data_dir)
+        if self.blocks is not None:  # TSDB blocks made elsewhere, such as another server's recorded rules
+            for block in self.blocks.iterdir():
+                shutil.copytree(block, self.data_dir / block.name, dirs_exist_ok=True)
+            self.blocks = None
         config = self._config()
         extra = []
         if self.web_config is not None:
@@ -202,6 +215,47 @@ class PrometheusServer:
         if document.get("status") != "success":
             raise RuntimeError(f"query {promql!r} failed: {document}")
         return document["data"]["result"]
+
+    def record(self, rules_yaml: str, ranges: Sequence[tuple[int, int]], timeout: float = 600.0) -> None:
+        """Backfill what the recording rules of ``rules_yaml`` record over each (start, end) of ``ranges``.
+
+        The rules file is always ``rules.yaml`` in its own directory, so the group's evaluation phase (a hash of
+        its name and file) is the same in every run. A gap between ranges is time the rules did not record.
+        """
+        directory = self.workdir / "rules"
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "rules.yaml").write_text(rules_yaml, encoding="utf-8")
+        output = self.workdir / "rule-blocks"
+        for start, end in ranges:
+            result = subprocess.run(
+                [
+                    binary("promtool"),
+                    "tsdb",
+                    "create-blocks-from",
+                    "rules",
+                    "--quiet",
+                    f"--url={self.url}",
+                    f"--start={start}",
+                    f"--end={end}",
+                    f"--output-dir={output}",
+                    "rules.yaml",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                cwd=directory,
+            )
+            if result.returncode != 0:
+                raise RuntimeError(f"promtool rules backfill failed: {result.stderr.strip()[-2000:]}")
+        self.stop()
+        self.openmetrics, self.blocks = None, output  # the raw series are in the data directory already
+        self.start()
+
+    @property
+    def recorded_blocks(self) -> Path:
+        """Where :meth:`record` left the blocks it made (``blocks=`` for another server with the same series)."""
+        return self.workdir / "rule-blocks"
 
     def __enter__(self) -> PrometheusServer:
         return self.start()

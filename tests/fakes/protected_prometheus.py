@@ -5,7 +5,8 @@
 - :func:`web_config`: Prometheus' own ``--web.config.file`` (exporter-toolkit): TLS with that server certificate,
   client certificates verified when given, and basic auth for one user.
 - :class:`TenantGateway`: what sits in front of Mimir or a managed Prometheus: HTTPS, a bearer token and an
-  ``X-Scope-OrgID`` tenant required on every request, forwarded to a plain Prometheus. Paths under
+  ``X-Scope-OrgID`` tenant required on every request (GET, or POST with a form body), forwarded to a plain
+  Prometheus. Paths under
   ``/elsewhere/`` answer a redirect to another host (``localhost`` instead of ``127.0.0.1``), where a second
   listener records which headers arrived.
 """
@@ -145,7 +146,10 @@ def tenant_gateway(upstream: str, keys: Pki) -> Iterator[TenantGateway]:
     with _Listener(Elsewhere, keys) as elsewhere:
 
         class Gateway(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
+            def do_POST(self) -> None:
+                self.do_GET(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+            def do_GET(self, form: bytes | None = None) -> None:
                 if self.path.startswith("/elsewhere/"):
                     target = f"https://localhost:{elsewhere.port}/{self.path.removeprefix('/elsewhere/')}"
                     self.send_response(302)
@@ -159,8 +163,11 @@ def tenant_gateway(upstream: str, keys: Pki) -> Iterator[TenantGateway]:
                 if self.headers.get("X-Scope-OrgID") != TENANT:
                     _answer(self, 401, {"status": "error", "error": "no org id"})
                     return
+                forwarded = urllib.request.Request(f"{upstream}{self.path}", data=form)
+                if form is not None:
+                    forwarded.add_header("Content-Type", self.headers.get("Content-Type", ""))
                 try:
-                    with urllib.request.urlopen(f"{upstream}{self.path}", timeout=30) as response:
+                    with urllib.request.urlopen(forwarded, timeout=30) as response:
                         status, body = response.status, response.read()
                 except urllib.error.HTTPError as error:
                     status, body = error.code, error.read()
