@@ -321,7 +321,8 @@ def rules_document(args: argparse.Namespace) -> str:
         raise ChargebackError(f"--step {args.step!r}: the rules' interval must be at least {MIN_STEP:g} s")
     keys = args.pod_label if args.pod_label is not None else list(recording_rules.DEFAULT_POD_LABELS)
     for key in keys:
-        _validate_by(f"label:{key}")
+        if not re.fullmatch(r"[A-Za-z0-9_./-]+", key):
+            raise ChargebackError(f"--pod-label {key!r}: not a Kubernetes label key")
     if len({recording_rules.label_name(key) for key in keys}) < len(keys):
         raise ChargebackError(f"--pod-label {' '.join(keys)}: two keys become the same Prometheus label name")
     if args.prices is not None:

@@ -288,14 +288,17 @@ def recording_rules(interval: float = DEFAULT_INTERVAL, pod_labels: Sequence[str
 
 
 def glob_re2(pattern: str) -> str:
-    """An fnmatch pattern (``fnmatch.fnmatchcase``: ``*``, ``?``, ``[seq]``, ``[!seq]``) as an anchored RE2 regex."""
+    """An fnmatch pattern as an RE2 regex that PromQL's ``=~`` (anchored) matches exactly as
+    ``fnmatch.fnmatchcase`` does: ``*``, ``?``, ``[seq]``, ``[!seq]`` with ranges, an unclosed ``[`` taken
+    literally, and empty ranges dropped, following CPython 3.11's ``fnmatch.translate`` step by step."""
     out: list[str] = []
     index, size = 0, len(pattern)
     while index < size:
         char = pattern[index]
         index += 1
         if char == "*":
-            out.append(".*")
+            if not out or out[-1] != ".*":
+                out.append(".*")
         elif char == "?":
             out.append(".")
         elif char == "[":
@@ -309,17 +312,48 @@ def glob_re2(pattern: str) -> str:
             if end >= size:
                 out.append(r"\[")
                 continue
-            body = pattern[index:end]
+            out.append(_glob_set(pattern, index, end))
             index = end + 1
-            negate = body.startswith("!")
-            body = body[1:] if negate else body
-            body = body.replace("\\", r"\\").replace("[", r"\[")
-            if body.startswith("^"):
-                body = "\\" + body
-            out.append(f"[{'^' if negate else ''}{body}]")
         else:
             out.append(re.escape(char))
-    return "".join(out)
+    return "(?s:" + "".join(out) + ")"
+
+
+def _glob_set(pattern: str, start: int, end: int) -> str:
+    """The bracket expression ``pattern[start:end]`` (after ``[``, before ``]``) as an RE2 character class."""
+    stuff = pattern[start:end]
+    if "-" not in stuff:
+        stuff = stuff.replace("\\", r"\\")
+    else:
+        chunks: list[str] = []
+        position = start + 2 if pattern[start] == "!" else start + 1
+        while True:
+            position = pattern.find("-", position, end)
+            if position < 0:
+                break
+            chunks.append(pattern[start:position])
+            start = position + 1
+            position += 3
+        chunk = pattern[start:end]
+        if chunk:
+            chunks.append(chunk)
+        else:
+            chunks[-1] += "-"
+        for position in range(len(chunks) - 1, 0, -1):  # drop empty ranges such as z-a
+            if chunks[position - 1][-1] > chunks[position][0]:
+                chunks[position - 1] = chunks[position - 1][:-1] + chunks[position][1:]
+                del chunks[position]
+        stuff = "-".join(part.replace("\\", r"\\").replace("-", r"\-") for part in chunks)
+    stuff = re.sub(r"([&~|\[\]])", r"\\\1", stuff)
+    if not stuff:
+        return r"[^\s\S]"  # an empty set matches nothing
+    if stuff == "!":
+        return "."  # a negated empty set matches any character
+    if stuff[0] == "!":
+        stuff = "^" + stuff[1:]
+    elif stuff[0] == "^":
+        stuff = "\\" + stuff
+    return f"[{stuff}]"
 
 
 def price_expr(prices: Prices, cards: Callable[[str], str]) -> str:
@@ -364,7 +398,7 @@ def rules_file(
     groups = [recording_rules(interval, pod_labels)]
     if prices is not None:
         groups.append(price_rules(prices, interval))
-    body = yaml.safe_dump({"groups": groups}, sort_keys=False, width=100_000)
+    body = yaml.safe_dump({"groups": groups}, sort_keys=False, width=118)
     return HEADER + body
 
 
