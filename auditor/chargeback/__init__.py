@@ -248,7 +248,7 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
     notes: list[str] = []
     schedule = _schedule(args, inputs, (start, end), step=step, progress=progress)
     if schedule is not None:
-        progress.expect(progress.done + recorded.QUERIES)
+        progress.expect(progress.done + schedule.queries)
         timeline = recorded.book(inputs.source, schedule, ledger, prices, by, notes=found, progress=progress)  # type: ignore[arg-type]
         _refuse_unpriced(ledger, inputs.prices_source)
         step, instants = schedule.interval, schedule.missing

@@ -46,7 +46,7 @@ from .times import iso
 
 # At most this many timeline points: consecutive evaluations are merged into one point beyond it.
 TIMELINE_POINTS = 720
-QUERIES = 14  # what a recorded bill asks once its evaluations are known (the timeline's one or two counted as two)
+SUMS = 12  # the instant queries of book(), before the timeline's one or two range queries
 
 
 class NotRecorded(ChargebackError):
@@ -77,6 +77,14 @@ class Plan:
     def start(self) -> float:
         """Where the range the evaluations stand for begins."""
         return self.first - self.interval
+
+    @property
+    def queries(self) -> int:
+        """How many queries :func:`book` makes for this plan."""
+        if not self.recorded:
+            return 0
+        head, _merge = timeline_points(len(self.evaluations))
+        return SUMS + 1 + (head > 0)
 
 
 def _ms(seconds: float) -> int:

@@ -22,6 +22,7 @@ Readiness and scrapes are waited for by polling with a deadline, never by sleepi
 from __future__ import annotations
 
 import base64
+import http.server
 import json
 import shutil
 import socket
@@ -35,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.fakes.http_listener import Listener, forward
 
 JOB = "gpu-fence-auditor"
 
@@ -262,3 +265,24 @@ class PrometheusServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class SlowProxy(Listener):
+    """A Prometheus that answers slowly: every request is held ``delay`` seconds, then forwarded to ``upstream``.
+    For what a long bill does (its progress line) without a long bill."""
+
+    def __init__(self, upstream: str, delay: float) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                time.sleep(delay)  # the point of this fake: a slow answer
+                forward(self, upstream)
+
+            def do_POST(self) -> None:
+                form = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(delay)
+                forward(self, upstream, form)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(Handler)
