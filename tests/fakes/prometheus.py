@@ -107,8 +107,10 @@ class PrometheusServer:
         ca_file: Path | None = None,
         basic_auth: tuple[str, str] | None = None,
         blocks: Path | None = None,
+        flags: Sequence[str] = (),
     ) -> None:
         self.blocks = blocks
+        self.flags = list(flags)
         self.retention = retention
         self.web_config = web_config
         self.ca_file = ca_file
@@ -168,6 +170,7 @@ class PrometheusServer:
                         f"--storage.tsdb.retention.time={self.retention}",
                         "--log.level=warn",
                         *extra,
+                        *self.flags,
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -259,6 +262,16 @@ class PrometheusServer:
     def recorded_blocks(self) -> Path:
         """Where :meth:`record` left the blocks it made (``blocks=`` for another server with the same series)."""
         return self.workdir / "rule-blocks"
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """A range query; returns ``data.result``."""
+        parameters = {"query": promql, "start": str(start), "end": str(end), "step": str(step)}
+        body = urllib.parse.urlencode(parameters).encode()
+        with urllib.request.urlopen(f"{self.url}/api/v1/query_range", data=body, timeout=60) as response:
+            document = json.load(response)
+        if document.get("status") != "success":
+            raise RuntimeError(f"query {promql!r} failed: {document}")
+        return document["data"]["result"]
 
     def __enter__(self) -> PrometheusServer:
         return self.start()
