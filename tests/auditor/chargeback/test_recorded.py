@@ -22,6 +22,7 @@ from tests.fakes.chargeback_scenarios import RULES_INTERVAL, UNRECORDED, WINDOWS
 pytestmark = pytest.mark.e2e
 
 TEAM = "label:example.com/team"
+# Every scenario: "renamed" has no bill, and both paths refuse it alike (below).
 SCENARIOS = [name for name in WINDOWS if name != "renamed"]
 LABELLED = ("timeslice", "relabelled")
 
@@ -179,9 +180,10 @@ def test_a_label_the_rules_do_not_carry_needs_the_raw_series(prometheus, prices_
     assert missing.code == 2 and "no gpu_fence_pod_labels series carries label_nobody" in missing.stderr
 
 
-def test_series_scraped_without_honor_labels_are_refused_from_the_rules_too(prometheus, prices_file):
-    result = bill(prometheus, prices_file, *window_args("renamed", "recorded"))
-    assert result.code == 2 and len(result.stderr.strip().splitlines()) == 1
+@pytest.mark.parametrize("series", ["recorded", "raw"])
+def test_series_scraped_without_honor_labels_are_refused_from_either_series(prometheus, prices_file, series):
+    result = bill(prometheus, prices_file, *window_args("renamed", series))
+    assert result.code == 2 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
     assert "exported_namespace='ml'" in result.stderr and "honor_labels: true" in result.stderr
 
 
