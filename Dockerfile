@@ -12,20 +12,32 @@
 # environment at /opt/gpu-fence; the second copies only that environment onto a fresh base image. The final image
 # has no pip, no wheel cache, no source tree and no compiler. Both stages use the same base image, so the
 # environment's interpreter link (/usr/local/bin/python3.11) is valid in the final one.
+#
+# Every Python package comes from a lock file, pinned and hash-checked (--require-hashes), wheels only:
+# requirements.lock for what the image runs, requirements-build.lock for the build backend that makes the wheel.
+# gpu-fence's own wheel is installed with --no-deps, so nothing outside the lock gets in, and pip check fails the
+# build if the lock misses a dependency. `sh scripts/lock` refreshes both files (docs/install.md).
 
 ARG PYTHON_IMAGE=docker.io/library/python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY requirements.lock requirements-build.lock ./
+RUN pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements-build.lock
+COPY pyproject.toml README.md LICENSE ./
 COPY gpu_fence/ gpu_fence/
 COPY webhook/ webhook/
 COPY auditor/ auditor/
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
+# webhook/shipped-policy.yaml is a link to this file: check's default policy is the one the manifests ship.
+COPY manifests/base/policy.yaml manifests/base/
+RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels /src
 # The environment gets no pip of its own: the build stage's pip installs into it (--python), so nothing that
 # can install packages ends up in the final image.
 RUN python -m venv --without-pip /opt/gpu-fence \
-    && pip --python /opt/gpu-fence/bin/python install --no-cache-dir --no-compile /wheels/*.whl \
+    && pip --python /opt/gpu-fence/bin/python install --no-cache-dir --no-compile \
+       --require-hashes --only-binary=:all: -r requirements.lock \
+    && pip --python /opt/gpu-fence/bin/python install --no-cache-dir --no-compile --no-deps /wheels/*.whl \
+    && pip --python /opt/gpu-fence/bin/python check \
     && /opt/gpu-fence/bin/python -m compileall -q /opt/gpu-fence/lib
 
 FROM ${PYTHON_IMAGE}

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_fence import kai
+from gpu_fence.kubeconfig import ORDER as KUBECONFIG_ORDER
 
+from .dra import DEFAULT_GPU_DRIVERS
+from .offered import DEFAULT_INTERVAL as DEFAULT_ALLOCATABLE_INTERVAL
 from .podresources import DEFAULT_SOCKET
 from .report import FORMATS
 
@@ -53,6 +56,8 @@ class AuditSettings:
     kai_reservation_namespace: str = kai.DEFAULT_RESERVATION_NAMESPACE
     kai_scheduler_names: tuple[str, ...] = kai.DEFAULT_SCHEDULER_NAMES
     pod_relist_interval: float = 60.0
+    dra_gpu_drivers: tuple[str, ...] = DEFAULT_GPU_DRIVERS
+    allocatable_interval: float = DEFAULT_ALLOCATABLE_INTERVAL
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> AuditSettings:
@@ -68,6 +73,8 @@ class AuditSettings:
             kai_reservation_namespace=args.kai_reservation_namespace,
             kai_scheduler_names=tuple(args.kai_scheduler_name or cls.kai_scheduler_names),
             pod_relist_interval=args.pod_relist_interval,
+            dra_gpu_drivers=tuple(dict.fromkeys(args.dra_gpu_driver or cls.dra_gpu_drivers)),
+            allocatable_interval=args.allocatable_interval,
         )
 
 
@@ -111,7 +118,7 @@ def add_once_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     _add_audit_arguments(once)
     once.add_argument("--format", choices=FORMATS, default="text", help="report format (default: text)")
-    once.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    once.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     return once
 
 
@@ -195,7 +202,7 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubeconfig",
         metavar="F",
-        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then the in-cluster service account)",
+        help=f"kubeconfig file (default: {KUBECONFIG_ORDER})",
     )
     parser.add_argument(
         "--no-kubernetes",
@@ -236,6 +243,22 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
         default=AuditSettings.pod_relist_interval,
         metavar="S",
         help=f"relist this node's pods at least every S seconds (default: {AuditSettings.pod_relist_interval:g})",
+    )
+    parser.add_argument(
+        "--dra-gpu-driver",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a DRA driver whose devices are GPUs, resolved to UUIDs through this node's ResourceSlices "
+        f"(repeatable; default: {', '.join(AuditSettings.dra_gpu_drivers)}); other drivers' devices are not audited",
+    )
+    parser.add_argument(
+        "--allocatable-interval",
+        type=_positive,
+        default=AuditSettings.allocatable_interval,
+        metavar="S",
+        help="ask the kubelet which device ids its device plugins offer (GetAllocatableResources) at start and then "
+        f"every S seconds (default: {AuditSettings.allocatable_interval:g})",
     )
 
 

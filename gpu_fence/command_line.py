@@ -1,38 +1,84 @@
-"""The shape both command lines share: one entry point, subcommands, ``--debug``, and a ``main`` that maps what
-escapes a subcommand to an exit status.
+"""The shape both command lines share: one entry point, subcommands, and a ``main`` that maps what escapes a
+subcommand to an exit status; and the conventions every subcommand gets from here rather than from each module.
 
 ``gpu-fence-webhook`` and ``gpu-fence-auditor`` differ only in their name, words and subcommands; each subcommand
 module contributes ``add_arguments(subparsers)``, which sets its ``run(args) -> ExitStatus`` as the default. The
 shape is httpie's: a ``main`` that maps exceptions around a subcommand that returns its status (``httpie/core.py``,
 httpie/cli commit 003d78e3).
+
+The conventions, applied to the entry point and to every subcommand parser once they are all added:
+
+* ``--version`` prints the package version (``gpu_fence.version``);
+* ``--debug`` is accepted before the subcommand and after it (``gpu-fence-webhook check --debug ...``);
+* ``--help`` shows every option's default (:class:`HelpFormatter`) and keeps the examples' line breaks.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from .exit_status import ExitStatus
+from .version import package_version
 
-__all__ = ["build_parser", "run_subcommand"]
+__all__ = ["HelpFormatter", "build_parser", "run_subcommand"]
+
+DEBUG_HELP = "show tracebacks on errors"
 
 #: A subcommand module's ``add_arguments``.
 AddArguments = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written (the examples keep their lines), and every option's default said.
+
+    Unlike ``argparse.ArgumentDefaultsHelpFormatter``, a help text that already says its default (most explain it:
+    ``default: $NODE_NAME, else the host name``) is left alone, and flags (default ``False``) and options with no
+    default (``None``, or an empty list for repeatable ones) get no ``(default: None)``.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or "default" in help_text
+            or default is None
+            or default is False
+            or default == []
+            or default is argparse.SUPPRESS
+            or isinstance(action, argparse._VersionAction | argparse._HelpAction)
+        ):
+            return action.help
+        return f"{help_text} (default: %(default)s)".lstrip()
+
+
 def build_parser(
     prog: str, description: str, epilog: str, subcommands: Iterable[AddArguments]
 ) -> argparse.ArgumentParser:
-    """The entry point's parser: ``--debug``, then one required subcommand from each of ``subcommands``."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    """The entry point's parser: ``--version``, ``--debug``, then one required subcommand from each of
+    ``subcommands``, every subcommand with the conventions of this module (see the module's docstring)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog, formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"{prog} {package_version()}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_arguments in subcommands:
         add_arguments(subparsers)
+    for subparser in _subcommand_parsers(parser):
+        subparser.formatter_class = HelpFormatter
+        # SUPPRESS: the subcommand sets args.debug only when --debug follows it, never resets the entry point's
+        subparser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
+
+
+def _subcommand_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Every subcommand's parser under ``parser``, nested ones included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in dict.fromkeys(action.choices.values()):  # an alias maps to the same parser
+                yield subparser
+                yield from _subcommand_parsers(subparser)
 
 
 def run_subcommand(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> ExitStatus:

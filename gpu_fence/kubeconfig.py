@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from kubernetes.client import Configuration
 
-__all__ = ["IN_CLUSTER", "KubeConfigError", "config_source", "load_configuration"]
+__all__ = ["IN_CLUSTER", "ORDER", "KubeConfigError", "config_source", "load_configuration"]
 
 #: How messages name the last source, which is not a file.
 IN_CLUSTER = "the in-cluster service account"
+#: The order after ``--kubeconfig``, as every ``--kubeconfig`` help text says it.
+ORDER = f"$KUBECONFIG, then ~/.kube/config, then {IN_CLUSTER}"
 
 
 class KubeConfigError(Exception):

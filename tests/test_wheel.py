@@ -62,6 +62,30 @@ def test_the_wheel_holds_both_deployables_and_the_proto(wheel: Path) -> None:
         assert module in names
 
 
+def test_the_wheel_holds_the_policy_the_manifests_ship(wheel: Path) -> None:
+    """check's default policy: webhook/shipped-policy.yaml links to manifests/base/policy.yaml, and the wheel holds
+    the file itself, not a link that would point nowhere once installed."""
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = archive.read("gpu_fence/webhook/shipped-policy.yaml")
+    assert shipped == (REPO / "manifests" / "base" / "policy.yaml").read_bytes()
+
+
+def test_the_license_is_declared_as_spdx_and_shipped(wheel: Path) -> None:
+    """pyproject's SPDX expression and LICENSE file reach the wheel's metadata (PEP 639), and say the same thing as
+    the image's org.opencontainers.image.licenses label."""
+    with zipfile.ZipFile(wheel) as archive:
+        [metadata] = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+        headers = archive.read(metadata).decode()
+        licenses = [name for name in archive.namelist() if name.endswith(".dist-info/licenses/LICENSE")]
+        shipped = archive.read(licenses[0]).decode() if licenses else ""
+    assert "License-Expression: Apache-2.0" in headers.splitlines()
+    assert "License-File: LICENSE" in headers.splitlines()
+    license_text = (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert shipped == license_text
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in (REPO / "Dockerfile").read_text(encoding="utf-8")
+
+
 def test_the_source_folder_names_are_not_importable() -> None:
     for name in ("webhook", "auditor.audit"):
         with pytest.raises(ModuleNotFoundError, match="import gpu_fence"):

@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpu_fence.exit_status import ExitStatus
+from gpu_fence.kubeconfig import ORDER as KUBECONFIG_ORDER
 from gpu_fence.kubeconfig import KubeConfigError, load_configuration
 
 DEFAULT_DAYS = 365
@@ -484,8 +485,8 @@ def add_arguments(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--kubeconfig",
-        help="with --secret: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, "
-        "then the in-cluster service account)",
+        metavar="FILE",
+        help=f"with --secret: kubeconfig file (default: {KUBECONFIG_ORDER})",
     )
     parser.set_defaults(run=run)
 

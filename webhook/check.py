@@ -8,8 +8,8 @@ mutate-then-validate by the same ``webhook.policy.evaluate`` that serves admissi
 Namespaces: an object's own ``metadata.namespace``, else ``--namespace``, else ``default`` (the same place
 ``kubectl apply -n`` would put it). Exemptions by namespace therefore apply as they would at admission.
 
-Exit codes: 0 nothing rejected, 1 something rejected, 2 could not run (usage, unreadable input, bad
-configuration, unreachable API), with one line per problem on stderr.
+Exit codes: 0 nothing rejected, 1 something rejected, 2 could not run (usage, unreadable input, no pod spec found,
+bad configuration, unreachable API), with one line per problem on stderr: a gate that read nothing never passes.
 """
 
 from __future__ import annotations
@@ -19,12 +19,17 @@ import json
 import os
 import re
 import sys
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from importlib.metadata import PackageNotFoundError, version
+from dataclasses import dataclass
+from importlib import resources
 from typing import IO, Any
 
 from gpu_fence.exit_status import ExitStatus
+from gpu_fence.kubeconfig import ORDER as KUBECONFIG_ORDER
 from gpu_fence.kubeconfig import KubeConfigError, load_configuration
+from gpu_fence.version import package_version
 
 from . import policy
 from .config import ConfigError, PolicyConfig, load_config
@@ -38,6 +43,7 @@ from .discovery import (
     object_namespace,
     pod_for_site,
 )
+from .openreports import render_openreports
 from .policy import CDI_ANNOTATION, HOST_DEVICE_PATH, Decision
 from .reports import (
     FORMATS,
@@ -49,9 +55,12 @@ from .reports import (
     render_sarif,
     render_text,
 )
-from .sources import Document, SourceError, expand_paths, read_source
+from .sources import Document, Source, SourceError, SourceKind, find_sources, read_source
 
 DEFAULT_NAMESPACE = "default"
+#: ``manifests/base/policy.yaml``, installed with the package under this name (a link in the source tree): one file
+#: for what the manifests mount into the webhook and what check judges with by default.
+SHIPPED_POLICY = "shipped-policy.yaml"
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 CLUSTER_SOURCE = "cluster"
 #: Pods per list call in ``--cluster`` mode: large clusters are read in pages, never in one response.
@@ -64,10 +73,12 @@ EPILOG = """\
 examples:
   gpu-fence-webhook check manifests/examples/
   helm template my-chart | gpu-fence-webhook check - --format sarif --output gpu-fence.sarif
-  kubectl kustomize overlays/prod | gpu-fence-webhook check - --namespace prod
+  gpu-fence-webhook check overlays/prod            # a kustomization: rendered with kubectl kustomize
   gpu-fence-webhook check --cluster --namespace ml-team --format json
+  gpu-fence-webhook check --cluster --format openreports | kubectl apply -f -
 
-exit codes: 0 nothing rejected, 1 some pod spec rejected, 2 could not run (the reason is on stderr)
+exit codes: 0 nothing rejected, 1 some pod spec rejected, 2 could not run (the reason is on stderr), which
+includes finding no pod spec at all (pass --allow-empty if that is expected)
 """
 
 
@@ -102,12 +113,24 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         "paths",
         nargs="*",
         metavar="PATH",
-        help="YAML or JSON file, directory (read recursively for *.yaml, *.yml, *.json), or - for stdin",
+        help="YAML or JSON file, directory (read recursively for *.yaml, *.yml, *.json; one that holds a "
+        "kustomization is rendered with kubectl kustomize), or - for stdin",
     )
-    parser.add_argument("--format", choices=FORMATS, default="text", help="report format (default: text)")
-    parser.add_argument("--config", metavar="FILE", help="policy configuration file (default: built-in defaults)")
+    parser.add_argument("--format", choices=FORMATS, default="text", help="report format")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="policy configuration file (default: the policy the manifests ship, manifests/base/policy.yaml, "
+        "which exempts kube-system and gpu-fence as the installed webhook does)",
+    )
     parser.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     parser.add_argument("--cluster", action="store_true", help="check the live pods of the cluster instead of files")
+    parser.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="exit 0 when no pod spec (or no pod) is found; without it that is an error (exit 2): a CI gate "
+        "that reads nothing must not pass",
+    )
     parser.add_argument(
         "--namespace",
         "-n",
@@ -118,8 +141,7 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument(
         "--kubeconfig",
         metavar="FILE",
-        help="with --cluster: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, "
-        "then the in-cluster service account)",
+        help=f"with --cluster: kubeconfig file (default: {KUBECONFIG_ORDER})",
     )
     parser.set_defaults(run=run)
 
@@ -129,11 +151,24 @@ def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[
     out = stdout if stdout is not None else sys.stdout
     try:
         _check_usage(args)
-        config = load_config(args.config)
+        config = load_policy(args.config)
         if args.cluster:
             report = check_pods(list_cluster_pods(args.namespace, args.kubeconfig), config)
+            if not report.results and not args.allow_empty:
+                where = f"namespace {args.namespace}" if args.namespace else "any namespace"
+                raise CheckError(
+                    f"no pods in {where} of the cluster the kubeconfig points at: check --namespace and the "
+                    "kubeconfig's context, or pass --allow-empty if none are expected"
+                )
         else:
-            report = check_documents(read_all(args.paths, stdin), config, args.namespace or DEFAULT_NAMESPACE)
+            read = read_all(args.paths, stdin)
+            report = check_documents(read.documents, config, args.namespace or DEFAULT_NAMESPACE)
+            if not report.results and not args.allow_empty:
+                raise CheckError(
+                    f"no pod spec found in {read.describe(report.skipped)}: check the "
+                    "paths, render templates first (helm template ... | gpu-fence-webhook check -), or pass "
+                    "--allow-empty if no pod spec is expected"
+                )
     except (CheckError, ConfigError) as error:
         _error(str(error))
         return ExitStatus.ERROR
@@ -173,6 +208,24 @@ def _error(message: str) -> None:
     print(f"gpu-fence-webhook check: error: {message}", file=sys.stderr)
 
 
+def load_policy(path: str | None) -> PolicyConfig:
+    """The policy to judge with: ``--config``, else the policy the manifests ship (:data:`SHIPPED_POLICY`), so that
+    check and the webhook installed from ``manifests/`` agree (gpu-fence's own pods are exempt in both). Without
+    that file (an install that lost it), the built-in defaults, said loudly: they exempt only ``kube-system``."""
+    if path is not None:
+        return load_config(path)
+    shipped = resources.files(__package__).joinpath(SHIPPED_POLICY)
+    if not shipped.is_file():
+        print(
+            f"gpu-fence-webhook check: warning: {SHIPPED_POLICY} (the policy the manifests ship) is not installed; "
+            "judging with the built-in defaults, which exempt only kube-system: pass --config FILE",
+            file=sys.stderr,
+        )
+        return load_config(None)
+    with resources.as_file(shipped) as file:
+        return load_config(str(file))
+
+
 def _wants_colour(stream: IO[str]) -> bool:
     if "NO_COLOR" in os.environ:
         return False
@@ -186,36 +239,54 @@ def render(report: Report, output_format: str, *, colour: bool = False) -> str:
     if output_format == "junit":
         return render_junit(report)
     if output_format == "sarif":
-        return render_sarif(report, policy.RULES, tool_version=_version())
+        return render_sarif(report, policy.RULES, tool_version=package_version())
+    if output_format == "openreports":
+        return render_openreports(report, policy.RULES, now_ns=time.time_ns())
     return render_text(report, colour=colour)
-
-
-def _version() -> str:
-    try:
-        return version("gpu-fence")
-    except PackageNotFoundError:
-        return "0"
 
 
 # --- files ------------------------------------------------------------------------------------------------
 
 
-def read_all(paths: Iterable[str], stdin: IO[bytes] | None = None) -> list[Document]:
+@dataclass(frozen=True)
+class Read:
+    """What the command line's paths gave: the sources read and their documents."""
+
+    sources: tuple[Source, ...]
+    documents: tuple[Document, ...]
+
+    def describe(self, skipped: int) -> str:
+        """What was read, in words, for the message that says no pod spec was found; ``skipped`` documents were
+        not Kubernetes objects."""
+        kinds = Counter(source.kind for source in self.sources)
+        parts = [
+            _count(kinds[SourceKind.FILE], "file"),
+            _count(kinds[SourceKind.KUSTOMIZATION], "rendered kustomization"),
+            "stdin" if kinds[SourceKind.STDIN] else "",
+        ]
+        read = ", ".join(part for part in parts if part) or "nothing"
+        documents = _count(len(self.documents), "document") or "no documents"
+        not_objects = f", {skipped} not Kubernetes objects" if skipped else ""
+        return f"{read} ({documents}{not_objects})"
+
+
+def _count(number: int, noun: str) -> str:
+    return "" if not number else f"{number} {noun}" + ("" if number == 1 else "s")
+
+
+def read_all(paths: Iterable[str], stdin: IO[bytes] | None = None) -> Read:
     """Read every source named on the command line; raise :class:`SourceErrors` listing all failures."""
+    found = find_sources(paths)
     documents: list[Document] = []
-    errors: list[str] = []
-    try:
-        sources = expand_paths(paths)
-    except SourceError as error:
-        raise SourceErrors([str(error)]) from None
-    for source in sources:
+    errors = list(found.errors)
+    for source in found.sources:
         try:
             documents.extend(read_source(source, stdin))
         except SourceError as error:
             errors.append(str(error))
     if errors:
         raise SourceErrors(errors)
-    return documents
+    return Read(found.sources, tuple(documents))
 
 
 def check_documents(documents: Iterable[Document], config: PolicyConfig, default_namespace: str) -> Report:
@@ -269,11 +340,13 @@ def _evaluate_site(
         source=document.source,
         line=line,
         kind=str(obj.get("kind")),
+        api_version=str(obj.get("apiVersion")),
         namespace=namespace,
         name=object_name(obj),
         path=format_path(site.path),
         spec_line=spec_line,
         finding_line=finding_line,
+        rendered=document.rendered,
     )
 
 
@@ -314,6 +387,8 @@ def check_pods(pods: Iterable[Mapping[str, Any]], config: PolicyConfig) -> Repor
                 source=CLUSTER_SOURCE,
                 line=0,
                 kind="Pod",
+                api_version="v1",
+                uid=_uid(pod),
                 namespace=namespace,
                 name=object_name(pod),
                 path="",
@@ -321,6 +396,12 @@ def check_pods(pods: Iterable[Mapping[str, Any]], config: PolicyConfig) -> Repor
             )
         )
     return Report(tuple(results), skipped)
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    metadata = pod.get("metadata")
+    uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
+    return uid if isinstance(uid, str) else ""
 
 
 def list_cluster_pods(namespace: str | None, kubeconfig: str | None) -> list[dict[str, Any]]:

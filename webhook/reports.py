@@ -1,4 +1,5 @@
-"""The offline check's results and the four ways to print them: text, json, junit and sarif.
+"""The offline check's results and four ways to print them: text, json, junit and sarif (``openreports`` is the fifth,
+in ``webhook.openreports``).
 
 Renderers are pure: a :class:`Report` in, a string out. The ``json`` layout is a contract other tools read
 (see ``docs/check.md``); ``junit`` gives CI one test case per pod spec; ``sarif`` 2.1.0 feeds code scanning,
@@ -21,7 +22,7 @@ from gpu_fence.verdicts import Verdict
 from .policy import Violation
 
 #: Output formats of ``gpu-fence-webhook check``.
-FORMATS = ("text", "json", "junit", "sarif")
+FORMATS = ("text", "json", "junit", "sarif", "openreports")
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -63,11 +64,15 @@ class PodSpecResult:
     name: str
     path: str
     verdict: Verdict
+    api_version: str = ""
+    uid: str = ""  # of a live pod
     pinned: tuple[str, ...] = ()
     violations: tuple[Finding, ...] = ()
     warnings: tuple[str, ...] = ()
     exempt_reason: str | None = None
     spec_line: int = 0
+    #: from a rendered kustomization: lines are those of the rendered stream, which no file holds
+    rendered: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,7 +250,7 @@ def artifact_uri(source: str) -> str:
 def _sarif_location(result: PodSpecResult, line: int) -> dict[str, Any]:
     name = f"{result.kind}/{result.namespace}/{result.name}" + (f"/{result.path}" if result.path else "")
     logical = {"fullyQualifiedName": name, "kind": "object"}
-    if line <= 0:  # a live pod: no file to point into
+    if line <= 0 or result.rendered:  # a live pod or a rendered kustomization: no file to point into
         return {"logicalLocations": [logical]}
     return {
         "physicalLocation": {"artifactLocation": {"uri": artifact_uri(result.source)}, "region": {"startLine": line}},

@@ -43,6 +43,7 @@ import gc
 import logging
 import os
 import shutil
+import socket
 import ssl
 import sys
 import tempfile
@@ -309,6 +310,28 @@ def add_arguments(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def check_bindable(host: str, port: int) -> None:
+    """Raise :class:`ServeError` at once when ``host:port`` cannot be bound (in use, no such address, no permission).
+
+    gunicorn tries five times a second apart, logging two lines each time, and then a last one (``create_sockets``
+    in ``gunicorn/sock.py``): eleven JSON lines over five seconds for what is one mistake. The probe binds as
+    gunicorn does (``SO_REUSEADDR``: a port left in TIME_WAIT is free) and is closed before gunicorn binds, so a
+    port taken in between still meets gunicorn's retries.
+    """
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as error:
+        raise ServeError(f"--bind {host}: not an address to listen on ({error.strerror})") from None
+    with socket.socket(family, kind, protocol) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise ServeError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+
+
 def run(args: argparse.Namespace) -> ExitStatus:
     if not 0 < args.port < 65536:
         raise ServeError(f"--port {args.port}: must be 1-65535")
@@ -317,6 +340,7 @@ def run(args: argparse.Namespace) -> ExitStatus:
     from .config import load_config  # noqa: PLC0415 - the heavy imports come after argument checks
 
     config = load_config(args.config, own_namespace=args.namespace)
+    check_bindable(args.bind, args.port)
     workdir = tempfile.mkdtemp(prefix="gpu-fence-webhook-")
     try:
         metrics_dir = Path(workdir, "metrics")

@@ -1,4 +1,4 @@
-"""Reading manifests for the offline ``check``: files, directories and stdin, with line numbers.
+"""Reading manifests for the offline ``check``: files, directories, kustomizations and stdin, with line numbers.
 
 YAML is composed into nodes first (libyaml's C parser when present) and each node is then constructed into
 plain Python data; the node tree is kept beside the data so that a path inside a document can be turned
@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import IO, Any
 
 import yaml
+
+from . import kustomize
 
 try:  # libyaml is an optional part of PyYAML; the pure-Python loader reads the same documents, slower.
     _Loader: type[yaml.SafeLoader] = yaml.CSafeLoader  # type: ignore[assignment]
@@ -49,6 +53,8 @@ class Document:
     line: int
     data: Any
     node: yaml.Node | None = None
+    #: rendered by kustomize: its lines are those of the rendered stream, in no file
+    rendered: bool = False
 
     def line_of(self, path: Sequence[PathSegment], default: int | None = None) -> int:
         """1-based line where ``path`` starts inside this document; ``default`` (else the document's own
@@ -59,58 +65,121 @@ class Document:
         return self.line if default is None else default
 
 
-def expand_paths(paths: Iterable[str]) -> list[str]:
-    """Turn command-line paths into the list of sources to read, in a stable order.
+class SourceKind(Enum):
+    """How a source is read."""
+
+    FILE = "file"
+    STDIN = "stdin"
+    #: a directory holding a kustomization, rendered by ``kubectl kustomize`` (``webhook.kustomize``)
+    KUSTOMIZATION = "kustomization"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One thing to read: a file, stdin, or a kustomization directory to render."""
+
+    path: str
+    kind: SourceKind = SourceKind.FILE
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What the command-line paths expand to, and every path that could not be read along the way."""
+
+    sources: tuple[Source, ...]
+    errors: tuple[str, ...] = ()
+
+
+def find_sources(paths: Iterable[str]) -> Sources:
+    """Turn command-line paths into the sources to read, in a stable order, with every problem found.
 
     Directories are walked recursively (sorted, symlinked directories not followed) for
-    :data:`MANIFEST_SUFFIXES`; files named explicitly are read whatever their name; ``-`` is stdin.
+    :data:`MANIFEST_SUFFIXES`; a directory holding a kustomization is one source, rendered, and is not walked
+    into (its files are kustomize's inputs); a Helm chart is an error that says how to render it; a directory
+    that cannot be listed is an error, never a silent gap. Files named explicitly are read whatever their name
+    (``<(helm template ...)`` is a pipe); ``-`` is stdin.
     """
-    sources: list[str] = []
+    sources: list[Source] = []
+    errors: list[str] = []
     for path in paths:
         if path == STDIN:
-            sources.append(STDIN)
-        elif os.path.isdir(path):
-            sources.extend(_walk(path))
-        elif os.path.exists(path):
-            sources.append(path)
+            sources.append(Source(STDIN, SourceKind.STDIN))
+            continue
+        try:
+            is_directory = stat.S_ISDIR(os.stat(path).st_mode)
+        except FileNotFoundError:
+            errors.append(f"{path}: no such file or directory")
+            continue
+        except OSError as error:
+            errors.append(f"{path}: cannot read: {error.strerror or error}")
+            continue
+        if is_directory:
+            _walk(path, sources, errors)
         else:
-            raise SourceError(f"{path}: no such file or directory")
-    return sources
+            sources.append(Source(path))
+    return Sources(tuple(sources), tuple(errors))
 
 
-def _walk(directory: str) -> Iterator[str]:
-    for root, dirs, files in os.walk(directory):
+def _walk(directory: str, sources: list[Source], errors: list[str]) -> None:
+    def unreadable(error: OSError) -> None:
+        errors.append(f"{error.filename}: cannot read directory: {error.strerror or error}")
+
+    for root, dirs, files in os.walk(directory, onerror=unreadable):
         dirs.sort()
+        names = set(files)
+        if kustomize.is_kustomization(names):
+            sources.append(Source(root, SourceKind.KUSTOMIZATION))
+            dirs.clear()
+            continue
+        if kustomize.is_helm_chart(names):
+            errors.append(kustomize.helm_chart_message(root))
+            dirs.clear()
+            continue
         for name in sorted(files):
-            if name.endswith(MANIFEST_SUFFIXES):
-                yield os.path.join(root, name)
+            if not name.endswith(MANIFEST_SUFFIXES):
+                continue
+            path = os.path.join(root, name)
+            try:
+                regular = stat.S_ISREG(os.stat(path).st_mode)
+            except OSError as error:
+                errors.append(f"{path}: cannot read: {error.strerror or error}")
+                continue
+            if regular:
+                sources.append(Source(path))
+            else:  # a FIFO or device node would block or never end; name it rather than hang or skip it
+                errors.append(f"{path}: not a regular file (name it explicitly to read it)")
 
 
-def read_source(source: str, stdin: IO[bytes] | None = None) -> list[Document]:
-    """Read every document of one source (a file path, or ``-`` for stdin)."""
+def read_source(source: Source, stdin: IO[bytes] | None = None) -> list[Document]:
+    """Read every document of one source."""
+    if source.kind is SourceKind.KUSTOMIZATION:
+        try:
+            return parse_documents(kustomize.render(source.path), source.path, rendered=True)
+        except kustomize.KustomizeError as error:
+            raise SourceError(str(error)) from None
     try:
-        if source == STDIN:
+        if source.kind is SourceKind.STDIN:
             raw = (stdin if stdin is not None else sys.stdin.buffer).read()
         else:
-            with open(source, "rb") as handle:
+            with open(source.path, "rb") as handle:
                 raw = handle.read()
     except OSError as error:
-        raise SourceError(f"{source}: cannot read: {error.strerror or error}") from None
+        raise SourceError(f"{source.path}: cannot read: {error.strerror or error}") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
-        raise SourceError(f"{source}: not UTF-8 text (byte {error.start})") from None
-    return parse_documents(text, source)
+        raise SourceError(f"{source.path}: not UTF-8 text (byte {error.start})") from None
+    return parse_documents(text, source.path)
 
 
-def parse_documents(text: str, source: str) -> list[Document]:
+def parse_documents(text: str, source: str, *, rendered: bool = False) -> list[Document]:
     """Parse a YAML (or JSON) stream into documents with their starting lines.
 
     JSON is read by the YAML parser too (it keeps line numbers); the few JSON texts YAML 1.1 rejects (tabs
     as indentation, for example) fall back to the JSON parser, with every object reported at line 1.
     """
     try:
-        return _parse_yaml(text, source)
+        return _parse_yaml(text, source, rendered)
     except yaml.YAMLError as error:
         if source.endswith(".json") or text.lstrip().startswith(("{", "[")):
             try:
@@ -118,13 +187,13 @@ def parse_documents(text: str, source: str) -> list[Document]:
             except ValueError:
                 pass
             else:
-                return [Document(source, 1, data)]
+                return [Document(source, 1, data, rendered=rendered)]
         raise SourceError(_describe_yaml_error(source, error)) from None
     except RecursionError:
         raise SourceError(f"{source}: YAML nested too deeply to read") from None
 
 
-def _parse_yaml(text: str, source: str) -> list[Document]:
+def _parse_yaml(text: str, source: str, rendered: bool) -> list[Document]:
     documents: list[Document] = []
     loader = _Loader(text)
     try:
@@ -133,7 +202,7 @@ def _parse_yaml(text: str, source: str) -> list[Document]:
             data = loader.construct_document(node)
             if data is None:
                 continue  # an empty document (`---` with nothing after it), common in `helm template` output
-            documents.append(Document(source, node.start_mark.line + 1, data, node))
+            documents.append(Document(source, node.start_mark.line + 1, data, node, rendered))
     finally:
         loader.dispose()
     return documents

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from gpu_fence.exit_status import ExitStatus
+from gpu_fence.version import package_version
 
 from . import raw, recorded
 from . import render as text
@@ -32,7 +33,7 @@ from .httpconfig import load_http_config
 from .prices import Prices, applied_prices, load_prices
 from .progress import Progress
 from .prometheus import PrometheusClient, Source
-from .provenance import Provenance, Series, gpu_fence_version
+from .provenance import Provenance, Series
 from .times import iso, parse_duration, parse_time
 
 FORMATS = ("table", "csv", "json", "markdown", "html", "focus")
@@ -119,8 +120,8 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
         "raw series); raw: split the auditor's series here, in bounded chunks; auto (default): recorded when the "
         "rules can make this bill (same --step, grouping label rolled up), else raw",
     )
-    parser.add_argument("--format", choices=FORMATS, default="table")
-    parser.add_argument("--output", type=Path, metavar="FILE", help="write here instead of stdout")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="report format")
+    parser.add_argument("--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="per Prometheus request")
     parser.add_argument("--quiet", action="store_true", help="no progress line on stderr (shown only on a terminal)")
     parser.add_argument(
@@ -273,7 +274,7 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
     bill = ledger.bill(IdlePolicy(args.idle), prices.currency, notes=[*found.notes(), *notes])
     made = Provenance(
         generated_at=now,
-        version=gpu_fence_version(),
+        version=package_version(),
         source=inputs.source.name,
         step=step,
         group_by=by,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from importlib import metadata
 
 from .prices import AppliedPrice
 
@@ -33,10 +32,3 @@ class Provenance:
     group_by: str  # namespace | label:KEY
     prices: tuple[AppliedPrice, ...] = ()
     series: Series = Series.RAW
-
-
-def gpu_fence_version() -> str:
-    try:
-        return metadata.version("gpu-fence")
-    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"

@@ -4,7 +4,11 @@ Two ways to give it data:
 - ``backfill``: OpenMetrics text turned into TSDB blocks by ``promtool tsdb create-blocks-from openmetrics``
   before the server starts. Backfilled samples must be older than the head block's window (use timestamps
   hours in the past) and are queried with explicit timestamps.
-- ``scrape_targets``: ``host:port`` strings scraped at ``scrape_interval`` (job ``gpu-fence-auditor``).
+- ``scrape_targets``: ``host:port`` strings scraped at ``scrape_interval`` (job ``gpu-fence-auditor``);
+  ``scrape_configs``: further jobs, as Prometheus' own ``scrape_configs`` entries (the webhook over TLS, say).
+
+``rule_files`` are loaded as Prometheus' ``rule_files`` (recording and alerting rules, evaluated every second
+unless a group sets its own interval).
 
 Recording rules over backfilled data: :meth:`PrometheusServer.record` has ``promtool tsdb create-blocks-from
 rules`` evaluate them against the running server over a past range, as the server itself would have at each
@@ -71,6 +75,16 @@ def backfill(openmetrics: str, data_dir: Path) -> None:
         raise RuntimeError(f"promtool backfill failed: {result.stderr.strip() or result.stdout.strip()}")
 
 
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within 20 s: a server started by a test, stopped by it."""
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
 class ProcessExited(RuntimeError):
     """The server process ended while we waited for it: stop polling at once."""
 
@@ -106,9 +120,13 @@ class PrometheusServer:
         web_config: dict[str, Any] | None = None,
         ca_file: Path | None = None,
         basic_auth: tuple[str, str] | None = None,
+        scrape_configs: Sequence[dict[str, Any]] = (),
+        rule_files: Sequence[Path] = (),
         blocks: Path | None = None,
         flags: Sequence[str] = (),
     ) -> None:
+        self.extra_scrape_configs = list(scrape_configs)
+        self.rule_files = list(rule_files)
         self.blocks = blocks
         self.flags = list(flags)
         self.retention = retention
@@ -130,15 +148,21 @@ class PrometheusServer:
 
     def _config(self) -> Path:
         config: dict[str, Any] = {"global": {"scrape_interval": self.scrape_interval, "evaluation_interval": "1s"}}
+        jobs = list(self.extra_scrape_configs)
         if self.scrape_targets:
-            config["scrape_configs"] = [
+            jobs.insert(
+                0,
                 {
                     "job_name": JOB,
                     "scrape_interval": self.scrape_interval,
                     "scrape_timeout": self.scrape_interval,
                     "static_configs": [{"targets": self.scrape_targets}],
-                }
-            ]
+                },
+            )
+        if jobs:
+            config["scrape_configs"] = jobs
+        if self.rule_files:
+            config["rule_files"] = [str(path) for path in self.rule_files]
         path = self.workdir / "prometheus.yml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         return path
@@ -272,6 +296,15 @@ class PrometheusServer:
         if document.get("status") != "success":
             raise RuntimeError(f"query {promql!r} failed: {document}")
         return document["data"]["result"]
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        """The values of ``label`` on the series ``match`` selects (Grafana's ``label_values(match, label)``)."""
+        parameters = urllib.parse.urlencode({"match[]": match})
+        with urllib.request.urlopen(f"{self.url}/api/v1/label/{label}/values?{parameters}", timeout=10) as response:
+            document = json.load(response)
+        if document.get("status") != "success":
+            raise RuntimeError(f"label values of {label} for {match!r} failed: {document}")
+        return document["data"]
 
     def __enter__(self) -> PrometheusServer:
         return self.start()

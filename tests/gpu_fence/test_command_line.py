@@ -61,7 +61,7 @@ def test_help_shows_the_words_the_example_and_the_subcommands(capsys):
         run_subcommand(parser_running(lambda args: ExitStatus.SUCCESS), ["--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: gpu-fence-test [-h] [--debug] COMMAND ...")
+    assert out.startswith("usage: gpu-fence-test [-h] [--version] [--debug] COMMAND ...")
     assert (
         "A test command." in out and "examples:\n  gpu-fence-test go\n" in out and "--debug     show tracebacks" in out
     )
@@ -72,3 +72,43 @@ def test_a_subcommand_is_required(capsys):
         run_subcommand(parser_running(lambda args: ExitStatus.SUCCESS), [])
     assert exit_.value.code == ExitStatus.ERROR
     assert "the following arguments are required: COMMAND" in capsys.readouterr().err
+
+
+def test_debug_after_the_subcommand_shows_the_traceback_too():
+    def run(args):
+        raise OSError("the disk is full")
+
+    with pytest.raises(OSError, match="the disk is full"):
+        run_subcommand(parser_running(run), ["go", "--debug"])
+
+
+@pytest.mark.parametrize(("argv", "debug"), [(["go"], False), (["--debug", "go"], True), (["go", "--debug"], True)])
+def test_debug_before_or_after_the_subcommand(argv, debug):
+    assert parser_running(lambda args: ExitStatus.SUCCESS).parse_args(argv).debug is debug
+
+
+def test_version_says_the_package_version(capsys):
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as exit_:
+        run_subcommand(parser_running(lambda args: ExitStatus.SUCCESS), ["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"gpu-fence-test {metadata.version('gpu-fence')}\n"
+
+
+def test_help_says_each_default_once(capsys):
+    def go(subparsers) -> None:
+        sub = subparsers.add_parser("go")
+        sub.add_argument("--colour", default="blue", help="paint it")
+        sub.add_argument("--size", default=3, help="how big (default: 3, the usual)")
+        sub.add_argument("--loud", action="store_true", help="shout")
+        sub.add_argument("--name", help="who")
+        sub.set_defaults(run=lambda args: ExitStatus.SUCCESS)
+
+    parser = build_parser("gpu-fence-test", "A test command.", "", [go])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["go", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--colour COLOUR paint it (default: blue)" in out
+    assert "--size SIZE how big (default: 3, the usual)" in out and "(default: 3)" not in out
+    assert "--loud shout --name NAME who --debug" in out  # no (default: False), no (default: None)

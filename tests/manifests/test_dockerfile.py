@@ -15,9 +15,12 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from .conftest import REPO, pod_spec, render, workloads
 
@@ -139,6 +142,7 @@ def test_dockerfile_build_steps_install_both_entry_points(tmp_path: Path) -> Non
                         destination if target.endswith("/") and len(sources) == 1 else destination / origin.name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
                         dirs_exist_ok=True,
+                        symlinks=True,  # as COPY does: a link into a file the Dockerfile does not copy breaks here too
                     )
                 else:
                     destination.mkdir(parents=True, exist_ok=True)
@@ -173,3 +177,87 @@ def test_dockerfile_build_steps_install_both_entry_points(tmp_path: Path) -> Non
         )
         assert result.returncode == 0, result.stderr
         assert "usage:" in result.stdout and "examples:" in result.stdout
+
+
+LOCKS = {"requirements.lock": "runtime", "requirements-build.lock": "build"}
+
+
+def _locked(name: str) -> dict[str, tuple[str, list[str]]]:
+    """``{package: (version, hashes)}`` of a lock file, whose every entry must be ``name==version`` and hashed."""
+    text = (REPO / name).read_text(encoding="utf-8")
+    entries: dict[str, tuple[str, list[str]]] = {}
+    for line in re.sub(r"\\\n", " ", text).splitlines():
+        requirement = line.split("#", 1)[0].strip()
+        if not requirement:
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9._-]+)==([^\s;]+)((?:\s+--hash=sha256:[0-9a-f]{64})+)", requirement)
+        assert match, f"{name}: not a pinned, hashed requirement: {requirement[:80]}"
+        hashes = re.findall(r"sha256:([0-9a-f]{64})", match.group(3))
+        entries[canonicalize_name(match.group(1))] = (match.group(2), hashes)
+    return entries
+
+
+def test_every_install_of_the_image_comes_from_a_lock_with_hashes() -> None:
+    """The build stage installs Python packages only from the lock files, hash-checked, wheels only; gpu-fence's own
+    wheel without dependencies (nothing outside the lock); and pip check fails the build if the lock misses one."""
+    build = stages()[0]
+    copied = {source for keyword, rest in build if keyword == "COPY" for source in shlex.split(rest)[:-1]}
+    assert set(LOCKS) <= copied
+    commands = [command.strip() for keyword, rest in build if keyword == "RUN" for command in rest.split("&&")]
+    installs = [shlex.split(command) for command in commands if re.search(r"\bpip\b.*\binstall\b", command)]
+    assert installs
+    locked = []
+    for words in installs:
+        if "-r" in words:
+            assert "--require-hashes" in words and "--only-binary=:all:" in words, words
+            locked.append(words[words.index("-r") + 1])
+        else:
+            assert "--no-deps" in words and all(
+                word.startswith(("-", "/wheels/")) or word in ("pip", "install")
+                for word in words[words.index("install") + 1 :]
+            ), words
+    assert sorted(locked) == sorted(LOCKS)
+    [wheel] = [shlex.split(command) for command in commands if re.search(r"\bpip wheel\b", command)]
+    assert "--no-deps" in wheel and "--no-build-isolation" in wheel  # the locked build backend builds it
+    assert any(re.fullmatch(r"pip --python /opt/gpu-fence/bin/python check", command) for command in commands)
+
+
+@pytest.mark.parametrize("name", sorted(LOCKS))
+def test_the_lock_pins_and_hashes_every_package(name: str) -> None:
+    entries = _locked(name)
+    assert entries
+    for package, (version, hashes) in entries.items():
+        assert hashes, f"{name}: {package}=={version} has no hash"
+
+
+def test_the_locks_satisfy_what_pyproject_requires() -> None:
+    """A dependency added to pyproject.toml, or a bound raised, without refreshing the locks (sh scripts/lock) fails
+    here, before an image build does."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    for name, requirements in (
+        ("requirements.lock", project["project"]["dependencies"]),
+        ("requirements-build.lock", project["build-system"]["requires"]),
+    ):
+        entries = _locked(name)
+        for text in requirements:
+            requirement = Requirement(text)
+            package = canonicalize_name(requirement.name)
+            assert package in entries, f"{name} has no {package}: run sh scripts/lock"
+            assert requirement.specifier.contains(entries[package][0], prereleases=True), (
+                f"{name}: {package}=={entries[package][0]} does not satisfy {requirement}: run sh scripts/lock"
+            )
+
+
+def test_the_locks_are_made_for_the_images_python() -> None:
+    steps, build = instructions(), stages()[0]
+    base = _expanded(build[0][1].split()[0], _arguments(steps[: steps.index(build[0])]))
+    python = re.search(r":(\d+\.\d+)\.", base)
+    assert python, base
+    script = (REPO / "scripts" / "lock").read_text(encoding="utf-8")
+    assert f"--python-version {python.group(1)} " in script
+    for name in LOCKS:
+        assert (
+            (REPO / name)
+            .read_text(encoding="utf-8")
+            .startswith("# This file was autogenerated by uv via the following command:\n#    sh scripts/lock\n")
+        )

@@ -6,7 +6,7 @@ import kubernetes_validate
 import pytest
 from kubernetes_validate.utils import SchemaNotFoundError
 
-from .conftest import KUSTOMIZATIONS, NAMESPACE, render
+from .conftest import KUSTOMIZATIONS, MANIFESTS, NAMESPACE, render
 
 #: The Kubernetes version whose OpenAPI schemas the objects must satisfy: the newest that the installed
 #: kubernetes-validate ships (1.37 at the time of writing), in strict mode (unknown fields are errors).
@@ -31,6 +31,18 @@ def test_the_installed_validator_knows_a_current_kubernetes() -> None:
 def test_overlays_exist_for_the_documented_setups() -> None:
     for name in ("base", "overlays/cert-manager", "overlays/gpu-operator", "overlays/warn-only", "overlays/vap"):
         assert name in KUSTOMIZATIONS
+
+
+def test_the_release_install_is_the_base() -> None:
+    """README's `kubectl apply -k manifests/` renders, and installs exactly what the overlays build on."""
+    assert render(".") == render("base")
+
+
+def test_every_overlay_builds_on_the_base() -> None:
+    for target in KUSTOMIZATIONS:
+        if target.startswith("overlays/"):
+            text = (MANIFESTS / target / "kustomization.yaml").read_text(encoding="utf-8")
+            assert "resources:\n  - ../../base\n" in text, target
 
 
 @pytest.mark.parametrize("target", KUSTOMIZATIONS)

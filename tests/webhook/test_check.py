@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -188,7 +189,7 @@ def test_directories_are_read_recursively_for_yaml_yml_and_json(tmp_path: Path, 
     }
     write(tmp_path, "c/pod.json", json.dumps(pod_json, indent=2))
     write(tmp_path, "c/notes.txt", "apiVersion: v1\nkind: Pod\n")  # not a manifest suffix: not read
-    write(tmp_path, "c/kustomization.yaml", "resources:\n  - pod.json\n")
+    write(tmp_path, "c/values.yaml", "replicas: 2\n")  # not a Kubernetes object: skipped and counted
     code, report = check_json(capsys, monkeypatch, str(tmp_path))
     assert code == 0
     assert [Path(r["source"]).relative_to(tmp_path).as_posix() for r in report["results"]] == [
@@ -197,6 +198,80 @@ def test_directories_are_read_recursively_for_yaml_yml_and_json(tmp_path: Path, 
         "c/pod.json",
     ]
     assert report["summary"]["skipped"] == 1
+
+
+# --- no false green: reading nothing, or less than asked, never passes ---------------------------------------------
+
+
+NOTHING_FOUND = "or pass --allow-empty if no pod spec is expected"
+
+
+@pytest.mark.parametrize(
+    ("files", "read"),
+    [
+        ({"empty.yaml": ""}, "1 file (no documents)"),
+        ({"values.yaml": "replicas: 2\n", "ci.yml": "on: push\n"}, "2 files (2 documents, 2 not Kubernetes objects)"),
+        ({"config.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"}, "1 file (1 document)"),
+        ({}, "nothing (no documents)"),
+    ],
+)
+def test_no_pod_spec_found_exits_2_saying_what_was_read(
+    files: dict[str, str], read: str, tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    for name, text in files.items():
+        write(tmp_path, name, text)
+    code, out, err = run_check(capsys, monkeypatch, str(tmp_path))
+    assert (code, out) == (2, "")
+    [line] = err.splitlines()
+    assert line.startswith(f"gpu-fence-webhook check: error: no pod spec found in {read}: check the paths")
+    assert NOTHING_FOUND in line
+
+
+def test_empty_stdin_exits_2(capsys: Any, monkeypatch: Any) -> None:
+    code, out, err = run_check(capsys, monkeypatch, "-", stdin=b"")
+    assert (code, out) == (2, "")
+    assert "no pod spec found in stdin (no documents)" in err
+
+
+def test_allow_empty_passes_an_empty_input_and_still_reports(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    write(tmp_path, "values.yaml", "replicas: 2\n")
+    code, report = check_json(capsys, monkeypatch, str(tmp_path), "--allow-empty")
+    assert code == 0
+    assert report["summary"] == {"pod_specs": 0, "allowed": 0, "mutated": 0, "rejected": 0, "exempt": 0, "skipped": 1}
+
+
+def test_every_missing_path_is_listed_in_one_run(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    good = write(tmp_path, "gpu.yaml", GPU_POD)
+    code, out, err = run_check(capsys, monkeypatch, str(tmp_path / "one.yaml"), str(good), str(tmp_path / "two"))
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        f"gpu-fence-webhook check: error: {tmp_path / 'one.yaml'}: no such file or directory",
+        f"gpu-fence-webhook check: error: {tmp_path / 'two'}: no such file or directory",
+    ]
+
+
+def test_a_fifo_in_a_walked_directory_is_named_not_read(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    write(tmp_path, "gpu.yaml", GPU_POD)
+    os.mkfifo(tmp_path / "pipe.yaml")  # opening it would block until a writer came
+    code, out, err = run_check(capsys, monkeypatch, str(tmp_path))
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        f"gpu-fence-webhook check: error: {tmp_path / 'pipe.yaml'}: not a regular file (name it explicitly to read it)"
+    ]
+
+
+def test_a_helm_chart_directory_says_render_it_first(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    write(tmp_path, "deploy/pod.yaml", GPU_POD)
+    chart = tmp_path / "charts" / "app"
+    write(chart, "Chart.yaml", "apiVersion: v2\nname: app\nversion: 0.1.0\n")
+    write(chart, "templates/deployment.yaml", "{{- if .Values.enabled }}\nkind: Deployment\n{{- end }}\n")
+    code, out, err = run_check(capsys, monkeypatch, str(tmp_path))
+    assert (code, out) == (2, "")
+    [line] = err.splitlines()
+    assert line == (
+        f"gpu-fence-webhook check: error: {chart}: a Helm chart (Chart.yaml): its templates are not manifests; "
+        f"render it first: helm template {chart} | gpu-fence-webhook check -"
+    )
 
 
 def test_several_paths_and_stdin_together(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:

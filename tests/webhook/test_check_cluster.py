@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpu_fence.webhook import check, cli
 from gpu_fence.webhook.config import PolicyConfig
 from tests.fakes.kubeapi_pods import FakePodsApi, pod, write_kubeconfig
 
+REPO = Path(__file__).resolve().parents[2]
 CUDA = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 GPU = {"limits": {"nvidia.com/gpu": "1"}}
 
@@ -160,3 +165,74 @@ def test_pods_without_a_spec_are_skipped() -> None:
 
 def _config() -> PolicyConfig:
     return PolicyConfig()
+
+
+def test_no_pods_exits_2_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A namespace name with a typo lists no pods: that is no evidence that enforcing breaks nothing."""
+    with FakePodsApi(PODS) as fake:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake.url)
+        code, out, err = run_cluster(capsys, "--kubeconfig", str(kubeconfig), "--namespace", "team-b")
+        assert (code, out) == (2, "")
+        assert err.splitlines() == [
+            "gpu-fence-webhook check: error: no pods in namespace team-b of the cluster the kubeconfig points at: "
+            "check --namespace and the kubeconfig's context, or pass --allow-empty if none are expected"
+        ]
+        code, out, err = run_cluster(
+            capsys, "--kubeconfig", str(kubeconfig), "--namespace", "team-b", "--allow-empty", "--format", "json"
+        )
+        assert (code, err) == (0, "")
+        assert json.loads(out)["summary"]["pod_specs"] == 0
+
+
+def base_pods() -> list[dict]:
+    """The pods the rendered base's workloads create, as the API server would list them."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is needed to render manifests/base"
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(REPO / "manifests" / "base")], capture_output=True, check=True, timeout=60, text=True
+    ).stdout
+    pods = []
+    for document in yaml.safe_load_all(rendered):
+        spec = (document or {}).get("spec", {})
+        template = spec.get("jobTemplate", {}).get("spec", {}).get("template") or spec.get("template")
+        if template:
+            namespace, name = document["metadata"]["namespace"], document["metadata"]["name"]
+            pods.append(pod(namespace, f"{name}-x7k2p", **template["spec"]))
+    return pods
+
+
+def test_cluster_scan_never_flags_gpu_fence_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --config, the scan judges with the policy the manifests ship: the privileged auditor, the webhook and
+    the certificate Job run in gpu-fence, which that policy exempts, as the webhook installed from it does."""
+    pods = base_pods()
+    assert {p["metadata"]["name"].rsplit("-", 1)[0] for p in pods} == {
+        "gpu-fence-webhook",
+        "gpu-fence-auditor",
+        "gpu-fence-certs",
+    }
+    with FakePodsApi(pods) as fake:
+        code, out, err = run_cluster(
+            capsys, "--kubeconfig", str(write_kubeconfig(tmp_path / "kubeconfig", fake.url)), "--format", "json"
+        )
+    assert (code, err) == (0, "")
+    assert {(r["namespace"], r["verdict"]) for r in json.loads(out)["results"]} == {("gpu-fence", "exempt")}
+
+
+def test_without_the_shipped_policy_check_says_so_loudly(
+    kubeconfig: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(check, "SHIPPED_POLICY", "not-installed.yaml")
+    code, _, err = run_cluster(capsys, "--kubeconfig", str(kubeconfig))
+    assert code == 1
+    assert err.splitlines() == [
+        "gpu-fence-webhook check: warning: not-installed.yaml (the policy the manifests ship) is not installed; "
+        "judging with the built-in defaults, which exempt only kube-system: pass --config FILE"
+    ]
+
+
+def test_the_shipped_policy_is_the_file_the_manifests_mount() -> None:
+    """One file: the package's shipped-policy.yaml is manifests/base/policy.yaml (a link in the source tree, copied
+    into the wheel), and the base's ConfigMap is generated from that file."""
+    shipped = resources.files("gpu_fence.webhook").joinpath(check.SHIPPED_POLICY).read_text(encoding="utf-8")
+    assert shipped == (REPO / "manifests" / "base" / "policy.yaml").read_text(encoding="utf-8")
+    assert check.load_policy(None).exempt_namespaces == ("kube-system", "gpu-fence")

@@ -42,7 +42,6 @@ EXPECTED: dict[str, list[tuple[str, str, list[str], set[str]]]] = {
     "bypass-host-device-path.yaml": [("", "rejected", ["app"], {"host-device-path"})],
     "bypass-mig-control-env.yaml": [("", "rejected", [], {"mig-control-env"})],
 }
-SKIPPED = {"kustomization.yaml"}
 
 # Where SARIF should point for each rule: the text of the line (stripped) it lands on.
 SARIF_LINE = {
@@ -74,7 +73,7 @@ def json_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_every_example_file_is_in_the_table() -> None:
     on_disk = {path.name for path in EXAMPLES.iterdir() if path.suffix in (".yaml", ".yml", ".json")}
-    assert on_disk == set(EXPECTED) | SKIPPED
+    assert on_disk == set(EXPECTED)
 
 
 def test_every_rule_has_exactly_one_bypass_example() -> None:
@@ -97,7 +96,7 @@ def test_json_summary_and_common_fields(json_report: dict[str, Any]) -> None:
         "mutated": 4,
         "rejected": 8,
         "exempt": 1,
-        "skipped": 1,
+        "skipped": 0,
     }
     for result in json_report["results"]:
         assert result["namespace"] == ("kube-system" if result["kind"] == "DaemonSet" else "default")
@@ -113,9 +112,7 @@ def test_text_format(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 1
     for name in EXPECTED:
         assert str(EXAMPLES / name) in out.splitlines()
-    assert out.splitlines()[-1] == (
-        "16 pod specs: 3 allowed, 4 mutated, 8 rejected, 1 exempt; 1 skipped (not Kubernetes objects)"
-    )
+    assert out.splitlines()[-1] == ("16 pod specs: 3 allowed, 4 mutated, 8 rejected, 1 exempt")
 
 
 def test_junit_format_parses_with_a_failure_per_rejection(capsys: pytest.CaptureFixture[str]) -> None:
@@ -192,7 +189,6 @@ def _readme_table() -> dict[str, list[tuple[str, set[str]]]]:
 def test_readme_table_matches_the_expected_verdicts() -> None:
     table = _readme_table()
     expected = {name: [(verdict, rules) for _, verdict, _, rules in entries] for name, entries in EXPECTED.items()}
-    expected.update({name: [("skipped", set())] for name in SKIPPED})
     assert table == expected
 
 

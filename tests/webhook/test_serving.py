@@ -13,6 +13,9 @@ import argparse
 import datetime as dt
 import gc
 import logging
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,3 +124,40 @@ def test_no_access_log_fields_are_built_for_any_request(monkeypatch):
         monkeypatch.setattr(logger, "access_log", logging.getLogger("gpu_fence.test.access"))
         logger.access(None, None, {}, None)
         assert len(built) == expected
+
+
+def test_a_port_in_use_fails_at_once_in_one_line(tmp_path):
+    """gunicorn would retry the bind five times, a second apart, and log eleven JSON lines; serve says it once."""
+    args = _serve_args(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("gpu-fence-webhook")),
+                "serve",
+                "--cert-file",
+                args.cert_file,
+                "--key-file",
+                args.key_file,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines() == [
+        f"gpu-fence-webhook serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]
+
+
+def test_an_address_that_is_not_this_hosts_fails_in_one_line():
+    # TEST-NET-1 (RFC 5737): numeric, so no name lookup, and never an address of this host; binding sends nothing
+    with pytest.raises(serving.ServeError, match=r"^cannot listen on 192\.0\.2\.1:8443: Cannot assign requested"):
+        serving.check_bindable("192.0.2.1", 8443)
