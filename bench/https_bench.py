@@ -23,6 +23,7 @@ Loopback only; every step is bounded in time.
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import json
 import os
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -469,29 +470,42 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gpu-fence-https-bench-") as directory:
+def run_and_publish(
+    prog: str,
+    in_workdir: Callable[..., dict[str, Any]],
+    markdown: Callable[[dict[str, Any]], str],
+    json_path: str | None,
+) -> int:
+    """``in_workdir(workdir=...)`` in a temporary directory (certificates, server logs), then its report published
+    with the machine's description; 2, with one line on stderr, when the benchmark could not run. ``recovery_bench``
+    runs this way too."""
+    with tempfile.TemporaryDirectory(prefix=f"gpu-fence-{prog.replace('_', '-')}-") as directory:
         try:
-            report = run(
-                names=args.servers,
-                rates=args.rates,
-                containers=args.containers,
-                repeats=args.repeats,
-                saturation_repeats=args.saturation_repeats,
-                seconds=args.seconds,
-                wrk_seconds=args.wrk_seconds,
-                connections=args.connections,
-                workdir=Path(directory),
-                workers=args.workers,
-                threads=args.threads,
-            )
+            report = in_workdir(workdir=Path(directory))
         except (BenchError, loadgen.LoadError) as error:
-            print(f"https_bench: {error}", file=sys.stderr)
+            print(f"{prog}: {error}", file=sys.stderr)
             return 2
     report["machine"] = machine.describe()
-    publish(report, markdown(report), args.json)
+    publish(report, markdown(report), json_path)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    in_workdir = functools.partial(
+        run,
+        names=args.servers,
+        rates=args.rates,
+        containers=args.containers,
+        repeats=args.repeats,
+        saturation_repeats=args.saturation_repeats,
+        seconds=args.seconds,
+        wrk_seconds=args.wrk_seconds,
+        connections=args.connections,
+        workers=args.workers,
+        threads=args.threads,
+    )
+    return run_and_publish("https_bench", in_workdir, markdown, args.json)
 
 
 if __name__ == "__main__":
