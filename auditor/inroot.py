@@ -73,13 +73,19 @@ class _OpenHow(ctypes.Structure):
 _HOW_SIZE = ctypes.sizeof(_OpenHow)
 
 
+def _libc_function(name: str, restype: Any, argtypes: tuple[Any, ...]) -> Any:
+    """libc's ``name``, typed once: ctypes then converts plain ints and bytes itself, the cheap way; errno kept."""
+    function = getattr(ctypes.CDLL(None, use_errno=True), name)
+    function.restype = restype
+    function.argtypes = argtypes
+    return function
+
+
 @functools.cache
 def _syscall() -> Any:
-    """libc's ``syscall``, typed once: ctypes then converts plain ints and bytes itself, the cheap way."""
-    function = ctypes.CDLL(None, use_errno=True).syscall
-    function.restype = ctypes.c_long
-    function.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
-    return function
+    return _libc_function(
+        "syscall", ctypes.c_long, (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
+    )
 
 
 @functools.cache
@@ -241,10 +247,9 @@ class _Statx(ctypes.Structure):
 
 @functools.cache
 def _statx() -> Any:
-    function = ctypes.CDLL(None, use_errno=True).statx
-    function.restype = ctypes.c_int
-    function.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p)
-    return function
+    return _libc_function(
+        "statx", ctypes.c_int, (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p)
+    )
 
 
 class MountIdentity:

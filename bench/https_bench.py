@@ -23,17 +23,17 @@ Loopback only; every step is bounded in time.
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +44,10 @@ from bench.results import publish
 from bench.server import NOOP_PATH
 from bench.stats import median_of_runs
 
-SERVICE, NAMESPACE = "gpu-fence-webhook", "gpu-fence"
-HOSTNAME = f"{SERVICE}.{NAMESPACE}.svc"
+# the `certs` and `serve` command lines the end-to-end tests prove, so that the benchmark measures that server
+from tests.fakes.processes import stop
+from tests.fakes.webhook_server import HOSTNAME, certs_command, free_port, serve_options
+
 WRK_SCRIPT = Path(__file__).parent / "wrk" / "post.lua"
 ENDPOINTS = ("/mutate", "/validate", NOOP_PATH)
 RATES = (100, 200, 500)
@@ -98,26 +100,12 @@ def tool(name: str) -> str:
 
 def make_certs(directory: Path) -> Path:
     """``gpu-fence-webhook certs`` into ``directory``: ca.crt, tls.crt, tls.key for the Service DNS name."""
-    command = [
-        tool("gpu-fence-webhook"),
-        "certs",
-        "--service",
-        SERVICE,
-        "--namespace",
-        NAMESPACE,
-        "--out-dir",
-        str(directory),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        certs_command(tool("gpu-fence-webhook"), directory), capture_output=True, text=True, timeout=60, check=False
+    )
     if result.returncode != 0:
         raise BenchError(f"gpu-fence-webhook certs failed: {result.stderr.strip()}")
     return directory
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_server(tls: Path, workdir: Path, name: str, *, workers: int = 2, threads: int = 4) -> Server:
@@ -134,20 +122,7 @@ def start_server(tls: Path, workdir: Path, name: str, *, workers: int = 2, threa
         "serve",
         "--log-level",
         log_level,
-        "--cert-file",
-        str(tls / "tls.crt"),
-        "--key-file",
-        str(tls / "tls.key"),
-        "--bind",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-        "--threads",
-        str(threads),
-        "--namespace",
-        NAMESPACE,
+        *serve_options(tls, port, workers=workers, threads=threads),
     ]
     env = {**os.environ, "TMPDIR": str(workdir), "PYTHONPATH": str(Path(__file__).parents[1])}
     with stderr_path.open("wb") as stderr:
@@ -192,13 +167,7 @@ def wait_ready(server: Server) -> None:
 
 
 def stop_server(server: Server) -> None:
-    if server.process.poll() is None:
-        server.process.send_signal(signal.SIGTERM)
-        try:
-            server.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait(timeout=10)
+    stop(server.process, grace_s=30)
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
@@ -501,29 +470,42 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gpu-fence-https-bench-") as directory:
+def run_and_publish(
+    prog: str,
+    in_workdir: Callable[..., dict[str, Any]],
+    markdown: Callable[[dict[str, Any]], str],
+    json_path: str | None,
+) -> int:
+    """``in_workdir(workdir=...)`` in a temporary directory (certificates, server logs), then its report published
+    with the machine's description; 2, with one line on stderr, when the benchmark could not run. ``recovery_bench``
+    runs this way too."""
+    with tempfile.TemporaryDirectory(prefix=f"gpu-fence-{prog.replace('_', '-')}-") as directory:
         try:
-            report = run(
-                names=args.servers,
-                rates=args.rates,
-                containers=args.containers,
-                repeats=args.repeats,
-                saturation_repeats=args.saturation_repeats,
-                seconds=args.seconds,
-                wrk_seconds=args.wrk_seconds,
-                connections=args.connections,
-                workdir=Path(directory),
-                workers=args.workers,
-                threads=args.threads,
-            )
+            report = in_workdir(workdir=Path(directory))
         except (BenchError, loadgen.LoadError) as error:
-            print(f"https_bench: {error}", file=sys.stderr)
+            print(f"{prog}: {error}", file=sys.stderr)
             return 2
     report["machine"] = machine.describe()
-    publish(report, markdown(report), args.json)
+    publish(report, markdown(report), json_path)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    in_workdir = functools.partial(
+        run,
+        names=args.servers,
+        rates=args.rates,
+        containers=args.containers,
+        repeats=args.repeats,
+        saturation_repeats=args.saturation_repeats,
+        seconds=args.seconds,
+        wrk_seconds=args.wrk_seconds,
+        connections=args.connections,
+        workers=args.workers,
+        threads=args.threads,
+    )
+    return run_and_publish("https_bench", in_workdir, markdown, args.json)
 
 
 if __name__ == "__main__":

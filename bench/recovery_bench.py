@@ -20,11 +20,11 @@ Run: ``python -m bench.recovery_bench`` (``--help`` for durations); about 1 minu
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import https_bench, loadgen, machine, reviews
-from bench.results import publish
 
 RECOVERED = 0.9
 
@@ -181,23 +180,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gpu-fence-recovery-bench-") as directory:
-        try:
-            report = run(
-                names=args.servers,
-                connections=args.connections,
-                before=args.before,
-                after=args.after,
-                bucket=args.bucket,
-                tail=args.tail,
-                workdir=Path(directory),
-            )
-        except (https_bench.BenchError, loadgen.LoadError) as error:
-            print(f"recovery_bench: {error}", file=sys.stderr)
-            return 2
-    report["machine"] = machine.describe()
-    publish(report, markdown(report), args.json)
-    return 0
+    in_workdir = functools.partial(
+        run,
+        names=args.servers,
+        connections=args.connections,
+        before=args.before,
+        after=args.after,
+        bucket=args.bucket,
+        tail=args.tail,
+    )
+    return https_bench.run_and_publish("recovery_bench", in_workdir, markdown, args.json)
 
 
 if __name__ == "__main__":

@@ -616,12 +616,7 @@ class Holder:
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                process.terminate()
-                try:
-                    process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                load_fake("processes").stop(process, grace_s=5)
         self._on_stop()
 
 
@@ -974,6 +969,7 @@ def smoke(
         import gpu_fence.auditor.nvml  # noqa: F401 - fail here, with the package named, if the project is not importable
 
         load_fake("podresources_server")  # grpc and the generated PodResources stubs
+        load_fake("processes")  # now, so that stopping the CUDA process later cannot fail to load it
     except CannotRun:
         raise
     except Exception as error:  # ImportError, or protobuf's VersionError for stubs newer than its runtime

@@ -1,5 +1,6 @@
 """Client certificates as the API server presents them to webhooks (``extendedKeyUsage: clientAuth``), signed by a
-CA from ``gpu-fence-webhook certs``'s own ``new_ca``, written where a TLS client context can load them."""
+CA from ``gpu-fence-webhook certs``'s own ``new_ca``, written where a TLS client context can load them; the same
+certificates serve the clients of the TLS-protected Prometheus."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def client_ca(common_name: str = "apiserver-client-ca") -> KeyPair:
     return new_ca(common_name=common_name, now=dt.datetime.now(dt.UTC), days=2)
 
 
-def client_identity(ca: KeyPair, common_name: str, directory: Path) -> ClientIdentity:
-    """A client certificate for ``common_name`` signed by ``ca``, its PEM files in ``directory``."""
+def client_cert(ca: KeyPair, common_name: str) -> KeyPair:
+    """A client certificate (``clientAuth``) for ``common_name`` signed by ``ca``, valid for a day."""
     now = dt.datetime.now(dt.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
@@ -49,10 +50,17 @@ def client_identity(ca: KeyPair, common_name: str, directory: Path) -> ClientIde
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca.key, hashes.SHA256())
     )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), key_pem)
+
+
+def client_identity(ca: KeyPair, common_name: str, directory: Path) -> ClientIdentity:
+    """A client certificate for ``common_name`` signed by ``ca``, its PEM files in ``directory``."""
+    pair = client_cert(ca, common_name)
     directory.mkdir(parents=True, exist_ok=True)
     cert_file, key_file = directory / f"{common_name}.crt", directory / f"{common_name}.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
+    cert_file.write_bytes(pair.cert_pem)
+    key_file.write_bytes(pair.key_pem)
     return ClientIdentity(ca, cert_file, key_file)

@@ -1,9 +1,11 @@
-"""Small HTTP servers for the tests: a threaded listener on loopback (over TLS when given a context), and the
-forwarding of one request to an upstream server, for fakes that stand in front of a real Prometheus."""
+"""Small HTTP servers for the tests: a threaded listener on loopback (over TLS when given a context), the one way
+the fakes write an answer (a body with its length, JSON by default), and the forwarding of one request to an
+upstream server, for fakes that stand in front of a real Prometheus."""
 
 from __future__ import annotations
 
 import http.server
+import json
 import ssl
 import threading
 import urllib.error
@@ -41,8 +43,19 @@ def forward(handler: http.server.BaseHTTPRequestHandler, upstream: str, form: by
             status, body = response.status, response.read()
     except urllib.error.HTTPError as error:
         status, body = error.code, error.read()
+    answer(handler, status, body)
+
+
+def answer(
+    handler: http.server.BaseHTTPRequestHandler, status: int, body: bytes, content_type: str = "application/json"
+) -> None:
+    """``body`` with its ``Content-Length``, so that keep-alive clients know where the answer ends."""
     handler.send_response(status)
-    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Type", content_type)
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     handler.wfile.write(body)
+
+
+def answer_json(handler: http.server.BaseHTTPRequestHandler, status: int, document: object) -> None:
+    answer(handler, status, json.dumps(document).encode())

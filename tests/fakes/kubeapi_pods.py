@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.fakes.http_listener import answer
+
 
 def pod(namespace: str, name: str, containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
     """A pod as the API server lists it: items of a PodList carry no ``kind``/``apiVersion`` of their own."""
@@ -77,12 +79,7 @@ class FakePodsApi:
                 query = parse_qs(parts.query)
                 fake.requests.append((parts.path, query))
                 code, body = fake.answer(parts.path, query)
-                payload = body if isinstance(body, bytes) else json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                answer(self, code, body if isinstance(body, bytes) else json.dumps(body).encode())
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.fakes.http_listener import answer, answer_json
 from tests.fakes.kubeapi_resourceslices import GROUP, FakeResourceSlices
 
 
@@ -177,7 +178,7 @@ class FakeKubeApi:
             return self.resource_slices.handle(handler, parts.path, query, self._send)
         if method == "GET" and parts.path == "/api/v1/pods":
             if self.raw_pod_list is not None:
-                return self._send_raw(handler, 200, self.raw_pod_list, "application/json")
+                return answer(handler, 200, self.raw_pod_list)
             return self._list_pods(handler, query)
         if segments[:3] == ["api", "v1", "namespaces"] and len(segments) >= 5 and segments[4] == "events":
             namespace = segments[3]
@@ -201,7 +202,7 @@ class FakeKubeApi:
             pods = [p for p in self.pods.values() if node is None or p["spec"].get("nodeName") == node]
         if query.get("watch", ["false"])[0] in ("true", "1"):
             lines = b"".join(json.dumps({"type": "ADDED", "object": p}).encode() + b"\n" for p in pods)
-            return self._send_raw(handler, 200, lines, "application/json")
+            return answer(handler, 200, lines)
         body = {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "10"}, "items": pods}
         return self._send(handler, 200, body)
 
@@ -224,15 +225,7 @@ class FakeKubeApi:
         return self._send(handler, 200, event)
 
     def _send(self, handler: BaseHTTPRequestHandler, code: int, body: dict[str, Any]) -> None:
-        self._send_raw(handler, code, json.dumps(body).encode(), "application/json")
-
-    @staticmethod
-    def _send_raw(handler: BaseHTTPRequestHandler, code: int, data: bytes, content_type: str) -> None:
-        handler.send_response(code)
-        handler.send_header("Content-Type", content_type)
-        handler.send_header("Content-Length", str(len(data)))
-        handler.end_headers()
-        handler.wfile.write(data)
+        answer_json(handler, code, body)
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:

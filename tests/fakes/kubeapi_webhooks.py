@@ -13,10 +13,12 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import jsonpatch
+
+from tests.fakes.http_listener import Listener, answer_json
 
 _SECRET = re.compile(r"^/api/v1/namespaces/([^/]+)/secrets(?:/([^/?]+))?$")
 _WEBHOOKS = re.compile(r"^/apis/admissionregistration\.k8s\.io/v1/(mutating|validating)webhookconfigurations/([^/?]+)$")
@@ -134,12 +136,7 @@ class _Handler(BaseHTTPRequestHandler):
             status, document = 415, _status(415, f"unsupported patch type {self.headers.get('Content-Type')}")
         else:
             status, document = self.api.handle(self.command, self.path.split("?", 1)[0], body)
-        payload = json.dumps(document).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        answer_json(self, status, document)
 
     do_GET = do_POST = do_PUT = do_PATCH = _serve
 
@@ -152,13 +149,8 @@ class FakeKubeApiServer:
 
     def __init__(self, api: FakeKubeApi | None = None) -> None:
         self.api = api or FakeKubeApi()
-        handler = type("Handler", (_Handler,), {"api": self.api})
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._listener = Listener(type("Handler", (_Handler,), {"api": self.api}))
+        self.url = self._listener.url
 
     def kubeconfig(self, directory: Path) -> Path:
         path = directory / "kubeconfig"
@@ -177,9 +169,8 @@ class FakeKubeApiServer:
         return path
 
     def __enter__(self) -> FakeKubeApiServer:
-        self.thread.start()
+        self._listener.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._listener.__exit__(*exc)

@@ -15,20 +15,15 @@ from __future__ import annotations
 
 import datetime as dt
 import http.server
-import json
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-from gpu_fence.webhook.certs import KeyPair, new_ca, new_serving_cert
-from tests.fakes.http_listener import Listener, forward
+from gpu_fence.webhook.certs import new_ca, new_serving_cert
+from tests.fakes.client_certs import client_cert
+from tests.fakes.http_listener import Listener, answer_json, forward
 
 USER = "finance"
 PASSWORD = "s3cret-finance"
@@ -47,26 +42,6 @@ class Pki:
         return self.directory / name
 
 
-def _client_cert(ca: KeyPair, name: str, now: dt.datetime) -> KeyPair:
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca.key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), key_pem)
-
-
 def pki(directory: Path) -> Pki:
     """ca.pem, server.pem/server-key.pem (DNS localhost), client.pem/client-key.pem, and the untrusted
     other-ca.pem with other-client.pem/other-client-key.pem signed by it."""
@@ -79,8 +54,8 @@ def pki(directory: Path) -> Pki:
         "ca": ca,
         "other-ca": other,
         "server": server,
-        "client": _client_cert(ca, "chargeback", now),
-        "other-client": _client_cert(other, "chargeback", now),
+        "client": client_cert(ca, "chargeback"),
+        "other-client": client_cert(other, "chargeback"),
     }
     for name, pair in pairs.items():
         (directory / f"{name}.pem").write_bytes(pair.cert_pem)
@@ -119,7 +94,7 @@ def tenant_gateway(upstream: str, keys: Pki) -> Iterator[TenantGateway]:
     class Elsewhere(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             seen.append(dict(self.headers.items()))
-            _answer(self, 401, {"status": "error", "error": "who are you?"})
+            answer_json(self, 401, {"status": "error", "error": "who are you?"})
 
         def log_message(self, *args: object) -> None:
             pass
@@ -139,10 +114,10 @@ def tenant_gateway(upstream: str, keys: Pki) -> Iterator[TenantGateway]:
                     self.end_headers()
                     return
                 if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                    _answer(self, 401, {"status": "error", "error": "authentication required"})
+                    answer_json(self, 401, {"status": "error", "error": "authentication required"})
                     return
                 if self.headers.get("X-Scope-OrgID") != TENANT:
-                    _answer(self, 401, {"status": "error", "error": "no org id"})
+                    answer_json(self, 401, {"status": "error", "error": "no org id"})
                     return
                 forward(self, upstream, form)
 
@@ -151,12 +126,3 @@ def tenant_gateway(upstream: str, keys: Pki) -> Iterator[TenantGateway]:
 
         with Listener(Gateway, _server_context(keys)) as gateway:
             yield TenantGateway(f"https://127.0.0.1:{gateway.port}", seen)
-
-
-def _answer(handler: http.server.BaseHTTPRequestHandler, status: int, document: dict) -> None:
-    body = json.dumps(document).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(body)))
-    handler.end_headers()
-    handler.wfile.write(body)

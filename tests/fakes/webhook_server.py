@@ -3,7 +3,9 @@ HTTPS client that connects as the API server does: to 127.0.0.1, verifying the c
 name (SNI included), with ``TCP_NODELAY``.
 
 Shared by the end-to-end tests of the webhook over TLS (the admission contract, availability under slow clients,
-client certificates); starting a server is the slow part, so each test module starts one and reuses it.
+client certificates); starting a server is the slow part, so each test module starts one and reuses it. The HTTPS
+benchmarks start their servers with the same ``certs`` and ``serve`` arguments (:func:`certs_command`,
+:func:`serve_options`) and stop them the same way (``processes.stop``): what they measure is what the tests prove.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+
+from tests.fakes.processes import stop
 
 SERVICE, NAMESPACE = "gpu-fence-webhook", "gpu-fence"
 HOSTNAME = f"{SERVICE}.{NAMESPACE}.svc"
@@ -108,35 +112,14 @@ class Server:
         return [int(pid) for pid in children.read_text().split()] if children.exists() else []
 
 
-def run_certs(out_dir: Path) -> None:
-    subprocess.run(
-        [
-            str(BIN / "gpu-fence-webhook"),
-            "certs",
-            "--service",
-            SERVICE,
-            "--namespace",
-            NAMESPACE,
-            "--out-dir",
-            str(out_dir),
-        ],
-        check=True,
-        capture_output=True,
-    )
+def certs_command(executable: str | Path, out_dir: Path) -> list[str]:
+    """``gpu-fence-webhook certs`` writing ca.crt, tls.crt and tls.key for the Service DNS name into ``out_dir``."""
+    return [str(executable), "certs", "--service", SERVICE, "--namespace", NAMESPACE, "--out-dir", str(out_dir)]
 
 
-@contextmanager
-def serving(
-    tmp: Path, *extra: str, workers: int = 2, threads: int = 4, env: dict[str, str] | None = None
-) -> Iterator[Server]:
-    """``serve`` with certificates for the Service name in ``tmp/tls``, ready (``/readyz`` answered 200)."""
-    tls = tmp / "tls"
-    run_certs(tls)
-    port = free_port()
-    stderr_path = tmp / "serve.stderr"
-    command = [
-        str(BIN / "gpu-fence-webhook"),
-        "serve",
+def serve_options(tls: Path, port: int, *, workers: int, threads: int) -> list[str]:
+    """The options of ``serve`` that put it on 127.0.0.1:``port`` with the certificates ``certs`` wrote in ``tls``."""
+    return [
         "--cert-file",
         str(tls / "tls.crt"),
         "--key-file",
@@ -151,6 +134,26 @@ def serving(
         str(threads),
         "--namespace",
         NAMESPACE,
+    ]
+
+
+def run_certs(out_dir: Path) -> None:
+    subprocess.run(certs_command(BIN / "gpu-fence-webhook", out_dir), check=True, capture_output=True)
+
+
+@contextmanager
+def serving(
+    tmp: Path, *extra: str, workers: int = 2, threads: int = 4, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """``serve`` with certificates for the Service name in ``tmp/tls``, ready (``/readyz`` answered 200)."""
+    tls = tmp / "tls"
+    run_certs(tls)
+    port = free_port()
+    stderr_path = tmp / "serve.stderr"
+    command = [
+        str(BIN / "gpu-fence-webhook"),
+        "serve",
+        *serve_options(tls, port, workers=workers, threads=threads),
         *extra,
     ]
     with stderr_path.open("wb") as stderr:
@@ -163,12 +166,7 @@ def serving(
         wait_ready(started)
         yield started
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, grace_s=20)
 
 
 def wait_ready(server: Server, deadline_s: float = STARTUP_DEADLINE_S) -> None:

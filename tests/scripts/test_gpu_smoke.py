@@ -505,6 +505,19 @@ def wait_for_line(process: subprocess.Popen, marker: str, limit: float = 60) -> 
     raise AssertionError(f"the smoke never printed {marker!r}")
 
 
+def test_a_holder_that_ignores_its_closed_stdin_is_terminated_and_reaped() -> None:
+    # a CUDA holder stuck in the driver never reads its stdin: stop() must still end it, through the harness's stop
+    process = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"], stdin=subprocess.PIPE)
+    stopped = []
+    try:
+        smoke.Holder(process, {}, lambda: stopped.append(True)).stop()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == -signal.SIGTERM and stopped == [True]
+
+
 def test_time_limit_stops_everything_and_exits_2(fake_lib: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = run_smoke("--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--runs", "200", "--seconds", "2")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -127,12 +128,19 @@ def fake(tmp_path):
         yield server
 
 
-def run_reconcile(server: FakeKubeApiServer, now: dt.datetime, **kwargs) -> list[str]:
+#: the fake's two configurations named ``gpu-fence``, whatever their kind, and what patching their caBundles reports
+BOTH_KINDS = (WebhookRef("", "gpu-fence"),)
+PATCHED_BOTH = ("patched mutating/gpu-fence", "patched validating/gpu-fence")
+
+
+def run_reconcile(
+    server: FakeKubeApiServer, now: dt.datetime, *, webhook_refs: Sequence[WebhookRef] = BOTH_KINDS, **kwargs
+) -> list[str]:
     return reconcile(
         connect(str(server.kubeconfig_path)),
         namespace="gpu-fence",
         secret_name="webhook-tls",
-        webhook_refs=[WebhookRef("", "gpu-fence")],
+        webhook_refs=webhook_refs,
         dns_names=NAMES,
         now=now,
         days=90,
@@ -156,12 +164,7 @@ def ca_bundles(api: FakeKubeApi) -> list[bytes]:
 
 
 def test_first_run_publishes_the_ca_then_creates_the_secret(fake):
-    assert run_reconcile(fake, NOW) == [
-        "ca-created",
-        "patched mutating/gpu-fence",
-        "patched validating/gpu-fence",
-        "serving-cert-issued",
-    ]
+    assert run_reconcile(fake, NOW) == ["ca-created", *PATCHED_BOTH, "serving-cert-issued"]
     data = stored(fake.api)
     assert set(data) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
     assert ca_bundles(fake.api) == [data["ca.crt"]] * 3
@@ -193,12 +196,7 @@ def test_ca_rotation_publishes_old_and_new_ca_before_the_new_leaf(fake):
     old_ca = load_bundle(old["ca.crt"])[0]
     fake.api.log.clear()
     later = NOW + 340 * DAY  # the CA (365 d) expires within 30 d
-    assert run_reconcile(fake, later) == [
-        "ca-rotated",
-        "patched mutating/gpu-fence",
-        "patched validating/gpu-fence",
-        "serving-cert-issued",
-    ]
+    assert run_reconcile(fake, later) == ["ca-rotated", *PATCHED_BOTH, "serving-cert-issued"]
     new = stored(fake.api)
     bundle = load_bundle(new["ca.crt"])
     assert len(bundle) == 2 and bundle[1] == old_ca  # old CA kept while valid: old replicas stay trusted
@@ -212,28 +210,14 @@ def test_ca_rotation_publishes_old_and_new_ca_before_the_new_leaf(fake):
 
 
 def test_kind_qualified_refs_patch_only_that_kind(fake):
-    reconcile(
-        connect(str(fake.kubeconfig_path)),
-        namespace="gpu-fence",
-        secret_name="webhook-tls",
-        webhook_refs=[WebhookRef("validating", "gpu-fence")],
-        dns_names=NAMES,
-        now=NOW,
-    )
+    run_reconcile(fake, NOW, webhook_refs=[WebhookRef("validating", "gpu-fence")])
     assert "caBundle" not in fake.api.webhooks[("mutating", "gpu-fence")]["webhooks"][0]["clientConfig"]
     assert "caBundle" in fake.api.webhooks[("validating", "gpu-fence")]["webhooks"][1]["clientConfig"]
 
 
 def test_missing_webhook_configuration_is_a_clear_error_before_any_write(fake):
     with pytest.raises(CertsError, match="no mutatingwebhookconfiguration or validatingwebhookconfiguration named"):
-        reconcile(
-            connect(str(fake.kubeconfig_path)),
-            namespace="gpu-fence",
-            secret_name="webhook-tls",
-            webhook_refs=[WebhookRef("", "nope")],
-            dns_names=NAMES,
-            now=NOW,
-        )
+        run_reconcile(fake, NOW, webhook_refs=[WebhookRef("", "nope")])
     assert fake.api.writes() == []
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpu_fence.webhook import cli
+from tests.fakes.check_reports import where_and_verdict
 
 HERE = Path(__file__).parent
 DATA = HERE / "data" / "check"
@@ -167,11 +168,7 @@ def test_stdin_stream_with_lists_skipped_and_empty_documents(capsys: Any, monkey
     assert code == 1
     # the values document and the List item that is no object are skipped; the empty document is not counted
     assert report["summary"]["skipped"] == 2
-    rows = [
-        (r["source"], r["line"], r["kind"], r["namespace"], r["name"], r["path"], r["verdict"])
-        for r in report["results"]
-    ]
-    assert rows == [
+    assert where_and_verdict(report) == [
         ("-", 8, "Pod", "ml", "listed-gpu", "", "allowed"),
         ("-", 13, "Pod", "other", "listed-bypass", "", "rejected"),
         ("-", 24, "Job", "ml", "job", "spec.template", "mutated"),

@@ -15,6 +15,7 @@ import yaml
 
 from gpu_fence.webhook import check, cli
 from gpu_fence.webhook.config import PolicyConfig
+from tests.fakes.check_reports import where_and_verdict
 from tests.fakes.kubeapi_pods import FakePodsApi, pod, write_kubeconfig
 from tests.fakes.pods import as_kai_leaves_it, kai_fraction_pod
 
@@ -62,11 +63,7 @@ def test_all_namespaces_each_pod_in_its_own_namespace(
     code, out, err = run_cluster(capsys, "--kubeconfig", str(kubeconfig), "--format", "json")
     assert (code, err) == (1, "")
     report = json.loads(out)
-    rows = [
-        (r["source"], r["line"], r["kind"], r["namespace"], r["name"], r["path"], r["verdict"])
-        for r in report["results"]
-    ]
-    assert rows == [
+    assert where_and_verdict(report) == [
         ("cluster", 0, "Pod", "default", "trainer", "", "allowed"),
         ("cluster", 0, "Pod", "default", "notebook", "", "mutated"),
         ("cluster", 0, "Pod", "team-a", "sneaky", "", "rejected"),

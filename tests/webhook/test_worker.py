@@ -99,19 +99,15 @@ def metric(server: Server, name: str, labels: dict[str, str]) -> float:
 
 
 def test_pipelined_requests_are_answered_in_order_on_one_connection(server):
-    sock = tls(server)
-    try:
+    with tls(server) as sock:
         sock.sendall(post("/validate", review_body()) + b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n")
         (first, _, body), (second, _, health) = responses(sock, 2)
         assert first == 200 and json.loads(body)["response"]["allowed"] is False
         assert second == 200 and json.loads(health) == {"status": "ok"}
-    finally:
-        sock.close()
 
 
 def test_expect_100_continue_is_answered_before_the_body_is_sent(server):
-    sock = tls(server)
-    try:
+    with tls(server) as sock:
         body = review_body()
         request = post("/validate", body, "Expect: 100-continue")
         sock.sendall(request[: -len(body)])
@@ -119,20 +115,15 @@ def test_expect_100_continue_is_answered_before_the_body_is_sent(server):
         sock.sendall(body)
         [(status, _, answer)] = responses(sock, 1)
         assert status == 200 and json.loads(answer)["response"]["allowed"] is False
-    finally:
-        sock.close()
 
 
 def test_a_chunked_review_is_decoded_and_judged(server):
     body = review_body()
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:100], body[100:]))
-    sock = tls(server)
-    try:
+    with tls(server) as sock:
         sock.sendall(post("/validate", chunks + b"0\r\n\r\n", "Transfer-Encoding: chunked"))
         [(status, _, answer)] = responses(sock, 1)
         assert status == 200 and json.loads(answer)["response"]["allowed"] is False
-    finally:
-        sock.close()
 
 
 @pytest.mark.parametrize(
@@ -145,54 +136,42 @@ def test_a_chunked_review_is_decoded_and_judged(server):
 )
 def test_framing_beyond_reading_is_answered_by_the_worker_as_json_and_counted(server, request_bytes, status, reason):
     before = metric(server, "gpu_fence_webhook_bad_requests_total", {"reason": reason})
-    sock = tls(server)
-    try:
+    with tls(server) as sock:
         sock.sendall(request_bytes)
         [(got, headers, body)] = responses(sock, 1)
         assert got == status and headers["connection"] == "close"
         document = json.loads(body)
         assert document["error"] == reason and document["message"]
         assert closed_by_server(sock, 5)
-    finally:
-        sock.close()
     assert metric(server, "gpu_fence_webhook_bad_requests_total", {"reason": reason}) == before + 1
 
 
 def test_ambiguous_framing_is_refused_by_gunicorn_and_the_connection_closed(server):
-    sock = tls(server)
-    try:
+    with tls(server) as sock:
         sock.sendall(post("/validate", b"2\r\n{}\r\n0\r\n\r\n", "Transfer-Encoding: chunked", "Content-Length: 13"))
         [(status, _, _)] = responses(sock, 1)
         assert status == 400
         assert closed_by_server(sock, 5)
-    finally:
-        sock.close()
 
 
 def test_a_body_cut_short_by_the_client_is_a_400_truncated_body(server):
-    sock = tls(server)
-    try:
+    with tls(server) as sock:
         body = review_body()
         request = post("/validate", body)
         sock.sendall(request[:-10])
         socket.socket.shutdown(sock, socket.SHUT_WR)  # TCP only (TLS stays up to read the answer): nothing more comes
         [(status, _, answer)] = responses(sock, 1)
         assert status == 400 and json.loads(answer)["error"] == "truncated-body"
-    finally:
-        sock.close()
 
 
 def test_a_client_that_stops_mid_request_is_closed_at_the_deadline_and_counted(server):
     before = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": "request-deadline"})
-    sock = tls(server)
-    try:
+    with tls(server) as sock:
         request = post("/validate", review_body())
         sock.sendall(request[:-10])
         started = time.monotonic()
         assert closed_by_server(sock, WEBHOOK_TIMEOUT_SECONDS + 5)
         assert time.monotonic() - started < WEBHOOK_TIMEOUT_SECONDS + 5
-    finally:
-        sock.close()
     after = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": "request-deadline"})
     assert after == before + 1
 
