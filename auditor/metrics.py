@@ -30,10 +30,17 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .model import AuditResult, FailureReason, FindingKind, NodeSnapshot
+from .model import Activity, AuditResult, FailureReason, FindingKind, NodeSnapshot
 
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: The per-container activity gauges: name, what the engine is, and the ``Activity`` field it exports.
+ACTIVITY_GAUGES = (
+    ("gpu_fence_container_gpu_sm_activity_ratio", "SM (3D/compute)", "sm"),
+    ("gpu_fence_container_gpu_memory_controller_activity_ratio", "memory controller", "memory_controller"),
+    ("gpu_fence_container_gpu_encoder_activity_ratio", "video encoder", "encoder"),
+    ("gpu_fence_container_gpu_decoder_activity_ratio", "video decoder", "decoder"),
+)
 _LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
 
@@ -123,6 +130,23 @@ class _LatestAudit(Collector):
             "Share of the physical card this device stands for (1 for a full GPU).",
             labels=["node", "gpu_uuid"],
         )
+        activity = [
+            GaugeMetricFamily(
+                name,
+                f"Share of time (0-1) the {engine} of that GPU ran the container's processes since the previous cycle "
+                "(NVML per-process utilisation samples). Operational, not a billing basis; absent where NVML does "
+                "not sample (MIG).",
+                labels=[*container_labels, "gpu_uuid", "allocated"],
+            )
+            for name, engine, _ in ACTIVITY_GAUGES
+        ]
+        sampled = GaugeMetricFamily(
+            "gpu_fence_gpu_activity_sampled",
+            "1 when NVML reported per-process utilisation for the GPU in the latest cycle; 0 when it did not (a MIG "
+            "device or MIG-enabled card, a driver without the call, an error): the activity gauges are then absent, "
+            "not zero.",
+            labels=["node", "gpu_uuid"],
+        )
         pod_labels = GaugeMetricFamily(
             "gpu_fence_pod_labels",
             "Pod labels chosen with --pod-label, for chargeback grouping.",
@@ -135,6 +159,7 @@ class _LatestAudit(Collector):
             allocated_values: Tally[tuple[str, ...]] = Tally()
             unknown_values: Tally[tuple[str, ...]] = Tally()
             finding_values: Tally[tuple[str, ...]] = Tally()
+            activity_values: dict[tuple[str, ...], Activity] = {}
             labelled_pods: dict[tuple[str, str], tuple[str, ...]] = {}
             for row in result.rows:
                 who = (self.node, row.namespace or "", row.pod or "", _container_label(row.container, row.container_id))
@@ -145,6 +170,9 @@ class _LatestAudit(Collector):
                     allocated_values[(*who, uuid)] += count
                 for uuid, count in row.unknown_memory_processes:
                     unknown_values[(*who, uuid)] += count
+                for uuid, busy in row.activity:
+                    key = (*who, uuid, "true" if uuid in allowed else "false")
+                    activity_values[key] = activity_values[key].plus(busy) if key in activity_values else busy
                 if self.pod_label_keys and row.namespace and row.pod:
                     values = dict(row.labels)
                     labelled_pods[(row.namespace, row.pod)] = tuple(values.get(k, "") for k in self.pod_label_keys)
@@ -166,17 +194,22 @@ class _LatestAudit(Collector):
                 unknown.add_metric(list(labels), value)
             for labels, value in finding_values.items():
                 findings.add_metric(list(labels), value)
+            for labels, busy in activity_values.items():
+                for family, (_, _, field) in zip(activity, ACTIVITY_GAUGES, strict=True):
+                    family.add_metric(list(labels), getattr(busy, field))
             unattributed_bytes = dict(result.unattributed_memory_bytes)
             for gpu in snapshot.gpus:
                 unattributed.add_metric([self.node, gpu.uuid], unattributed_bytes.pop(gpu.uuid, 0))
                 info.add_metric([self.node, gpu.uuid, gpu.parent_uuid or "", gpu.model, gpu.profile], 1)
                 total.add_metric([self.node, gpu.uuid], gpu.memory_total_bytes)
                 share.add_metric([self.node, gpu.uuid], gpu.share)
+                sampled.add_metric([self.node, gpu.uuid], 1 if gpu.uuid in snapshot.activity_devices else 0)
             for uuid, size in unattributed_bytes.items():  # a process on a device NVML did not list (lost mid-read)
                 unattributed.add_metric([self.node, uuid], size)
             for (namespace, pod), values in labelled_pods.items():
                 pod_labels.add_metric([namespace, pod, *values], 1)
-        yield from (memory, allocated, unknown, findings, unattributed, info, total, share, pod_labels)
+        yield from (memory, allocated, unknown, findings, *activity)
+        yield from (unattributed, info, total, share, sampled, pod_labels)
 
 
 class AuditorMetrics:

@@ -103,6 +103,35 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class Activity:
+    """How busy a GPU's engines kept a process's work (or the sum over a container's processes): each a share of
+    time from 0 to 1, from NVML's per-process utilisation samples since the previous cycle (``docs/metrics.md``).
+
+    An operational signal, never a billing basis: samples, not accounting, and under MPS the shares of processes
+    whose kernels overlap add up to more than the device's time.
+    """
+
+    sm: float = 0.0
+    memory_controller: float = 0.0
+    encoder: float = 0.0
+    decoder: float = 0.0
+
+    def plus(self, other: Activity) -> Activity:
+        """The two added, each engine capped at 1: one container cannot keep an engine busier than all the time."""
+        return Activity(
+            min(1.0, self.sm + other.sm),
+            min(1.0, self.memory_controller + other.memory_controller),
+            min(1.0, self.encoder + other.encoder),
+            min(1.0, self.decoder + other.decoder),
+        )
+
+
+#: A process NVML sampled no activity for on a device it does sample (nvml.h returns samples only for processes
+#: with "some non-zero utilization during the last sample period").
+IDLE = Activity()
+
+
+@dataclass(frozen=True)
 class GpuProcess:
     """A process NVML lists on a GPU or MIG device, with the cgroup identity read from host /proc.
 
@@ -116,6 +145,7 @@ class GpuProcess:
     pod_uid: str | None = None
     container_id: str | None = None
     identity_error: str | None = None
+    activity: Activity | None = None  # None: NVML does not sample this device's processes (MIG), or failed to
 
 
 @dataclass(frozen=True)
@@ -167,6 +197,8 @@ class NodeSnapshot:
     notes: tuple[str, ...] = ()  # degraded conditions worth saying in the report (GPU lost, API down, ...)
     #: the sources this cycle ran without in part (a GPU unreadable, the API down): each counts as a failure cause
     degraded: frozenset[FailureReason] = frozenset()
+    #: the devices whose per-process activity NVML reported this cycle; elsewhere activity is unknown, not zero
+    activity_devices: frozenset[str] = frozenset()
 
     def with_degraded(self, reason: FailureReason, note: str) -> NodeSnapshot:
         """This snapshot with one more source it ran without in part, and the note that says so."""
@@ -200,6 +232,8 @@ class Row:
     labels: tuple[tuple[str, str], ...] = ()
     # UUID → processes whose memory NVML did not report: their bytes are missing from memory_bytes, not zero
     unknown_memory_processes: tuple[tuple[str, int], ...] = ()
+    # UUID → the activity of the container's processes there, on each device it uses or holds that NVML samples
+    activity: tuple[tuple[str, Activity], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -180,11 +180,13 @@ def assemble(
     identity_source: IdentitySource,
     notes: Sequence[str] = (),
     degraded: Iterable[FailureReason] = (),
+    activity_devices: Iterable[str] = (),
 ) -> NodeSnapshot:
     """Join the sources into a ``NodeSnapshot``.
 
     ``processes`` are NVML's, each with the cgroup identity of its pid; ``pods`` the cached pod list by uid (None
-    when the API never answered); ``notes`` and ``degraded`` what the cycle read only in part.
+    when the API never answered); ``notes`` and ``degraded`` what the cycle read only in part; ``activity_devices``
+    the devices whose per-process activity NVML reported.
     """
     drafts: dict[tuple[str | None, str | None, str | None], _Draft] = {}
     by_id: dict[str, _Draft] = {}
@@ -267,6 +269,7 @@ def assemble(
         identity_source,
         tuple(notes),
         frozenset(degraded),
+        frozenset(activity_devices),
     )
 
 

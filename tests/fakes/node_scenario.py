@@ -32,6 +32,7 @@ from tests.fakes.nvml import (
     FakeMig,
     FakeNvmlConfig,
     FakeProcess,
+    FakeUtilSample,
     build_fake_nvml,
     fake_gpu_uuid,
     fake_mig_uuid,
@@ -77,6 +78,8 @@ class Ctr:
     ``processes``: ``(device, bytes)`` per GPU process. ``env``: its environment (NVIDIA_VISIBLE_DEVICES, ...).
     ``dra``: DRA device names (``pool/device`` or CDI) it holds through one claim.
     ``running=False``: listed by the kubelet but no process on the host (not started yet).
+    ``activity``: ``(sm, memory, encoder, decoder)`` percent per GPU process, in the order of ``processes`` (fewer
+    entries leave the last processes idle): live utilisation samples in the fake NVML, new every sampling period.
     """
 
     name: str
@@ -90,6 +93,7 @@ class Ctr:
     running: bool = True
     container_id: str = ""
     pids: list[int] = field(default_factory=list)
+    activity: Sequence[tuple[int, int, int, int]] = ()
 
 
 def replica_holder(
@@ -100,10 +104,11 @@ def replica_holder(
     processes: int = 1,
     name: str = "main",
     resource: str = "nvidia.com/gpu.shared",
+    activity: tuple[int, int, int, int] | None = None,
 ) -> Ctr:
     """A container holding replica ``replica`` of a shared (time-sliced or MPS) device, as NVIDIA's device plugin
     allocates it (``<uuid>::<replica>``): it sees the device, names it in ``NVIDIA_VISIBLE_DEVICES`` and runs
-    ``processes`` processes of ``used_bytes`` each on it."""
+    ``processes`` processes of ``used_bytes`` each on it (each busy as ``activity`` says, when given)."""
     return Ctr(
         name,
         allocated=[device],
@@ -112,6 +117,7 @@ def replica_holder(
         visible=[device],
         processes=[(device, used_bytes)] * processes,
         env={"NVIDIA_VISIBLE_DEVICES": uuid_of(device)},
+        activity=[activity] * processes if activity is not None else (),
     )
 
 
@@ -141,8 +147,10 @@ class NodeScenario:
         gpu_name: str = "NVIDIA H100 80GB HBM3",
         host_processes: int = 0,
         kubernetes: bool = True,
+        util_period_us: int | None = None,
     ) -> None:
         self.root = Path(root)
+        self.util_period_us = util_period_us  # the fake driver's sampling period for live utilisation samples
         self.node = node
         self.gpu_count = gpus
         self.mig_slots = dict(mig_slots or {})
@@ -194,7 +202,20 @@ class NodeScenario:
             FakeProcess(device=uuid_of(device), pid=pid, used_memory_bytes=size)
             for pid, device, size in self.host_gpu_processes
         ]
-        return FakeNvmlConfig(gpus=gpus, migs=migs, processes=tuple(processes), errors=tuple(self.nvml_errors))
+        samples = tuple(
+            FakeUtilSample(uuid_of(device), pid, *busy)
+            for p in self.pods
+            for ctr in p.containers
+            for pid, (device, _), busy in zip(ctr.pids[1:], ctr.processes, ctr.activity, strict=False)
+        )
+        return FakeNvmlConfig(
+            gpus=gpus,
+            migs=migs,
+            processes=tuple(processes),
+            errors=tuple(self.nvml_errors),
+            samples=samples,
+            util_period_us=self.util_period_us,
+        )
 
     def _minor(self, device: Device) -> int:
         uuid = uuid_of(device)
@@ -358,19 +379,24 @@ def dense_node(
     gpu_processes: int = 2000,
     host_processes: int = 30_000,
     kubernetes: bool = True,
+    activity: tuple[int, int, int, int] | None = None,
 ) -> NodeScenario:
     """The benchmark's node, clean: every MIG slice shared (as replicas ``MIG-x::n``) by the pods in turn, each
-    pod's first container running its share of the GPU processes, the other containers pinned to ``void``."""
-    scenario = NodeScenario(
-        root, gpus=gpus, mig_slots={g: slots for g in range(gpus)}, host_processes=host_processes, kubernetes=kubernetes
-    )
-    slices = [f"{g}:{s}" for g in range(gpus) for s in range(slots)]
+    pod's first container running its share of the GPU processes, the other containers pinned to ``void``.
+
+    ``slots=0`` is the same node without MIG: whole GPUs time-sliced (replicas ``GPU-x::n``), where NVML samples
+    each process's utilisation; ``activity`` (percent: SM, memory, encoder, decoder) makes every GPU process busy.
+    """
+    mig_slots = {g: slots for g in range(gpus)} if slots else {}
+    scenario = NodeScenario(root, gpus=gpus, mig_slots=mig_slots, host_processes=host_processes, kubernetes=kubernetes)
+    devices: list[Device] = [f"{g}:{s}" for g in range(gpus) for s in range(slots)] if slots else list(range(gpus))
+    resource = "nvidia.com/mig-1g.10gb" if slots else "nvidia.com/gpu.shared"
     per_pod, extra = divmod(gpu_processes, pods)
     for number in range(pods):
-        device = slices[number % len(slices)]
+        device = devices[number % len(devices)]
         count = per_pod + (1 if number < extra else 0)
-        replica = number // len(slices)
-        first = replica_holder(device, replica, 64 << 20, processes=count, resource="nvidia.com/mig-1g.10gb")
+        replica = number // len(devices)
+        first = replica_holder(device, replica, 64 << 20, processes=count, resource=resource, activity=activity)
         sidecars = [Ctr(f"side{n}", env={"NVIDIA_VISIBLE_DEVICES": "void"}) for n in range(1, containers_per_pod)]
         scenario.add_pod(f"team-{number % 10}", f"job-{number}", first, *sidecars, labels={"team": f"t{number % 5}"})
     return scenario
