@@ -88,7 +88,7 @@ def test_per_gpu_tables_use_dcgm_exporter_label_names() -> None:
     are spelled alike already."""
     tables = [p for p in panels() if p["type"] == "table" and "gpu_uuid" in p["targets"][0]["expr"]]
     assert len(tables) == 5
-    for panel, expr in ((panel, target["expr"]) for panel in tables for target in panel["targets"]):
+    for title, expr in ((table["title"], target["expr"]) for table in tables for target in table["targets"]):
         for label, source in (
             ("UUID", "gpu_uuid"),
             ("UUID", "parent_uuid"),
@@ -96,7 +96,7 @@ def test_per_gpu_tables_use_dcgm_exporter_label_names() -> None:
             ("GPU_I_PROFILE", "mig_profile"),
             ("Hostname", "node"),
         ):
-            assert f'"{label}", "$1", "{source}"' in expr, (panel["title"], label)
+            assert f'"{label}", "$1", "{source}"' in expr, (title, label)
 
 
 def test_activity_panels_sit_in_a_row_that_says_they_are_not_billed() -> None:
