@@ -281,15 +281,17 @@ def _row(
 ) -> Row:
     memory: Counter[str] = Counter()
     unknown: Counter[str] = Counter()
-    # Activity where NVML samples it: on every device the container uses, and at 0 on one it holds without a
-    # process there (an idle reservation is the point of the signal).
-    activity: dict[str, Activity] = {uuid: IDLE for uuid in entitled if uuid in activity_devices}
+    busy: dict[str, list[Activity]] = defaultdict(list)
     for process in processes:
         memory[process.gpu_uuid] += process.used_memory_bytes or 0
         if process.used_memory_bytes is None:
             unknown[process.gpu_uuid] += 1  # NVML gave no size: counted, so that a 0 is not read as "idle"
         if process.activity is not None:
-            activity[process.gpu_uuid] = activity.get(process.gpu_uuid, IDLE).plus(process.activity)
+            busy[process.gpu_uuid].append(process.activity)
+    # Activity where NVML samples it: on every device the container uses, and at 0 on one it holds without a
+    # process there (an idle reservation is the point of the signal).
+    activity = {uuid: IDLE for uuid in entitled if uuid in activity_devices}
+    activity.update((uuid, Activity.total(found)) for uuid, found in busy.items())
     return Row(
         namespace=container.namespace,
         pod=container.pod,

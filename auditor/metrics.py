@@ -159,7 +159,7 @@ class _LatestAudit(Collector):
             allocated_values: Tally[tuple[str, ...]] = Tally()
             unknown_values: Tally[tuple[str, ...]] = Tally()
             finding_values: Tally[tuple[str, ...]] = Tally()
-            activity_values: dict[tuple[str, ...], Activity] = {}
+            activity_values: dict[tuple[str, ...], list[Activity]] = {}
             labelled_pods: dict[tuple[str, str], tuple[str, ...]] = {}
             for row in result.rows:
                 who = (self.node, row.namespace or "", row.pod or "", _container_label(row.container, row.container_id))
@@ -171,8 +171,7 @@ class _LatestAudit(Collector):
                 for uuid, count in row.unknown_memory_processes:
                     unknown_values[(*who, uuid)] += count
                 for uuid, busy in row.activity:
-                    key = (*who, uuid, "true" if uuid in allowed else "false")
-                    activity_values[key] = activity_values[key].plus(busy) if key in activity_values else busy
+                    activity_values.setdefault((*who, uuid, "true" if uuid in allowed else "false"), []).append(busy)
                 if self.pod_label_keys and row.namespace and row.pod:
                     values = dict(row.labels)
                     labelled_pods[(row.namespace, row.pod)] = tuple(values.get(k, "") for k in self.pod_label_keys)
@@ -194,7 +193,8 @@ class _LatestAudit(Collector):
                 unknown.add_metric(list(labels), value)
             for labels, value in finding_values.items():
                 findings.add_metric(list(labels), value)
-            for labels, busy in activity_values.items():
+            for labels, found in activity_values.items():
+                busy = found[0] if len(found) == 1 else Activity.total(found)  # two rows, one label set: add them
                 for family, (_, _, field) in zip(activity, ACTIVITY_GAUGES, strict=True):
                     family.add_metric(list(labels), getattr(busy, field))
             unattributed_bytes = dict(result.unattributed_memory_bytes)

@@ -7,6 +7,7 @@ Everything here is a frozen dataclass or an enum: ``auditor.collect`` reads the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -102,7 +103,7 @@ class Gpu:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Activity:
     """How busy a GPU's engines kept a process's work (or the sum over a container's processes): each a share of
     time from 0 to 1, from NVML's per-process utilisation samples since the previous cycle (``docs/metrics.md``).
@@ -116,14 +117,16 @@ class Activity:
     encoder: float = 0.0
     decoder: float = 0.0
 
-    def plus(self, other: Activity) -> Activity:
-        """The two added, each engine capped at 1: one container cannot keep an engine busier than all the time."""
-        return Activity(
-            min(1.0, self.sm + other.sm),
-            min(1.0, self.memory_controller + other.memory_controller),
-            min(1.0, self.encoder + other.encoder),
-            min(1.0, self.decoder + other.decoder),
-        )
+    @staticmethod
+    def total(activities: Iterable[Activity]) -> Activity:
+        """Their sum, each engine capped at 1: one container cannot keep an engine busier than all the time."""
+        sm = memory_controller = encoder = decoder = 0.0
+        for activity in activities:
+            sm += activity.sm
+            memory_controller += activity.memory_controller
+            encoder += activity.encoder
+            decoder += activity.decoder
+        return Activity(min(1.0, sm), min(1.0, memory_controller), min(1.0, encoder), min(1.0, decoder))
 
 
 #: A process NVML sampled no activity for on a device it does sample (nvml.h returns samples only for processes
