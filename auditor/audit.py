@@ -5,7 +5,9 @@ of its KAI reservation pod), then per container what it uses and sees against th
 processes that belong to no container. Each finding kind is one small function named after it.
 
 Rules that are easy to get wrong, decided once here:
-- a time-slicing / MPS replica (``GPU-x::3``) is an allocation of ``GPU-x`` (the snapshot already strips it);
+- a time-slicing / MPS replica (``GPU-x::3``) is an allocation of ``GPU-x`` (the snapshot already strips it); so is
+  a DRA device shared by several containers or pods (one claim used by many, or consumable capacity): each holder
+  is entitled to it and metered by its own processes' memory;
 - a MIG device is neither its parent card nor a sibling slice: a process on a MIG device is
   ``used-unallocated`` unless that very MIG device is allocated;
 - holding a MIG slice makes the parent card's ``/dev/nvidia<minor>`` legitimately visible (CUDA needs it; the
@@ -114,10 +116,10 @@ def used_unallocated(
     """A process of the container uses a GPU the container was not allocated: metering is skewed by its bytes."""
     found = []
     unmapped = ""
-    if container.unresolved_allocations:
+    ids = [*container.unresolved_allocations, *(d.describe() for d in container.dra_devices if d.uuid is None)]
+    if ids:
         # A DRA device or plugin id we could not map may be this very GPU: say so rather than stay silent.
-        ids = ", ".join(container.unresolved_allocations)
-        unmapped = f" (its allocation also holds ids not mapped to a GPU: {ids})"
+        unmapped = f" (its allocation also holds ids not mapped to a GPU: {', '.join(ids)})"
     for process in processes:
         if process.gpu_uuid in allowed:
             continue
@@ -308,6 +310,7 @@ def _row(
         labels=container.labels,
         unknown_memory_processes=tuple(sorted(unknown.items())),
         activity=tuple(sorted(activity.items())),
+        dra_devices=container.dra_devices,
     )
 
 

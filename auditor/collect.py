@@ -1,9 +1,11 @@
 """One cycle's reading: every source once, handed to the pure join (``auditor.snapshot.assemble``).
 
-In order: one kubelet ``List``; one NVML snapshot; the cgroup identity of each GPU process's host pid; the pod
-cache (relisted when due, or early when it meets a pod or container it does not know); one incremental scan of
-host /proc with what one live process per container shows (its GPU device nodes, its environment and, without a
-fresh pod list, the files that name its pod). The sources are the Protocols of ``auditor.sources``.
+In order: one kubelet ``List`` (and, every few minutes, ``GetAllocatableResources`` through ``sources.offered``);
+the ResourceSlices the background watch holds (the cycle itself makes no request for them); one NVML snapshot; the
+cgroup identity of each GPU process's host pid; the pod cache (relisted when due, or early when it meets a pod or
+container it does not know); one incremental scan of host /proc with what one live process per container shows (its
+GPU device nodes, its environment and, without a fresh pod list, the files that name its pod). The sources are the
+Protocols of ``auditor.sources``.
 
 A source that cannot be read at all fails the cycle with a ``CollectError`` naming it; one read in part (a GPU
 NVML lost, the API server down) leaves a note in the snapshot and the source among its ``degraded``.
@@ -13,7 +15,7 @@ NVML lost, the API server down) leaves a note in the snapshot and the source amo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpu_fence.vocabulary import VISIBLE_DEVICES_ENV
@@ -24,6 +26,7 @@ from .sources import HostProcSource, PodSource, Sources
 
 if TYPE_CHECKING:
     from .nvml import NvmlProcess
+    from .podresources.allocations import DeviceAllocation
 
 #: The pod's namespace as its service account sees it, in the container's root: the fallback's pod namespace.
 SERVICEACCOUNT_NAMESPACE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -52,6 +55,8 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Callable[[], f
         allocations = sources.podresources.list()
     except KubeletUnavailable as error:
         raise CollectError(FailureReason.KUBELET, f"kubelet PodResources API unavailable: {error}") from error
+    offered = offered_devices(sources, notes)
+    slices = sources.slices.view if sources.slices is not None else None
     try:
         nvml = sources.nvml.snapshot()
     except NvmlError as error:
@@ -80,7 +85,21 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Callable[[], f
         notes=notes,
         degraded=degraded,
         activity_devices=nvml.activity_devices,
+        slices=slices,
+        offered=offered,
     )
+
+
+def offered_devices(sources: Sources, notes: list[str]) -> Sequence[DeviceAllocation] | None:
+    """The device plugins' offer (asked of the kubelet only when due), and a note while it is unknown."""
+    if sources.offered is None:
+        return None
+    offered = sources.offered.read(sources.podresources)
+    if offered is None and sources.offered.last_error:
+        notes.append(
+            f"offered replicas unknown (gpu_fence_gpu_offered_replicas not exported): {sources.offered.last_error}"
+        )
+    return offered
 
 
 def identify_processes(hostproc: HostProcSource, nvml_processes: Iterable[NvmlProcess]) -> list[GpuProcess]:

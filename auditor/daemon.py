@@ -38,7 +38,7 @@ from .report import render
 from .server import Health, serve_http
 from .settings import AuditSettings, RunSettings, add_once_parser, add_run_parser, label_clash
 from .snapshot import SnapshotOptions
-from .sources import HostProcSource, NvmlSource, PodResourcesSource, PodSource, Sources
+from .sources import HostProcSource, NvmlSource, OfferedSource, PodResourcesSource, PodSource, SliceSource, Sources
 
 if TYPE_CHECKING:
     from .metrics import AuditorMetrics
@@ -56,17 +56,20 @@ class Auditor:
     """Holds the sources across cycles and runs one cycle at a time.
 
     A source that failed a cycle (the kubelet, NVML) is closed and opened afresh by the next one: a restarted
-    kubelet listens on a new socket, a re-initialised NVML sees GPUs that came back.
+    kubelet listens on a new socket, a re-initialised NVML sees GPUs that came back. ``watch``: keep the
+    ResourceSlices current on a background watch (``run``); without it they are listed once, when opened (``once``).
     """
 
-    def __init__(self, settings: AuditSettings) -> None:
+    def __init__(self, settings: AuditSettings, *, watch: bool = False) -> None:
         self.settings = settings
         self.node = settings.node
+        self.watch = watch
         self.options = SnapshotOptions(
             node=self.node,
             pod_label_keys=settings.pod_label_keys,
             kai_reservation_namespace=settings.kai_reservation_namespace,
             kai_scheduler_names=settings.kai_scheduler_names,
+            gpu_dra_drivers=frozenset(settings.dra_gpu_drivers),
         )
         self.policy = AuditPolicy(
             exempt_namespaces=settings.exempt_namespaces,
@@ -76,10 +79,14 @@ class Auditor:
         self.api_problem: str | None = None
         self._hostproc: HostProcSource | None = None
         self._pods: PodSource | None = None
+        self._slices: SliceSource | None = None
+        self._offered: OfferedSource | None = None
         self._podresources: PodResourcesSource | None = None
         self._nvml: NvmlSource | None = None
         #: PodResources RPCs made, by method, over every client this auditor built (one is rebuilt per outage).
         self.kubelet_calls: Counter[str] = Counter()
+        #: PodResources RPCs that failed, by (method, reason), over the same clients.
+        self.kubelet_failures: Counter[tuple[str, str]] = Counter()
         self.cycles = 0  # cycles attempted
 
     def _freeze_long_lived(self) -> None:
@@ -116,15 +123,28 @@ class Auditor:
         if self._hostproc is None:
             from .hostproc import HostProc
             from .kube import PodCache
+            from .offered import OfferedReplicas
 
             self._hostproc = HostProc(self.settings.host_proc)
+            self._offered = OfferedReplicas(self.settings.allocatable_interval)
             if self.api_client is not None:
                 self._pods = PodCache(self.api_client, self.node, relist_interval=self.settings.pod_relist_interval)
+                self._slices = self._open_slices()
         if self._podresources is None:
             self._podresources = self._open_podresources()
         if self._nvml is None:
             self._nvml = self._open_nvml()
-        return Sources(self._podresources, self._nvml, self._hostproc, self._pods)
+        return Sources(self._podresources, self._nvml, self._hostproc, self._pods, self._slices, self._offered)
+
+    def _open_slices(self) -> SliceSource:
+        """The node's ResourceSlices: listed now (bounded by the API client's timeout), then watched with ``watch``."""
+        from .resourceslices import ResourceSliceCache
+
+        slices = ResourceSliceCache(self.api_client, self.node, drivers=self.settings.dra_gpu_drivers)
+        slices.sync()
+        if self.watch:
+            slices.start()
+        return slices
 
     def _open_podresources(self) -> PodResourcesSource:
         socket_path = self.settings.pod_resources_socket
@@ -136,7 +156,7 @@ class Auditor:
             )
         from .podresources.client import PodResourcesClient
 
-        return PodResourcesClient(socket_path, calls=self.kubelet_calls)
+        return PodResourcesClient(socket_path, calls=self.kubelet_calls, failures=self.kubelet_failures)
 
     def _open_nvml(self) -> NvmlSource:
         from .nvml import Nvml, NvmlError
@@ -180,6 +200,9 @@ class Auditor:
     def close(self) -> None:
         self._restart(FailureReason.KUBELET)
         self._restart(FailureReason.NVML)
+        if self._slices is not None:
+            self._slices.close()
+            self._slices = None
 
 
 # --- once ------------------------------------------------------------------------------------------------
@@ -237,7 +260,7 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
     if clash:
         print(f"gpu-fence-auditor run: {clash}", file=sys.stderr)
         return ExitStatus.ERROR
-    auditor = Auditor(settings.audit)
+    auditor = Auditor(settings.audit, watch=True)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -281,7 +304,7 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
             failures_in_row += 1
             if isinstance(error, CollectError):
                 source, message, level, trace = error.source, error.reason, logging.WARNING, None
-                metrics.sync_kubelet_calls(auditor.kubelet_calls)
+                metrics.sync_kubelet_calls(auditor.kubelet_calls, auditor.kubelet_failures)
             else:
                 source, message, level = FailureReason.INTERNAL, f"internal error: {error}", logging.ERROR
                 trace = error if settings.debug else None
@@ -300,7 +323,7 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
             failures_in_row = 0
             duration = time.monotonic() - started
             metrics.observe(snapshot, result, duration)
-            metrics.sync_kubelet_calls(auditor.kubelet_calls)
+            metrics.sync_kubelet_calls(auditor.kubelet_calls, auditor.kubelet_failures)
             health.last_success = time.time()
             _count_degraded(snapshot, metrics)
             written = 0

@@ -81,7 +81,17 @@ class ApiError(Exception):
         self.reason = reason
 
 
-def api_request(
+def api_request(api_client: Any, method: str, path: str, **options: Any) -> bytes:
+    """One request (``options`` as :func:`open_request` takes them); the response body, read whole. Raises
+    ``ApiError`` on a non-2xx status; socket, TLS and timeout errors pass through as the client raises them."""
+    response = open_request(api_client, method, path, **options)
+    data = response.read()
+    if not 200 <= response.status <= 299:
+        raise ApiError(response.status, response.reason or "")
+    return data
+
+
+def open_request(
     api_client: Any,
     method: str,
     path: str,
@@ -90,12 +100,13 @@ def api_request(
     query: list[tuple[str, str]] | None = None,
     body: Mapping[str, Any] | None = None,
     content_type: str = "application/json",
-) -> bytes:
+    read_timeout: float | None = None,
+) -> Any:
     """One request through the client's configuration (server, bearer token, client certificates, CA) and its
-    connection pool; the response body, read whole. Raises ``ApiError`` on a non-2xx status; socket, TLS and
-    timeout errors pass through as the client raises them.
+    connection pool, its response not read yet (``.status``; ``.response`` streams the body, as a watch needs).
 
-    ``path`` may hold ``{name}`` placeholders filled from ``path_params`` (percent-encoded by the client).
+    ``path`` may hold ``{name}`` placeholders filled from ``path_params`` (percent-encoded by the client);
+    ``read_timeout`` is the longest wait for the next bytes (default: the client's timeout).
     """
     timeout = getattr(api_client, "gpu_fence_timeout", 10.0)
     headers = {"Accept": "application/json"}
@@ -110,16 +121,17 @@ def api_request(
         body=dict(body) if body is not None else None,
         auth_settings=["BearerToken"],  # the only scheme the client knows; it re-reads a rotated in-cluster token
     )
-    response = api_client.call_api(
-        method, url, header_params=headers, body=serialized, _request_timeout=(timeout, timeout)
+    return api_client.call_api(
+        method,
+        url,
+        header_params=headers,
+        body=serialized,
+        _request_timeout=(timeout, timeout if read_timeout is None else read_timeout),
     )
-    data = response.read()
-    if not 200 <= response.status <= 299:
-        raise ApiError(response.status, response.reason or "")
-    return data
 
 
-def _describe_error(error: Exception) -> str:
+def describe_error(error: Exception) -> str:
+    """An API failure in one line: its HTTP status, or the exception's type and first line."""
     status = getattr(error, "status", None)
     if status:
         return f"HTTP {status} {getattr(error, 'reason', '')}".strip()
@@ -174,7 +186,7 @@ class PodCache:
         try:
             self.pods = self._list()
         except Exception as error:  # any client, HTTP or socket failure means "API unavailable"
-            self.last_error = _describe_error(error)
+            self.last_error = describe_error(error)
             return False
         self.last_error = None
         self._listed_at = now
@@ -326,7 +338,7 @@ class EventRecorder:
                     self._remember(key, (name, now, count + 1))
             except Exception as error:  # the API may be down; the next cycle retries
                 self.failures += 1
-                self.last_error = _describe_error(error)
+                self.last_error = describe_error(error)
                 break
             writes += 1
         return writes

@@ -30,7 +30,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .model import Activity, AuditResult, FailureReason, FindingKind, NodeSnapshot
+from .model import Activity, AuditResult, DraResolution, FailureReason, FindingKind, NodeSnapshot, SliceState
 
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -147,6 +147,18 @@ class _LatestAudit(Collector):
             "not zero.",
             labels=["node", "gpu_uuid"],
         )
+        unresolved_dra = GaugeMetricFamily(
+            "gpu_fence_container_unresolved_dra_devices",
+            "DRA devices of GPU drivers the container holds that could not be resolved to a UUID, by reason (they "
+            "give no entitlement, and their memory cannot be told from overreach).",
+            labels=[*container_labels, "driver", "reason"],
+        )
+        offered = GaugeMetricFamily(
+            "gpu_fence_gpu_offered_replicas",
+            "Allocation ids the device plugins offer for that GPU or MIG device (GetAllocatableResources): 1 unshared, "
+            "N for N time-slicing or MPS replicas.",
+            labels=["node", "gpu_uuid"],
+        )
         pod_labels = GaugeMetricFamily(
             "gpu_fence_pod_labels",
             "Pod labels chosen with --pod-label, for chargeback grouping.",
@@ -158,6 +170,7 @@ class _LatestAudit(Collector):
             memory_values: Tally[tuple[str, ...]] = Tally()
             allocated_values: Tally[tuple[str, ...]] = Tally()
             unknown_values: Tally[tuple[str, ...]] = Tally()
+            unresolved_values: Tally[tuple[str, ...]] = Tally()
             finding_values: Tally[tuple[str, ...]] = Tally()
             activity_values: dict[tuple[str, ...], list[Activity]] = {}
             labelled_pods: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -172,6 +185,9 @@ class _LatestAudit(Collector):
                     unknown_values[(*who, uuid)] += count
                 for uuid, busy in row.activity:
                     activity_values.setdefault((*who, uuid, "true" if uuid in allowed else "false"), []).append(busy)
+                for device in row.dra_devices:
+                    if device.resolution is not DraResolution.RESOLVED:
+                        unresolved_values[(*who, device.driver, device.resolution.value)] += 1
                 if self.pod_label_keys and row.namespace and row.pod:
                     values = dict(row.labels)
                     labelled_pods[(row.namespace, row.pod)] = tuple(values.get(k, "") for k in self.pod_label_keys)
@@ -191,6 +207,8 @@ class _LatestAudit(Collector):
                 allocated.add_metric(list(labels), value)
             for labels, value in unknown_values.items():
                 unknown.add_metric(list(labels), value)
+            for labels, value in unresolved_values.items():
+                unresolved_dra.add_metric(list(labels), value)
             for labels, value in finding_values.items():
                 findings.add_metric(list(labels), value)
             for labels, found in activity_values.items():
@@ -206,10 +224,12 @@ class _LatestAudit(Collector):
                 sampled.add_metric([self.node, gpu.uuid], 1 if gpu.uuid in snapshot.activity_devices else 0)
             for uuid, size in unattributed_bytes.items():  # a process on a device NVML did not list (lost mid-read)
                 unattributed.add_metric([self.node, uuid], size)
+            for uuid, count in snapshot.offered_replicas or ():
+                offered.add_metric([self.node, uuid], count)
             for (namespace, pod), values in labelled_pods.items():
                 pod_labels.add_metric([namespace, pod, *values], 1)
-        yield from (memory, allocated, unknown, findings, *activity)
-        yield from (unattributed, info, total, share, sampled, pod_labels)
+        yield from (memory, allocated, unknown, unresolved_dra, findings, *activity)
+        yield from (unattributed, info, total, share, sampled, offered, pod_labels)
 
 
 class AuditorMetrics:
@@ -253,25 +273,49 @@ class AuditorMetrics:
             ["method"],
             registry=self.registry,
         )
+        self.kubelet_failures = Counter(
+            "gpu_fence_audit_kubelet_call_failures",
+            "PodResources calls that failed, by method and reason (a failed List also fails its cycle).",
+            ["method", "reason"],
+            registry=self.registry,
+        )
+        self.dra_slices = Gauge(
+            "gpu_fence_dra_slices_state",
+            "What the auditor holds of its node's ResourceSlices: 1 for the current state, 0 for the others.",
+            ["state"],
+            registry=self.registry,
+        )
         for reason in FailureReason:
             self.failures.labels(reason=reason.value)
-        self._kubelet_seen: Tally[str] = Tally()
+        self._kubelet_seen: Tally[tuple[str, ...]] = Tally()
+        self._failures_seen: Tally[tuple[str, ...]] = Tally()
 
     def observe(self, snapshot: NodeSnapshot, result: AuditResult, duration: float) -> None:
         self.latest.update(snapshot, result)
         self.cycle_duration.observe(duration)
         self.last_success.set(snapshot.time + duration)
+        for state in SliceState:
+            self.dra_slices.labels(state=state.value).set(1 if state is snapshot.dra_slices else 0)
 
     def failed(self, reason: FailureReason) -> None:
         self.failures.labels(reason=reason.value).inc()
 
-    def sync_kubelet_calls(self, calls: Mapping[str, int]) -> None:
-        """Add the PodResources client's own call counts since the last sync (the client counts, we export)."""
-        for method, count in calls.items():
-            delta = count - self._kubelet_seen[method]
-            if delta > 0:
-                self.kubelet_calls.labels(method=method).inc(delta)
-                self._kubelet_seen[method] = count
+    def sync_kubelet_calls(
+        self, calls: Mapping[str, int], failures: Mapping[tuple[str, str], int] | None = None
+    ) -> None:
+        """Add the PodResources client's own call and failure counts since the last sync (the client counts, we
+        export)."""
+        _add_since(self.kubelet_calls, self._kubelet_seen, {(method,): n for method, n in calls.items()})
+        _add_since(self.kubelet_failures, self._failures_seen, failures or {})
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _add_since(counter: Counter, seen: Tally[tuple[str, ...]], counts: Mapping[tuple[str, ...], int]) -> None:
+    """Increase ``counter`` (labels in its order) by what ``counts`` grew since ``seen``, and remember it."""
+    for labels, count in counts.items():
+        delta = count - seen[labels]
+        if delta > 0:
+            counter.labels(*labels).inc(delta)
+            seen[labels] = count

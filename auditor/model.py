@@ -42,6 +42,27 @@ class FailureReason(Enum):
     INTERNAL = "internal"
 
 
+class SliceState(Enum):
+    """What the auditor holds of its node's ResourceSlices, through which DRA devices resolve to UUIDs: the report's
+    ``summary.dra_slices`` and the state of ``gpu_fence_dra_slices_state``."""
+
+    FRESH = "fresh"  # listed, and (``run``) the watch is up
+    STALE = "stale"  # the last good list, kept while the API does not answer
+    NONE = "none"  # never listed: the API has not answered, or refused (RBAC)
+    NOT_SERVED = "not-served"  # the cluster serves no resource.k8s.io version the auditor reads
+    UNUSED = "unused"  # the Kubernetes API is not used (--no-kubernetes)
+
+
+class DraResolution(Enum):
+    """How one DRA device of a GPU driver became a UUID, or why it did not: a metric label and a report field."""
+
+    RESOLVED = "resolved"  # the device's ``uuid`` attribute in this node's ResourceSlice
+    NO_SLICE = "no-slice"  # no ResourceSlice of this node describes (driver, pool, device)
+    NO_UUID = "no-uuid"  # a slice describes it without a ``uuid`` attribute (NVIDIA's dynamic MIG devices)
+    SLICES_UNAVAILABLE = "slices-unavailable"  # the auditor holds no slices (see ``SliceState``)
+    NO_DEVICE_NAME = "no-device-name"  # the kubelet sent CDI names only (before 1.31): no device to look up
+
+
 class FindingKind(Enum):
     USED_UNALLOCATED = "used-unallocated"
     VISIBLE_UNALLOCATED = "visible-unallocated"
@@ -152,6 +173,27 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class ClaimedDevice:
+    """One device of a GPU driver that a DRA claim gives a container, as the kubelet names it, with the UUID its
+    ResourceSlice gives it (``uuid`` is None unless ``resolution`` is ``RESOLVED``)."""
+
+    claim_namespace: str
+    claim_name: str
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: tuple[str, ...]
+    resolution: DraResolution
+    uuid: str | None = None
+    share_id: str | None = None  # consumable capacity (1.35+): one of several allocations of a shared device
+
+    def describe(self) -> str:
+        """``claim ns/name: driver/pool/device`` (or its CDI names when the kubelet sent no device name)."""
+        named = f"{self.driver}/{self.pool}/{self.device}" if self.device else ", ".join(self.cdi_devices) or "?"
+        return f"claim {self.claim_namespace}/{self.claim_name}: {named}"
+
+
+@dataclass(frozen=True)
 class Container:
     """One container of the node, joined from every source that knows it.
 
@@ -167,7 +209,9 @@ class Container:
     pod_uid: str | None = None
     container_id: str | None = None
     allocated: tuple[str, ...] = ()
-    unresolved_allocations: tuple[str, ...] = ()  # DRA devices (or odd plugin ids) that name no known GPU
+    unresolved_allocations: tuple[str, ...] = ()  # device-plugin ids that name no GPU (``resource:id``)
+    #: every device of a GPU driver its DRA claims give it, resolved or not (resolved ones are also in ``allocated``)
+    dra_devices: tuple[ClaimedDevice, ...] = ()
     visible: frozenset[str] | None = None
     visible_devices_env: str | None = None
     env_read: bool = False
@@ -202,6 +246,9 @@ class NodeSnapshot:
     degraded: frozenset[FailureReason] = frozenset()
     #: the devices whose per-process activity NVML reported this cycle; elsewhere activity is unknown, not zero
     activity_devices: frozenset[str] = frozenset()
+    dra_slices: SliceState = SliceState.UNUSED
+    #: UUID → allocation ids the device plugins offer for it (GetAllocatableResources); None when unknown
+    offered_replicas: tuple[tuple[str, int], ...] | None = None
 
     def with_degraded(self, reason: FailureReason, note: str) -> NodeSnapshot:
         """This snapshot with one more source it ran without in part, and the note that says so."""
@@ -237,6 +284,7 @@ class Row:
     unknown_memory_processes: tuple[tuple[str, int], ...] = ()
     # UUID → the activity of the container's processes there, on each device it uses or holds that NVML samples
     activity: tuple[tuple[str, Activity], ...] = ()
+    dra_devices: tuple[ClaimedDevice, ...] = ()  # the container's DRA devices of GPU drivers (Container.dra_devices)
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from .model import AuditResult, Finding, NodeSnapshot, Row
+from .model import AuditResult, ClaimedDevice, DraResolution, Finding, NodeSnapshot, Row
 
 FORMATS = ("text", "json", "junit")
 
@@ -44,6 +45,7 @@ def to_json(snapshot: NodeSnapshot, result: AuditResult) -> dict[str, Any]:
             "findings": len(result.findings),
             "devices": len(snapshot.gpus),
             "identity": snapshot.identity_source.value,
+            "dra_slices": snapshot.dra_slices.value,
         },
         "containers": [_row_json(row) for row in result.rows],
         "findings": [_finding_json(finding) for finding in result.findings],
@@ -60,6 +62,7 @@ def to_json(snapshot: NodeSnapshot, result: AuditResult) -> dict[str, Any]:
             }
             for gpu in snapshot.gpus
         ],
+        "offered_replicas": None if snapshot.offered_replicas is None else dict(snapshot.offered_replicas),
         "notes": list(snapshot.notes),
     }
 
@@ -89,7 +92,12 @@ def _row_json(row: Row) -> dict[str, Any]:
             }
             for uuid, busy in row.activity
         },
+        "dra_devices": [_claimed_json(device) for device in row.dra_devices],
     }
+
+
+def _claimed_json(device: ClaimedDevice) -> dict[str, Any]:
+    return asdict(device) | {"cdi_devices": list(device.cdi_devices), "resolution": device.resolution.value}
 
 
 def _finding_json(finding: Finding) -> dict[str, Any]:
@@ -149,6 +157,20 @@ def to_text(snapshot: NodeSnapshot, result: AuditResult) -> str:
                 f"{_short(row.allocated)[:26]:<26} {_short(row.visible)[:26]:<26} {_short(row.used)[:26]:<26} "
                 f"{_memory_text(row)}{flag}"
             )
+    unresolved = [
+        (row, device)
+        for row in result.rows
+        for device in row.dra_devices
+        if device.resolution is not DraResolution.RESOLVED
+    ]
+    if unresolved:
+        lines.append("")
+    for row, device in unresolved:
+        cdi = f" (CDI {', '.join(device.cdi_devices)})" if device.cdi_devices and device.device else ""
+        lines.append(
+            f"unresolved DRA device: {_who(row.namespace, row.pod, row.container, row.container_id)}: "
+            f"{device.describe()}{cdi}: {device.resolution.value}"
+        )
     lines.append("")
     if not result.findings:
         lines.append("no findings: every container sees and uses only the GPUs it was allocated")

@@ -18,6 +18,8 @@ from typing import Any
 from gpu_fence import kai
 from gpu_fence.kubeconfig import ORDER as KUBECONFIG_ORDER
 
+from .dra import DEFAULT_GPU_DRIVERS
+from .offered import DEFAULT_INTERVAL as DEFAULT_ALLOCATABLE_INTERVAL
 from .podresources import DEFAULT_SOCKET
 from .report import FORMATS
 
@@ -54,6 +56,8 @@ class AuditSettings:
     kai_reservation_namespace: str = kai.DEFAULT_RESERVATION_NAMESPACE
     kai_scheduler_names: tuple[str, ...] = kai.DEFAULT_SCHEDULER_NAMES
     pod_relist_interval: float = 60.0
+    dra_gpu_drivers: tuple[str, ...] = DEFAULT_GPU_DRIVERS
+    allocatable_interval: float = DEFAULT_ALLOCATABLE_INTERVAL
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> AuditSettings:
@@ -69,6 +73,8 @@ class AuditSettings:
             kai_reservation_namespace=args.kai_reservation_namespace,
             kai_scheduler_names=tuple(args.kai_scheduler_name or cls.kai_scheduler_names),
             pod_relist_interval=args.pod_relist_interval,
+            dra_gpu_drivers=tuple(dict.fromkeys(args.dra_gpu_driver or cls.dra_gpu_drivers)),
+            allocatable_interval=args.allocatable_interval,
         )
 
 
@@ -237,6 +243,22 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
         default=AuditSettings.pod_relist_interval,
         metavar="S",
         help=f"relist this node's pods at least every S seconds (default: {AuditSettings.pod_relist_interval:g})",
+    )
+    parser.add_argument(
+        "--dra-gpu-driver",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a DRA driver whose devices are GPUs, resolved to UUIDs through this node's ResourceSlices "
+        f"(repeatable; default: {', '.join(AuditSettings.dra_gpu_drivers)}); other drivers' devices are not audited",
+    )
+    parser.add_argument(
+        "--allocatable-interval",
+        type=_positive,
+        default=AuditSettings.allocatable_interval,
+        metavar="S",
+        help="ask the kubelet which device ids its device plugins offer (GetAllocatableResources) at start and then "
+        f"every S seconds (default: {AuditSettings.allocatable_interval:g})",
     )
 
 

@@ -13,6 +13,9 @@ How a container is named (``Identity`` in the report):
    matters (it has a GPU process or a GPU device node), so sandbox (pause) containers do not flood the report.
 4. **kubelet**: a PodResources container with no running process found (not started yet, or exited).
 
+Allocations: device-plugin ids through ``auditor.deviceids``; DRA devices of GPU drivers through the node's
+ResourceSlices (``auditor.dra``), by their ``uuid`` attribute only.
+
 Visibility: ``/dev/nvidia<minor>`` nodes in one live process's root → the physical GPU with that NVML minor.
 A MIG device has no node of its own (it is reached through its card's node plus ``nvidia-caps`` nodes, which are
 not read), so visibility is reported per card; the audit lets a container that holds a slice see its card.
@@ -20,7 +23,6 @@ not read), so visibility is reported per card; the audit lets a container that h
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,12 +32,20 @@ from gpu_fence import kai
 from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCE_SET, kai_fraction_container, parse_visible_devices
 
 from .deviceids import normalize_device_id
+from .dra import DEFAULT_GPU_DRIVERS, SliceView, claimed_devices, slice_note
 from .kube import containers_by_id, kai_gpu_groups, pod_labels
-from .model import Container, FailureReason, Gpu, GpuProcess, Identity, IdentitySource, NodeSnapshot
-from .podresources.allocations import ContainerAllocation
-
-_UUID_IN_TEXT = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}")
-_DRA_INDEX = re.compile(r"^gpu-([0-9]+)$")
+from .model import (
+    ClaimedDevice,
+    Container,
+    FailureReason,
+    Gpu,
+    GpuProcess,
+    Identity,
+    IdentitySource,
+    NodeSnapshot,
+)
+from .offered import count_offered
+from .podresources.allocations import ContainerAllocation, DeviceAllocation
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,7 @@ class SnapshotOptions:
     pod_label_keys: tuple[str, ...] = ()
     kai_reservation_namespace: str = kai.DEFAULT_RESERVATION_NAMESPACE
     kai_scheduler_names: tuple[str, ...] = kai.DEFAULT_SCHEDULER_NAMES
+    gpu_dra_drivers: frozenset[str] = frozenset(DEFAULT_GPU_DRIVERS)
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,7 @@ class _Draft:
     container_id: str | None = None
     allocated: tuple[str, ...] = ()
     unresolved: tuple[str, ...] = ()
+    dra: tuple[ClaimedDevice, ...] = ()
     runtime: RuntimeContainer | None = None
     kai_groups: frozenset[str] = frozenset()
     labels: tuple[tuple[str, str], ...] = ()
@@ -115,26 +127,12 @@ class DeviceIndex:
             raw, self.gpus_by_index, self.migs_by_instance, migs_by_position=self.migs_by_position
         )
 
-    def resolve_dra(self, device: str) -> str | None:
-        """A DRA device → GPU/MIG UUID: a UUID anywhere in its name, or the NVIDIA DRA driver's ``gpu-<index>``.
-
-        Other names (MIG devices of the DRA driver, other drivers' devices) need the ResourceSlice that
-        published them, which the auditor does not read: they stay unresolved and are reported as such.
-        """
-        name = device.split("=", 1)[-1].rsplit("/", 1)[-1]
-        match = _UUID_IN_TEXT.search(name)
-        if match:
-            return match.group(0)
-        by_index = _DRA_INDEX.match(name)
-        if by_index:
-            return self.gpus_by_index.get(int(by_index.group(1)))
-        return None
-
 
 def normalize_allocation(
-    allocation: ContainerAllocation, devices: DeviceIndex
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(allocated UUIDs, one per id; unresolved ids) of one PodResources container."""
+    allocation: ContainerAllocation, devices: DeviceIndex, slices: SliceView, gpu_drivers: frozenset[str]
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[ClaimedDevice, ...]]:
+    """(allocated UUIDs, one per id or DRA device; unresolved device-plugin ids; DRA devices of GPU drivers) of one
+    PodResources container. Devices of other DRA drivers (NICs, FPGAs, IMEX channels) are not ours to count."""
     allocated: list[str] = []
     unresolved: list[str] = []
     for group in allocation.devices:
@@ -146,22 +144,11 @@ def normalize_allocation(
                 allocated.append(uuid)
             else:
                 unresolved.append(f"{group.resource_name}:{raw}")
-    for claim in allocation.dynamic_resources:
-        # One UUID per claimed device: its device name (``<pool>/<device>``) first, else its CDI names.
-        # Devices of drivers that are not GPU drivers (NICs, FPGAs) are not ours to count.
-        per_device = [
-            (f"{d.pool_name}/{d.device_name}" if d.device_name else "", *d.cdi_devices)
-            for d in claim.claim_devices
-            if not d.driver_name or "gpu" in d.driver_name
-        ] or [(name,) for name in claim.devices if not claim.claim_devices]
-        for names in per_device:
-            uuid = next((u for u in (devices.resolve_dra(n) for n in names if n) if u), None)
-            if uuid:
-                allocated.append(uuid)
-            else:
-                shown = ", ".join(n for n in names if n)
-                unresolved.append(f"claim {claim.claim_namespace}/{claim.claim_name}: {shown}")
-    return tuple(allocated), tuple(unresolved)
+    dra = tuple(
+        device for claim in allocation.dynamic_resources for device in claimed_devices(claim, slices, gpu_drivers)
+    )
+    allocated.extend(device.uuid for device in dra if device.uuid is not None)
+    return tuple(allocated), tuple(unresolved), dra
 
 
 # --- the join (pure) ---------------------------------------------------------------------------------------
@@ -181,26 +168,33 @@ def assemble(
     notes: Sequence[str] = (),
     degraded: Iterable[FailureReason] = (),
     activity_devices: Iterable[str] = (),
+    slices: SliceView | None = None,
+    offered: Sequence[DeviceAllocation] | None = None,
 ) -> NodeSnapshot:
     """Join the sources into a ``NodeSnapshot``.
 
     ``processes`` are NVML's, each with the cgroup identity of its pid; ``pods`` the cached pod list by uid (None
     when the API never answered); ``notes`` and ``degraded`` what the cycle read only in part; ``activity_devices``
-    the devices whose per-process activity NVML reported.
+    the devices whose per-process activity NVML reported; ``slices`` the node's ResourceSlices (None: not read);
+    ``offered`` the latest GetAllocatableResources answer (None: unknown).
     """
+    slices = slices or SliceView()
+    notes, degraded = list(notes), set(degraded)
     drafts: dict[tuple[str | None, str | None, str | None], _Draft] = {}
     by_id: dict[str, _Draft] = {}
     for allocation in allocations:
-        allocated, unresolved = normalize_allocation(allocation, devices)
+        allocated, unresolved, dra = normalize_allocation(allocation, devices, slices, options.gpu_dra_drivers)
         draft = _Draft(
             allocation.namespace,
             allocation.pod,
             allocation.container,
             allocated=allocated,
             unresolved=unresolved,
+            dra=dra,
             in_kubelet=True,
         )
         drafts[(allocation.namespace, allocation.pod, allocation.container)] = draft
+    _note_dra(drafts.values(), slices, devices, notes, degraded)
 
     # 1. the API names containers by id
     for uid, pod in (pods or {}).items():
@@ -269,8 +263,26 @@ def assemble(
         identity_source,
         tuple(notes),
         frozenset(degraded),
-        frozenset(activity_devices),
+        activity_devices=frozenset(activity_devices),
+        dra_slices=slices.state,
+        offered_replicas=None if offered is None else count_offered(offered, devices.normalize),
     )
+
+
+def _note_dra(
+    drafts: Iterable[_Draft], slices: SliceView, devices: DeviceIndex, notes: list[str], degraded: set[FailureReason]
+) -> None:
+    """Say what the slices could not tell this cycle: an API that did not answer (a degraded source), a slice UUID
+    this node's NVML does not list (a driver and NVML that disagree)."""
+    claimed = [device for draft in drafts for device in draft.dra]
+    note = slice_note(slices, claimed=bool(claimed))
+    if note is not None:
+        notes.append(note)
+        if slices.last_error is not None:
+            degraded.add(FailureReason.KUBERNETES_API)
+    unknown = sorted({d.uuid for d in claimed if d.uuid is not None and d.uuid not in devices.uuids})
+    if unknown:
+        notes.append(f"DRA: ResourceSlices name UUIDs NVML does not list on this node: {', '.join(unknown)}")
 
 
 def _fallback_match(
@@ -314,6 +326,7 @@ def _freeze(draft: _Draft, cards: Mapping[int, str]) -> Container:
         container_id=draft.container_id,
         allocated=draft.allocated,
         unresolved_allocations=draft.unresolved,
+        dra_devices=draft.dra,
         visible=visible,
         visible_devices_env=env,
         env_read=env_read,

@@ -1,10 +1,10 @@
 """The sources one audit cycle reads, as ``auditor.collect`` sees them: one small Protocol each.
 
 The real adapters satisfy them (``podresources.client.PodResourcesClient``, ``nvml.Nvml``, ``hostproc.HostProc``,
-``kube.PodCache``); so can a test's fakes. Each Protocol holds only what a cycle calls, and says what its
-implementation must raise or return when its source fails, so that collection never needs to know which adapter
-it holds. A new source is one more Protocol here, one more field of :class:`Sources` and its reads in
-``auditor.collect``.
+``kube.PodCache``, ``resourceslices.ResourceSliceCache``, ``offered.OfferedReplicas``); so can a test's fakes. Each
+Protocol holds only what a cycle calls, and says what its implementation must raise or return when its source
+fails, so that collection never needs to know which adapter it holds. A new source is one more Protocol here, one
+more field of :class:`Sources` and its reads in ``auditor.collect``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,20 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from .cgroups import CgroupIdentity
+    from .dra import SliceView
     from .model import IdentitySource
     from .nvml import NvmlSnapshot
-    from .podresources.allocations import ContainerAllocation
+    from .podresources.allocations import ContainerAllocation, DeviceAllocation
 
-__all__ = ["HostProcSource", "NvmlSource", "PodResourcesSource", "PodSource", "Sources"]
+__all__ = [
+    "HostProcSource",
+    "NvmlSource",
+    "OfferedSource",
+    "PodResourcesSource",
+    "PodSource",
+    "SliceSource",
+    "Sources",
+]
 
 
 @runtime_checkable
@@ -28,6 +37,11 @@ class PodResourcesSource(Protocol):
 
     def list(self) -> Sequence[ContainerAllocation]:
         """Every container the kubelet knows on the node; raises ``KubeletUnavailable`` when it cannot answer."""
+        ...
+
+    def allocatable(self) -> Sequence[DeviceAllocation]:
+        """Every device id the device plugins offer (GetAllocatableResources); raises ``KubeletUnavailable`` as
+        ``list`` does. Asked every few minutes through an ``OfferedSource``, never by the cycle itself."""
         ...
 
     def close(self) -> None: ...
@@ -87,11 +101,37 @@ class PodSource(Protocol):
         ...
 
 
+@runtime_checkable
+class SliceSource(Protocol):
+    """The node's ResourceSlices (the Kubernetes API), kept current in the background. Never raises and never
+    blocks a cycle: a cycle reads the latest ``view``, whose ``state`` says how current it is."""
+
+    @property
+    def view(self) -> SliceView: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class OfferedSource(Protocol):
+    """The device ids the device plugins offer, asked of the kubelet when due (every few minutes)."""
+
+    #: why the latest ask gave no answer; None after an answer (or before the first ask)
+    last_error: str | None
+
+    def read(self, kubelet: PodResourcesSource) -> Sequence[DeviceAllocation] | None:
+        """The latest answer, asking ``kubelet`` first when due; None while unknown. Never raises."""
+        ...
+
+
 @dataclass(frozen=True)
 class Sources:
-    """What one cycle reads; ``pods`` is None when the Kubernetes API is not used (``--no-kubernetes``)."""
+    """What one cycle reads; ``pods`` and ``slices`` are None when the Kubernetes API is not used
+    (``--no-kubernetes``), ``offered`` when the offered replicas are not read."""
 
     podresources: PodResourcesSource
     nvml: NvmlSource
     hostproc: HostProcSource
     pods: PodSource | None = None
+    slices: SliceSource | None = None
+    offered: OfferedSource | None = None

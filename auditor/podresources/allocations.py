@@ -31,17 +31,11 @@ class ClaimDevice:
 
 @dataclass(frozen=True)
 class DynamicResource:
-    """A DRA claim allocated to a container.
+    """A DRA claim allocated to a container: its name and its devices, exactly as the kubelet reports them (which
+    device each is, and its UUID, is in the node's ResourceSlices: ``auditor.dra``)."""
 
-    ``devices`` names each device as available: ``<pool>/<device>`` where the kubelet sends them (1.31+), then its
-    CDI device names. ``class_name`` is always empty: the API dropped it in 1.31 (field 1 is reserved) and it
-    stays only for the shape callers code against. ``claim_devices`` has every field per device.
-    """
-
-    class_name: str
     claim_name: str
     claim_namespace: str
-    devices: tuple[str, ...]
     claim_devices: tuple[ClaimDevice, ...] = ()
 
 

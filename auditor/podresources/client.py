@@ -49,8 +49,16 @@ REASONS = (
 )
 
 # Kubelets before 1.34 answer Get with UNKNOWN "PodResources API Get method disabled" when the
-# KubeletPodResourcesGet gate is off; before 1.27 the method does not exist (UNIMPLEMENTED).
-_GET_DISABLED = re.compile(r"method disabled", re.IGNORECASE)
+# KubeletPodResourcesGet gate is off, and 1.21-1.22 GetAllocatableResources with "Pod Resources API
+# GetAllocatableResources disabled" when KubeletPodResourcesGetAllocatable is off; a method older than the kubelet
+# does not exist (UNIMPLEMENTED).
+_DISABLED = re.compile(r"(method|GetAllocatableResources) disabled", re.IGNORECASE)
+#: Why a method may be missing, for the message of an UNIMPLEMENTED answer.
+_NEEDS = {
+    "Get": "Get needs Kubernetes 1.27+ with the KubeletPodResourcesGet feature gate (on by default from 1.34)",
+    "GetAllocatableResources": "GetAllocatableResources needs Kubernetes 1.21+ with the "
+    "KubeletPodResourcesGetAllocatable feature gate (on by default from 1.23)",
+}
 _POD_NOT_FOUND = re.compile(r"^pod .* not found$")
 
 
@@ -77,12 +85,7 @@ def _dynamic_resource(message: api_pb2.DynamicResource) -> DynamicResource:
         )
         for resource in message.claim_resources
     )
-    names: list[str] = []
-    for device in claim_devices:
-        if device.device_name:
-            names.append(f"{device.pool_name}/{device.device_name}")
-        names.extend(device.cdi_devices)
-    return DynamicResource("", message.claim_name, message.claim_namespace, tuple(names), claim_devices)
+    return DynamicResource(message.claim_name, message.claim_namespace, claim_devices)
 
 
 def _container_allocations(pod: api_pb2.PodResources) -> list[ContainerAllocation]:
@@ -102,7 +105,12 @@ class PodResourcesClient:
     """One kubelet's PodResources API over its unix socket. Not thread-safe: one auditor cycle at a time."""
 
     def __init__(
-        self, socket_path: str = DEFAULT_SOCKET, *, timeout: float = 5.0, calls: collections.Counter[str] | None = None
+        self,
+        socket_path: str = DEFAULT_SOCKET,
+        *,
+        timeout: float = 5.0,
+        calls: collections.Counter[str] | None = None,
+        failures: collections.Counter[tuple[str, str]] | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
@@ -111,6 +119,10 @@ class PodResourcesClient:
         #: RPCs made (failed ones too), by method name ("List", "GetAllocatableResources", "Get"). Pass ``calls`` to
         #: keep counting in one Counter across the clients a long-running caller rebuilds after kubelet restarts.
         self.calls: collections.Counter[str] = calls if calls is not None else collections.Counter()
+        #: RPCs that raised ``KubeletUnavailable``, by (method, reason); shared the same way through ``failures``.
+        self.failures: collections.Counter[tuple[str, str]] = (
+            failures if failures is not None else collections.Counter()
+        )
         self._channel: grpc.Channel | None = None
         self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
 
@@ -124,7 +136,12 @@ class PodResourcesClient:
         return [allocation for pod in response.pod_resources for allocation in _container_allocations(pod)]
 
     def allocatable(self) -> builtins.list[DeviceAllocation]:
-        """Every device the node's device plugins offer (one GetAllocatableResources RPC)."""
+        """Every healthy device the node's device plugins offer, ids as advertised (one GetAllocatableResources RPC).
+
+        The kubelet sends one entry per id and NUMA node, so an id on two NUMA nodes comes twice. DRA devices are not
+        in the answer. Raises ``KubeletUnavailable`` as :meth:`list` does, with ``reason="unimplemented"`` where the
+        kubelet lacks the method or has it disabled.
+        """
         response = self._call("GetAllocatableResources", api_pb2.AllocatableResourcesRequest())
         return list(_device_allocations(response.devices))
 
@@ -174,7 +191,10 @@ class PodResourcesClient:
                 # Start the next call on a new channel: one that failed to connect waits out a reconnect backoff
                 # (fast-failing meanwhile), and a restarted kubelet listens on a new socket inode.
                 self.close()
-            raise self._translate(method, code, error) from None
+            translated = self._translate(method, code, error)
+            if isinstance(translated, KubeletUnavailable):
+                self.failures[(method, translated.reason)] += 1
+            raise translated from None
 
     def _translate(self, method: str, code: grpc.StatusCode, error: grpc.RpcError) -> Exception:
         details = (error.details() if isinstance(error, grpc.Call) else None) or str(code)
@@ -183,11 +203,10 @@ class PodResourcesClient:
             return KubeletUnavailable(TIMEOUT, f"{where}: timeout, no answer within {self.timeout:g} s")
         if code == grpc.StatusCode.UNAVAILABLE:
             return self._diagnose_unavailable(where, details)
-        if code == grpc.StatusCode.UNIMPLEMENTED or (code == grpc.StatusCode.UNKNOWN and _GET_DISABLED.search(details)):
+        if code == grpc.StatusCode.UNIMPLEMENTED or (code == grpc.StatusCode.UNKNOWN and _DISABLED.search(details)):
+            needs = _NEEDS.get(method)
             return KubeletUnavailable(
-                UNIMPLEMENTED,
-                f"{where}: not served by this kubelet ({details}); Get needs Kubernetes 1.27+ with the "
-                "KubeletPodResourcesGet feature gate (on by default from 1.34)",
+                UNIMPLEMENTED, f"{where}: not served by this kubelet ({details})" + (f"; {needs}" if needs else "")
             )
         if code == grpc.StatusCode.UNKNOWN and method == "Get" and _POD_NOT_FOUND.match(details):
             return _NotFound(details)

@@ -7,7 +7,9 @@ from gpu_fence.auditor.model import (
     IDLE,
     Activity,
     AuditPolicy,
+    ClaimedDevice,
     Container,
+    DraResolution,
     FindingKind,
     Gpu,
     GpuProcess,
@@ -202,9 +204,24 @@ def test_container_without_a_live_process_has_unknown_visibility_and_no_visibili
 
 
 def test_used_unallocated_names_allocation_ids_that_could_not_be_mapped():
-    c = container("dra", "c1", unresolved_allocations=("claim ml/gpu: node-a/gpu-0-mig-3g",))
+    lost = ClaimedDevice("ml", "gpu", "gpu.nvidia.com", "node-a", "gpu-0-mig-3g", (), DraResolution.NO_SLICE)
+    c = container("dra", "c1", unresolved_allocations=("nvidia.com/gpu:odd-id",), dra_devices=(lost,))
     (finding,) = audit(node([c], [GpuProcess(1, G0, GIB, "uid-dra", "c1")])).findings
-    assert "not mapped to a GPU: claim ml/gpu: node-a/gpu-0-mig-3g" in finding.message
+    assert "not mapped to a GPU: nvidia.com/gpu:odd-id, claim ml/gpu: gpu.nvidia.com/node-a/gpu-0-mig-3g" in (
+        finding.message
+    )
+
+
+def test_a_dra_device_shared_by_containers_entitles_each_and_meters_each_by_its_memory():
+    held = ClaimedDevice("ml", "shared", "gpu.nvidia.com", "node-a", "gpu-1", (), DraResolution.RESOLVED, G1)
+    holders = [container(name, cid, allocated=(G1,), dra_devices=(held,)) for name, cid in (("a", "c1"), ("b", "c2"))]
+    result = audit(node(holders, [GpuProcess(1, G1, GIB, "uid-a", "c1"), GpuProcess(2, G1, 3 * GIB, "uid-b", "c2")]))
+    assert result.findings == ()
+    assert [(r.container, r.allocation_counts, r.memory_bytes) for r in result.rows] == [
+        ("a", ((G1, 1),), ((G1, GIB),)),
+        ("b", ((G1, 1),), ((G1, 3 * GIB),)),
+    ]
+    assert result.rows[0].dra_devices == (held,)
 
 
 def test_processes_whose_memory_nvml_does_not_report_are_counted_per_gpu_not_taken_as_zero():

@@ -11,15 +11,31 @@ from typing import Any
 import pytest
 
 from gpu_fence.auditor.collect import SERVICEACCOUNT_NAMESPACE, CollectError, collect
+from gpu_fence.auditor.dra import SliceIndex, SliceView
 from gpu_fence.auditor.hostproc import HostProc
-from gpu_fence.auditor.model import FailureReason, Gpu, Identity, IdentitySource
+from gpu_fence.auditor.model import DraResolution, FailureReason, Gpu, Identity, IdentitySource, SliceState
 from gpu_fence.auditor.nvml import NvmlError, NvmlProblem, NvmlProcess, NvmlSnapshot
-from gpu_fence.auditor.podresources.allocations import ContainerAllocation, DeviceAllocation
+from gpu_fence.auditor.offered import OfferedReplicas
+from gpu_fence.auditor.podresources.allocations import (
+    ClaimDevice,
+    ContainerAllocation,
+    DeviceAllocation,
+    DynamicResource,
+)
 from gpu_fence.auditor.podresources.client import KubeletUnavailable
 from gpu_fence.auditor.snapshot import SnapshotOptions
-from gpu_fence.auditor.sources import HostProcSource, NvmlSource, PodResourcesSource, PodSource, Sources
+from gpu_fence.auditor.sources import (
+    HostProcSource,
+    NvmlSource,
+    OfferedSource,
+    PodResourcesSource,
+    PodSource,
+    SliceSource,
+    Sources,
+)
 from tests.fakes.hostproc_tree import HostProcTree
 from tests.fakes.kubeapi_pods_events import make_pod
+from tests.fakes.kubeapi_resourceslices import DraGpu, nvidia_slice
 
 G0 = "GPU-00000000-0000-4000-8000-000000000000"
 POD = "11111111-2222-4333-8444-555555555555"
@@ -43,9 +59,28 @@ class Answering:
         pass
 
 
+@dataclass
 class Kubelet(Answering):
+    offers: Sequence[DeviceAllocation] = ()
+    offer_error: Exception | None = None
+    asked: int = 0
+
     def list(self) -> Sequence[ContainerAllocation]:
         return self._call()
+
+    def allocatable(self) -> Sequence[DeviceAllocation]:
+        self.asked += 1
+        if self.offer_error is not None:
+            raise self.offer_error
+        return self.offers
+
+
+@dataclass
+class Slices:
+    view: SliceView
+
+    def close(self) -> None:
+        pass
 
 
 class Driver(Answering):
@@ -110,9 +145,11 @@ def sources(
     kubelet: PodResourcesSource | None = None,
     driver: NvmlSource | None = None,
     pods: PodSource | None = None,
+    slices: SliceSource | None = None,
+    offered: OfferedSource | None = None,
 ) -> Sources:
     driver = driver or Driver(NvmlSnapshot((Gpu(G0, 0, 0, "H100"),), PROCESSES, ()))
-    return Sources(kubelet or Kubelet(ALLOCATIONS), driver, hostproc, pods)
+    return Sources(kubelet or Kubelet(ALLOCATIONS), driver, hostproc, pods, slices, offered)
 
 
 def named(snapshot) -> dict[str | None, Any]:
@@ -218,3 +255,33 @@ def test_a_proc_root_that_cannot_be_listed_fails_the_cycle_naming_it(tmp_path):
         collect(sources(HostProc(str(missing))), OPTIONS)
     assert raised.value.source is FailureReason.PROC
     assert raised.value.reason.startswith(f"cannot read host /proc at {missing}: ")
+
+
+def test_the_offer_is_asked_of_the_cycles_kubelet_only_when_due(tree):
+    now = [0.0]
+    kubelet = Kubelet(ALLOCATIONS, offers=(DeviceAllocation("nvidia.com/gpu.shared", (f"{G0}::0", f"{G0}::1")),))
+    offered = OfferedReplicas(300, clock=lambda: now[0])
+    for _ in range(3):  # at start, then not again within the interval
+        snapshot = collect(sources(HostProc(str(tree)), kubelet=kubelet, pods=Pods(), offered=offered), OPTIONS)
+        assert snapshot.offered_replicas == ((G0, 2),) and snapshot.notes == ()
+        now[0] += 100
+    assert kubelet.asked == 1
+    kubelet.offer_error = KubeletUnavailable("timeout", "kubelet PodResources GetAllocatableResources: timeout")
+    snapshot = collect(sources(HostProc(str(tree)), kubelet=kubelet, pods=Pods(), offered=offered), OPTIONS)
+    assert kubelet.asked == 2 and snapshot.offered_replicas is None  # unknown, not the last answer
+    assert snapshot.notes == (
+        "offered replicas unknown (gpu_fence_gpu_offered_replicas not exported): "
+        "kubelet PodResources GetAllocatableResources: timeout",
+    )
+    assert snapshot.degraded == frozenset()  # the audit itself lost nothing
+
+
+def test_claims_resolve_with_the_slices_the_watch_holds_and_the_cycle_makes_no_request(tree):
+    claim = DynamicResource("gpu", "ml", (ClaimDevice("gpu.nvidia.com", "node-a", "gpu-4", ()),))
+    kubelet = Kubelet((ContainerAllocation("ml", "train", "main", (), (claim,)), ALLOCATIONS[1]))
+    index = SliceIndex.build([nvidia_slice("node-a", [DraGpu(0, 4, G0)])], ["gpu.nvidia.com"])
+    slices = Slices(SliceView(SliceState.FRESH, index))
+    snapshot = collect(sources(HostProc(str(tree)), kubelet=kubelet, pods=Pods(), slices=slices), OPTIONS)
+    main = named(snapshot)["main"]
+    assert main.allocated == (G0,) and main.dra_devices[0].resolution is DraResolution.RESOLVED
+    assert snapshot.dra_slices is SliceState.FRESH and snapshot.degraded == frozenset()

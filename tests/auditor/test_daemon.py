@@ -22,6 +22,7 @@ from gpu_fence.auditor.daemon import backoff
 from gpu_fence.auditor.model import IdentitySource
 from tests.fakes.node_scenario import Ctr, NodeScenario, uuid_of
 from tests.fakes.nvml import GIB, FakeError
+from tests.fakes.podresources_server import GET_ABSENT, offered
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
 
@@ -289,6 +290,68 @@ def test_run_with_a_lost_gpu_keeps_auditing_the_others(scenario):
         assert any(note.startswith("NVML:") for e in daemon.lines if e["event"] == "cycle" for note in e["notes"])
     finally:
         assert daemon.stop() == 0
+
+
+def test_run_exports_offered_replicas_asked_at_start_and_every_interval_only(scenario):
+    """GetAllocatableResources through the real gRPC server, answered in the kubelet's shape: four time-slicing
+    replicas of GPU 0 on two NUMA nodes (each id listed twice), GPU 1 unshared."""
+    scenario.kubelet.allocatable = [
+        *offered("nvidia.com/gpu.shared", [f"{uuid_of(0)}::{n}" for n in range(4)], numa_nodes=(0, 1)),
+        *offered("nvidia.com/gpu", [uuid_of(1)]),
+    ]
+    daemon = Daemon(scenario, "--allocatable-interval", "1")
+    try:
+        wait_for(lambda: daemon.cycles() >= 10, "ten cycles")
+        metrics = daemon.metrics()
+        assert value(metrics, "gpu_fence_gpu_offered_replicas", gpu_uuid=uuid_of(0)) == 4
+        assert value(metrics, "gpu_fence_gpu_offered_replicas", gpu_uuid=uuid_of(1)) == 1
+        asked = value(metrics, "gpu_fence_audit_kubelet_calls_total", method="GetAllocatableResources")
+        lists = value(metrics, "gpu_fence_audit_kubelet_calls_total", method="List")
+        assert 1 <= asked <= lists / 3  # at start, then once a second: not every cycle (one every 0.2 s)
+        assert scenario.kubelet.calls["GetAllocatableResources"] >= asked
+
+        scenario.kubelet.allocatable_mode = GET_ABSENT  # a kubelet that lacks the call: absent, and counted
+        wait_for(
+            lambda: "gpu_fence_gpu_offered_replicas" not in {name for name, _ in daemon.metrics()},
+            "the offer to be withdrawn",
+        )
+        failed = daemon.metrics()
+        assert value(failed, "gpu_fence_audit_kubelet_call_failures_total", reason="unimplemented") >= 1
+        assert value(failed, "gpu_fence_audit_cycle_failures_total", reason="kubelet") == 0  # the audit goes on
+        notes = [n for e in daemon.lines if e["event"] == "cycle" for n in e["notes"] or ()]
+        assert any("GetAllocatableResources" in n and "not served by this kubelet" in n for n in notes)
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_run_keeps_resolving_dra_claims_with_the_last_slices_while_the_api_is_down(tmp_path):
+    node = NodeScenario(tmp_path / "dra", gpus=2, minors={0: 1, 1: 0}, dra_release="v25.12")
+    node.add_pod("ml", "train", Ctr("main", dra=[1], visible=[1], processes=[(1, 3 * GIB)]))
+    with node:
+        daemon = Daemon(node)
+        try:
+            wait_for(lambda: daemon.cycles() >= 5, "five cycles")
+            metrics = daemon.metrics()
+            assert value(metrics, "gpu_fence_container_allocated_gpus", pod="train", gpu_uuid=uuid_of(1)) == 1
+            assert value(metrics, "gpu_fence_container_gpu_memory_bytes", pod="train", allocated="true") == 3 * GIB
+            assert value(metrics, "gpu_fence_dra_slices_state", state="fresh") == 1
+            # listed once, then watched: no list per cycle
+            lists = [q for _, path, q in node.api.slice_requests() if path.endswith("/resourceslices")]
+            assert sum(1 for q in lists if "watch" not in q) == 1 and node.api.resource_slices.watches_open == 1
+
+            node.api.down = True
+            wait_for(lambda: value(daemon.metrics(), "gpu_fence_dra_slices_state", state="stale") == 1, "stale")
+            done = daemon.cycles()
+            wait_for(lambda: daemon.cycles() >= done + 2, "cycles with the API down")
+            down = daemon.metrics()
+            assert value(down, "gpu_fence_container_allocated_gpus", pod="train", gpu_uuid=uuid_of(1)) == 1
+            assert value(down, "gpu_fence_overreach_findings", pod="train") == 0
+            assert value(down, "gpu_fence_audit_cycle_failures_total", reason="kubernetes-api") >= 2
+
+            node.api.down = False
+            wait_for(lambda: value(daemon.metrics(), "gpu_fence_dra_slices_state", state="fresh") == 1, "recovery")
+        finally:
+            assert daemon.stop() == 0
 
 
 # --- the pure parts of the loop --------------------------------------------------------------------------

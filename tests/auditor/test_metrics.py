@@ -6,7 +6,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_fence.auditor.audit import audit
 from gpu_fence.auditor.metrics import ACTIVITY_GAUGES, AuditorMetrics, label_name
-from gpu_fence.auditor.model import Activity, Container, FailureReason, Gpu, GpuProcess, NodeSnapshot
+from gpu_fence.auditor.model import (
+    Activity,
+    ClaimedDevice,
+    Container,
+    DraResolution,
+    FailureReason,
+    Gpu,
+    GpuProcess,
+    NodeSnapshot,
+    SliceState,
+)
 
 G0, G1 = "GPU-0", "GPU-1"
 GIB = 2**30
@@ -21,8 +31,13 @@ ATTRIBUTION = (
     "gpu_fence_gpu_memory_total_bytes",
     "gpu_fence_gpu_share_ratio",
     "gpu_fence_gpu_activity_sampled",
+    "gpu_fence_gpu_offered_replicas",
+    "gpu_fence_container_unresolved_dra_devices",
     "gpu_fence_pod_labels",
     *(name for name, _, _ in ACTIVITY_GAUGES),
+)
+UNRESOLVED = ClaimedDevice(
+    "ml", "big", "gpu.nvidia.com", "n", "gpu-9", ("k8s.gpu.nvidia.com/claim=u-gpu-9",), DraResolution.NO_SLICE
 )
 
 
@@ -59,11 +74,12 @@ def total(metrics: AuditorMetrics, name: str, **labels: str) -> float:
 
 def busy_node() -> NodeSnapshot:
     train = Container("ml", "train", "main", "uid-1", "c1", allocated=(G0,), labels=(("team", "vision"),))
+    claimed = Container("ml", "big", "main", "uid-3", "c3", dra_devices=(UNRESOLVED,))
     return NodeSnapshot(
         "n",
         0.0,
         GPUS,
-        (train, Container("web", "cuda", "app", "uid-2", "c2")),
+        (train, Container("web", "cuda", "app", "uid-2", "c2"), claimed),
         (
             GpuProcess(1, G0, GIB, "uid-1", "c1", activity=Activity(sm=0.5)),
             GpuProcess(2, G1, GIB, "uid-2", "c2", activity=Activity(sm=0.25, decoder=0.5)),
@@ -71,6 +87,8 @@ def busy_node() -> NodeSnapshot:
             GpuProcess(4, G0, None, "uid-1", "c1", activity=Activity(sm=0.25, memory_controller=0.125)),
         ),
         activity_devices=frozenset({G0, G1}),
+        dra_slices=SliceState.FRESH,
+        offered_replicas=((G0, 1), (G1, 4)),
     )
 
 
@@ -157,7 +175,7 @@ def test_every_exported_family_is_documented():
     metrics = AuditorMetrics("n", ["team"])
     snapshot = busy_node()
     metrics.observe(snapshot, audit(snapshot), 0.01)
-    metrics.sync_kubelet_calls({"List": 1})
+    metrics.sync_kubelet_calls({"List": 1}, {("GetAllocatableResources", "unimplemented"): 1})
     families = {family.name for family in text_string_to_metric_families(metrics.exposition().decode())}
     assert len(families) >= 13
     for family in families:
@@ -237,3 +255,61 @@ def test_a_device_nvml_does_not_sample_has_no_activity_series_and_says_so():
 def series_of(metrics: AuditorMetrics, name: str) -> set[tuple[str, str]]:
     """(name, gpu_uuid) of each series of ``name`` in one scrape."""
     return {(n, dict(labels)["gpu_uuid"]) for (n, labels) in samples(metrics) if n == name}
+
+
+def test_offered_replicas_are_the_latest_answer_and_absent_while_unknown():
+    metrics = AuditorMetrics("n")
+    snapshot = busy_node()
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    offered = "gpu_fence_gpu_offered_replicas"
+    assert total(metrics, offered, gpu_uuid=G0) == 1 and total(metrics, offered, gpu_uuid=G1) == 4
+    assert {dict(labels)["node"] for name, labels in samples(metrics) if name == offered} == {"n"}
+    unknown = NodeSnapshot("n", 1.0, GPUS, (), (), offered_replicas=None)
+    metrics.observe(unknown, audit(unknown), 0.01)
+    assert offered not in names(metrics)
+
+
+def test_unresolved_dra_devices_are_counted_per_container_driver_and_reason():
+    metrics = AuditorMetrics("n")
+    snapshot = busy_node()
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    key = (
+        "gpu_fence_container_unresolved_dra_devices",
+        tuple(
+            sorted(
+                {
+                    "node": "n",
+                    "namespace": "ml",
+                    "pod": "big",
+                    "container": "main",
+                    "driver": "gpu.nvidia.com",
+                    "reason": "no-slice",
+                }.items()
+            )
+        ),
+    )
+    found = samples(metrics)
+    assert found[key] == 1
+    assert [k for k in found if k[0] == key[0]] == [key]  # resolved devices and other containers: no series
+
+
+def test_the_slice_state_is_one_of_its_values():
+    metrics = AuditorMetrics("n")
+    snapshot = busy_node()
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    state = "gpu_fence_dra_slices_state"
+    assert {s.value: total(metrics, state, state=s.value) for s in SliceState} == {
+        s.value: float(s is SliceState.FRESH) for s in SliceState
+    }
+    stale = NodeSnapshot("n", 1.0, GPUS, (), (), dra_slices=SliceState.STALE)
+    metrics.observe(stale, audit(stale), 0.01)
+    assert total(metrics, state, state="stale") == 1 and total(metrics, state) == 1
+
+
+def test_kubelet_call_failures_are_added_as_the_client_counts_them():
+    metrics = AuditorMetrics("n")
+    failed = "gpu_fence_audit_kubelet_call_failures_total"
+    metrics.sync_kubelet_calls({"List": 3, "GetAllocatableResources": 1}, {("GetAllocatableResources", "timeout"): 1})
+    metrics.sync_kubelet_calls({"List": 4, "GetAllocatableResources": 2}, {("GetAllocatableResources", "timeout"): 2})
+    assert total(metrics, failed, method="GetAllocatableResources", reason="timeout") == 2
+    assert total(metrics, "gpu_fence_audit_kubelet_calls_total", method="List") == 4

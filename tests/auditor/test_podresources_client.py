@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import socket
@@ -37,6 +38,7 @@ from tests.fakes.podresources_server import (
     claim,
     claim_device,
     container,
+    offered,
     pod,
 )
 
@@ -114,10 +116,8 @@ def test_list_keeps_dynamic_resources(kubelet: FakeKubelet, client: PodResources
     assert allocation.devices == ()
     assert allocation.dynamic_resources == (
         DynamicResource(
-            class_name="",
             claim_name="gpu-claim",
             claim_namespace="team-y",
-            devices=("node-1/gpu-0", "nvidia.com/gpu=gpu-0", "nvidia.com/gpu=legacy"),
             claim_devices=(
                 ClaimDevice("gpu.nvidia.com", "node-1", "gpu-0", ("nvidia.com/gpu=gpu-0",), share_id="s-1"),
                 ClaimDevice("", "", "", ("nvidia.com/gpu=legacy",), share_id=None),
@@ -148,6 +148,34 @@ def test_allocatable(kubelet: FakeKubelet, client: PodResourcesClient) -> None:
         DeviceAllocation("nvidia.com/mig-1g.5gb", (MIG,)),
     ]
     assert kubelet.calls == {"GetAllocatableResources": 1}
+
+
+def test_allocatable_in_the_kubelets_shape_keeps_every_entry(kubelet: FakeKubelet, client: PodResourcesClient) -> None:
+    kubelet.allocatable = offered("nvidia.com/gpu.shared", [f"{GPU0}::0", f"{GPU0}::1"], numa_nodes=(0, 1))
+    assert client.allocatable() == [DeviceAllocation("nvidia.com/gpu.shared", (f"{GPU0}::{n}",)) for n in (0, 0, 1, 1)]
+
+
+@pytest.mark.parametrize("mode", [GET_DISABLED, GET_ABSENT])
+def test_allocatable_where_the_kubelet_lacks_it(kubelet: FakeKubelet, client: PodResourcesClient, mode: str) -> None:
+    kubelet.allocatable_mode = mode
+    with pytest.raises(KubeletUnavailable) as raised:
+        client.allocatable()
+    assert raised.value.reason == UNIMPLEMENTED
+    assert "KubeletPodResourcesGetAllocatable" in str(raised.value)
+    assert client.failures == {("GetAllocatableResources", UNIMPLEMENTED): 1}
+    assert client.list()  # List still works on the same channel
+    assert client.calls == {"GetAllocatableResources": 1, "List": 1}
+
+
+def test_allocatable_fails_as_list_does_and_each_failure_is_counted(socket_path: Path) -> None:
+    calls, failures = collections.Counter(), collections.Counter()
+    with PodResourcesClient(str(socket_path), timeout=1.0, calls=calls, failures=failures) as client:
+        for method in (client.allocatable, client.list):
+            with pytest.raises(KubeletUnavailable) as raised:
+                method()
+            assert raised.value.reason == SOCKET_MISSING
+    assert failures == {("GetAllocatableResources", SOCKET_MISSING): 1, ("List", SOCKET_MISSING): 1}
+    assert calls == {"GetAllocatableResources": 1, "List": 1}
 
 
 def test_get_one_pod(kubelet: FakeKubelet, client: PodResourcesClient) -> None:

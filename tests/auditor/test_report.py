@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from gpu_fence.auditor.audit import audit
-from gpu_fence.auditor.model import Container, Gpu, GpuProcess, NodeSnapshot
+from gpu_fence.auditor.model import ClaimedDevice, Container, DraResolution, Gpu, GpuProcess, NodeSnapshot, SliceState
 from gpu_fence.auditor.report import render
 
 G0 = "GPU-00000000-aaaa-bbbb-cccc-000000000000"
@@ -117,3 +117,51 @@ def test_text_report_says_unknown_rather_than_zero_memory():
     half = next(line for line in lines if line.startswith("ml/half/main"))
     assert blind.endswith("unknown") and "0 MiB" not in blind
     assert half.endswith("2 MiB + 1 process unknown")
+
+
+def test_dra_devices_are_reported_with_their_claim_names_and_resolution():
+    cdi = ("k8s.gpu.nvidia.com/claim=4b1e-gpu-1",)
+    held = ClaimedDevice("ml", "gpus", "gpu.nvidia.com", "node-a", "gpu-1", cdi, DraResolution.RESOLVED, G1, "s-2")
+    lost = ClaimedDevice("ml", "gpus", "gpu.nvidia.com", "node-a", "gpu-9", (), DraResolution.NO_SLICE)
+    snapshot = NodeSnapshot(
+        "node-a",
+        0.0,
+        SNAPSHOT.gpus,
+        (Container("ml", "dra", "main", "uid-3", "c3", allocated=(G1,), dra_devices=(held, lost)),),
+        (),
+        dra_slices=SliceState.STALE,
+        offered_replicas=((G0, 4),),
+    )
+    result = audit(snapshot)
+    report = json.loads(render("json", snapshot, result))
+    assert report["summary"]["dra_slices"] == "stale" and report["offered_replicas"] == {G0: 4}
+    (row,) = report["containers"]
+    assert row["allocated"] == [G1]
+    assert row["dra_devices"] == [
+        {
+            "claim_namespace": "ml",
+            "claim_name": "gpus",
+            "driver": "gpu.nvidia.com",
+            "pool": "node-a",
+            "device": "gpu-1",
+            "cdi_devices": list(cdi),
+            "share_id": "s-2",
+            "uuid": G1,
+            "resolution": "resolved",
+        },
+        {
+            "claim_namespace": "ml",
+            "claim_name": "gpus",
+            "driver": "gpu.nvidia.com",
+            "pool": "node-a",
+            "device": "gpu-9",
+            "cdi_devices": [],
+            "share_id": None,
+            "uuid": None,
+            "resolution": "no-slice",
+        },
+    ]
+    text = render("text", snapshot, result)
+    assert "unresolved DRA device: ml/dra/main: claim ml/gpus: gpu.nvidia.com/node-a/gpu-9: no-slice" in text
+    assert "gpu-1: resolved" not in text and "unresolved DRA device" in text.split("\n\n")[-2]
+    assert json.loads(render("json", SNAPSHOT, RESULT))["offered_replicas"] is None

@@ -24,6 +24,7 @@ def test_without_flags_the_settings_are_the_documented_defaults(monkeypatch):
     assert (defaults.unhealthy_after, defaults.event_interval, defaults.max_backoff) == (3, 60.0, 300.0)
     assert defaults.audit.pod_resources_socket == DEFAULT_SOCKET == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert defaults.audit.kai_scheduler_names == ("kai-scheduler",)
+    assert defaults.audit.dra_gpu_drivers == ("gpu.nvidia.com",) and defaults.audit.allocatable_interval == 300.0
 
 
 def test_help_shows_each_default_as_the_settings_hold_it(capsys):
@@ -42,6 +43,8 @@ def test_help_shows_each_default_as_the_settings_hold_it(capsys):
         "(default: kai-resource-reservation)",
         "(repeatable; default: kai-scheduler)",
         "every S seconds (default: 60)",
+        "(repeatable; default: gpu.nvidia.com)",
+        "every S seconds (default: 300)",
     ):
         assert "".join(text.split()) in shown, text
 
@@ -66,8 +69,15 @@ def test_flags_become_typed_settings(monkeypatch):
         "2.5",
         "--metrics-port",
         "0",
+        "--dra-gpu-driver",
+        "gpu.example.com",
+        "--dra-gpu-driver",
+        "gpu.example.com",
+        "--allocatable-interval",
+        "60",
     )
     settings = RunSettings.from_args(args)
+    assert settings.audit.dra_gpu_drivers == ("gpu.example.com",) and settings.audit.allocatable_interval == 60
     assert settings.audit.node == "from-env" and not settings.audit.kubernetes and not settings.events
     assert settings.audit.exempt_namespaces == {"gpu-operator", "kube-system"}
     assert settings.audit.pod_label_keys == ("team",) and settings.audit.kai_scheduler_names == ("a", "b")
@@ -77,7 +87,13 @@ def test_flags_become_typed_settings(monkeypatch):
 
 @pytest.mark.parametrize(
     "bad",
-    [["--interval", "0"], ["--interval", "soon"], ["--metrics-port", "70000"], ["--pod-relist-interval", "-1"]],
+    [
+        ["--interval", "0"],
+        ["--interval", "soon"],
+        ["--metrics-port", "70000"],
+        ["--pod-relist-interval", "-1"],
+        ["--allocatable-interval", "0"],
+    ],
 )
 def test_bad_flags_are_usage_errors(bad, capsys):
     with pytest.raises(SystemExit) as exit_info:

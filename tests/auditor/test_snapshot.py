@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gpu_fence.auditor import snapshot as snapshot_module
-from gpu_fence.auditor.model import FailureReason, Gpu, GpuProcess, Identity, IdentitySource
+from gpu_fence.auditor.dra import SliceIndex, SliceView
+from gpu_fence.auditor.model import DraResolution, FailureReason, Gpu, GpuProcess, Identity, IdentitySource, SliceState
 from gpu_fence.auditor.podresources.allocations import (
     ClaimDevice,
     ContainerAllocation,
@@ -12,6 +13,7 @@ from gpu_fence.auditor.podresources.allocations import (
 )
 from gpu_fence.auditor.snapshot import DeviceIndex, RuntimeContainer, SnapshotOptions, assemble
 from tests.fakes.kubeapi_pods_events import make_pod
+from tests.fakes.kubeapi_resourceslices import DraGpu, DraMig, nvidia_slice
 
 G0 = "GPU-00000000-0000-4000-8000-000000000000"
 G1 = "GPU-00000001-0000-4000-8000-000000000001"
@@ -67,7 +69,6 @@ def test_device_ids_resolve_through_the_index_of_the_gpus():
     assert INDEX.normalize("1:0") == M0  # the toolkit's <gpu>:<mig> form: the slice's position on its card
     assert INDEX.normalize(f"MIG-{G1}/2/0") == M0  # pre-R470: the card's UUID and the GPU instance
     assert INDEX.normalize("0") == G0 and INDEX.normalize("nvidia0/vgpu3") == G0
-    assert INDEX.resolve_dra("gpu-1") == G1 and INDEX.resolve_dra("node-a/gpu-0-mig-3g") is None
 
 
 def test_the_snapshot_carries_the_identity_source_the_notes_and_the_degraded_sources():
@@ -102,22 +103,101 @@ def test_api_names_containers_and_normalises_allocations():
     assert len(snapshot.containers) == 2  # the sandbox (pause) container of a known pod is not a row
 
 
+def dra_claim(*devices: str, name="claim", driver="gpu.nvidia.com"):
+    return DynamicResource(
+        name, "ml", tuple(ClaimDevice(driver, "node-a", d, (f"k8s.gpu.nvidia.com/claim=u-{d}",)) for d in devices)
+    )
+
+
+# minors are not indices: gpu-0 is the card of minor 0 (index 0 here); the slice gives each UUID
+SLICES = SliceView(
+    SliceState.FRESH,
+    SliceIndex.build(
+        [
+            nvidia_slice(
+                "node-a",
+                [DraGpu(0, 0, G0), DraGpu(1, 1, G1)],
+                [DraMig(DraGpu(1, 1, G1), M0, "3g.40gb", 0, 4)],
+            )
+        ],
+        ["gpu.nvidia.com"],
+    ),
+)
+
+
+def test_dra_devices_resolve_through_the_slices_by_their_uuid_attribute():
+    allocations = [alloc("ml", "p", "c", dra=[dra_claim("gpu-0", "gpu-1-mig-3g40gb-9-0")])]
+    (container,) = build(allocations, [], [], slices=SLICES).containers
+    assert container.allocated == (G0, M0) and container.unresolved_allocations == ()
+    assert [(d.device, d.uuid, d.resolution) for d in container.dra_devices] == [
+        ("gpu-0", G0, DraResolution.RESOLVED),
+        ("gpu-1-mig-3g40gb-9-0", M0, DraResolution.RESOLVED),
+    ]
+
+
 def test_unresolvable_ids_and_dra_devices_are_kept_as_unresolved():
-    dra = DynamicResource(
-        "",
+    claim = DynamicResource(
         "claim",
         "ml",
-        (),
         (
             ClaimDevice("gpu.nvidia.com", "node-a", "gpu-0", ()),
-            ClaimDevice("gpu.nvidia.com", "node-a", "gpu-0-mig-3g", ()),
+            ClaimDevice("gpu.nvidia.com", "node-a", "gpu-7", ()),
             ClaimDevice("nic.example.com", "node-a", "eth1", ()),
         ),
     )
-    snapshot = build([alloc("ml", "p", "c", "weird-id", dra=[dra])], [], [])
+    snapshot = build([alloc("ml", "p", "c", "weird-id", dra=[claim])], [], [], slices=SLICES)
     container = snapshot.containers[0]
     assert container.allocated == (G0,) and container.identity is Identity.KUBELET
-    assert container.unresolved_allocations == ("nvidia.com/gpu:weird-id", "claim ml/claim: node-a/gpu-0-mig-3g")
+    assert container.unresolved_allocations == ("nvidia.com/gpu:weird-id",)
+    assert [(d.device, d.resolution) for d in container.dra_devices] == [
+        ("gpu-0", DraResolution.RESOLVED),
+        ("gpu-7", DraResolution.NO_SLICE),  # never guessed from its name; the NIC is not ours at all
+    ]
+    assert snapshot.notes == () and snapshot.dra_slices is SliceState.FRESH
+
+
+def test_without_slices_a_claim_is_shown_unresolved_and_the_cycle_says_so():
+    down = SliceView(SliceState.NONE, last_error="HTTP 503 Service Unavailable")
+    snapshot = build([alloc("ml", "p", "c", dra=[dra_claim("gpu-0")])], [], [], slices=down)
+    (device,) = snapshot.containers[0].dra_devices
+    assert (device.resolution, device.uuid, device.cdi_devices) == (
+        DraResolution.SLICES_UNAVAILABLE,
+        None,
+        ("k8s.gpu.nvidia.com/claim=u-gpu-0",),
+    )
+    assert snapshot.containers[0].allocated == ()
+    assert snapshot.degraded == {FailureReason.KUBERNETES_API} and "HTTP 503" in snapshot.notes[0]
+    assert snapshot.dra_slices is SliceState.NONE
+
+
+def test_stale_slices_still_resolve_and_degrade_the_cycle():
+    stale = SliceView(SliceState.STALE, SLICES.index, "HTTP 503")
+    snapshot = build([alloc("ml", "p", "c", dra=[dra_claim("gpu-1-mig-3g40gb-9-0")])], [], [], slices=stale)
+    assert snapshot.containers[0].allocated == (M0,)
+    assert snapshot.degraded == {FailureReason.KUBERNETES_API} and "last good list" in snapshot.notes[0]
+
+
+def test_a_slice_uuid_nvml_does_not_list_is_allocated_and_noted():
+    elsewhere = SliceView(
+        SliceState.FRESH, SliceIndex.build([nvidia_slice("node-a", [DraGpu(5, 5, "GPU-gone")])], ["gpu.nvidia.com"])
+    )
+    snapshot = build([alloc("ml", "p", "c", dra=[dra_claim("gpu-5")])], [], [], slices=elsewhere)
+    assert snapshot.containers[0].allocated == ("GPU-gone",)
+    assert snapshot.notes == ("DRA: ResourceSlices name UUIDs NVML does not list on this node: GPU-gone",)
+    assert snapshot.degraded == frozenset()
+
+
+def test_offered_replicas_count_distinct_ids_per_uuid():
+    offered = [
+        DeviceAllocation("nvidia.com/gpu.shared", (f"{G0}::0",)),
+        DeviceAllocation("nvidia.com/gpu.shared", (f"{G0}::0",)),  # the same id on a second NUMA node
+        DeviceAllocation("nvidia.com/gpu.shared", (f"{G0}::1", f"{G0}::2")),
+        DeviceAllocation("nvidia.com/mig-3g.40gb", (M0,)),
+        DeviceAllocation("example.com/nic", ("nic0",)),
+        DeviceAllocation("nvidia.com/gpu", ("not-a-gpu",)),
+    ]
+    assert build([], [], [], offered=offered).offered_replicas == ((G0, 3), (M0, 1))
+    assert build([], [], []).offered_replicas is None
 
 
 def test_fallback_names_by_evidence_then_by_elimination():

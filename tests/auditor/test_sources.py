@@ -10,14 +10,25 @@ import pytest
 from gpu_fence.auditor.hostproc import HostProc
 from gpu_fence.auditor.kube import PodCache
 from gpu_fence.auditor.nvml import Nvml
+from gpu_fence.auditor.offered import OfferedReplicas
 from gpu_fence.auditor.podresources.client import PodResourcesClient
-from gpu_fence.auditor.sources import HostProcSource, NvmlSource, PodResourcesSource, PodSource
+from gpu_fence.auditor.resourceslices import ResourceSliceCache
+from gpu_fence.auditor.sources import (
+    HostProcSource,
+    NvmlSource,
+    OfferedSource,
+    PodResourcesSource,
+    PodSource,
+    SliceSource,
+)
 
 ADAPTERS = [
     (PodResourcesSource, PodResourcesClient("/nonexistent/kubelet.sock")),  # constructing one opens nothing
     (NvmlSource, Nvml("/nonexistent/libnvidia-ml.so.1")),
     (HostProcSource, HostProc("/nonexistent/proc")),
     (PodSource, PodCache(object(), "node-a")),
+    (SliceSource, ResourceSliceCache(object(), "node-a")),  # nor does this one: it lists on sync() or start()
+    (OfferedSource, OfferedReplicas()),
 ]
 
 

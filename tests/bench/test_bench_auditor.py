@@ -37,6 +37,8 @@ def test_tiny_run_reports_phases_calls_and_scaling(short_dir: Path, capsys: pyte
         assert all(value >= 0 for value in row["warm_phases_ms"].values())
         assert row["warm_cycle_ms"] >= sum(v for k, v in row["warm_phases_ms"].items() if k != "join") * 0.99
         assert row["kubelet_calls_per_cycle"] == 1 and row["kubelet_calls_served"] == row["cycles_run"] == 6
+        assert row["allocatable_calls_per_process"] == 1 and row["allocatable_calls_warm"] == 0
+        assert row["api_requests_per_process"] >= 3  # the pod list; ResourceSlice discovery and list (then a watch)
         assert row["auditor_processes"] == 2 and row["warm_cycles"] == 4
         assert row["identity"] == "kubernetes"  # the pods were named through the API fake
         assert row["containers_audited"] == row["sizes"]["containers"]
@@ -47,7 +49,11 @@ def test_tiny_run_reports_phases_calls_and_scaling(short_dir: Path, capsys: pyte
     assert set(report["phase_scaling_exponents"]) == set(auditor_bench.PHASES)
     # at a fraction the cycle-time and RSS targets are not judged; the kubelet-call and scaling ones are
     judged = [t["target"] for t in report["targets"]]
-    assert judged == ["one kubelet call per cycle", "linear in the input (log-log slope ~1, <= 1.15)"]
+    assert judged == [
+        "one kubelet List per cycle (GetAllocatableResources at start only, at this length)",
+        "linear in the input (log-log slope ~1, <= 1.15)",
+    ]
+    assert all(t["met"] for t in report["targets"] if t["target"].startswith("one kubelet List"))
     assert report["targets"][0]["met"] is True
     assert "| 2x | warm (median) |" in capsys.readouterr().out
     assert report["node_dir"] == str(short_dir)

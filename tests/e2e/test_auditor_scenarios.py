@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpu_fence.auditor.cli import main
-from tests.fakes.node_scenario import Ctr, NodeScenario, cgroup_layouts, replica_holder, uuid_of
+from tests.fakes.node_scenario import Ctr, DraRef, NodeScenario, cgroup_layouts, replica_holder, uuid_of
 from tests.fakes.nvml import GIB, FakeError
 
 pytestmark = pytest.mark.e2e
@@ -242,14 +242,127 @@ def test_kai_fraction_pod_uses_the_gpu_of_its_reservation_pod(node, monkeypatch,
     assert row(report, "fraction")["allocated"] == [uuid_of(1)]
 
 
-def test_dra_claim_counts_as_allocation(node, monkeypatch, capsys):
-    scenario = node(gpus=2)
-    scenario.add_pod("ml", "dra", Ctr("main", dra=["node-a/gpu-1"], visible=[1], processes=[(1, GIB)]))
-    scenario.add_pod("ml", "dra-uuid", Ctr("main", dra=[f"k8s.gpu.nvidia.com/device={uuid_of(0)}"], visible=[0]))
+# --- DRA: NVIDIA's DRA driver, device names of every release, slices in every API version ---------------------------
+
+#: A node whose minors are not its indices: GPU 0 is /dev/nvidia2, GPU 1 /dev/nvidia0, GPU 2 (MIG, 3 slices)
+#: /dev/nvidia1. A name read as an index or as a minor names the wrong GPU under one release or another.
+DRA_NODE = {"gpus": 3, "mig_slots": {2: 3}, "minors": {0: 2, 1: 0, 2: 1}}
+
+
+def dra_devices(report, pod: str) -> list[tuple[str, str | None, str]]:
+    return [(d["device"], d["uuid"], d["resolution"]) for d in row(report, pod)["dra_devices"]]
+
+
+@pytest.mark.parametrize(
+    ("release", "version"),
+    [("v25.2", "v1"), ("v25.3", "v1"), ("v25.8", "v1"), ("v25.12", "v1"), ("v25.12", "v1beta2"), ("v25.12", "v1beta1")],
+)
+def test_a_clean_dra_node_resolves_every_claim_to_its_uuid(node, monkeypatch, capsys, release, version):
+    scenario = node(**DRA_NODE, dra_release=release, slice_versions=(version,))
+    scenario.add_pod("ml", "full-a", Ctr("main", dra=[0], visible=[0], processes=[(0, 5 * GIB)]))
+    scenario.add_pod("ml", "full-b", Ctr("main", dra=[1], visible=[1], processes=[(1, 3 * GIB)]))
+    scenario.add_pod("ml", "mig", Ctr("main", dra=["2:1"], visible=["2:1"], processes=[("2:1", GIB)]))
+    for n, gib in enumerate((2, 1)):  # one claim, two pods: legitimate sharing, each metered by its own memory
+        shared = Ctr("main", dra=["2:0"], claim="shared-slice", visible=["2:0"], processes=[("2:0", gib * GIB)])
+        scenario.add_pod("ml", f"infer-{n}", shared)
+    imex = Ctr("main", dra=[DraRef("node-a", "channel-0", driver="compute-domain.nvidia.com")])
+    scenario.add_pod("ml", "imex", imex)
     code, report, _ = audit_json(scenario, monkeypatch, capsys)
     assert code == 0, report["findings"]
-    assert row(report, "dra")["allocated"] == [uuid_of(1)]
-    assert row(report, "dra-uuid")["allocated"] == [uuid_of(0)]
+    assert report["summary"]["dra_slices"] == "fresh" and report["notes"] == []
+    assert row(report, "full-a")["allocated"] == [uuid_of(0)]
+    assert row(report, "full-b")["allocated"] == [uuid_of(1)]
+    assert row(report, "mig")["allocated"] == [uuid_of("2:1")]
+    assert dra_devices(report, "full-a") == [(scenario.dra_name(0), uuid_of(0), "resolved")]
+    assert dra_devices(report, "mig") == [(scenario.dra_name("2:1"), uuid_of("2:1"), "resolved")]
+    for n, gib in enumerate((2, 1)):
+        infer = row(report, f"infer-{n}")
+        assert infer["allocation_counts"] == {uuid_of("2:0"): 1}
+        assert infer["memory_bytes"] == {uuid_of("2:0"): gib * GIB}
+    assert row(report, "imex")["dra_devices"] == [] and row(report, "imex")["allocated"] == []  # not a GPU driver
+
+
+def test_a_dra_pod_using_a_gpu_it_does_not_hold_is_found_with_its_bytes(node, monkeypatch, capsys):
+    scenario = node(**DRA_NODE, dra_release="v25.12")
+    scenario.add_pod("ml", "holder", Ctr("main", dra=[1], visible=[1], processes=[(1, GIB)]))
+    scenario.add_pod("ml", "greedy", Ctr("main", dra=[0], visible=[0, 1], processes=[(0, GIB), (1, 6 * GIB)]))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    assert kinds(report) == [("used-unallocated", "main", uuid_of(1)), ("visible-unallocated", "main", uuid_of(1))]
+    used = next(f for f in report["findings"] if f["kind"] == "used-unallocated")
+    assert (used["pod"], used["memory_bytes"]) == ("greedy", 6 * GIB)
+    assert "/dev/nvidia0" in next(f["message"] for f in report["findings"] if f["kind"] == "visible-unallocated")
+
+
+def test_a_dra_mig_pod_using_a_sibling_slice_is_found(node, monkeypatch, capsys):
+    scenario = node(**DRA_NODE, dra_release="v25.12")
+    scenario.add_pod(
+        "ml", "small", Ctr("main", dra=["2:0"], visible=["2:0"], processes=[("2:0", GIB), ("2:2", 2 * GIB)])
+    )
+    scenario.add_pod("ml", "other", Ctr("main", dra=["2:2"], visible=["2:2"], processes=[("2:2", GIB)]))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    assert kinds(report) == [("used-unallocated", "main", uuid_of("2:2"))]
+    (finding,) = report["findings"]
+    assert (finding["pod"], finding["memory_bytes"]) == ("small", 2 * GIB)
+
+
+def test_a_claim_on_a_device_no_slice_describes_is_reported_unresolved(node, monkeypatch, capsys):
+    scenario = node(**DRA_NODE, dra_release="v25.12")
+    ghost = DraRef("node-a", "gpu-9", cdi=("k8s.gpu.nvidia.com/claim=0f3c-gpu-9",))
+    scenario.add_pod("ml", "ghost", Ctr("main", dra=[ghost], visible=[1], processes=[(1, GIB)]))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    assert dra_devices(report, "ghost") == [("gpu-9", None, "no-slice")]
+    assert row(report, "ghost")["allocated"] == []  # never mapped by name
+    (used,) = [f for f in report["findings"] if f["kind"] == "used-unallocated"]
+    assert "claim ml/main-gpu: gpu.nvidia.com/node-a/gpu-9" in used["message"]
+    assert main(scenario.args("once")) == 1
+    text = capsys.readouterr().out
+    assert "unresolved DRA device: ml/ghost/main: claim ml/main-gpu: gpu.nvidia.com/node-a/gpu-9 (CDI " in text
+    assert "): no-slice" in text
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("down", "none", "HTTP 503"),
+        ("forbidden", "none", "HTTP 403"),
+        ("not-served", "not-served", "serves no resource.k8s.io version"),
+        ("no-kubernetes", "unused", "--no-kubernetes"),
+    ],
+    ids=lambda case: case[0],
+)
+def test_without_slices_claims_are_shown_with_their_names_and_the_report_says_why(node, monkeypatch, capsys, case):
+    breakage, state, said = case
+    scenario = node(**DRA_NODE, dra_release="v25.12", kubernetes=breakage != "no-kubernetes")
+    scenario.add_pod("ml", "train", Ctr("main", dra=[0], visible=[0], processes=[(0, GIB)]))
+    scenario.start()
+    if breakage == "down":
+        scenario.api.down = True
+    elif breakage == "forbidden":
+        scenario.api.resource_slices.forbidden = True
+    elif breakage == "not-served":
+        scenario.api.resource_slices.served = ()
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert report["summary"]["dra_slices"] == state
+    assert any(said in note and "unresolved" in note for note in report["notes"]), report["notes"]
+    (device,) = row(report, "train")["dra_devices"]
+    assert device | {"cdi_devices": []} == {
+        "claim_namespace": "ml",
+        "claim_name": "main-gpu",
+        "driver": "gpu.nvidia.com",
+        "pool": "node-a",
+        "device": scenario.dra_name(0),
+        "cdi_devices": [],
+        "share_id": None,
+        "uuid": None,
+        "resolution": "slices-unavailable",
+    }
+    assert device["cdi_devices"][0].startswith("k8s.gpu.nvidia.com/claim=")
+    # no entitlement is guessed: the GPU the claim holds is, as far as the auditor can tell, not allocated
+    assert code == 1
+    assert kinds(report) == [("used-unallocated", "main", uuid_of(0)), ("visible-unallocated", "main", uuid_of(0))]
 
 
 def test_api_down_still_audits_and_names_containers_by_fallback(node, monkeypatch, capsys):

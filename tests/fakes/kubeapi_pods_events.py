@@ -3,7 +3,9 @@
 - ``GET /api/v1/pods?fieldSelector=spec.nodeName=NODE`` (list; with ``watch=true`` the current pods as ADDED
   events, then the stream ends, as a watch that timed out does);
 - ``POST /api/v1/namespaces/NS/events`` (409 when the name exists) and
-  ``PATCH /api/v1/namespaces/NS/events/NAME`` (merge, 404 when missing).
+  ``PATCH /api/v1/namespaces/NS/events/NAME`` (merge, 404 when missing);
+- ``/apis/resource.k8s.io``: discovery, and ResourceSlices listed and watched (``resource_slices``, a
+  ``kubeapi_resourceslices.FakeResourceSlices``).
 
 ``down = True`` answers 503 to everything (an API server that is there but failing); ``forbid_events = True``
 answers 403 to Event writes (RBAC without events); ``raw_pod_list`` serves those bytes as the pod list (a proxy's
@@ -19,6 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fakes.kubeapi_resourceslices import GROUP, FakeResourceSlices
 
 
 def make_pod(
@@ -68,6 +72,7 @@ class FakeKubeApi:
         self.down = False
         self.forbid_events = False  # answer 403 to Event writes (RBAC without events create/patch)
         self.raw_pod_list: bytes | None = None  # serve these bytes as the pod list (a proxy page, broken JSON)
+        self.resource_slices = FakeResourceSlices(lambda: self.down)
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -93,6 +98,9 @@ class FakeKubeApi:
 
     def pod_lists(self) -> list[tuple[str, str, dict[str, list[str]]]]:
         return [r for r in self.requests if r[0] == "GET" and r[1] == "/api/v1/pods"]
+
+    def slice_requests(self) -> list[tuple[str, str, dict[str, list[str]]]]:
+        return [r for r in self.requests if r[1].startswith(f"/apis/{GROUP}")]
 
     # --- serving -------------------------------------------------------------------------------------------
 
@@ -126,6 +134,7 @@ class FakeKubeApi:
         return self
 
     def stop(self) -> None:
+        self.resource_slices.stop()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -155,6 +164,8 @@ class FakeKubeApi:
         if self.down:
             return self._send(handler, 503, _status(503, "ServiceUnavailable", "the API server is down (fake)"))
         segments = [s for s in parts.path.split("/") if s]
+        if method == "GET" and parts.path.startswith(f"/apis/{GROUP}"):
+            return self.resource_slices.handle(handler, parts.path, query, self._send)
         if method == "GET" and parts.path == "/api/v1/pods":
             if self.raw_pod_list is not None:
                 return self._send_raw(handler, 200, self.raw_pod_list, "application/json")

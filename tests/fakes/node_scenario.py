@@ -25,6 +25,17 @@ from typing import Any
 
 from tests.fakes.hostproc_tree import HostProcTree, cgroup_text
 from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
+from tests.fakes.kubeapi_resourceslices import (
+    DRIVER as DRA_DRIVER,
+)
+from tests.fakes.kubeapi_resourceslices import (
+    DraGpu,
+    DraMig,
+    compute_domain_slice,
+    gpu_name,
+    mig_name,
+    nvidia_slice,
+)
 from tests.fakes.nvml import (
     GIB,
     FakeError,
@@ -69,6 +80,16 @@ def _uid(*parts: object) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
+@dataclass(frozen=True)
+class DraRef:
+    """A DRA device named literally, as the kubelet reports it (a device no slice describes, another driver's)."""
+
+    pool: str
+    device: str
+    driver: str = DRA_DRIVER
+    cdi: tuple[str, ...] = ()
+
+
 @dataclass
 class Ctr:
     """One container: what the kubelet allocated, what it can see, what it runs on the GPUs.
@@ -76,7 +97,9 @@ class Ctr:
     ``allocated``: devices the kubelet gave it (``device_ids`` overrides the raw ids, e.g. ``GPU-x::3``).
     ``visible``: devices whose ``/dev/nvidia<minor>`` is in its root (a MIG slot shows its card), or ``"all"``.
     ``processes``: ``(device, bytes)`` per GPU process. ``env``: its environment (NVIDIA_VISIBLE_DEVICES, ...).
-    ``dra``: DRA device names (``pool/device`` or CDI) it holds through one claim.
+    ``dra``: devices it holds through one DRA claim (``claim``, default ``<name>-gpu``, in the pod's namespace;
+    containers naming the same claim share it): a node device, named as the scenario's driver release names it in
+    pool ``<node>``, or a :class:`DraRef`. ``share_id``: the kubelet's share id of every device of the claim.
     ``running=False``: listed by the kubelet but no process on the host (not started yet).
     ``activity``: ``(sm, memory, encoder, decoder)`` percent per GPU process, in the order of ``processes`` (fewer
     entries leave the last processes idle): live utilisation samples in the fake NVML, new every sampling period.
@@ -89,7 +112,9 @@ class Ctr:
     visible: Sequence[Device] | str = ()
     processes: Sequence[tuple[Device, int | None]] = ()
     env: Mapping[str, str] = field(default_factory=dict)
-    dra: Sequence[str] = ()
+    dra: Sequence[Device | DraRef] = ()
+    claim: str | None = None
+    share_id: str | None = None
     running: bool = True
     container_id: str = ""
     pids: list[int] = field(default_factory=list)
@@ -148,12 +173,22 @@ class NodeScenario:
         host_processes: int = 0,
         kubernetes: bool = True,
         util_period_us: int | None = None,
+        minors: Mapping[int, int] | None = None,
+        dra_release: str | None = None,
+        slice_versions: Sequence[str] | None = None,
     ) -> None:
+        """``minors``: GPU index → minor (``/dev/nvidia<minor>``), default the index. ``dra_release``: publish the
+        slices NVIDIA's DRA driver of that release publishes (``kubeapi_resourceslices.RELEASES``; None: none);
+        ``slice_versions``: the resource.k8s.io versions the API serves (default all three). ``util_period_us``:
+        the fake driver's sampling period for live utilisation samples."""
         self.root = Path(root)
-        self.util_period_us = util_period_us  # the fake driver's sampling period for live utilisation samples
+        self.util_period_us = util_period_us
         self.node = node
         self.gpu_count = gpus
         self.mig_slots = dict(mig_slots or {})
+        self.minors = {index: (minors or {}).get(index, index) for index in range(gpus)}
+        self.dra_release = dra_release
+        self.slice_versions = tuple(slice_versions) if slice_versions is not None else None
         self.gpu_name = gpu_name
         self.host_process_count = host_processes
         self.kubernetes = kubernetes
@@ -186,7 +221,10 @@ class NodeScenario:
         return pid
 
     def nvml_config(self) -> FakeNvmlConfig:
-        gpus = tuple(FakeGpu(index=i, name=self.gpu_name, mig=i in self.mig_slots) for i in range(self.gpu_count))
+        gpus = tuple(
+            FakeGpu(index=i, name=self.gpu_name, mig=i in self.mig_slots, minor=self.minors[i])
+            for i in range(self.gpu_count)
+        )
         migs = tuple(
             FakeMig(gpu_index=g, slot=s, gpu_instance_id=7 + s, slices=1, memory_total_bytes=10 * GIB)
             for g, count in sorted(self.mig_slots.items())
@@ -221,8 +259,54 @@ class NodeScenario:
         uuid = uuid_of(device)
         for index in range(self.gpu_count):
             if uuid == fake_gpu_uuid(index) or uuid.startswith(f"MIG-{index:08x}-"):
-                return index
+                return self.minors[index]
         raise ValueError(f"{device!r} is no device of this node")
+
+    # --- DRA -----------------------------------------------------------------------------------------------------
+
+    def dra_gpus(self) -> list[DraGpu]:
+        return [DraGpu(i, self.minors[i], fake_gpu_uuid(i), self.gpu_name) for i in range(self.gpu_count)]
+
+    def dra_migs(self) -> list[DraMig]:
+        cards = self.dra_gpus()
+        return [
+            DraMig(cards[g], fake_mig_uuid(g, s), "1g.10gb", placement_start=s)
+            for g, count in sorted(self.mig_slots.items())
+            for s in range(count)
+        ]
+
+    def resource_slices(self) -> list[dict[str, Any]]:
+        """What the DRA drivers of this node publish: NVIDIA's GPU driver, and its compute-domain driver."""
+        release = self.dra_release or "v25.12"
+        return [
+            nvidia_slice(self.node, self.dra_gpus(), self.dra_migs(), release=release),
+            compute_domain_slice(self.node),
+        ]
+
+    def dra_name(self, device: Device) -> str:
+        """The name the scenario's driver release gives ``device`` in its slice."""
+        release = self.dra_release or "v25.12"
+        uuid = uuid_of(device)
+        for mig in self.dra_migs():
+            if mig.uuid == uuid:
+                return mig_name(mig, release)
+        for gpu in self.dra_gpus():
+            if gpu.uuid == uuid:
+                return gpu_name(gpu, release)
+        raise ValueError(f"{device!r} is no device of this node")
+
+    def _claim(self, p: Pod, ctr: Ctr) -> Any:
+        name = ctr.claim or f"{ctr.name}-gpu"
+        claim_uid = _uid("claim", p.namespace, name)
+        devices = []
+        for ref in ctr.dra:
+            if isinstance(ref, DraRef):
+                devices.append(claim_device(ref.driver, ref.pool, ref.device, ref.cdi, ctr.share_id))
+                continue
+            device = self.dra_name(ref)
+            cdi = [f"k8s.gpu.nvidia.com/claim={claim_uid}-{device}"]  # the driver's claim spec names (cdi.go)
+            devices.append(claim_device(DRA_DRIVER, self.node, device, cdi, ctr.share_id))
+        return claim(name, p.namespace, *devices)
 
     # --- building the fakes --------------------------------------------------------------------------------
 
@@ -238,6 +322,11 @@ class NodeScenario:
             for p in self.pods:
                 if p.in_api:
                     self.api.add_pod(self.api_pod(p))
+            if self.slice_versions is not None:
+                self.api.resource_slices.served = self.slice_versions
+            if self.dra_release is not None:
+                for published in self.resource_slices():
+                    self.api.resource_slices.put(published)
             self.api.write_kubeconfig(self.root / "kubeconfig")
         return self
 
@@ -263,20 +352,7 @@ class NodeScenario:
             for ctr in p.containers:
                 ids = list(ctr.device_ids) if ctr.device_ids is not None else [uuid_of(d) for d in ctr.allocated]
                 devices = {ctr.resource: ids} if ids else {}
-                claims = []
-                if ctr.dra:
-                    claims.append(
-                        claim(
-                            f"{ctr.name}-gpu",
-                            p.namespace,
-                            *(
-                                claim_device("gpu.nvidia.com", *name.split("/", 1))
-                                if "/" in name and "=" not in name
-                                else claim_device("gpu.nvidia.com", cdi=[name])
-                                for name in ctr.dra
-                            ),
-                        )
-                    )
+                claims = [self._claim(p, ctr)] if ctr.dra else []
                 containers.append(container(ctr.name, devices, claims))
             listed.append(pod(p.name, p.namespace, *containers))
         return listed
@@ -409,4 +485,14 @@ def cgroup_layouts() -> Iterable[tuple[str, bool]]:
             yield layout, v1
 
 
-__all__ = ["Ctr", "NodeScenario", "Pod", "cgroup_layouts", "cgroup_text", "dense_node", "replica_holder", "uuid_of"]
+__all__ = [
+    "Ctr",
+    "DraRef",
+    "NodeScenario",
+    "Pod",
+    "cgroup_layouts",
+    "cgroup_text",
+    "dense_node",
+    "replica_holder",
+    "uuid_of",
+]

@@ -1,7 +1,8 @@
 """A fake kubelet PodResources endpoint: a real gRPC server on a unix socket, serving our v1 proto.
 
-Configure it per test by assigning ``pods``, ``allocatable``, ``get_mode``, ``fail_with`` or ``hang``; read
-``calls`` to see how many RPCs arrived, by method name. ``restart()`` stops the server and serves again on the same
+Configure it per test by assigning ``pods``, ``allocatable`` (build it with :func:`offered`, in the kubelet's
+shape), ``get_mode``, ``allocatable_mode``, ``fail_with`` or ``hang``; read ``calls`` to see how many RPCs arrived,
+by method name. ``restart()`` stops the server and serves again on the same
 path with a new socket file (a new inode), as a kubelet restart does.
 """
 
@@ -18,10 +19,27 @@ import grpc
 
 from gpu_fence.auditor.podresources.v1 import api_pb2, api_pb2_grpc
 
-#: How the fake answers Get: like a 1.34+ kubelet, like an older one with the gate off, or like one before 1.27.
+#: How the fake answers Get (and GetAllocatableResources, through ``allocatable_mode``): like a kubelet that serves
+#: it, like one with its feature gate off (Get before 1.34, GetAllocatableResources on 1.21-1.22), or like one older
+#: than the method (Get before 1.27, GetAllocatableResources before 1.21).
 GET_ENABLED = "enabled"
 GET_DISABLED = "disabled"
 GET_ABSENT = "absent"
+
+
+def offered(resource: str, ids: Sequence[str], numa_nodes: Sequence[int] = (0,)) -> list[api_pb2.ContainerDevices]:
+    """GetAllocatableResources' devices for one resource as the kubelet sends them (``pkg/kubelet/cm``
+    ``containerDevicesFromResourceDeviceInstances``): one entry per id and NUMA node, so an id on two NUMA nodes
+    comes twice."""
+    return [
+        api_pb2.ContainerDevices(
+            resource_name=resource,
+            device_ids=[device_id],
+            topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=node)]),
+        )
+        for device_id in ids
+        for node in numa_nodes
+    ]
 
 
 def container(
@@ -87,6 +105,10 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
 
     def GetAllocatableResources(self, request, context):
         self._enter("GetAllocatableResources", context)
+        if self.fake.allocatable_mode == GET_ABSENT:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+        if self.fake.allocatable_mode == GET_DISABLED:  # what 1.21-1.22 answer with the gate off
+            context.abort(grpc.StatusCode.UNKNOWN, "Pod Resources API GetAllocatableResources disabled")
         return api_pb2.AllocatableResourcesResponse(devices=self.fake.allocatable)
 
     def Get(self, request, context):
@@ -139,6 +161,7 @@ class FakeKubelet:
         self.pods = list(pods)
         self.allocatable = list(allocatable)
         self.get_mode = GET_ENABLED
+        self.allocatable_mode = GET_ENABLED
         #: (status code, details) every call is aborted with, as a kubelet that rate-limits or fails does.
         self.fail_with: tuple[grpc.StatusCode, str] | None = None
         #: Hold every call without answering, until the caller's deadline passes.

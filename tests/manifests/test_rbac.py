@@ -14,6 +14,8 @@ from .conftest import KUSTOMIZATIONS, NAMESPACE, find, one, pod_spec, render
 #: listed and not rendered.
 AUDITOR_GRANTS = {
     ("gpu-fence-auditor", "cluster", "", "pods", "list", "*"),
+    ("gpu-fence-auditor", "cluster", "resource.k8s.io", "resourceslices", "list", "*"),
+    ("gpu-fence-auditor", "cluster", "resource.k8s.io", "resourceslices", "watch", "*"),
     ("gpu-fence-auditor", "cluster", "", "events", "create", "*"),
     ("gpu-fence-auditor", "cluster", "", "events", "patch", "*"),
 }
@@ -171,9 +173,15 @@ def test_cert_manager_overlay_issues_the_certificate_the_webhook_reads() -> None
 _VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
-def _request_grant(method: str, path: str, query: dict[str, list[str]] | None = None) -> tuple[str, str, str, str]:
-    """(API group, resource, verb, name or "*") that the API server authorizes for one request."""
+def _request_grant(
+    method: str, path: str, query: dict[str, list[str]] | None = None
+) -> tuple[str, str, str, str] | None:
+    """(API group, resource, verb, name or "*") that the API server authorizes for one request; None for discovery
+    (``/api``, ``/apis/<group>[/<version>]``): non-resource URLs every authenticated user may read through the
+    default ``system:discovery`` role, so no Role of ours grants them."""
     parts = [p for p in path.split("/") if p]
+    if (parts[:1] == ["api"] and len(parts) <= 2) or (parts[:1] == ["apis"] and len(parts) <= 3):
+        return None
     group = "" if parts[0] == "api" else parts[1]
     rest = parts[2:] if parts[0] == "api" else parts[3:]
     if rest[:1] == ["namespaces"] and len(rest) > 2:
@@ -215,23 +223,33 @@ def test_certificate_job_is_granted_exactly_the_calls_certs_makes(tmp_path: Path
         secret = api.secrets[(NAMESPACE, "gpu-fence-webhook-tls")]
         secret["data"]["tls.crt"] = ""  # a broken serving certificate: renewed in place
         assert cli.main(argv) == 0
-    used = {_request_grant(method, path) for method, path in api.log}
+    used = {grant for method, path in api.log if (grant := _request_grant(method, path)) is not None}
     assert ("", "secrets", "update", "gpu-fence-webhook-tls") in used, "the renewal path was exercised"
     _covered(used, grants(objects), "gpu-fence-certs")
 
 
 def test_auditor_is_granted_exactly_the_calls_it_makes(tmp_path: Path) -> None:
     from gpu_fence.auditor.kube import EventRecorder, PodCache, load_api_client
-    from gpu_fence.auditor.model import Finding, FindingKind
+    from gpu_fence.auditor.model import Finding, FindingKind, SliceState
+    from gpu_fence.auditor.resourceslices import ResourceSliceCache
     from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
+    from tests.fakes.kubeapi_resourceslices import DraGpu, nvidia_slice
+    from tests.fakes.prometheus import wait_for
 
     now = [1000.0]
     fake = FakeKubeApi().start()
+    slices = None
     try:
         fake.add_pod(make_pod("ml", "train", "uid-1", "gpu-node-1", [("main", "a" * 64)]))
+        fake.resource_slices.put(nvidia_slice("gpu-node-1", [DraGpu(0, 0, "GPU-1")]))
         client = load_api_client(str(fake.write_kubeconfig(tmp_path / "kubeconfig")))
         pods = PodCache(client, "gpu-node-1", clock=lambda: now[0])
         assert pods.refresh()
+        slices = ResourceSliceCache(client, "gpu-node-1")
+        assert slices.sync()  # discovery, then the list
+        slices.start()  # then the watch
+        wait_for(lambda: slices.watches, 10, "the watch to open", interval=0.02)
+        assert slices.view.state is SliceState.FRESH
         events = EventRecorder(client, "gpu-node-1", reemit_after=60, clock=lambda: now[0])
         finding = Finding(
             FindingKind.USED_UNALLOCATED,
@@ -251,6 +269,8 @@ def test_auditor_is_granted_exactly_the_calls_it_makes(tmp_path: Path) -> None:
         now[0] += 61
         assert events.record([finding]) == 1  # the Event expired meanwhile: patch answers 404, then create
     finally:
+        if slices is not None:
+            slices.close()
         fake.stop()
-    used = {_request_grant(method, path, query) for method, path, query in fake.requests}
+    used = {grant for method, path, query in fake.requests if (grant := _request_grant(method, path, query))}
     _covered(used, grants(render("base")), "gpu-fence-auditor")

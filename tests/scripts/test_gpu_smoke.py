@@ -160,7 +160,8 @@ def test_dry_run_passes_and_records_everything(fake_lib: Path, fake_smi: Path, t
     assert by_pid[1]["gpu"] == fake_gpu_uuid(smoke.FAKE_GPU_COUNT - 1)  # the process that was there before
     assert record["auditor"]["finding"] == by_pid[cuda["pid"]]
     assert record["auditor"]["command"][1:4] == ["-m", "gpu_fence.auditor.cli", "once"]
-    assert record["auditor"]["kubelet_calls"] == {"List": 5 + 6}  # 5 `once` runs, 1 + 5 in-process cycles
+    # 5 `once` runs and 1 + 5 in-process cycles: one List each; each of the 6 auditors asks for the offer at start
+    assert record["auditor"]["kubelet_calls"] == {"List": 5 + 6, "GetAllocatableResources": 6}
     assert [run["exit_code"] for run in record["auditor"]["runs"]] == [1] * 5
 
     timing = record["timing"]

@@ -9,6 +9,7 @@ second is idle), GPU 1 is used by a pod with no allocation (2 GiB) and a host pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,18 +35,9 @@ pytestmark = pytest.mark.e2e
 CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
 
 
-@pytest.fixture
-def auditor(tmp_path: Path):
-    scenario = NodeScenario(tmp_path / "node", node="gpu-node-1", gpus=2)
-    # a keeps the SMs 60 % busy; b holds its memory and runs nothing NVML samples (an idle holder for the dashboard)
-    for name, team, replica, gib, busy in (("a", "alpha", 0, 3, (60, 20, 0, 0)), ("b", "beta", 1, 1, None)):
-        holder = replica_holder(0, replica, gib * GIB, activity=busy)
-        scenario.add_pod("ml", name, holder, labels={"team": team})
-    scenario.add_pod(
-        "web", "notebook", Ctr("jupyter", visible=[1], processes=[(1, 2 * GIB)], env={"NVIDIA_VISIBLE_DEVICES": "all"})
-    )
-    scenario.add_host_gpu_process(1, 2 * GIB)
-    scenario.start()
+@contextlib.contextmanager
+def serving(scenario: NodeScenario, tmp_path: Path) -> Iterator[str]:
+    """``gpu-fence-auditor run`` on the started scenario, serving /metrics; yields its ``host:port``."""
     scenario.write_nvml()
     port = free_port()
     log = (tmp_path / "auditor.log").open("wb")
@@ -81,12 +74,12 @@ def auditor(tmp_path: Path):
     finally:
         stop_process(process)
         log.close()
-        scenario.stop()
 
 
-def test_prometheus_scrapes_the_auditor_and_chargeback_bills_it(auditor: str, tmp_path: Path):
+def bill(auditor: str, tmp_path: Path, pod: str) -> tuple[dict, int]:
+    """Prometheus scrapes ``auditor`` every second; once every chargeback series is in and ``pod``'s memory has six
+    more seconds of scrapes, ``chargeback`` bills the range by team at one card-second per second. (bill, seconds)."""
     with PrometheusServer(tmp_path / "prometheus", scrape_targets=[auditor], scrape_interval="1s") as prometheus:
-        # Wait until every series chargeback needs has been scraped at least once.
         needed = (
             "gpu_fence_gpu_info",
             "gpu_fence_container_gpu_memory_bytes",
@@ -99,7 +92,7 @@ def test_prometheus_scrapes_the_auditor_and_chargeback_bills_it(auditor: str, tm
         start = int(time.time()) + 1  # a whole second after every series exists
 
         def scraped_until() -> float:
-            [sample] = prometheus.query('max(timestamp(gpu_fence_container_gpu_memory_bytes{pod="a"}))')
+            [sample] = prometheus.query(f'max(timestamp(gpu_fence_container_gpu_memory_bytes{{pod="{pod}"}}))')
             return float(sample["value"][1]) if float(sample["value"][1]) >= start + 6 else 0.0
 
         end = int(wait_for(scraped_until, 60, "six more seconds of scrapes"))  # the last scrape is within lookback
@@ -122,8 +115,26 @@ def test_prometheus_scrapes_the_auditor_and_chargeback_bills_it(auditor: str, tm
             "json",
         )
     assert result.code == 0, result.stderr
-    document = json.loads(result.stdout)
-    seconds = end - start  # instants start+1 .. end, one second each; every card costs 1 per second
+    return json.loads(result.stdout), end - start  # instants start+1 .. end, one second each
+
+
+@pytest.fixture
+def auditor(tmp_path: Path):
+    scenario = NodeScenario(tmp_path / "node", node="gpu-node-1", gpus=2)
+    # a keeps the SMs 60 % busy; b holds its memory and runs nothing NVML samples (an idle holder for the dashboard)
+    for name, team, replica, gib, busy in (("a", "alpha", 0, 3, (60, 20, 0, 0)), ("b", "beta", 1, 1, None)):
+        holder = replica_holder(0, replica, gib * GIB, activity=busy)
+        scenario.add_pod("ml", name, holder, labels={"team": team})
+    scenario.add_pod(
+        "web", "notebook", Ctr("jupyter", visible=[1], processes=[(1, 2 * GIB)], env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    )
+    scenario.add_host_gpu_process(1, 2 * GIB)
+    with scenario, serving(scenario, tmp_path) as address:
+        yield address
+
+
+def test_prometheus_scrapes_the_auditor_and_chargeback_bills_it(auditor: str, tmp_path: Path):
+    document, seconds = bill(auditor, tmp_path, "a")
     by = {group["group"]: group for group in document["groups"]}
     assert document["total_gpu_cost"] == pytest.approx(2 * seconds)
     # GPU 0: alpha 3 GiB, beta 1 GiB → 3/4 and 1/4 of a card-second, every second.
@@ -319,3 +330,30 @@ def test_every_dashboard_query_parses_and_returns_data(auditor: str, webhook, tm
         assert sm["a"] == pytest.approx(0.6) and sm["b"] == 0.0
         [idle_panel] = [expr for title, expr in queries if title == "Held GPUs without SM activity, last hour"]
         assert {row["metric"]["pod"] for row in prometheus.query(idle_panel)} == {"b"}
+
+
+def test_dra_holders_are_billed_as_device_plugin_holders_are(tmp_path: Path):
+    """NVIDIA's DRA driver names GPUs by minor, and here minors are not indices: GPU 0 is ``gpu-2``, GPU 1 ``gpu-0``,
+    GPU 2 ``gpu-1``. alpha holds GPU 0 through a claim and puts no memory on it; beta holds GPU 1 and uses 3 GiB;
+    gamma holds GPU 2 (1 GiB) and also uses 1 GiB on beta's GPU 1, which its claim does not give it."""
+    scenario = NodeScenario(
+        tmp_path / "node", node="gpu-node-1", gpus=3, minors={0: 2, 1: 0, 2: 1}, dra_release="v25.12"
+    )
+    scenario.add_pod("ml", "holder", Ctr("main", dra=[0], visible=[0]), labels={"team": "alpha"})
+    scenario.add_pod("ml", "user", Ctr("main", dra=[1], visible=[1], processes=[(1, 3 * GIB)]), labels={"team": "beta"})
+    greedy = Ctr("main", dra=[2], visible=[2, 1], processes=[(2, GIB), (1, GIB)])
+    scenario.add_pod("ml", "greedy", greedy, labels={"team": "gamma"})
+    with scenario, serving(scenario, tmp_path) as address:
+        document, seconds = bill(address, tmp_path, "user")
+    by = {group["group"]: group for group in document["groups"]}
+    assert document["total_gpu_cost"] == pytest.approx(3 * seconds)
+    # what a claim blocks, its holder pays: GPU 0 all of it, reserved and unused
+    assert by["alpha"]["reserved_cost"] == pytest.approx(seconds) and by["alpha"]["usage_cost"] == pytest.approx(0)
+    assert by["alpha"]["request_cost"] == pytest.approx(seconds)
+    # GPU 1 by memory: beta 3 GiB of its own, gamma's 1 GiB is overreach, kept apart
+    assert by["beta"]["usage_cost"] == pytest.approx(0.75 * seconds)
+    assert by["gamma"]["usage_cost"] == pytest.approx(seconds)  # GPU 2, its own
+    assert by["gamma"]["overreach_cost"] == pytest.approx(0.25 * seconds)
+    [overreach] = document["overreach"]
+    assert (overreach["pod"], overreach["gpu_uuid"]) == ("greedy", uuid_of(1))
+    assert document["platform"]["cost"] == pytest.approx(0.0) and document["unattributed"]["cost"] == pytest.approx(0)
