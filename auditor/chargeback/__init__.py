@@ -22,12 +22,13 @@ from gpu_fence.version import package_version
 from . import render as text
 from .compute import Bill, IdlePolicy, Method, card_models, compute_bill
 from .demo import SeriesSource, load_fleet
+from .devicemetrics import device_metric_bill, fetch_device_metrics
 from .errors import ChargebackError
 from .focus import render_focus
 from .html import render_html
 from .httpconfig import load_http_config
 from .prices import Prices, applied_prices, load_prices
-from .prometheus import PrometheusClient, Source, fetch_intervals
+from .prometheus import PrometheusClient, Source, fetch_intervals, grouping, instants_of
 from .provenance import Provenance
 from .times import iso, parse_duration, parse_time
 
@@ -44,6 +45,8 @@ examples:
       --by label:team --prices prices.yaml --format html --output gpu-bill.html
   gpu-fence-auditor chargeback --prometheus https://mimir.example.com/prometheus --http-config prom-http.yaml \\
       --start 2026-01-01T00:00:00Z --end 2026-02-01T00:00:00Z --price-per-gpu-hour 2.50 --format focus
+  gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start -7d --prices prices.yaml \\
+      --compare-device-metrics      # beside it, what a bill from dcgm-exporter's per-pod series would say
 
 times: RFC 3339 (2026-01-31T00:00:00Z), unix seconds, now, or relative (-7d, -12h, -30m)
 prices file (YAML): currency: USD / default: 2.50 / models: {"NVIDIA H100 80GB HBM3": 4.00} / nodes: {"spot-*": 1.10}
@@ -103,6 +106,13 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
         default=IdlePolicy.PROPORTIONAL.value,
         help="who pays for idle capacity: the card's users, in proportion (default), or a platform row",
     )
+    parser.add_argument(
+        "--compare-device-metrics",
+        action="store_true",
+        help="also read dcgm-exporter's DCGM_FI_DEV_FB_USED and DCGM_FI_DEV_GPU_UTIL from the same Prometheus and "
+        "show, per group, the bill a device-metric method would make (device-hours and utilisation) beside this one, "
+        "with the sum over groups against what the cards cost; not with --demo or --format focus",
+    )
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format")
     parser.add_argument("--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="per Prometheus request")
@@ -145,6 +155,10 @@ def _inputs(args: argparse.Namespace, now: float) -> _Inputs:
         prices, named = Prices.flat(args.price_per_gpu_hour), "the price list"
     else:
         prices, named = None, "the demo fleet's price list"
+    if args.compare_device_metrics and args.demo:
+        raise ChargebackError(
+            "--compare-device-metrics reads dcgm-exporter's series from --prometheus: the demo fleet has none"
+        )
     if args.demo:
         if args.prometheus or args.http_config:
             raise ChargebackError("--demo bills the bundled sample fleet: leave out --prometheus and --http-config")
@@ -184,8 +198,14 @@ def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, Provenance]:
     if count < 1:
         raise ChargebackError(f"the range {iso(start)} .. {iso(end)} is shorter than one --step ({step:g} s)")
     by = _validate_by(args.by)
+    if args.compare_device_metrics and args.format == "focus":
+        raise ChargebackError(
+            "--compare-device-metrics with --format focus: FOCUS rows are charges, and a comparison is not one; "
+            "use another --format"
+        )
     prices = inputs.prices
-    intervals, notes = fetch_intervals(inputs.source, start, step, count, by)
+    group_of = grouping(inputs.source, by, start + step, start + count * step, step)
+    intervals, notes = fetch_intervals(inputs.source, start, step, count, group_of)
     missing = sorted(
         {
             (card[0], model)
@@ -205,6 +225,20 @@ def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, Provenance]:
     )
     if count * step < end - start:
         notes.append(f"the range was cut to {iso(start + count * step)}, a whole number of {step:g} s steps")
+    if args.compare_device_metrics:
+        fb_used, gpu_util = fetch_device_metrics(inputs.source, start, step, count)
+        comparison = device_metric_bill(
+            instants_of(start, step, count),
+            step,
+            fb_used=fb_used,
+            gpu_util=gpu_util,
+            price_of=prices.per_hour,
+            group_of=group_of,
+            gpu_fence={group.group: group.total for group in bill.groups},
+            gpu_fence_rest=max(0.0, bill.total_gpu_cost - sum(group.total for group in bill.groups)),
+            real_cost=bill.total_gpu_cost,
+        )
+        bill = dataclasses.replace(bill, comparison=comparison)
     if notes:
         bill = dataclasses.replace(bill, notes=(*notes, *bill.notes))
     made = Provenance(

@@ -30,7 +30,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from .devicemetrics import DeviceMetricBill
 
 GIB = 1 << 30
 
@@ -233,6 +236,8 @@ class Bill:
     lines: tuple[Line, ...] = ()
     timeline: tuple[TimePoint, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    #: with --compare-device-metrics, the bills dcgm-exporter's per-pod series would make, beside this one
+    comparison: DeviceMetricBill | None = None
 
     @property
     def accounted(self) -> float:

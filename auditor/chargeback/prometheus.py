@@ -244,7 +244,8 @@ def _error_detail(error: urllib.error.HTTPError) -> str:
         return str(error.reason)
 
 
-def _key(timestamp: float) -> int:
+def instant_key(timestamp: float) -> int:
+    """An instant as Prometheus keeps it, in whole milliseconds: samples of different queries match by it."""
     return round(timestamp * 1000)
 
 
@@ -274,13 +275,13 @@ def intervals_from_series(
                 "(honorLabels in a ServiceMonitor, see docs/metrics.md)"
             )
     notes: list[str] = []
-    slots = {_key(instant): instant for instant in instants}
+    slots = {instant_key(instant): instant for instant in instants}
     devices: dict[int, list[Device]] = defaultdict(list)
     shares: dict[tuple[int, str, str], float] = {}
     for item in share:
         for ts, value in item.values:
             if math.isfinite(value) and value >= 0:
-                shares[(_key(ts), item.labels.get("node", ""), item.labels.get("gpu_uuid", ""))] = value
+                shares[(instant_key(ts), item.labels.get("node", ""), item.labels.get("gpu_uuid", ""))] = value
     missing_share: set[str] = set()
     for item in info:
         labels = item.labels
@@ -288,12 +289,12 @@ def intervals_from_series(
         for ts, _ in item.values:
             ratio = 1.0
             if parent:
-                found = shares.get((_key(ts), node, uuid))
+                found = shares.get((instant_key(ts), node, uuid))
                 if found is None:
                     missing_share.add(uuid)
                     continue
                 ratio = found
-            devices[_key(ts)].append(Device(node, uuid, parent, labels.get("model", ""), ratio))
+            devices[instant_key(ts)].append(Device(node, uuid, parent, labels.get("model", ""), ratio))
     if missing_share:
         notes.append(
             f"{len(missing_share)} MIG device(s) had no gpu_fence_gpu_share_ratio, so their card's share is "
@@ -338,7 +339,7 @@ def _at(series: Sequence[Series], sample_of: Callable[[Mapping[str, str]], Calla
         make = sample_of(item.labels)
         for ts, value in item.values:
             if math.isfinite(value) and value > 0:
-                result[_key(ts)].append(make(value))
+                result[instant_key(ts)].append(make(value))
     return result
 
 
@@ -356,35 +357,47 @@ def pod_groups(series: list[Series], label: str) -> dict[tuple[str, str], str]:
     return {key: value for key, (_, value) in latest.items()}
 
 
-def fetch_intervals(source: Source, start: float, step: float, count: int, by: str) -> tuple[list[Interval], list[str]]:
+def grouping(source: Source, by: str, first: float, last: float, step: float) -> Callable[[str, str], str]:
+    """(namespace, pod) → its group: the namespace, or with ``label:KEY`` the pod's label as the auditor exports it."""
+    if by == "namespace":
+
+        def group_of(namespace: str, pod: str) -> str:
+            return namespace or NO_LABEL
+
+        return group_of
+    key = by.removeprefix("label:")
+    name = label_name(key)
+    groups = pod_groups(source.query_range(pod_labels_query(name), first, last, step), name)
+    if not groups:
+        raise PrometheusError(
+            f"no gpu_fence_pod_labels series carries {name} (pod label {key!r}) between {iso(first)} and "
+            f"{iso(last)}: run the auditor with --pod-label {key}, or check the label key"
+        )
+
+    def group_of_pod(namespace: str, pod: str) -> str:
+        return groups.get((namespace, pod), NO_LABEL)
+
+    return group_of_pod
+
+
+def instants_of(start: float, step: float, count: int) -> list[float]:
+    """The instants a bill of ``count`` intervals of ``step`` seconds after ``start`` is evaluated at."""
+    return [start + step * index for index in range(1, count + 1)]
+
+
+def fetch_intervals(
+    source: Source, start: float, step: float, count: int, group_of: Callable[[str, str], str]
+) -> tuple[list[Interval], list[str]]:
     """Query everything chargeback needs for ``count`` intervals of ``step`` seconds after ``start``."""
     first, last = start + step, start + count * step
-    instants = [start + step * index for index in range(1, count + 1)]
     info = source.query_range(INFO, first, last, step)
     if not any(item.values for item in info):
         raise PrometheusError(
             f"no gpu_fence_gpu_info samples at {source.name} between {iso(start)} and {iso(last)}: "
             "check the time range and that Prometheus scrapes the auditor"
         )
-    if by == "namespace":
-
-        def group_of(namespace: str, pod: str) -> str:
-            return namespace or NO_LABEL
-    else:
-        key = by.removeprefix("label:")
-        name = label_name(key)
-        groups = pod_groups(source.query_range(pod_labels_query(name), first, last, step), name)
-        if not groups:
-            raise PrometheusError(
-                f"no gpu_fence_pod_labels series carries {name} (pod label {key!r}) between {iso(start)} and "
-                f"{iso(last)}: run the auditor with --pod-label {key}, or check the label key"
-            )
-
-        def group_of(namespace: str, pod: str) -> str:
-            return groups.get((namespace, pod), NO_LABEL)
-
     return intervals_from_series(
-        instants,
+        instants_of(start, step, count),
         step,
         info=info,
         share=source.query_range(SHARE, first, last, step),
