@@ -122,6 +122,17 @@ class Offered:
 
 
 @dataclass(frozen=True)
+class SmActivity:
+    """A container's SM activity on a GPU at an instant (gpu_fence_container_gpu_sm_activity_ratio, 0-1): shown
+    beside the bill, never billed."""
+
+    node: str
+    gpu_uuid: str
+    owner: ContainerRef
+    ratio: float
+
+
+@dataclass(frozen=True)
 class Interval:
     """Everything the source returned for one evaluation instant ``end``, standing for ``seconds`` before it."""
 
@@ -132,6 +143,7 @@ class Interval:
     allocations: tuple[Allocation, ...] = ()
     unattributed: tuple[Unattributed, ...] = ()
     offered: tuple[Offered, ...] = ()
+    activity: tuple[SmActivity, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -168,6 +180,9 @@ class GroupCost:
     requested_gpu_hours: float = 0.0
     memory_gib_hours: float = 0.0
     overreach_gib_hours: float = 0.0
+    #: not billed: Σ over instants of its containers' SM activity ratios × hours, on every GPU they ran on; None
+    #: when no device it used was sampled (MIG, an auditor without the gauge): unknown, not idle
+    sm_active_gpu_hours: float | None = None
 
     @property
     def total(self) -> float:
@@ -369,6 +384,15 @@ def card_models(devices: Iterable[Device]) -> dict[tuple[str, str], str]:
 
 def _sample(items: Iterable[tuple[str, str]], limit: int = 3) -> str:
     return ", ".join(f"{node}/{gpu}" for node, gpu in sorted(items)[:limit])
+
+
+def sm_active_gpu_hours(intervals: Iterable[Interval]) -> dict[str, float]:
+    """group → Σ SM activity ratio × hours over the intervals; a group with no activity sample is absent."""
+    hours: dict[str, float] = defaultdict(float)
+    for interval in intervals:
+        for sample in interval.activity:
+            hours[sample.owner.group] += min(1.0, sample.ratio) * interval.seconds / 3600.0
+    return dict(hours)
 
 
 def compute_bill(
@@ -616,8 +640,11 @@ def _bill(
     for name in request:
         by_group[name]["request"] += request[name]
         by_group[name]["requested_gpu_hours"] += requested_hours[name]
+    active = sm_active_gpu_hours(intervals)
+    for name in active:  # a group seen only in activity (an allocation-less container on a sampled GPU) is listed
+        by_group.setdefault(name, defaultdict(float))
     groups = sorted(
-        (GroupCost(group=name, **figures) for name, figures in by_group.items()),
+        (GroupCost(group=name, sm_active_gpu_hours=active.get(name), **figures) for name, figures in by_group.items()),
         key=lambda group: (-group.total, -group.request, group.group),
     )
     rows = sorted(

@@ -351,7 +351,8 @@ def method_paragraph(bill: Bill) -> str:
         f"{held} {idle} Memory of processes outside any container is the unattributed row. Memory a container "
         "held on a GPU it was not allocated is overreach: priced the same way, listed apart, and never added to "
         "anyone's total. The request-based column is what tools that bill allocations charge: allocated GPUs × "
-        "hours × price. Compute utilisation is an operational signal and is not billed."
+        "hours × price. Compute utilisation is an operational signal and is not billed: the SM-active GPU-hours "
+        "column shows it beside the cost (unknown, –, where the auditor does not sample it, as on MIG)."
     )
 
 

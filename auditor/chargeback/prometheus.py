@@ -24,7 +24,7 @@ from functools import partial
 from typing import Protocol, TypeVar
 
 from ..metrics import label_name  # the name the auditor exports --pod-label KEY under
-from .compute import Allocation, ContainerRef, Device, Interval, Memory, Offered, Unattributed
+from .compute import Allocation, ContainerRef, Device, Interval, Memory, Offered, SmActivity, Unattributed
 from .errors import ChargebackError
 from .httpconfig import HttpConfig
 from .times import iso
@@ -45,6 +45,8 @@ MEMORY = (
 )
 ALLOCATED = f"max by (node, namespace, pod, container, gpu_uuid, {RENAMED}) (gpu_fence_container_allocated_gpus)"
 UNATTRIBUTED = "max by (node, gpu_uuid) (gpu_fence_unattributed_gpu_memory_bytes)"
+# Not billed: shown beside the bill (absent on devices NVML does not sample, such as MIG).
+ACTIVITY = f"max by (node, namespace, pod, container, gpu_uuid, {RENAMED}) (gpu_fence_container_gpu_sm_activity_ratio)"
 
 
 def pod_labels_query(name: str) -> str:
@@ -260,11 +262,13 @@ def intervals_from_series(
     unattributed: list[Series],
     group_of: Callable[[str, str], str],
     offered: Sequence[Series] = (),
+    activity: Sequence[Series] = (),
 ) -> tuple[list[Interval], list[str]]:
     """Regroup per-series samples into one :class:`Interval` per instant. Pure; returns notes beside them."""
     for name, items in (
         ("gpu_fence_container_gpu_memory_bytes", memory),
         ("gpu_fence_container_allocated_gpus", allocated),
+        ("gpu_fence_container_gpu_sm_activity_ratio", activity),
     ):
         renamed = next((item.labels for item in items if item.labels.get(RENAMED)), None)
         if renamed is not None:
@@ -316,6 +320,8 @@ def intervals_from_series(
     allocations_at = _at(allocated, lambda labels: partial(Allocation, *device(labels), owner(labels)))
     unattributed_at = _at(unattributed, lambda labels: partial(Unattributed, *device(labels)))
     offered_at = _at(offered, lambda labels: partial(Offered, *device(labels)))
+    # an idle container's 0 is kept: sampled and idle is not the same as not sampled
+    activity_at = _at(activity, lambda labels: partial(SmActivity, *device(labels), owner(labels)), keep_zero=True)
 
     intervals = [
         Interval(
@@ -326,19 +332,23 @@ def intervals_from_series(
             allocations=tuple(allocations_at.get(key, ())),
             unattributed=tuple(unattributed_at.get(key, ())),
             offered=tuple(offered_at.get(key, ())),
+            activity=tuple(activity_at.get(key, ())),
         )
         for key, instant in sorted(slots.items())
     ]
     return intervals, notes
 
 
-def _at(series: Sequence[Series], sample_of: Callable[[Mapping[str, str]], Callable[[float], T]]) -> dict[int, list[T]]:
-    """Every finite, positive sample of ``series``, made by ``sample_of(labels)(value)``, by instant."""
+def _at(
+    series: Sequence[Series], sample_of: Callable[[Mapping[str, str]], Callable[[float], T]], *, keep_zero: bool = False
+) -> dict[int, list[T]]:
+    """Every finite, positive (or, with ``keep_zero``, non-negative) sample of ``series``, made by
+    ``sample_of(labels)(value)``, by instant."""
     result: dict[int, list[T]] = defaultdict(list)
     for item in series:
         make = sample_of(item.labels)
         for ts, value in item.values:
-            if math.isfinite(value) and value > 0:
+            if math.isfinite(value) and (value > 0 or (keep_zero and value == 0)):
                 result[instant_key(ts)].append(make(value))
     return result
 
@@ -405,5 +415,6 @@ def fetch_intervals(
         allocated=source.query_range(ALLOCATED, first, last, step),
         unattributed=source.query_range(UNATTRIBUTED, first, last, step),
         offered=source.query_range(OFFERED, first, last, step),
+        activity=source.query_range(ACTIVITY, first, last, step),
         group_of=group_of,
     )

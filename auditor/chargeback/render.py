@@ -32,6 +32,7 @@ COLUMNS = (
     ("total_cost", "total"),
     ("difference", "total - request"),
     ("overreach_cost", "overreach (apart)"),
+    ("sm_active_gpu_hours", "SM-active GPU-h (not billed)"),
 )
 MONEY = {"request_cost", "usage_cost", "reserved_cost", "idle_cost", "total_cost", "difference", "overreach_cost"}
 CARD_COLUMNS = (
@@ -62,7 +63,7 @@ SCHEMA = "bill.schema.json"
 @dataclass(frozen=True)
 class Row:
     kind: str  # group | unattributed | platform | total
-    values: dict[str, float | str]
+    values: dict[str, float | str | None]
 
 
 def rows(bill: Bill) -> list[Row]:
@@ -82,6 +83,7 @@ def rows(bill: Bill) -> list[Row]:
                     "total_cost": group.total,
                     "difference": group.difference,
                     "overreach_cost": group.overreach,
+                    "sm_active_gpu_hours": group.sm_active_gpu_hours,
                 },
             )
         )
@@ -96,9 +98,10 @@ def rows(bill: Bill) -> list[Row]:
     platform = dict(empty, group=PLATFORM, idle_cost=bill.platform, total_cost=bill.platform)
     result.append(Row("unattributed", unattributed))
     result.append(Row("platform", platform))
-    totals: dict[str, float | str] = {"group": "TOTAL"}
+    totals: dict[str, float | str | None] = {"group": "TOTAL"}
     for key, _ in COLUMNS[1:]:
-        totals[key] = sum(float(row.values[key] or 0.0) for row in result)
+        known = [float(row.values[key]) for row in result if row.values[key] is not None]
+        totals[key] = sum(known) if known or key != "sm_active_gpu_hours" else None  # unknown everywhere: unknown
     result.append(Row("total", totals))
     return result
 

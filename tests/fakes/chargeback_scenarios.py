@@ -164,6 +164,14 @@ def scenarios() -> str:
     container(om, w, "ts", "GPU-t", namespace="ml", pod="a", gib=6)
     container(om, w, "ts", "GPU-t", namespace="ml", pod="b", gib=2)
     container(om, w, "ts", "GPU-t", namespace="research", pod="c", gib=4)
+    # SM activity, never billed: a at 50 % all hour, b at 10 % for the first half hour, c sampled and idle.
+    for pod, namespace, ratio, until in (
+        ("a", "ml", 0.5, w.end),
+        ("b", "ml", 0.1, w.start + 29 * 60),
+        ("c", "research", 0.0, w.end),
+    ):
+        who = {"node": "ts", "namespace": namespace, "pod": pod, "container": "main", "gpu_uuid": "GPU-t"}
+        om.series("gpu_fence_container_gpu_sm_activity_ratio", {**who, "allocated": "true"}, ratio, w.start, until)
     om.series(
         "gpu_fence_pod_labels", {"namespace": "ml", "pod": "a", "label_example_com_team": "alpha"}, 1, w.start, w.end
     )

@@ -143,6 +143,9 @@ def test_prometheus_scrapes_the_auditor_and_chargeback_bills_it(auditor: str, tm
     # Each replica is billed as a whole GPU by requests: 1 per second each.
     assert by["alpha"]["request_cost"] == pytest.approx(seconds)
     assert by["beta"]["request_cost"] == pytest.approx(seconds)
+    # Not billed, beside it: alpha's processes keep the SMs 60 % busy, beta's hold memory and run nothing.
+    assert by["alpha"]["sm_active_gpu_hours"] == pytest.approx(0.6 * seconds / 3600, rel=0.2)
+    assert by["beta"]["sm_active_gpu_hours"] == 0.0
     # GPU 1: the notebook (no allocation, no team label) and the host process hold 2 GiB each → half a card each.
     assert by["(none)"]["overreach_cost"] == pytest.approx(0.5 * seconds)
     assert by["(none)"]["total_cost"] == pytest.approx(0.0)
