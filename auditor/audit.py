@@ -12,7 +12,11 @@ Rules that are easy to get wrong, decided once here:
   ``used-unallocated`` unless that very MIG device is allocated;
 - holding a MIG slice makes the parent card's ``/dev/nvidia<minor>`` legitimately visible (CUDA needs it; the
   slice itself is gated by ``nvidia-caps`` nodes), and NVML's aggregate view of the parent is not extra use;
-- exempt namespaces get rows (metering) but never findings.
+- a container known by uid only, without a fresh pod list, may be any kubelet container nothing was tied to: the
+  GPUs those hold (``unconfirmed_allocations``) are not called overreach for it; every other GPU is;
+- a container the auditor could not read whole (a bound met, ``view_limits``) is reported, never passed as clean;
+- exempt namespaces get rows (metering) but never findings; a namespace is what the API or the kubelet says, never
+  what a container claims.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from .model import (
     GpuProcess,
     NodeSnapshot,
     Row,
+    ViewLimit,
 )
 
 _KIND_ORDER = {kind: position for position, kind in enumerate(FindingKind)}
@@ -61,19 +66,29 @@ def audit(snapshot: NodeSnapshot, policy: AuditPolicy | None = None) -> AuditRes
         rows.append(_row(container, entitled, processes, exempt, snapshot.activity_devices))
         if exempt:
             continue
-        allowed = entitled | _parents(entitled, gpus)
+        possible = entitled | container.unconfirmed_allocations
+        allowed = possible | _parents(possible, gpus)
         findings.extend(used_unallocated(container, processes, allowed, gpus))
         findings.extend(visible_unallocated(container, allowed, gpus))
-        findings.extend(env_mismatch(container, entitled, gpus))
+        findings.extend(env_mismatch(container, possible, gpus))
+        findings.extend(incomplete_view(container))
     pods = {c.pod_uid: f"{c.namespace}/{c.pod}" for c in snapshot.containers if c.pod_uid and c.pod}
     findings.extend(unattributed_process(process, gpus, pods) for process in unattributed)
 
     unattributed_memory: Counter[str] = Counter()
+    unknown_memory: Counter[str] = Counter()
     for process in unattributed:
         unattributed_memory[process.gpu_uuid] += process.used_memory_bytes or 0
+        if process.used_memory_bytes is None:
+            unknown_memory[process.gpu_uuid] += 1
     rows.sort(key=lambda r: (r.namespace or "", r.pod or "", r.container or "", r.container_id or ""))
     findings.sort(key=_finding_order)
-    return AuditResult(tuple(rows), tuple(findings), tuple(sorted(unattributed_memory.items())))
+    return AuditResult(
+        tuple(rows),
+        tuple(findings),
+        tuple(sorted(unattributed_memory.items())),
+        tuple(sorted(unknown_memory.items())),
+    )
 
 
 # --- entitlement -------------------------------------------------------------------------------------------
@@ -159,23 +174,55 @@ def visible_unallocated(container: Container, allowed: frozenset[str], gpus: Map
 
 
 def env_mismatch(container: Container, entitled: frozenset[str], gpus: Mapping[str, Gpu]) -> list[Finding]:
-    """The container's ``NVIDIA_VISIBLE_DEVICES`` names more than its allocation (indexes mapped to UUIDs)."""
-    value = container.visible_devices_env
-    if value is None:
+    """The ``NVIDIA_VISIBLE_DEVICES`` of some process of the container names more than its allocation (indexes
+    mapped to UUIDs). Every process counts: one that re-execs with ``void`` does not clear its siblings."""
+    offending = [(value, named_devices(value, gpus) - entitled) for value in container.visible_devices_envs]
+    offending = [(value, extra) for value, extra in offending if extra]
+    if not offending:
         return []
-    named = named_devices(value, gpus)
-    extra = sorted(named - entitled)
-    if not extra:
-        return []
+    extra = sorted(frozenset().union(*(names for _, names in offending)))
     shown = ", ".join(extra[:4]) + (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
+    values = " and ".join(f"NVIDIA_VISIBLE_DEVICES={value!r}" for value, _ in offending[:2])
+    if len(offending) > 2:
+        values += f" and {len(offending) - 2} more values"
+    processes = "" if len(container.visible_devices_envs) == len(offending) else " (in some of its processes)"
     return [
         _finding(
             FindingKind.ENV_MISMATCH,
             container,
             extra[0] if len(extra) == 1 else None,
             message=(
-                f"NVIDIA_VISIBLE_DEVICES={value!r} names {shown} beyond the container's allocation; "
-                "let the device plugin set it (request nvidia.com/gpu) or set it to void"
+                f"{values}{processes} name{'s' if len(offending) == 1 else ''} {shown} beyond the container's "
+                "allocation; let the device plugin set it (request nvidia.com/gpu) or set it to void"
+            ),
+        )
+    ]
+
+
+#: What each bound means, in a finding's words (``auditor.hostproc`` holds the numbers).
+_LIMIT_TEXT = {
+    ViewLimit.PROCESSES: "it has more processes than the auditor judges per container",
+    ViewLimit.VIEWS: "its processes show more distinct root file systems or mount namespaces than the auditor lists",
+    ViewLimit.UNSTABLE: "its processes kept changing their root or mount namespace while the auditor read them",
+    ViewLimit.DEV_ENTRIES: "its /dev holds more entries than the auditor reads",
+    ViewLimit.ENV_VALUES: "its processes set more distinct NVIDIA_VISIBLE_DEVICES values than the auditor keeps",
+}
+
+
+def incomplete_view(container: Container) -> list[Finding]:
+    """The auditor met a bound reading the container's processes: what lay past it was not judged, so the container
+    is reported rather than passed as clean (a bound must not be a place to hide a GPU)."""
+    if not container.view_limits:
+        return []
+    reasons = "; ".join(_LIMIT_TEXT[limit] for limit in ViewLimit if limit in container.view_limits)
+    return [
+        _finding(
+            FindingKind.INCOMPLETE_VIEW,
+            container,
+            None,
+            message=(
+                f"the auditor could not judge everything the container can see: {reasons}; what it read is "
+                "reported, the rest is unknown: look for a flooded /dev, chroots or private mount namespaces"
             ),
         )
     ]
@@ -310,8 +357,19 @@ def _row(
         labels=container.labels,
         unknown_memory_processes=tuple(sorted(unknown.items())),
         activity=tuple(sorted(activity.items())),
+        unconfirmed_allocations=_sorted(container.unconfirmed_allocations - entitled),
+        claimed_namespace=container.claimed_namespace,
+        claimed_pod=container.claimed_pod,
+        view_limits=tuple(limit for limit in ViewLimit if limit in container.view_limits)
+        if container.view_limits
+        else (),
+        nested_pod_uids=_sorted(container.nested_pod_uids),
         dra_devices=container.dra_devices,
     )
+
+
+def _sorted(uuids: frozenset[str]) -> tuple[str, ...]:
+    return tuple(sorted(uuids)) if uuids else ()
 
 
 def _finding(

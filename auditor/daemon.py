@@ -41,6 +41,7 @@ from .snapshot import SnapshotOptions
 from .sources import HostProcSource, NvmlSource, OfferedSource, PodResourcesSource, PodSource, SliceSource, Sources
 
 if TYPE_CHECKING:
+    from .kube import ApiBudget
     from .metrics import AuditorMetrics
 
 
@@ -77,6 +78,8 @@ class Auditor:
         )
         self.api_client: Any = None
         self.api_problem: str | None = None
+        #: how long the Kubernetes API calls may wait; ``run`` bounds each cycle's calls together (``api_budget``)
+        self.api_budget: ApiBudget | None = None
         self._hostproc: HostProcSource | None = None
         self._pods: PodSource | None = None
         self._slices: SliceSource | None = None
@@ -111,10 +114,11 @@ class Auditor:
                 "/proc and pass --host-proc)",
             )
         if self.settings.kubernetes:
-            from .kube import KubernetesUnavailable, load_api_client
+            from .kube import ApiBudget, KubernetesUnavailable, load_api_client
 
+            self.api_budget = ApiBudget()
             try:
-                self.api_client = load_api_client(self.settings.kubeconfig)
+                self.api_client = load_api_client(self.settings.kubeconfig, budget=self.api_budget)
             except KubernetesUnavailable as error:
                 self.api_problem = error.reason
 
@@ -239,6 +243,19 @@ def run_once(args: argparse.Namespace) -> ExitStatus:
 log = logging.getLogger("gpu_fence.auditor")
 
 
+def api_budget(interval: float, window: float) -> float:
+    """Seconds the Kubernetes API calls of one cycle may take together (the pod list and the Events).
+
+    A cycle starts at most ``interval`` after the last one ended; if every API call of it hangs, it must still end
+    before ``/healthz`` turns unhealthy, ``window`` after that last success: the calls get half of what is left
+    once the interval is waited (the other half is for the cycle's own work), at most one call's own bound, and at
+    least a fraction of the interval (a window of one interval leaves nothing, and health flaps anyway).
+    """
+    from .kube import API_CALL_SECONDS
+
+    return min(API_CALL_SECONDS, max((window - interval) / 2, min(1.0, interval / 2)))
+
+
 def backoff(interval: float, failures_in_row: int, maximum: float) -> float:
     """Wait before the next cycle: the interval, doubled per consecutive failure, capped."""
     if failures_in_row <= 0:
@@ -284,6 +301,7 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
     if auditor.api_client is not None and settings.events:
         events = EventRecorder(auditor.api_client, auditor.node, reemit_after=settings.event_interval * 60)
     port = server.server_address[1]
+    budget = api_budget(settings.interval, health.window)
     logs.event(
         log,
         "started",
@@ -291,6 +309,7 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
         node=auditor.node,
         port=port,
         interval=settings.interval,
+        api_budget_seconds=round(budget, 3),
         kubernetes=auditor.api_client is not None,
         problem=auditor.api_problem,
     )
@@ -298,6 +317,8 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
     failures_in_row = 0
     while not stop.is_set():
         started = time.monotonic()
+        if auditor.api_budget is not None:
+            auditor.api_budget.renew(budget)
         try:
             snapshot, result = auditor.cycle()
         except Exception as error:  # a CollectError names the source that failed; anything else is ours

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -54,8 +55,58 @@ class KubernetesUnavailable(Exception):
         self.reason = reason
 
 
-def load_api_client(kubeconfig: str | None, *, timeout: float = 10.0) -> Any:
-    """An ``ApiClient`` configured as ``gpu_fence.kubeconfig`` finds it, failing fast (no retries)."""
+#: The longest any one API call may wait, cycle or not (what the client's timeout was before cycles bounded it).
+API_CALL_SECONDS = 10.0
+
+
+class ApiBudgetSpent(Exception):
+    """The current cycle has no time left for API calls; the next cycle tries again."""
+
+
+class ApiBudget:
+    """How long API calls may still wait: each at most ``per_call`` seconds and, once :meth:`renew` for a cycle,
+    all of that cycle's calls together (the pod list, the Events) no longer than its budget, so that an API server
+    that hangs costs a cycle a bounded time: it is waited for once, then later calls fail at once.
+
+    The budget counts time spent in calls, not time since the cycle began: reading the kubelet, NVML and /proc
+    first does not use it up. It binds the calls of the thread that renews it, the cycle's: the ResourceSlice
+    watch shares the client from its own thread, and its long reads are neither cut short by a cycle's budget nor
+    charged to it.
+    """
+
+    def __init__(self, per_call: float = API_CALL_SECONDS) -> None:
+        self.per_call = per_call
+        self._left: float | None = None
+        self._thread: int | None = None  # the thread whose calls the budget binds
+
+    def renew(self, seconds: float | None) -> None:
+        """Give the calls of this thread from now on ``seconds`` in all (None: no budget, only the per-call
+        bound)."""
+        self._left = seconds
+        self._thread = threading.get_ident()
+
+    def applies(self) -> bool:
+        """Whether this thread's calls draw on a budget (renewed, and by this thread)."""
+        return self._left is not None and self._thread == threading.get_ident()
+
+    def timeout(self) -> float:
+        """The seconds the next call may wait in all; raises ``ApiBudgetSpent`` when none are left."""
+        if self._left is None:
+            return self.per_call
+        if self._left <= 0:
+            raise ApiBudgetSpent("no time left in this cycle for Kubernetes API calls")
+        return min(self.per_call, self._left)
+
+    def spend(self, seconds: float) -> None:
+        if self._left is not None:
+            self._left -= seconds
+
+
+def load_api_client(
+    kubeconfig: str | None, *, timeout: float = API_CALL_SECONDS, budget: ApiBudget | None = None
+) -> Any:
+    """An ``ApiClient`` configured as ``gpu_fence.kubeconfig`` finds it, failing fast (no retries); its calls wait
+    as ``budget`` allows (by default at most ``timeout`` seconds each)."""
     from kubernetes import client
 
     try:
@@ -68,7 +119,7 @@ def load_api_client(kubeconfig: str | None, *, timeout: float = 10.0) -> Any:
         ) from error
     configuration.retries = 0  # a cycle must not stall on an API that is down: the next cycle retries
     api_client = client.ApiClient(configuration)
-    api_client.gpu_fence_timeout = timeout
+    api_client.gpu_fence_budget = budget if budget is not None else ApiBudget(per_call=timeout)
     return api_client
 
 
@@ -83,9 +134,18 @@ class ApiError(Exception):
 
 def api_request(api_client: Any, method: str, path: str, **options: Any) -> bytes:
     """One request (``options`` as :func:`open_request` takes them); the response body, read whole. Raises
-    ``ApiError`` on a non-2xx status; socket, TLS and timeout errors pass through as the client raises them."""
-    response = open_request(api_client, method, path, **options)
-    data = response.read()
+    ``ApiError`` on a non-2xx status and ``ApiBudgetSpent`` when the cycle has no time left for it; socket, TLS and
+    timeout errors pass through as the client raises them. On the cycle's thread the call waits at most what the
+    client's ``ApiBudget`` allows, in all (urllib3's total timeout: connecting and reading together), and spends
+    from it what it took, the body's reading included."""
+    budget = _cycle_budget(api_client)
+    started = time.monotonic()
+    try:
+        response = open_request(api_client, method, path, **options)
+        data = response.read()
+    finally:
+        if budget is not None:
+            budget.spend(time.monotonic() - started)
     if not 200 <= response.status <= 299:
         raise ApiError(response.status, response.reason or "")
     return data
@@ -105,10 +165,16 @@ def open_request(
     """One request through the client's configuration (server, bearer token, client certificates, CA) and its
     connection pool, its response not read yet (``.status``; ``.response`` streams the body, as a watch needs).
 
-    ``path`` may hold ``{name}`` placeholders filled from ``path_params`` (percent-encoded by the client);
-    ``read_timeout`` is the longest wait for the next bytes (default: the client's timeout).
+    ``path`` may hold ``{name}`` placeholders filled from ``path_params`` (percent-encoded by the client).
+    On the thread that renews the client's ``ApiBudget`` (the audit cycle) the request waits at most what the
+    budget has left, in all; elsewhere (the ResourceSlice watch) it connects within the per-call bound and waits
+    ``read_timeout`` (default: that bound) for the next bytes, spending nothing of the cycle's time.
     """
-    timeout = getattr(api_client, "gpu_fence_timeout", 10.0)
+    budget = getattr(api_client, "gpu_fence_budget", None)
+    per_call = budget.per_call if budget is not None else API_CALL_SECONDS
+    cycle = _cycle_budget(api_client)
+    waits = (per_call, per_call if read_timeout is None else read_timeout)  # connect, then each read
+    timeout = cycle.timeout() if cycle is not None else waits
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = content_type
@@ -121,13 +187,13 @@ def open_request(
         body=dict(body) if body is not None else None,
         auth_settings=["BearerToken"],  # the only scheme the client knows; it re-reads a rotated in-cluster token
     )
-    return api_client.call_api(
-        method,
-        url,
-        header_params=headers,
-        body=serialized,
-        _request_timeout=(timeout, timeout if read_timeout is None else read_timeout),
-    )
+    return api_client.call_api(method, url, header_params=headers, body=serialized, _request_timeout=timeout)
+
+
+def _cycle_budget(api_client: Any) -> ApiBudget | None:
+    """The client's budget when this thread's calls draw on it (see ``ApiBudget``), else None."""
+    budget = getattr(api_client, "gpu_fence_budget", None)
+    return budget if budget is not None and budget.applies() else None
 
 
 def describe_error(error: Exception) -> str:

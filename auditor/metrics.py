@@ -93,7 +93,7 @@ class _LatestAudit(Collector):
         memory = GaugeMetricFamily(
             "gpu_fence_container_gpu_memory_bytes",
             "GPU memory used by the container's processes on that GPU or MIG device (NVML); allocated=false is "
-            "overreach.",
+            "overreach, allocated=unknown memory beside a DRA device that could not be resolved.",
             labels=[*container_labels, "gpu_uuid", "allocated"],
         )
         allocated = GaugeMetricFamily(
@@ -114,8 +114,20 @@ class _LatestAudit(Collector):
         )
         unattributed = GaugeMetricFamily(
             "gpu_fence_unattributed_gpu_memory_bytes",
-            "GPU memory of processes outside any known container.",
+            "GPU memory of processes outside any known container (absent where NVML could not list the processes).",
             labels=["node", "gpu_uuid"],
+        )
+        unattributed_unknown = GaugeMetricFamily(
+            "gpu_fence_unattributed_gpu_processes_unknown_memory",
+            "Processes outside any known container on that GPU or MIG device whose memory NVML did not report (their "
+            "bytes are missing from gpu_fence_unattributed_gpu_memory_bytes, not zero).",
+            labels=["node", "gpu_uuid"],
+        )
+        unlisted = GaugeMetricFamily(
+            "gpu_fence_gpu_processes_unknown",
+            "1 for a GPU or MIG device whose processes NVML could not list this cycle, with NVML's reason: its "
+            "unattributed memory is unknown, and so absent.",
+            labels=["node", "gpu_uuid", "reason"],
         )
         info = GaugeMetricFamily(
             "gpu_fence_gpu_info",
@@ -174,11 +186,16 @@ class _LatestAudit(Collector):
             finding_values: Tally[tuple[str, ...]] = Tally()
             activity_values: dict[tuple[str, ...], list[Activity]] = {}
             labelled_pods: dict[tuple[str, str], tuple[str, ...]] = {}
+            unread = dict(snapshot.unlisted)
             for row in result.rows:
                 who = (self.node, row.namespace or "", row.pod or "", _container_label(row.container, row.container_id))
                 allowed = set(row.allocated) | {gpus[u].parent_uuid for u in row.allocated if u in gpus}
+                # A DRA device that could not be resolved may be any GPU: outside what is known to be allowed, the
+                # container's memory is neither entitled nor overreach, but unknown.
+                outside = "unknown" if any(d.uuid is None for d in row.dra_devices) else "false"
                 for uuid, size in row.memory_bytes:
-                    memory_values[(*who, uuid, "true" if uuid in allowed else "false")] += size
+                    if uuid not in unread:  # a device whose process lists failed: what is listed is not all
+                        memory_values[(*who, uuid, "true" if uuid in allowed else outside)] += size
                 for uuid, count in row.allocation_counts:
                     allocated_values[(*who, uuid)] += count
                 for uuid, count in row.unknown_memory_processes:
@@ -217,19 +234,45 @@ class _LatestAudit(Collector):
                     family.add_metric(list(labels), getattr(busy, field))
             unattributed_bytes = dict(result.unattributed_memory_bytes)
             for gpu in snapshot.gpus:
-                unattributed.add_metric([self.node, gpu.uuid], unattributed_bytes.pop(gpu.uuid, 0))
+                # Unknown stays unknown: a device whose processes NVML could not list, whose memory or share it could
+                # not read, has no series for it (a 0 would be billed as a measurement).
+                known_bytes = unattributed_bytes.pop(gpu.uuid, 0)
+                if gpu.uuid not in unread:
+                    unattributed.add_metric([self.node, gpu.uuid], known_bytes)
                 info.add_metric([self.node, gpu.uuid, gpu.parent_uuid or "", gpu.model, gpu.profile], 1)
-                total.add_metric([self.node, gpu.uuid], gpu.memory_total_bytes)
-                share.add_metric([self.node, gpu.uuid], gpu.share)
+                if gpu.memory_total_bytes is not None:
+                    total.add_metric([self.node, gpu.uuid], gpu.memory_total_bytes)
+                if gpu.share is not None:
+                    share.add_metric([self.node, gpu.uuid], gpu.share)
                 sampled.add_metric([self.node, gpu.uuid], 1 if gpu.uuid in snapshot.activity_devices else 0)
             for uuid, size in unattributed_bytes.items():  # a process on a device NVML did not list (lost mid-read)
-                unattributed.add_metric([self.node, uuid], size)
+                if uuid not in unread:
+                    unattributed.add_metric([self.node, uuid], size)
+            for uuid, count in result.unattributed_unknown_memory:
+                unattributed_unknown.add_metric([self.node, uuid], count)
+            for uuid, reason in snapshot.unlisted:
+                unlisted.add_metric([self.node, uuid, reason], 1)
             for uuid, count in snapshot.offered_replicas or ():
                 offered.add_metric([self.node, uuid], count)
             for (namespace, pod), values in labelled_pods.items():
                 pod_labels.add_metric([namespace, pod, *values], 1)
-        yield from (memory, allocated, unknown, unresolved_dra, findings, *activity)
-        yield from (unattributed, info, total, share, sampled, offered, pod_labels)
+        yield from (
+            memory,
+            allocated,
+            unknown,
+            unresolved_dra,
+            findings,
+            *activity,
+            unattributed,
+            unattributed_unknown,
+            unlisted,
+            info,
+            total,
+            share,
+            sampled,
+            offered,
+        )
+        yield pod_labels
 
 
 class AuditorMetrics:

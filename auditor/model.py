@@ -18,8 +18,8 @@ class Identity(Enum):
     """How a container's names were learnt; the report says so, because the fallbacks can be wrong."""
 
     KUBERNETES = "kubernetes"  # pod uid + container id matched through the Kubernetes API (or its cache)
-    FALLBACK = "fallback"  # API unavailable: names from PodResources + the container's HOSTNAME / namespace file
-    UID = "uid"  # only the cgroup's pod uid and container id are known
+    FALLBACK = "fallback"  # API unavailable: the PodResources container that alone holds the GPUs its processes use
+    UID = "uid"  # only the cgroup's pod uid and container id are known (what it claims is shown, not believed)
     KUBELET = "kubelet"  # only the kubelet's PodResources entry is known (no running process was found)
 
 
@@ -68,6 +68,18 @@ class FindingKind(Enum):
     VISIBLE_UNALLOCATED = "visible-unallocated"
     UNATTRIBUTED_PROCESS = "unattributed-process"
     ENV_MISMATCH = "env-mismatch"
+    INCOMPLETE_VIEW = "incomplete-view"
+
+
+class ViewLimit(Enum):
+    """A bound the auditor met reading a container's processes (``auditor.hostproc``): what lay past it was not
+    judged, so the container is reported (``incomplete-view``) rather than passed as clean."""
+
+    PROCESSES = "processes"  # more processes than are judged per container and cycle
+    VIEWS = "views"  # more distinct (mount namespace, root) views than are listed
+    UNSTABLE = "unstable"  # processes that changed their root or mount namespace while it was read, again and again
+    DEV_ENTRIES = "dev-entries"  # a /dev with more entries than are read
+    ENV_VALUES = "env-values"  # more distinct NVIDIA_VISIBLE_DEVICES values than are kept
 
 
 @dataclass(frozen=True)
@@ -82,13 +94,13 @@ class Gpu:
     index: int
     minor: int | None
     model: str = ""
-    memory_total_bytes: int = 0
+    memory_total_bytes: int | None = 0  # None: NVML could not read it (unknown, never reported as 0)
     parent_uuid: str | None = None  # set for a MIG device
     mig_index: int | None = None  # position of a MIG device on its card ("<index>:<mig_index>")
     gpu_instance_id: int | None = None  # a MIG device's GPU instance (the "<gi>" of "MIG-GPU-<card>/<gi>/<ci>")
     mig_enabled: bool = False  # a physical card in MIG mode: its compute lives in its MIG devices
     profile: str = ""  # MIG profile, e.g. "3g.40gb"
-    share: float = 1.0  # share of the physical card this device stands for (see docs/metrics.md)
+    share: float | None = 1.0  # share of the physical card this device stands for (docs/metrics.md); None: unknown
     compute_instance_id: int | None = None  # a MIG device's compute instance (NVML places processes by GI and CI)
 
     @property
@@ -102,9 +114,9 @@ class Gpu:
         mig_index: int,
         gpu_instance_id: int,
         compute_instance_id: int,
-        memory_total_bytes: int,
+        memory_total_bytes: int | None,
         profile: str,
-        share: float,
+        share: float | None,
         model: str | None = None,
     ) -> Gpu:
         """A MIG device of this card. The one place a MIG device is given its card's index and minor (see above);
@@ -198,9 +210,16 @@ class Container:
     """One container of the node, joined from every source that knows it.
 
     ``allocated`` holds one GPU/MIG UUID per kubelet allocation id (a time-slicing replica ``GPU-x::3``
-    becomes ``GPU-x``; two replicas of one card appear twice). ``visible`` is None when no live process of
-    the container could be inspected; ``visible_devices_env`` is None when the variable is unset or unread
-    (``env_read`` tells which).
+    becomes ``GPU-x``; two replicas of one card appear twice). ``visible`` is the union over the views of all its
+    processes, None when none could be inspected; ``visible_devices_envs`` every distinct value of the variable its
+    processes set (empty when none sets it or none could be read: ``env_read`` tells which).
+
+    ``unconfirmed_allocations``: for a container known by uid only, without a fresh pod list, the GPUs held by
+    kubelet containers that no running container was tied to: it may be one of them, so using them is not called
+    overreach, and not called allowed either (the report lists them apart). ``claimed_namespace`` and
+    ``claimed_pod``: what the container's own files say it is (its service-account namespace file, its
+    ``HOSTNAME``), shown and never believed. ``view_limits``: bounds met reading its processes (``ViewLimit``).
+    ``nested_pod_uids``: other pods named in cgroups its processes sit in below its own.
     """
 
     namespace: str | None
@@ -213,15 +232,20 @@ class Container:
     #: every device of a GPU driver its DRA claims give it, resolved or not (resolved ones are also in ``allocated``)
     dra_devices: tuple[ClaimedDevice, ...] = ()
     visible: frozenset[str] | None = None
-    visible_devices_env: str | None = None
+    visible_devices_envs: tuple[str, ...] = ()
     env_read: bool = False
     kai_gpu_groups: frozenset[str] = frozenset()  # set only on the fraction container of a KAI fractional pod
     labels: tuple[tuple[str, str], ...] = ()
     identity: Identity = Identity.KUBERNETES
-    pid: int | None = None  # the live process inspected for visibility
+    pid: int | None = None  # its lowest live pid
     # the pod spec list the container is in ("containers", "initContainers", "ephemeralContainers"); None when
     # only PodResources and /proc named it
     spec_field: str | None = None
+    unconfirmed_allocations: frozenset[str] = frozenset()
+    claimed_namespace: str | None = None
+    claimed_pod: str | None = None
+    view_limits: frozenset[ViewLimit] = frozenset()
+    nested_pod_uids: frozenset[str] = frozenset()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -246,6 +270,9 @@ class NodeSnapshot:
     degraded: frozenset[FailureReason] = frozenset()
     #: the devices whose per-process activity NVML reported this cycle; elsewhere activity is unknown, not zero
     activity_devices: frozenset[str] = frozenset()
+    #: (GPU or MIG device UUID, NVML's reason) for the devices whose processes NVML could not list this cycle:
+    #: what runs there is unknown, so their unattributed memory is too
+    unlisted: tuple[tuple[str, str], ...] = ()
     dra_slices: SliceState = SliceState.UNUSED
     #: UUID → allocation ids the device plugins offer for it (GetAllocatableResources); None when unknown
     offered_replicas: tuple[tuple[str, int], ...] | None = None
@@ -284,6 +311,11 @@ class Row:
     unknown_memory_processes: tuple[tuple[str, int], ...] = ()
     # UUID → the activity of the container's processes there, on each device it uses or holds that NVML samples
     activity: tuple[tuple[str, Activity], ...] = ()
+    unconfirmed_allocations: tuple[str, ...] = ()  # see Container
+    claimed_namespace: str | None = None
+    claimed_pod: str | None = None
+    view_limits: tuple[ViewLimit, ...] = ()
+    nested_pod_uids: tuple[str, ...] = ()
     dra_devices: tuple[ClaimedDevice, ...] = ()  # the container's DRA devices of GPU drivers (Container.dra_devices)
 
 
@@ -306,4 +338,6 @@ class Finding:
 class AuditResult:
     rows: tuple[Row, ...]
     findings: tuple[Finding, ...]
-    unattributed_memory_bytes: tuple[tuple[str, int], ...] = field(default=())  # GPU UUID → bytes
+    unattributed_memory_bytes: tuple[tuple[str, int], ...] = field(default=())  # GPU UUID → bytes (known sizes)
+    #: GPU UUID → unattributed processes there whose memory NVML did not report (missing from the bytes, not zero)
+    unattributed_unknown_memory: tuple[tuple[str, int], ...] = field(default=())

@@ -108,6 +108,8 @@ class NvmlSnapshot:
     driver_version: str | None = None
     #: devices whose per-process utilisation NVML reported (their processes carry an ``activity``)
     activity_devices: frozenset[str] = frozenset()
+    #: (device UUID, reason) of the devices whose process lists NVML could not read: their processes are unknown
+    unlisted: tuple[tuple[str, str], ...] = ()
 
 
 class NvmlError(Exception):
@@ -253,6 +255,8 @@ class _Reader:
         self.processes: dict[tuple[int, str], tuple[set[str], int | None]] = {}  # (pid, device) → kinds, bytes
         self.totals: dict[str, int] = {}  # device → memory, to tell a process's size from garbage
         self.activity: dict[str, dict[int, Activity]] = {}  # device NVML sampled → pid → its activity
+        self.totals: dict[str, int | None] = {}  # device → memory, to tell a process's size from garbage
+        self.unlisted: dict[str, str] = {}  # device → why a process list of it could not be read
 
     def read(self) -> NvmlSnapshot:
         try:
@@ -281,6 +285,7 @@ class _Reader:
             tuple(self.problems),
             self._driver_version(),
             frozenset(self.activity),
+            tuple(self.unlisted.items()),
         )
 
     def _activity_of(self, pid: int, uuid: str) -> Activity | None:
@@ -338,6 +343,7 @@ class _Reader:
         self.devices += reader.devices
         self.problems += reader.problems
         self.activity.update(reader.activity)
+        self.unlisted.update(reader.unlisted)
         for (pid, uuid), (kinds, used) in reader.processes.items():
             for kind in kinds:
                 self._add_process(pid, uuid, kind, used)
@@ -347,7 +353,7 @@ class _Reader:
         name = str(self._may(uuid, "read its name", nv.nvmlDeviceGetName, handle) or "")
         minor = self._may(uuid, "read its minor number", nv.nvmlDeviceGetMinorNumber, handle, quiet=[_NOT_SUPPORTED])
         memory = self._may(uuid, "read its memory", nv.nvmlDeviceGetMemoryInfo, handle)
-        total = int(memory.total) if memory is not None else 0
+        total = int(memory.total) if memory is not None else None
         mode = self._may(
             uuid, "read its MIG mode", nv.nvmlDeviceGetMigMode, handle, quiet=[_NOT_SUPPORTED, _FUNCTION_NOT_FOUND]
         )
@@ -405,21 +411,22 @@ class _Reader:
         gi = int(self._must("read its GPU instance id", nv.nvmlDeviceGetGpuInstanceId, handle))
         ci = int(self._must("read its compute instance id", nv.nvmlDeviceGetComputeInstanceId, handle))
         memory = self._may(uuid, "read its memory", nv.nvmlDeviceGetMemoryInfo, handle)
-        total = int(memory.total) if memory is not None else 0
+        total = int(memory.total) if memory is not None else None
         full_name = str(self._may(uuid, "read its name", nv.nvmlDeviceGetName, handle) or "")
         model, separator, profile = full_name.rpartition(" MIG ")
         attributes = self._may(
             uuid, "read its attributes", nv.nvmlDeviceGetAttributes, handle, quiet=[_NOT_SUPPORTED, _FUNCTION_NOT_FOUND]
         )
         slices = int(attributes.gpuInstanceSliceCount) if attributes is not None else 0
+        share: float | None
         if slices and max_slices:
             share = min(1.0, slices / max_slices)
         elif total and gpu.memory_total_bytes:
             # No slice counts from this driver: the memory fraction is the nearest honest stand-in.
             share = min(1.0, total / gpu.memory_total_bytes)
         else:
-            share = 0.0
-            self._problem(uuid, "not-supported", "neither slice counts nor memory sizes are readable; share 0")
+            share = None
+            self._problem(uuid, "not-supported", "neither slice counts nor memory sizes are readable; share unknown")
         return gpu.mig_device(
             uuid,
             mig_index=slot,
@@ -484,6 +491,7 @@ class _Reader:
             raise _Failed(f"list {kind} processes", last)
         if code not in quiet:
             self._problem(device, _reason(code), f"could not list {kind} processes: {last}")
+            self.unlisted.setdefault(device, _reason(code))
         return []
 
     def _read_activity(self, uuid: str, handle: Any) -> dict[int, Activity] | None:

@@ -92,8 +92,19 @@ def _row_json(row: Row) -> dict[str, Any]:
             }
             for uuid, busy in row.activity
         },
+        "unconfirmed_allocations": list(row.unconfirmed_allocations),
+        "claims": _claims(row),
+        "incomplete": [limit.value for limit in row.view_limits],
+        "nested_pod_uids": list(row.nested_pod_uids),
         "dra_devices": [_claimed_json(device) for device in row.dra_devices],
     }
+
+
+def _claims(row: Row) -> dict[str, str | None] | None:
+    """What a container known by uid says it is: shown as its claim, never used as its names."""
+    if row.claimed_namespace is None and row.claimed_pod is None:
+        return None
+    return {"namespace": row.claimed_namespace, "pod": row.claimed_pod}
 
 
 def _claimed_json(device: ClaimedDevice) -> dict[str, Any]:
@@ -152,6 +163,8 @@ def to_text(snapshot: NodeSnapshot, result: AuditResult) -> str:
         lines.append(f"{'CONTAINER':<48} {'ALLOCATED':<26} {'VISIBLE':<26} {'USED':<26} MEMORY")
         for row in gpu_rows:
             flag = " (exempt)" if row.exempt else ""
+            if row.claimed_namespace or row.claimed_pod:
+                flag += f" (claims {row.claimed_namespace or '?'}/{row.claimed_pod or '?'})"
             lines.append(
                 f"{_who(row.namespace, row.pod, row.container, row.container_id)[:48]:<48} "
                 f"{_short(row.allocated)[:26]:<26} {_short(row.visible)[:26]:<26} {_short(row.used)[:26]:<26} "

@@ -207,7 +207,7 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-kubernetes",
         action="store_true",
-        help="do not use the Kubernetes API: names from PodResources and /proc only, no Events",
+        help="do not use the Kubernetes API: names from PodResources, tied to containers by their GPU use; no Events",
     )
     parser.add_argument(
         "--exempt-namespace",

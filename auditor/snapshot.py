@@ -2,23 +2,29 @@
 what host /proc shows of each container, and the node's pod list. Pure: ``auditor.collect`` does the reading and
 hands plain values to ``assemble``, which joins them into containers and processes.
 
-How a container is named (``Identity`` in the report):
+How a container is named (``Identity`` in the report). Names and exemptions rest on what the kubelet, the runtime
+and the API say, never on what a container wrote: everything in its root and its environment is its own to write.
+
 1. **kubernetes**: the runtime container id from the process's cgroup matches a ``containerID`` in the node's pod
    list; the pod's namespace/name/container name then match the kubelet's PodResources entry.
-2. **fallback** (API down or never answered): the container's ``HOSTNAME`` (the pod name, unless the pod sets
-   ``hostname``) and its service-account namespace file under ``/proc/<pid>/root`` name the pod; the container is
-   the pod's only unclaimed PodResources container, or the one whose ``NVIDIA_VISIBLE_DEVICES`` lists exactly
-   its allocated UUIDs (what the device plugin injects).
-3. **uid**: only the cgroup's pod uid and container id are known; such a container is reported only when it
-   matters (it has a GPU process or a GPU device node), so sandbox (pause) containers do not flood the report.
-4. **kubelet**: a PodResources container with no running process found (not started yet, or exited).
+2. **fallback** (no pod list names it: the API is down, never answered, or the pod is newer than the last list): a
+   running container whose processes use GPUs takes the names of the one PodResources container that holds every
+   GPU they use, when no other running container could be that one either. NVML sees a process on a GPU only where
+   the device cgroup the runtime made lets it open that GPU, so the evidence is the kernel's, not the container's.
+3. **uid**: only the cgroup's pod uid and container id are known (and the pod's names, when the pod list knows the
+   pod). Without a fresh pod list such a container may be any kubelet container no running one was tied to, so
+   the GPUs those hold are its ``unconfirmed_allocations``. What its files claim it is, is shown as a claim. It is
+   reported only when it matters (a GPU process, a GPU device node, a bound met while reading it), so sandbox
+   (pause) containers do not flood the report.
+4. **kubelet**: a PodResources container with no running process tied to it (not started yet, exited, or, without
+   the API, not told apart from others).
 
 Allocations: device-plugin ids through ``auditor.deviceids``; DRA devices of GPU drivers through the node's
 ResourceSlices (``auditor.dra``), by their ``uuid`` attribute only.
 
-Visibility: ``/dev/nvidia<minor>`` nodes in one live process's root → the physical GPU with that NVML minor.
-A MIG device has no node of its own (it is reached through its card's node plus ``nvidia-caps`` nodes, which are
-not read), so visibility is reported per card; the audit lets a container that holds a slice see its card.
+Visibility: ``/dev/nvidia<minor>`` nodes in the views of the container's processes → the physical GPU with that NVML
+minor. A MIG device has no node of its own (it is reached through its card's node plus ``nvidia-caps`` nodes, which
+are not read), so visibility is reported per card; the audit lets a container that holds a slice see its card.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_fence import kai
-from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCE_SET, kai_fraction_container, parse_visible_devices
+from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCE_SET, kai_fraction_container
 
 from .deviceids import normalize_device_id
 from .dra import DEFAULT_GPU_DRIVERS, SliceView, claimed_devices, slice_note
@@ -43,6 +49,7 @@ from .model import (
     Identity,
     IdentitySource,
     NodeSnapshot,
+    ViewLimit,
 )
 from .offered import count_offered
 from .podresources.allocations import ContainerAllocation, DeviceAllocation
@@ -59,16 +66,19 @@ class SnapshotOptions:
 
 @dataclass(frozen=True)
 class RuntimeContainer:
-    """A container found on the host: its id, one live pid, and what that process shows."""
+    """A container found on the host: its id, its lowest live pid, and what its processes show (see ``Container``
+    for the fields it shares)."""
 
     container_id: str
     pod_uid: str
     pid: int
     visible_minors: frozenset[int] | None
-    visible_devices_env: str | None
-    env_read: bool
-    hostname: str | None = None
-    namespace_file: str | None = None
+    visible_devices_envs: tuple[str, ...] = ()
+    env_read: bool = False
+    view_limits: frozenset[ViewLimit] = frozenset()
+    nested_pod_uids: frozenset[str] = frozenset()
+    claimed_namespace: str | None = None
+    claimed_pod: str | None = None
 
 
 @dataclass
@@ -87,6 +97,7 @@ class _Draft:
     identity: Identity = Identity.KUBELET
     in_kubelet: bool = False
     spec_field: str | None = None
+    unconfirmed: frozenset[str] = frozenset()
 
 
 # --- device ids → UUIDs ---------------------------------------------------------------------------------
@@ -168,6 +179,7 @@ def assemble(
     notes: Sequence[str] = (),
     degraded: Iterable[FailureReason] = (),
     activity_devices: Iterable[str] = (),
+    unlisted: Sequence[tuple[str, str]] = (),
     slices: SliceView | None = None,
     offered: Sequence[DeviceAllocation] | None = None,
 ) -> NodeSnapshot:
@@ -175,8 +187,9 @@ def assemble(
 
     ``processes`` are NVML's, each with the cgroup identity of its pid; ``pods`` the cached pod list by uid (None
     when the API never answered); ``notes`` and ``degraded`` what the cycle read only in part; ``activity_devices``
-    the devices whose per-process activity NVML reported; ``slices`` the node's ResourceSlices (None: not read);
-    ``offered`` the latest GetAllocatableResources answer (None: unknown).
+    the devices whose per-process activity NVML reported; ``unlisted`` the devices (UUID, reason) whose processes
+    NVML could not list; ``slices`` the node's ResourceSlices (None: not read); ``offered`` the latest
+    GetAllocatableResources answer (None: unknown).
     """
     slices = slices or SliceView()
     notes, degraded = list(notes), set(degraded)
@@ -218,42 +231,38 @@ def assemble(
             named.runtime = runtime.get(container_id)
             by_id[container_id] = named
 
-    # 2. runtime containers the API did not name: fall back to the container's own files, matching first by
-    #    evidence (its NVIDIA_VISIBLE_DEVICES or its GPU nodes equal an allocation), then by elimination.
-    unnamed = [found for cid, found in runtime.items() if cid not in by_id and found.pod_uid not in (pods or {})]
+    # 2. without a fresh pod list, tie running containers the API did not name to kubelet containers by what the
+    #    kernel lets them use; 3. what is left is known by uid.
     cards = {gpu.minor: gpu.uuid for gpu in gpus if not gpu.is_mig and gpu.minor is not None}
-    if identity_source is not IdentitySource.KUBERNETES and unnamed:
-        # Candidates by pod, built once: matching each unnamed container against every kubelet container would be
-        # quadratic on a dense node.
-        unclaimed: dict[tuple[str | None, str | None], list[_Draft]] = defaultdict(list)
-        for (namespace, pod_name, _), draft in drafts.items():
-            if draft.in_kubelet and draft.container_id is None:
-                unclaimed[(namespace, pod_name)].append(draft)
-        for by_evidence in (True, False):
-            for found in unnamed:
-                if found.container_id in by_id:
-                    continue
-                matched = _fallback_match(found, unclaimed, devices, cards, by_evidence=by_evidence)
-                if matched is not None:
-                    matched.identity = Identity.FALLBACK
-                    matched.pod_uid, matched.container_id, matched.runtime = found.pod_uid, found.container_id, found
-                    by_id[found.container_id] = matched
+    parents = {gpu.uuid: gpu.parent_uuid for gpu in gpus if gpu.parent_uuid}
+    unnamed = {cid: found for cid, found in runtime.items() if cid not in by_id and found.pod_uid not in (pods or {})}
+    fresh = identity_source is IdentitySource.KUBERNETES
+    if not fresh and unnamed:
+        holders = [d for d in drafts.values() if d.namespace != options.kai_reservation_namespace]
+        for container_id, draft in _tie_by_use(unnamed, processes, holders, parents).items():
+            found = unnamed[container_id]
+            draft.identity = Identity.FALLBACK
+            draft.pod_uid, draft.container_id, draft.runtime = found.pod_uid, container_id, found
+            by_id[container_id] = draft
 
-    # 3. what is still unnamed: a sandbox (pause) container, a pod newer than the list, one the API never showed.
-    #    Reported (by uid) only when it holds a GPU process or a GPU device node.
+    #    Reported (by uid) only when it holds a GPU process or a GPU device node, or could not be read whole.
     process_containers = {process.container_id for process in processes if process.container_id}
+    untied = _untied_holdings(drafts.values(), runtime, pods, parents) if not fresh else {}
     for container_id, found in runtime.items():
-        if container_id in by_id or (not found.visible_minors and container_id not in process_containers):
+        if container_id in by_id:
+            continue
+        if not found.visible_minors and not found.view_limits and container_id not in process_containers:
             continue
         metadata = ((pods or {}).get(found.pod_uid) or {}).get("metadata") or {}
-        namespace = metadata.get("namespace", found.namespace_file)
-        name = metadata.get("name", found.hostname)
+        namespace, name = metadata.get("namespace"), metadata.get("name")
         draft = _Draft(namespace, name, None, identity=Identity.UID)
         draft.pod_uid, draft.container_id, draft.runtime = found.pod_uid, container_id, found
+        draft.unconfirmed = untied.get((namespace, name) if metadata else None, frozenset())
         drafts[(namespace or "", name or "", container_id)] = draft
         by_id[container_id] = draft
 
     containers = tuple(_freeze(draft, cards) for draft in drafts.values())
+    nested = _nested_note(containers)
     return NodeSnapshot(
         options.node,
         now,
@@ -261,12 +270,19 @@ def assemble(
         containers,
         tuple(processes),
         identity_source,
-        tuple(notes),
+        (*notes, *nested),
         frozenset(degraded),
         activity_devices=frozenset(activity_devices),
+        unlisted=tuple(unlisted),
         dra_slices=slices.state,
         offered_replicas=None if offered is None else count_offered(offered, devices.normalize),
     )
+
+
+def _holds(draft: _Draft, parents: Mapping[str, str]) -> frozenset[str]:
+    """What a kubelet container may use: its allocation, and the cards of its MIG slices (NVML may show a slice's
+    process on its card too)."""
+    return frozenset(draft.allocated) | {parents[uuid] for uuid in draft.allocated if uuid in parents}
 
 
 def _note_dra(
@@ -285,39 +301,97 @@ def _note_dra(
         notes.append(f"DRA: ResourceSlices name UUIDs NVML does not list on this node: {', '.join(unknown)}")
 
 
-def _fallback_match(
-    found: RuntimeContainer,
-    unclaimed: Mapping[tuple[str | None, str | None], list[_Draft]],
-    devices: DeviceIndex,
-    cards: Mapping[int, str],
-    *,
-    by_evidence: bool,
-) -> _Draft | None:
-    """Without the API: the PodResources container this runtime container most likely is, or None.
+def _tie_by_use(
+    unnamed: Mapping[str, RuntimeContainer],
+    processes: Iterable[GpuProcess],
+    drafts: Iterable[_Draft],
+    parents: Mapping[str, str],
+) -> dict[str, _Draft]:
+    """Running container id → the kubelet container it is, where its GPU use tells: that kubelet container alone
+    holds every GPU the container's processes use, and no other running container could be it.
 
-    ``unclaimed`` holds the kubelet's containers by (namespace, pod) that no runtime container had claimed
-    when the fallback started; those claimed since have a container id.
+    Never a container's own files or environment: those it writes. A container that uses no GPU, or shares what it
+    uses with another holder (time-slicing, MPS), stays known by uid. ``drafts`` leaves out KAI's reservation pods:
+    they hold the GPU their fraction pods use, and never use it themselves.
     """
-    if not found.namespace_file or not found.hostname:
-        return None
-    candidates = [d for d in unclaimed.get((found.namespace_file, found.hostname), ()) if d.container_id is None]
-    if not by_evidence:
-        return candidates[0] if len(candidates) == 1 else None
-    named = {devices.normalize(entry) for entry in parse_visible_devices(found.visible_devices_env).devices}
-    visible = {cards[minor] for minor in found.visible_minors or () if minor in cards}
-    matching = [d for d in candidates if d.allocated and set(d.allocated) in (named, visible)]
-    return matching[0] if len(matching) == 1 else None
+    used: dict[str, set[str]] = defaultdict(set)
+    for process in processes:
+        if process.container_id in unnamed:
+            used[process.container_id].add(process.gpu_uuid)
+    holds: dict[int, frozenset[str]] = {}
+    holders: dict[str, list[_Draft]] = defaultdict(list)  # GPU → untied kubelet containers that may use it
+    for draft in drafts:
+        if draft.in_kubelet and draft.container_id is None and draft.allocated:
+            holds[id(draft)] = _holds(draft, parents)
+            for uuid in holds[id(draft)]:
+                holders[uuid].append(draft)
+    picks: dict[str, _Draft] = {}
+    picked_by: dict[int, int] = defaultdict(int)
+    for container_id, uuids in used.items():
+        candidates: list[_Draft] = []
+        for draft in holders.get(min(uuids, key=lambda uuid: len(holders.get(uuid, ()))), ()):
+            if uuids <= holds[id(draft)]:
+                candidates.append(draft)
+                if len(candidates) > 1:
+                    break  # two could be it: neither is taken (and a GPU shared by hundreds costs two checks)
+        if len(candidates) == 1:
+            picks[container_id] = candidates[0]
+            picked_by[id(candidates[0])] += 1
+    return {container_id: draft for container_id, draft in picks.items() if picked_by[id(draft)] == 1}
+
+
+def _untied_holdings(
+    drafts: Iterable[_Draft],
+    runtime: Mapping[str, RuntimeContainer],
+    pods: Mapping[str, Mapping[str, Any]] | None,
+    parents: Mapping[str, str],
+) -> dict[tuple[str | None, str | None] | None, frozenset[str]]:
+    """What the kubelet containers that no running container is tied to hold: by (namespace, pod) for the pods the
+    pod list knows, and under None together for the rest (a container of a pod no list knows may be any of those)."""
+    known = {
+        ((pod.get("metadata") or {}).get("namespace"), (pod.get("metadata") or {}).get("name"))
+        for pod in (pods or {}).values()
+    }
+    held: dict[tuple[str | None, str | None] | None, set[str]] = defaultdict(set)
+    for draft in drafts:
+        if not draft.in_kubelet or not draft.allocated:
+            continue
+        if draft.container_id is not None and draft.container_id in runtime:
+            continue  # tied to a running container
+        pod = (draft.namespace, draft.pod)
+        held[pod if pod in known else None].update(_holds(draft, parents))
+    return {pod: frozenset(uuids) for pod, uuids in held.items()}
+
+
+def _nested_note(containers: Iterable[Container]) -> tuple[str, ...]:
+    """One note for the containers whose processes sit in cgroups, made below their own, that name another pod: they
+    are counted as the outer container's, which the kubelet made, and said here (a few by name, all by number)."""
+    nesting = [c for c in containers if c.nested_pod_uids]
+    if not nesting:
+        return ()
+    shown = "; ".join(
+        f"{_who(c)} names pod {', '.join(sorted(c.nested_pod_uids))}"
+        for c in sorted(nesting, key=lambda c: c.container_id or "")[:3]
+    )
+    more = f" and {len(nesting) - 3} more" if len(nesting) > 3 else ""
+    return (
+        f"{len(nesting)} container{'s' if len(nesting) > 1 else ''} with processes in cgroups made below their own "
+        f"that name another pod (counted as the outer container's): {shown}{more}",
+    )
+
+
+def _who(container: Container) -> str:
+    if container.namespace is None:
+        return f"container {(container.container_id or '?')[:12]}"
+    return f"{container.namespace}/{container.pod}/{container.container or (container.container_id or '?')[:12]}"
 
 
 def _freeze(draft: _Draft, cards: Mapping[int, str]) -> Container:
     """The frozen container; ``cards`` maps a card's minor to its UUID (built once per cycle)."""
     found = draft.runtime
     visible = None
-    env, env_read = None, False
-    if found is not None:
-        if found.visible_minors is not None:
-            visible = frozenset(cards[minor] for minor in found.visible_minors if minor in cards)
-        env, env_read = found.visible_devices_env, found.env_read
+    if found is not None and found.visible_minors is not None:
+        visible = frozenset(cards[minor] for minor in found.visible_minors if minor in cards)
     return Container(
         namespace=draft.namespace,
         pod=draft.pod,
@@ -328,11 +402,16 @@ def _freeze(draft: _Draft, cards: Mapping[int, str]) -> Container:
         unresolved_allocations=draft.unresolved,
         dra_devices=draft.dra,
         visible=visible,
-        visible_devices_env=env,
-        env_read=env_read,
+        visible_devices_envs=found.visible_devices_envs if found is not None else (),
+        env_read=found.env_read if found is not None else False,
         kai_gpu_groups=draft.kai_groups,
         labels=draft.labels,
         identity=draft.identity,
         pid=found.pid if found is not None else None,
         spec_field=draft.spec_field,
+        unconfirmed_allocations=draft.unconfirmed,
+        claimed_namespace=found.claimed_namespace if found is not None and draft.identity is Identity.UID else None,
+        claimed_pod=found.claimed_pod if found is not None and draft.identity is Identity.UID else None,
+        view_limits=found.view_limits if found is not None else frozenset(),
+        nested_pod_uids=found.nested_pod_uids if found is not None else frozenset(),
     )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from .cgroups import CgroupIdentity
     from .dra import SliceView
+    from .hostproc import ContainerSight, ProcScan
     from .model import IdentitySource
     from .nvml import NvmlSnapshot
     from .podresources.allocations import ContainerAllocation, DeviceAllocation
@@ -65,15 +66,17 @@ class HostProcSource(Protocol):
     @property
     def root(self) -> str: ...
 
-    def container_pids(self) -> Mapping[str, int]:
-        """container id → one live pid in it; raises ``OSError`` only when the root cannot be listed."""
+    def scan(self) -> ProcScan:
+        """Every container's live pids and every pid's place; raises ``OSError`` only when the root cannot be listed."""
         ...
 
-    def identities(self, pids: Iterable[int]) -> Mapping[int, CgroupIdentity]: ...
+    def identity(self, pid: int) -> CgroupIdentity | None: ...
 
     def exists(self, pid: int) -> bool: ...
 
-    def visible_minors(self, pid: int) -> frozenset[int] | None: ...
+    def inspect(self, pids: Sequence[int]) -> ContainerSight:
+        """What one container's processes show, judged over all of them, bounded."""
+        ...
 
     def environ(self, pid: int, *names: str) -> Mapping[str, str] | None: ...
 

@@ -9,10 +9,15 @@ own, as on a node where the kubelet and the API server are other processes. The 
 ``auditor.daemon.Auditor`` through ``--cycles`` cycles, timing each phase by wrapping the adapters' methods:
 
 ``kubelet`` (PodResources ``List``), ``nvml`` (the NVML snapshot), ``proc_identity`` (the incremental /proc scan
-and cgroup reads), ``visibility`` (``/dev/nvidia*``, environ and root files of one pid per container),
+and cgroup reads), ``visibility`` (what every container's processes show: their views' ``/dev``, their environments;
+root files without a pod list),
 ``kube_cache`` (the pod cache's list/ensure), ``join`` (the rest of ``auditor.collect.collect``: assembling the
 snapshot), ``audit`` (the pure audit), ``outputs`` (JSON report, metrics update and exposition, deduplicated Events
 as ``run`` posts them).
+
+Each cycle is timed on the wall clock and, beside it, in CPU time of the auditor process (``time.process_time``):
+on a shared machine the wall clock counts the other processes' turns too, the CPU time much less so, and a
+comparison of two versions is better read in it.
 
 Warm cycles (second and later) are what a running DaemonSet pays; the first one reads every cgroup file once. Of the
 warm cycles, the first ``startup_spread + recheck_scans`` (10) still re-read the host processes the first scan found
@@ -23,6 +28,11 @@ warm cycle; the worst peak RSS; kubelet ``List`` calls per cycle counted by the 
 the ``GetAllocatableResources`` calls (at start, then every ``--allocatable-interval``); the Kubernetes API requests
 per auditor process (the pod list, ResourceSlice discovery, list and watch); the log-log slope of warm cycle time
 over scale (1.0 = linear). The child's auditor watches the ResourceSlices as ``run`` does.
+
+The flooded-``/dev`` case (``--flooded-dev N``, 100,000 by default, 0: none) is the dense node once more with one
+container whose ``/dev`` holds N more entries (character devices, so that no listing can skip them by type): what a
+container that floods its ``/dev`` costs the cycle. It runs interleaved with the scales and is left out of the
+scaling exponent.
 
 The child measures the process the image runs: the packages of the test extra that a runtime dependency imports
 when it finds them (``TEST_ONLY_MODULES``: the ``kubernetes`` package's dynamic client imports
@@ -47,6 +57,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,21 +107,27 @@ def sizes(scale: int, fraction: float) -> dict[str, int]:
 
 
 class PhaseClock:
-    """Accumulates wall time per phase; ``wrap`` times every call of a bound method under one phase name."""
+    """Accumulates wall time per phase; ``wrap`` times every call of a bound method under one phase name. A call made
+    inside another of the same phase (an adapter's method calling another wrapped one) is counted once, by the outer."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._running: set[str] = set()
 
     def wrap(self, owner: Any, method: str, phase: str) -> None:
         original = getattr(owner, method)
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if phase in self._running:
+                return original(*args, **kwargs)
+            self._running.add(phase)
             started = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
                 self.seconds[phase] += time.perf_counter() - started
+                self._running.discard(phase)
 
         setattr(owner, method, timed)
 
@@ -152,10 +169,10 @@ def child(
     sources = auditor.sources()
     clock.wrap(sources.podresources, "list", "kubelet")
     clock.wrap(sources.nvml, "snapshot", "nvml")
-    clock.wrap(sources.hostproc, "container_pids", "proc_identity")
-    clock.wrap(sources.hostproc, "identities", "proc_identity")
+    clock.wrap(sources.hostproc, "scan", "proc_identity")
+    clock.wrap(sources.hostproc, "identity", "proc_identity")
     clock.wrap(sources.hostproc, "exists", "proc_identity")
-    clock.wrap(sources.hostproc, "visible_minors", "visibility")
+    clock.wrap(sources.hostproc, "inspect", "visibility")
     clock.wrap(sources.hostproc, "environ", "visibility")
     clock.wrap(sources.hostproc, "read_root_file", "visibility")
     if sources.pods is not None:
@@ -172,7 +189,7 @@ def child(
             clock.reset()
             calls_before = sources.podresources.calls["List"]
             offers_before = sources.podresources.calls["GetAllocatableResources"]
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             snapshot, result = auditor.cycle()
             cycle_seconds = time.perf_counter() - started
             outputs_started = time.perf_counter()
@@ -183,6 +200,7 @@ def child(
             if events is not None:
                 events.record(result.findings)
             outputs = time.perf_counter() - outputs_started
+            cpu = time.process_time() - cpu_started
             phases = dict(clock.seconds)
             phases["join"] -= sum(
                 phases[name] for name in ("kubelet", "nvml", "proc_identity", "visibility", "kube_cache")
@@ -191,6 +209,7 @@ def child(
             rows.append(
                 {
                     "cycle_ms": (cycle_seconds + outputs) * 1e3,
+                    "cpu_ms": cpu * 1e3,
                     "phases_ms": {name: value * 1e3 for name, value in phases.items()},
                     "kubelet_calls": sources.podresources.calls["List"] - calls_before,
                     "allocatable_calls": sources.podresources.calls["GetAllocatableResources"] - offers_before,
@@ -220,15 +239,28 @@ def child(
 # --- parent: the node, and the child per scale ------------------------------------------------------------------
 
 
-def build_node(scale: int, fraction: float, workdir: Path, layout: str = "mig") -> tuple[Any, dict[str, int], float]:
-    """The scaled dense node, started: (scenario, sizes, seconds it took to build)."""
+@dataclass(frozen=True)
+class Case:
+    """One node the benchmark audits: the dense node at ``scale``, with ``flooded_dev`` more entries in one ``/dev``."""
+
+    scale: int
+    flooded_dev: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.scale}x" + (f" + flooded /dev ({self.flooded_dev:,})" if self.flooded_dev else "")
+
+
+def build_node(case: Case, fraction: float, workdir: Path, layout: str = "mig") -> tuple[Any, dict[str, int], float]:
+    """The case's node, started: (scenario, sizes, seconds it took to build)."""
     from tests.fakes.node_scenario import dense_node
 
-    size = sizes(scale, fraction)
+    size = sizes(case.scale, fraction)
     built = time.perf_counter()
+    name = f"node-{case.scale}x" + ("-flooded" if case.flooded_dev else "")
     slots = LAYOUTS[layout]
     activity = SHARED_ACTIVITY if not slots else None
-    scenario = dense_node(workdir / f"node-{scale}x", slots=slots, activity=activity, **size)
+    scenario = dense_node(workdir / name, slots=slots, activity=activity, flooded_dev=case.flooded_dev, **size)
     scenario.start()
     return scenario, size, time.perf_counter() - built
 
@@ -266,7 +298,7 @@ def run_child(
 
 
 def summarise(
-    scale: int,
+    case: Case,
     size: dict[str, int],
     runs: list[dict[str, Any]],
     served_calls: int,
@@ -274,7 +306,8 @@ def summarise(
     *,
     layout: str = "mig",
 ) -> dict[str, Any]:
-    """One scale's figures over every child run: medians of the cold cycles and of all warm cycles; worst RSS."""
+    """One case's figures over every child run: medians of the cold cycles and of all warm cycles; worst RSS."""
+    scale = case.scale
     firsts = [run["cycles"][0] for run in runs]
     warm = [cycle for run in runs for cycle in run["cycles"][1:]] or firsts
     steady = [cycle for run in runs for cycle in run["cycles"][1 + run["settling_cycles"] :]]
@@ -282,6 +315,8 @@ def summarise(
     last = runs[-1]["cycles"][-1]
     return {
         "scale": scale,
+        "case": case.name,
+        "flooded_dev": case.flooded_dev,
         "sizes": {
             **size,
             "mig_slices": size["gpus"] * LAYOUTS[layout],
@@ -296,6 +331,8 @@ def summarise(
         "warm_cycles": len(warm),
         "settling_cycles": runs[0]["settling_cycles"],
         "steady_cycle_ms": statistics.median(c["cycle_ms"] for c in steady) if steady else None,
+        "warm_cpu_ms": statistics.median(c["cpu_ms"] for c in warm),
+        "steady_cpu_ms": statistics.median(c["cpu_ms"] for c in steady) if steady else None,
         "steady_phases_ms": (
             {name: statistics.median(c["phases_ms"][name] for c in steady) for name in PHASES} if steady else None
         ),
@@ -329,34 +366,36 @@ def run(
     workdir: Path,
     *,
     test_extras: bool = False,
+    flooded_dev: int = 0,
     layout: str = "mig",
     baseline: str | None = None,
 ) -> dict[str, Any]:
-    """Build every scale's node, then run ``rounds`` rounds of one auditor process per scale (and per version, with
-    a ``baseline``), interleaved, so that a busy spell of a shared machine lands on every scale and version rather
-    than on one."""
-    nodes: dict[int, tuple[Any, dict[str, int], float]] = {}
+    """Build every case's node (each scale, and the flooded ``/dev`` one), then run ``rounds`` rounds of one auditor
+    process per case (and per version, with a ``baseline``), interleaved, so that a busy spell of a shared machine
+    lands on every case and version rather than on one."""
+    cases = [Case(scale) for scale in scales] + ([Case(1, flooded_dev)] if flooded_dev else [])
+    nodes: dict[Case, tuple[Any, dict[str, int], float]] = {}
     versions = [None, baseline] if baseline else [None]
     try:
-        for scale in scales:
-            nodes[scale] = build_node(scale, fraction, workdir, layout)
-        runs: dict[tuple[int, str | None], list[dict[str, Any]]] = {(s, v): [] for s in scales for v in versions}
-        served: dict[tuple[int, str | None], int] = dict.fromkeys(runs, 0)  # List calls the fake kubelet answered
+        for case in cases:
+            nodes[case] = build_node(case, fraction, workdir, layout)
+        runs: dict[tuple[Case, str | None], list[dict[str, Any]]] = {(c, v): [] for c in cases for v in versions}
+        served: dict[tuple[Case, str | None], int] = dict.fromkeys(runs, 0)  # List calls the fake kubelet answered
         for _ in range(rounds):
-            for scale in scales:
+            for case in cases:
                 for version in versions:
-                    kubelet = nodes[scale][0].kubelet
+                    kubelet = nodes[case][0].kubelet
                     before = kubelet.calls["List"]
-                    runs[(scale, version)].append(
-                        run_child(nodes[scale][0], scale, cycles, test_extras=test_extras, baseline=version)
+                    runs[(case, version)].append(
+                        run_child(nodes[case][0], case.scale, cycles, test_extras=test_extras, baseline=version)
                     )
-                    served[(scale, version)] += kubelet.calls["List"] - before
+                    served[(case, version)] += kubelet.calls["List"] - before
         summaries: dict[str | None, list[dict[str, Any]]] = {version: [] for version in versions}
-        for scale in scales:
-            _, size, build_seconds = nodes[scale]
+        for case in cases:
+            _, size, build_seconds = nodes[case]
             for version in versions:
-                key = (scale, version)
-                summaries[version].append(summarise(scale, size, runs[key], served[key], build_seconds, layout=layout))
+                key = (case, version)
+                summaries[version].append(summarise(case, size, runs[key], served[key], build_seconds, layout=layout))
     finally:
         for scenario, _, _ in nodes.values():
             scenario.stop()
@@ -367,15 +406,17 @@ def run(
         "cycles_per_process": cycles,
         "rounds": rounds,
         "test_extras": test_extras,
+        "flooded_dev": flooded_dev,
         "results": summaries[None],
     }
     if baseline:
         report["baseline"] = {"site": baseline, "results": summaries[baseline]}
     results = report["results"]
-    if len(scales) >= 2:
-        report["scaling_exponent"] = loglog_slope(scales, [r["warm_cycle_ms"] for r in results])
+    plain = [r for r in results if not r["flooded_dev"]]
+    if len(plain) >= 2:
+        report["scaling_exponent"] = loglog_slope(scales, [r["warm_cycle_ms"] for r in plain])
         report["phase_scaling_exponents"] = {
-            name: loglog_slope(scales, [max(r["warm_phases_ms"][name], 1e-3) for r in results]) for name in PHASES
+            name: loglog_slope(scales, [max(r["warm_phases_ms"][name], 1e-3) for r in plain]) for name in PHASES
         }
     report["targets"] = targets(report)
     return report
@@ -383,7 +424,7 @@ def run(
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     judged = []
-    dense = next((r for r in report["results"] if r["scale"] == 1), None)
+    dense = next((r for r in report["results"] if r["scale"] == 1 and not r["flooded_dev"]), None)
     if dense is not None and report["fraction"] == 1.0:
         steady = f", steady {dense['steady_cycle_ms']:.0f} ms" if dense["steady_cycle_ms"] is not None else ""
         judged.append(
@@ -406,7 +447,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             "target": "one kubelet List per cycle (GetAllocatableResources at start only, at this length)",
             "measured": ", ".join(
                 f"{r['kubelet_calls_per_cycle']} List, {r['allocatable_calls_per_process']} GetAllocatableResources "
-                f"per process at {r['scale']}x"
+                f"per process at {r['case']}"
                 for r in report["results"]
             ),
             "met": all(
@@ -431,8 +472,8 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def phase_table(results: list[dict[str, Any]]) -> list[str]:
-    """Per scale, the first, warm and steady cycles with their phases."""
-    header = "| scale | cycle | total ms | " + " | ".join(PHASES) + " |"
+    """Per node, the first, warm and steady cycles with their phases."""
+    header = "| node | cycle | total ms | " + " | ".join(PHASES) + " |"
     lines = [header, "|---|---|---:|" + "---:|" * len(PHASES)]
     for row in results:
         shown = [
@@ -443,7 +484,7 @@ def phase_table(results: list[dict[str, Any]]) -> list[str]:
             shown.append((f"steady (after {row['settling_cycles']})", row["steady_cycle_ms"], row["steady_phases_ms"]))
         for label, total, phases in shown:
             cells = " | ".join(f"{phases[name]:.1f}" for name in PHASES)
-            lines.append(f"| {row['scale']}x | {label} | {total:.1f} | {cells} |")
+            lines.append(f"| {row['case']} | {label} | {total:.1f} | {cells} |")
     return lines
 
 
@@ -451,14 +492,15 @@ def markdown(report: dict[str, Any]) -> str:
     lines = phase_table(report["results"])
     lines += [
         "",
-        "| scale | containers | GPU processes | host processes | slowest warm ms | RSS before cycles MB "
-        "| peak RSS MB | kubelet List/cycle | API requests/process |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| node | containers | GPU processes | host processes | slowest warm ms | warm CPU ms | steady CPU ms "
+        "| RSS before cycles MB | peak RSS MB | kubelet List/cycle | API requests/process |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["results"]:
         lines.append(
-            f"| {row['scale']}x | {row['containers_audited']} | {row['gpu_processes_seen']} | "
-            f"{row['sizes']['host_processes']} | {row['warm_cycle_max_ms']:.0f} | "
+            f"| {row['case']} | {row['containers_audited']} | {row['gpu_processes_seen']} | "
+            f"{row['sizes']['host_processes']} | {row['warm_cycle_max_ms']:.0f} | {row['warm_cpu_ms']:.0f} | "
+            f"{'-' if row['steady_cpu_ms'] is None else format(row['steady_cpu_ms'], '.0f')} | "
             f"{row['rss_before_cycles_mb']:.0f} | {row['peak_rss_mb']:.0f} | "
             f"{row['kubelet_calls_per_cycle']} | {row['api_requests_per_process']:g} |"
         )
@@ -480,11 +522,11 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def side_by_side(report: dict[str, Any]) -> list[str]:
-    """This tree against the baseline, per scale: medians of the same rounds, and their ratio."""
+    """This tree against the baseline, per node: medians of the same rounds, and their ratio."""
     lines = [
         f"baseline: {report['baseline']['site']} (run interleaved with this tree, same node, same rounds)",
         "",
-        "| scale | cycle | baseline ms | this tree ms | ratio | nvml baseline | nvml this tree | peak RSS MB (baseline"
+        "| node | cycle | baseline ms | this tree ms | ratio | nvml baseline | nvml this tree | peak RSS MB (baseline"
         " / this tree) |",
         "|---|---|---:|---:|---:|---:|---:|---|",
     ]
@@ -494,7 +536,7 @@ def side_by_side(report: dict[str, Any]) -> list[str]:
             shown.append((f"steady (after {mine['settling_cycles']})", "steady_cycle_ms", "steady_phases_ms"))
         for label, total, phases in shown:
             lines.append(
-                f"| {mine['scale']}x | {label} | {theirs[total]:.1f} | {mine[total]:.1f} | "
+                f"| {mine['case']} | {label} | {theirs[total]:.1f} | {mine[total]:.1f} | "
                 f"{mine[total] / theirs[total]:.2f} | {theirs[phases]['nvml']:.1f} | {mine[phases]['nvml']:.1f} | "
                 f"{theirs['peak_rss_mb']:.1f} / {mine['peak_rss_mb']:.1f} |"
             )
@@ -519,6 +561,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=float,
         default=1.0,
         help="shrink every size by this factor (smoke runs; targets are judged only at 1.0)",
+    )
+    parser.add_argument(
+        "--flooded-dev",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="also audit the 1x node with N more entries in one container's /dev (default: 100000; 0: not)",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     parser.add_argument(
@@ -558,6 +607,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--scales {args.scales!r}: give whole numbers separated by commas, e.g. 1,2,4")
     if min(args.scales) < 1 or args.cycles < 2 or args.rounds < 1 or not 0 < args.fraction <= 1:
         parser.error("--scales and --rounds must be >= 1, --cycles >= 2 (one cold, the rest warm), 0 < --fraction <= 1")
+    if args.flooded_dev < 0:
+        parser.error("--flooded-dev must be 0 or more")
     if args.baseline is not None:
         args.baseline = os.path.abspath(args.baseline)
         if not os.path.isfile(os.path.join(args.baseline, "gpu_fence", "auditor", "daemon.py")):
@@ -591,6 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.rounds,
                 Path(directory),
                 test_extras=args.test_extras,
+                flooded_dev=args.flooded_dev,
                 layout=args.layout,
                 baseline=args.baseline,
             )

@@ -1,18 +1,18 @@
 """The webhook over HTTPS on loopback: throughput at saturation and latency at fixed offered loads.
 
-One run starts, with certificates from ``gpu-fence-webhook certs``, three servers (``bench.server``: the real
-``serve`` plus the no-op endpoint ``/noop``): ``gthread`` (what ``serve`` runs: 2 workers × 4 threads, keep-alive,
-one JSON log line per review), ``sync`` (2 workers; they close every connection), and ``gthread-quiet``
-(``gthread`` with ``--log-level WARNING``: what the per-review log line costs); ``gthread-unfrozen`` (``gthread``
-without the ``gc.freeze()`` before fork that ``serve`` does) runs only when asked for with ``--servers``. Then,
-repeat after repeat, side by side:
+One run starts, with certificates from ``gpu-fence-webhook certs``, the servers asked for (``bench.server``: the
+real ``serve`` plus the no-op endpoint ``/noop``): ``serve`` (what ``serve`` runs: its own worker, 2 workers × 4
+threads, keep-alive, one JSON log line per review), ``gthread`` (the same, with gunicorn's threaded worker instead:
+what ``serve`` ran before it had its own) and ``sync`` (2 workers; they close every connection); on request with
+``--servers``, ``serve-quiet`` (``serve`` with ``--log-level WARNING``: what the per-review log line costs) and
+``serve-unfrozen`` (``serve`` without the ``gc.freeze()`` before fork). Then, repeat after repeat, side by side:
 
 * **saturation**: Debian's ``wrk`` (closed loop, ``bench/wrk/post.lua``) drives ``/mutate``, ``/validate`` and
   ``/noop`` with the same pod (10 containers unless ``--containers``); throughput and wrk's latency distribution.
   The throughput target is the ratio of ``/mutate`` (and ``/validate``) to ``/noop`` on the same server stack.
 * **offered loads** 100, 200 and 500 reviews/s from ``bench.loadgen`` (open loop: latency counted from each
-  request's scheduled time), over kept-alive connections and, for ``gthread``, with a new TCP connection and a
-  full TLS handshake per request (``gthread-quiet`` runs saturation only).
+  request's scheduled time), over kept-alive connections and, for ``serve``, with a new TCP connection and a
+  full TLS handshake per request (``serve-quiet`` runs saturation only).
 * worker RSS of each server after the load.
 
 Figures are medians over repeats; a ratio to ``/noop`` is taken within each repeat, then its median.
@@ -53,14 +53,17 @@ READY_DEADLINE_S = 60.0
 TARGET_P99_MS = 5.0  # DESIGN: p99 at 200 reviews/s, keep-alive
 TARGET_RATE = 200
 TARGET_RATIO = 0.8  # DESIGN: throughput >= 0.8x the no-op endpoint on the same server stack
-#: server name -> (gunicorn worker class, serve --log-level, gc.freeze() before fork)
+#: server name -> (worker class: serve's own or gunicorn's, serve --log-level, gc.freeze() before fork)
 VARIANTS = {
+    "serve": ("serve", "INFO", True),
     "gthread": ("gthread", "INFO", True),
     "sync": ("sync", "INFO", True),
-    "gthread-quiet": ("gthread", "WARNING", True),
-    "gthread-unfrozen": ("gthread", "INFO", False),
+    "serve-quiet": ("serve", "WARNING", True),
+    "serve-unfrozen": ("serve", "INFO", False),
 }
-DEFAULT_SERVERS = ("gthread", "sync", "gthread-quiet")
+DEFAULT_SERVERS = ("serve", "gthread", "sync")
+#: the server the DESIGN targets are judged on
+PRODUCTION = "serve"
 
 
 class BenchError(RuntimeError):
@@ -270,10 +273,10 @@ def plan(names: Sequence[str], rates: Sequence[int]) -> list[tuple[str, str, str
     points: list[tuple[str, str, str, int | None]] = []
     for name in names:
         points += [(name, "saturation", endpoint, None) for endpoint in ENDPOINTS]
-        if name == "gthread-quiet":
+        if name == "serve-quiet":
             continue  # there to price the log line at saturation only
         points += [(name, "keep-alive", endpoint, rate) for rate in rates for endpoint in ENDPOINTS]
-        if name == "gthread":  # sync closes every connection anyway: its keep-alive rows are this
+        if name == PRODUCTION:  # sync closes every connection anyway: its keep-alive rows are this
             points += [
                 (name, "new-connection", endpoint, rate)
                 for rate in rates
@@ -393,7 +396,7 @@ def run(
 def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     judged = []
     for row in results:
-        if row["server"] != "gthread" or row["endpoint"] == NOOP_PATH:
+        if row["server"] != PRODUCTION or row["endpoint"] == NOOP_PATH:
             continue
         if row["mode"] == "keep-alive" and row["offered_per_s"] == TARGET_RATE:
             judged.append(
@@ -473,7 +476,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--threads",
         type=int,
         default=4,
-        help="threads per gthread worker (default: 4, serve's default; sync workers have one)",
+        help="threads per worker (default: 4, serve's default; sync workers have one)",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)

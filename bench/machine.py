@@ -77,3 +77,30 @@ def children_of(pid: int) -> list[int]:
         if len(fields) > 1 and fields[1] == str(pid):
             found.append(int(entry.name))
     return sorted(found)
+
+
+def established_connections(pid: int, port: int) -> int:
+    """How many established TCP connections to local ``port`` the process holds (/proc/net/tcp{,6} and its fds):
+    which gunicorn worker has which clients."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # 01: ESTABLISHED
+                inodes.add(fields[9])
+    held = 0
+    try:
+        descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return 0
+    for descriptor in descriptors:
+        try:
+            target = os.readlink(descriptor)
+        except OSError:
+            continue
+        held += target.startswith("socket:[") and target[8:-1] in inodes
+    return held

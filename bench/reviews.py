@@ -162,6 +162,55 @@ def admission_review(pod: dict[str, Any], uid: str = "00000000-0000-4000-8000-00
     }
 
 
+def ephemeral_update(pod: dict[str, Any]) -> dict[str, Any]:
+    """The UPDATE of ``pods/ephemeralcontainers`` that ``kubectl debug`` makes on ``pod``: the API server sends the
+    pod twice (``object`` with the new ephemeral container, ``oldObject`` without), the largest reviews it sends."""
+    old = copy.deepcopy(pod)
+    old["metadata"]["name"] = "trainer-7d9f8b6c5-x2x7k"
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [
+        {"name": "debugger-7k2lq", "image": "busybox:1.36", "targetContainerName": "trainer", "stdin": True}
+    ]
+    review = admission_review(new)
+    review["request"].update(
+        name=old["metadata"]["name"],
+        operation="UPDATE",
+        subResource="ephemeralcontainers",
+        requestSubResource="ephemeralcontainers",
+        oldObject=old,
+        options={"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"},
+    )
+    return review
+
+
+def ephemeral_update_body(containers: int) -> bytes:
+    return orjson.dumps(ephemeral_update(pinned_pod(containers)))
+
+
+def densest_pod(env_entries: int, containers: int = 10) -> dict[str, Any]:
+    """The pinned pod with ``env_entries`` short env entries in each container: the most Python objects per byte
+    of JSON a pod takes (a parsed entry is a dict and two strings for about 20 bytes)."""
+    pod = pinned_pod(containers)
+    for body in pod["spec"]["containers"]:
+        body["env"] = [{"name": f"E{number}", "value": ""} for number in range(env_entries)] + body["env"]
+    return pod
+
+
+def largest_review(limit: int) -> bytes:
+    """The largest ephemeral-containers UPDATE of a densest pod that fits in ``limit`` bytes: the worst case for
+    the memory a review takes (object and oldObject, each about half the limit)."""
+    low, high = 0, 1
+    while len(orjson.dumps(ephemeral_update(densest_pod(high)))) <= limit:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if len(orjson.dumps(ephemeral_update(densest_pod(middle)))) <= limit:
+            low = middle
+        else:
+            high = middle
+    return orjson.dumps(ephemeral_update(densest_pod(low)))
+
+
 def mutate_body(containers: int) -> bytes:
     return orjson.dumps(admission_review(typical_pod(containers)))
 

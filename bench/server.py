@@ -1,15 +1,17 @@
 """``gpu-fence-webhook serve``, unchanged, plus a bench-only no-op endpoint and a choice of gunicorn worker class.
 
-Run as ``python -m bench.server [--worker-class gthread|sync] serve --cert-file ... --key-file ...``: the
-arguments after the options are the real CLI's, handed to ``webhook.cli.main``. Two things are changed, both in
-this process only and never in the product:
+Run as ``python -m bench.server [--worker-class serve|gthread|sync] serve --cert-file ... --key-file ...``: the
+arguments after the options are the real CLI's, handed to ``webhook.cli.main``. What is changed, in this process
+only and never in the product:
 
 * ``POST /noop`` answers a fixed allowed AdmissionReview after reading the body, from a three-line WSGI app
   mounted in front of the real Flask app. Everything else (gunicorn settings, TLS context and certificate store,
   workers, logging, metrics directory) is the real ``serve``, so ``/noop`` is the floor of the same server stack:
   what the throughput target's "no-op endpoint" means.
-* ``--worker-class sync`` swaps gunicorn's worker class (``serve`` always runs ``gthread``), with one thread,
-  since gunicorn silently turns ``sync`` with threads into ``gthread``.
+* ``--worker-class gthread`` swaps serve's own worker (``webhook.worker``) for gunicorn's threaded worker, what
+  ``serve`` ran before it had its own: the same threads, keep-alive and TLS context, a thread per connection.
+  ``--worker-class sync`` swaps it for gunicorn's ``sync`` worker, with one thread, since gunicorn silently turns
+  ``sync`` with threads into ``gthread``. ``serve`` (the default) changes nothing.
 * ``--no-gc-freeze`` leaves out the ``gc.freeze()`` that ``serve`` runs in the master just before each worker
   forks (its ``pre_fork`` hook; workers still turn their collector on), to measure what the freeze does to the
   tail: the server as it was before ``serve`` adopted it.
@@ -31,7 +33,7 @@ NOOP_RESPONSE = (
     b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",'
     b'"response":{"uid":"00000000-0000-4000-8000-000000000000","allowed":true}}'
 )
-WORKER_CLASSES = ("gthread", "sync")
+WORKER_CLASSES = ("serve", "gthread", "sync")
 
 
 def noop_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -55,7 +57,8 @@ def with_noop(app: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install(worker_class: str, *, gc_freeze: bool = True) -> None:
-    """Hook the no-op endpoint and the worker class into ``webhook.serving``; without ``gc_freeze``, no freeze."""
+    """Hook the no-op endpoint and the worker class (``serve``: serve's own) into ``webhook.serving``; without
+    ``gc_freeze``, no freeze."""
     from gpu_fence.webhook import app as app_module
     from gpu_fence.webhook import serving
 
@@ -68,7 +71,9 @@ def install(worker_class: str, *, gc_freeze: bool = True) -> None:
     gunicorn_application = serving._gunicorn_application
 
     def gunicorn_with_worker_class(app: Any, options: dict[str, Any]) -> Any:
-        options = {**options, "worker_class": worker_class}
+        options = dict(options)
+        if worker_class != "serve":
+            options["worker_class"] = worker_class
         if worker_class == "sync":
             options["threads"] = 1
         if not gc_freeze:
@@ -80,7 +85,7 @@ def install(worker_class: str, *, gc_freeze: bool = True) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.server", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worker-class", choices=WORKER_CLASSES, default="gthread")
+    parser.add_argument("--worker-class", choices=WORKER_CLASSES, default="serve")
     parser.add_argument(
         "--no-gc-freeze",
         dest="gc_freeze",

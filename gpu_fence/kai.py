@@ -6,15 +6,27 @@ under a KAI ``schedulerName``; the auditor finds the shared GPU through the rese
 the defaults from here (each can be configured otherwise), as KAI names them in
 ``pkg/common/constants/constants.go`` (NVIDIA/KAI-Scheduler, commit dafd3d81): ``DefaultSchedulerName``,
 ``DefaultResourceReservationName``, ``GpuFraction``, ``GpuMemory`` and ``GpuFractionContainerName``.
+
+KAI's admission webhook hands the fraction container its GPU through ConfigMaps it names after a prefix kept in a pod
+annotation; the binder fills them when it binds the pod. The webhook accepts that reference only in the shape KAI
+writes, so the names live here too (kai-scheduler/KAI-Scheduler, commit d5bc503a:
+``pkg/binder/common/gpusharingconfigmap/config_map.go`` ``SetGpuCapabilitiesConfigMapName``,
+``generateConfigMapNamePrefix``, ``ExtractCapabilitiesConfigMapName``, ``ExtractDirectEnvVarsConfigMapName``).
 """
 
 from __future__ import annotations
+
+import re
 
 __all__ = [
     "DEFAULT_RESERVATION_NAMESPACE",
     "DEFAULT_SCHEDULER_NAMES",
     "FRACTION_ANNOTATIONS",
     "FRACTION_CONTAINER_ANNOTATION",
+    "SHARED_GPU_CONFIG_MAP_ANNOTATION",
+    "SHARED_GPU_CONFIG_MAP_PREFIX",
+    "capabilities_config_map",
+    "direct_env_config_map",
 ]
 
 #: ``schedulerName`` values of the pods KAI schedules.
@@ -25,3 +37,20 @@ DEFAULT_RESERVATION_NAMESPACE = "kai-resource-reservation"
 FRACTION_ANNOTATIONS = ("gpu-fraction", "gpu-memory")
 #: The pod annotation that names the container holding the fraction (else the first container).
 FRACTION_CONTAINER_ANNOTATION = "gpu-fraction-container-name"
+#: The pod annotation that holds the prefix of the fraction container's ConfigMap names. KAI's webhook writes it,
+#: unless the pod already carries it.
+SHARED_GPU_CONFIG_MAP_ANNOTATION = "runai/shared-gpu-configmap"
+#: The prefix as KAI generates it: the owner's (or the pod's) name, cut and trimmed, seven characters of
+#: apimachinery's ``rand.String`` (its alphabet: ``bcdfghjklmnpqrstvwxz2456789``), then ``shared-gpu``.
+SHARED_GPU_CONFIG_MAP_PREFIX = re.compile(r"[a-z0-9.-]*-[bcdfghjklmnpqrstvwxz2456789]{7}-shared-gpu")
+
+
+def capabilities_config_map(prefix: str, *, init: bool, index: int) -> str:
+    """The ConfigMap whose ``NVIDIA_VISIBLE_DEVICES`` key the binder sets for the fraction container, the
+    ``index``-th of the pod's init containers or containers."""
+    return f"{prefix}-{'i' if init else ''}{index}"
+
+
+def direct_env_config_map(prefix: str, *, init: bool, index: int) -> str:
+    """The ConfigMap KAI's webhook adds to the fraction container's ``envFrom``."""
+    return capabilities_config_map(prefix, init=init, index=index) + "-evar"

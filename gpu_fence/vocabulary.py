@@ -18,6 +18,9 @@ from .kai import FRACTION_ANNOTATIONS, FRACTION_CONTAINER_ANNOTATION
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 MIG_CONTROL_ENVS = ("NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES")
+#: IMEX channels a container asks the toolkit for (``ImexChannelRequests`` in ``cuda_image.go``), honoured under
+#: the same privilege rule as the device list; the device plugin or the DRA driver sets it from an allocation.
+IMEX_CHANNELS_ENV = "NVIDIA_IMEX_CHANNELS"
 
 #: Where the toolkit reads a device list from mounts instead of the env (``requestsFromMounts`` in
 #: ``cuda_image.go``, with ``accept-nvidia-visible-devices-as-volume-mounts``): a ``/dev/null`` mounted at a
@@ -118,6 +121,14 @@ def _is_mapping(value: Any) -> bool:
 
 def requests_gpu_resource(container: Mapping[str, Any], resources: GpuResources = DEFAULT_GPU_RESOURCE_SET) -> bool:
     """True when the container asks for a GPU through an extended resource or a DRA claim."""
+    return requests_device_plugin_gpu(container, resources) or has_resource_claims(container)
+
+
+def requests_device_plugin_gpu(
+    container: Mapping[str, Any], resources: GpuResources = DEFAULT_GPU_RESOURCE_SET
+) -> bool:
+    """True when the container requests one of these extended resources, which a device plugin allocates (and
+    hands over, under its default strategy, through ``NVIDIA_VISIBLE_DEVICES``)."""
     spec = container.get("resources")
     if not (isinstance(spec, dict) or _is_mapping(spec)):  # the dict test inline: once per container admitted
         return False
@@ -125,6 +136,14 @@ def requests_gpu_resource(container: Mapping[str, Any], resources: GpuResources 
         amounts = spec.get(section)
         if amounts and (isinstance(amounts, dict) or _is_mapping(amounts)) and resources.requested_in(amounts):
             return True
+    return False
+
+
+def has_resource_claims(container: Mapping[str, Any]) -> bool:
+    """True when the container lists DRA claims (``resources.claims``), of whatever device class."""
+    spec = container.get("resources")
+    if not (isinstance(spec, dict) or _is_mapping(spec)):
+        return False
     claims = spec.get("claims")
     return isinstance(claims, list) and len(claims) > 0
 
@@ -142,7 +161,10 @@ def kai_fraction_container(pod: Mapping[str, Any], kai_scheduler_names: Iterable
     annotations = metadata.get("annotations")
     if not _is_mapping(annotations):
         return None
-    if not any(key in annotations for key in FRACTION_ANNOTATIONS):
+    for key in FRACTION_ANNOTATIONS:  # a loop, not any() over a generator: asked of every pod
+        if key in annotations:
+            break
+    else:
         return None
     scheduler = spec.get("schedulerName")
     if not isinstance(scheduler, str) or scheduler not in set(kai_scheduler_names):
@@ -167,6 +189,11 @@ class Visibility(Enum):
     LIST = "list"  # the listed devices (indexes, UUIDs, MIG ids, CDI names)
 
 
+#: The visibilities that expose no GPU, built once: an enum member looked up on its class costs a metaclass call
+#: (CPython 3.11), and this is asked for every value admitted.
+_NO_GPU = (Visibility.VOID, Visibility.NONE)
+
+
 @dataclass(frozen=True)
 class VisibleDevices:
     visibility: Visibility
@@ -175,7 +202,7 @@ class VisibleDevices:
     @property
     def grants_no_gpu(self) -> bool:
         """True for values that expose no GPU on any image (``void``/``none``); UNSET is not safe."""
-        return self.visibility in (Visibility.VOID, Visibility.NONE)
+        return self.visibility in _NO_GPU
 
 
 def parse_visible_devices(value: str | None) -> VisibleDevices:

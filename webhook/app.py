@@ -23,7 +23,7 @@ from werkzeug.exceptions import HTTPException
 
 from .metrics import CONTENT_TYPE, WebhookMetrics
 from .review import Policy
-from .wsgi import MAX_BODY_BYTES, ROUTES, ReviewEndpoints, ReviewLog, error_body, internal_error
+from .wsgi import MAX_BODY_BYTES, ROUTES, ClientAuth, ReviewEndpoints, ReviewLog, error_body, internal_error
 
 if TYPE_CHECKING:
     from .config import PolicyConfig
@@ -42,6 +42,7 @@ def create_app(
     metrics: WebhookMetrics | None = None,
     ready: Callable[[], bool] = lambda: True,
     review_log: ReviewLog | None = None,
+    client_auth: ClientAuth | None = None,
 ) -> Flask:
     """Build the webhook app.
 
@@ -49,6 +50,7 @@ def create_app(
     ``ready`` lets the serving layer hold ``/readyz`` at 503 until its certificate is loaded.
     ``review_log`` writes the per-review log line; by default through the logging module (``serve`` passes one
     that writes stderr directly, see ``webhook.wsgi.ReviewLog``).
+    ``client_auth``: answer reviews only for clients with a verified certificate (``serve --client-ca-file``).
     """
     if policy is None:
         from . import policy as policy_module  # noqa: PLC0415 - the default; tests inject stand-ins
@@ -68,6 +70,7 @@ def create_app(
         policy,
         metrics,  # type: ignore[method-assign]
         review_log if review_log is not None else ReviewLog(log),
+        client_auth=client_auth,
     )
 
     # The review paths are routed in Flask too, for POST only, so that Flask answers every other method on them

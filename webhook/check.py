@@ -44,7 +44,7 @@ from .discovery import (
     pod_for_site,
 )
 from .openreports import render_openreports
-from .policy import CDI_ANNOTATION, HOST_DEVICE_PATH, Decision
+from .policy import CDI_ANNOTATION, HOST_DEVICE_PATH, HOST_PATH, HOST_PID, RUNTIME_ANNOTATION, Decision
 from .reports import (
     FORMATS,
     Finding,
@@ -65,9 +65,10 @@ _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 CLUSTER_SOURCE = "cluster"
 #: Pods per list call in ``--cluster`` mode: large clusters are read in pages, never in one response.
 CLUSTER_PAGE_SIZE = 500
-#: Where pod-level violations point (relative to the pod template, or to the pod spec for volumes), so that
-#: a report lands on the annotation or volume list rather than on the start of the object.
-_POD_LEVEL_FIELDS = {CDI_ANNOTATION: ("metadata", "annotations"), HOST_DEVICE_PATH: ("volumes",)}
+#: Where pod-level violations point, so that a report lands on the annotation, the volume list or the field rather
+#: than on the start of the object: relative to the pod template (annotations) or to the pod spec.
+_TEMPLATE_FIELDS = {CDI_ANNOTATION: ("metadata", "annotations"), RUNTIME_ANNOTATION: ("metadata", "annotations")}
+_SPEC_FIELDS = {HOST_DEVICE_PATH: ("volumes",), HOST_PATH: ("volumes",), HOST_PID: ("hostPID",)}
 
 EPILOG = """\
 examples:
@@ -330,9 +331,10 @@ def _evaluate_site(
         located = site.container_path(container)
         if located is not None:
             return document.line_of((*relative, *located), spec_line)
-        if rule in _POD_LEVEL_FIELDS:
-            base = site.spec_path if rule == HOST_DEVICE_PATH else site.path
-            return document.line_of((*relative, *base, *_POD_LEVEL_FIELDS[rule]), spec_line)
+        if rule in _TEMPLATE_FIELDS:
+            return document.line_of((*relative, *site.path, *_TEMPLATE_FIELDS[rule]), spec_line)
+        if rule in _SPEC_FIELDS:
+            return document.line_of((*relative, *site.spec_path, *_SPEC_FIELDS[rule]), spec_line)
         return spec_line
 
     return _result(
@@ -371,7 +373,12 @@ def _result(decision: Decision, *, finding_line: Callable[[str, str | None], int
 
 
 def check_pods(pods: Iterable[Mapping[str, Any]], config: PolicyConfig) -> Report:
-    """Evaluate live pods, each in its own namespace, as the webhook would on their creation."""
+    """Evaluate live pods, each in its own namespace, as the webhook would on their creation.
+
+    A live pod's ``spec.nodeName`` is the scheduler's binding, set after creation for nearly every pod, so it is
+    read as absent: the policy's question about it (was the pod created bound to a node, past any scheduler?) is
+    one only admission can answer.
+    """
     results: list[PodSpecResult] = []
     skipped = 0
     for pod in pods:
@@ -380,7 +387,8 @@ def check_pods(pods: Iterable[Mapping[str, Any]], config: PolicyConfig) -> Repor
             skipped += 1
             continue
         namespace = object_namespace(pod, DEFAULT_NAMESPACE)
-        decision = policy.evaluate(dict(pod), config, namespace=namespace)
+        created = {**pod, "spec": {key: value for key, value in spec.items() if key != "nodeName"}}
+        decision = policy.evaluate(created, config, namespace=namespace)
         results.append(
             _result(
                 decision,

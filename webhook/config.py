@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from difflib import get_close_matches
+from enum import Enum
 from functools import cached_property
 from typing import Any
 
@@ -19,42 +20,91 @@ import yaml
 from gpu_fence import kai
 from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCES, VISIBLE_DEVICES_ENV, GpuResources
 
-#: Host paths that open a route to GPU devices or to what decides device access: device nodes, CDI spec
-#: directories (a planted spec can name any device), the NVIDIA driver root, the kubelet's device-plugin and
-#: pod-resources sockets, and container runtime sockets (which can start any container). A hostPath volume at or
-#: above any of these is rejected (``/`` included); one inside them is rejected too, except inside ``/dev`` in
-#: general (``/dev/shm``, ``/dev/fuse`` are not GPUs). A trailing ``*`` matches by name prefix (``/dev/nvidia*``
-#: covers ``/dev/nvidia0``, ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-caps/...``).
-DEFAULT_HOST_DEVICE_PATHS: tuple[str, ...] = (
-    "/dev",
-    "/dev/nvidia*",
-    "/dev/dri",
-    "/dev/char",
-    "/etc/cdi",
-    "/var/run/cdi",
-    "/run/cdi",
-    "/run/nvidia",
-    "/var/run/nvidia",
-    "/var/lib/kubelet/device-plugins",
-    "/var/lib/kubelet/pod-resources",
-    "/var/run/docker.sock",
-    "/run/docker.sock",
-    "/var/run/containerd",
-    "/run/containerd",
-    "/var/run/crio",
-    "/run/crio",
-    "/var/run/cri-dockerd.sock",
-    "/run/cri-dockerd.sock",
+from .host_paths import DEFAULT_HOST_DEVICE_PATHS, HostPathEntry, clean_path, reaches_protected
+
+__all__ = [
+    "CDI_ANNOTATION_PREFIXES",
+    "DEFAULT_ALLOWED_CAPABILITIES",
+    "DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES",
+    "DEFAULT_HOST_DEVICE_PATHS",
+    "ConfigError",
+    "HostPathEntry",
+    "PolicyConfig",
+    "Switch",
+    "capability_name",
+    "config_from_mapping",
+    "load_config",
+]
+
+#: Capabilities a container may add: Pod Security ``baseline``'s list (kubernetes
+#: ``staging/src/k8s.io/pod-security-admission/policy/check_capabilities_baseline.go``, ``capabilities_allowed_1_0``),
+#: which is containerd's default set less ``NET_RAW``, plus ``IPC_LOCK``, which RDMA and NCCL need to pin memory for
+#: the network card (RLIMIT_MEMLOCK). Anything else is rejected, names unknown to gpu-fence included: among them
+#: ``SYS_PTRACE``, ``DAC_READ_SEARCH``, ``SYS_MODULE``, ``SYS_RAWIO`` and ``BPF``, which reach other processes, the
+#: host's files or the kernel. ``SYS_ADMIN`` and ``ALL`` are ``sys-admin-capability``'s and cannot be listed.
+DEFAULT_ALLOWED_CAPABILITIES: tuple[str, ...] = (
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+    "IPC_LOCK",
+)
+
+#: Pod annotation key prefixes with which a pod asks for CDI devices: the toolkit's NRI plugin reads
+#: ``nvidia.cdi.k8s.io`` (with no "/" boundary), runtimes that pass pod annotations through read ``cdi.k8s.io/``.
+#: Always judged (``cdi-annotation``), so not configurable.
+CDI_ANNOTATION_PREFIXES = ("cdi.k8s.io/", "nvidia.cdi.k8s.io")
+
+#: Pod annotation key prefixes with which a pod asks the container runtime, or an NRI plugin on the node, for device
+#: nodes or host mounts: CRI-O's device annotation (``devices.crio.io``, formerly ``io.kubernetes.cri-o.Devices``;
+#: cri-o ``pkg/annotations/v2/annotations.go``) and containerd NRI's device-injector plugin (devices, CDI devices,
+#: mounts; new and deprecated prefixes, containerd/nri ``plugins/device-injector/device-injector.go``). They take
+#: effect only where an administrator enabled them, which admission cannot see. The CDI prefixes are
+#: ``cdi-annotation``'s and always judged.
+DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES: tuple[str, ...] = (
+    "devices.crio.io",
+    "io.kubernetes.cri-o.Devices",
+    "devices.noderesource.dev",
+    "devices.nri.io",
+    "cdi-devices.noderesource.dev",
+    "cdi-devices.nri.io",
+    "mounts.noderesource.dev",
+    "mounts.nri.io",
 )
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?/[-A-Za-z0-9_.]+$")
+_CAPABILITY = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_ANNOTATION_PREFIX = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")
+#: The capabilities that ``sys-admin-capability`` judges; the allowlist cannot open them.
+SYS_ADMIN_CAPABILITIES = frozenset({"SYS_ADMIN", "ALL"})
 
 
 class ConfigError(ValueError):
     """A configuration file that cannot be used; the message names the key (and the file) to fix."""
+
+
+class Switch(Enum):
+    """What a rule with a choice does with what it finds: return it as a warning, or reject the pod."""
+
+    WARN = "warn"
+    REJECT = "reject"
+
+
+def capability_name(name: str) -> str:
+    """A capability as the runtimes read it: case-insensitive, with or without the ``CAP_`` prefix."""
+    return name.upper().removeprefix("CAP_")
 
 
 @dataclass(frozen=True)
@@ -63,7 +113,8 @@ class PolicyConfig:
 
     #: Resource names (``prefix*`` allowed) whose positive quantity makes a container a GPU container.
     gpu_resources: tuple[str, ...] = DEFAULT_GPU_RESOURCES
-    #: Extra env names the node's toolkit reads like NVIDIA_VISIBLE_DEVICES (its ``swarm-resource`` setting, V13).
+    #: Extra env names the node's toolkit reads instead of NVIDIA_VISIBLE_DEVICES (its ``swarm-resource``, V13):
+    #: validated like it, and pinned to ``void`` beside it.
     visible_devices_aliases: tuple[str, ...] = ()
     #: schedulerName values under which KAI fraction annotations are trusted as a GPU allocation.
     kai_scheduler_names: tuple[str, ...] = kai.DEFAULT_SCHEDULER_NAMES
@@ -75,12 +126,28 @@ class PolicyConfig:
     exempt_service_accounts: tuple[str, ...] = ()
     #: Host paths added to ``DEFAULT_HOST_DEVICE_PATHS`` for ``host-device-path`` (the defaults cannot be removed).
     extra_host_device_paths: tuple[str, ...] = ()
+    #: The only host paths a hostPath volume may name (``host-path``), each exactly, read-only unless writable.
+    host_path_allowlist: tuple[HostPathEntry, ...] = ()
+    #: Capabilities ``securityContext.capabilities.add`` may name (``added-capability``): upper case, no ``CAP_``.
+    allowed_capabilities: tuple[str, ...] = DEFAULT_ALLOWED_CAPABILITIES
+    #: Pod annotation key prefixes that ask the runtime or an NRI plugin for devices or mounts
+    #: (``runtime-annotation``).
+    forbidden_annotation_prefixes: tuple[str, ...] = DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES
+    #: ``envFrom`` on a container that gets its GPU from the device plugin: a warning, or a rejection
+    #: (``gpu-env-from``).
+    env_from_on_gpu_containers: Switch = Switch.WARN
+    #: ``NVIDIA_VISIBLE_DEVICES=none`` set in the pod: a warning, or a rejection (``visible-devices-none``).
+    visible_devices_none: Switch = Switch.WARN
 
     def __post_init__(self) -> None:
-        # Callers building a config in code may pass lists; keep the value hashable and immutable.
+        # Callers building a config in code may pass lists, or a switch by its name; keep every value hashable,
+        # immutable and typed.
         for field in fields(self):
             value = getattr(self, field.name)
-            if not isinstance(value, tuple):
+            if field.name in _SWITCHES:
+                if not isinstance(value, Switch):
+                    object.__setattr__(self, field.name, Switch(value))
+            elif not isinstance(value, tuple):
                 object.__setattr__(self, field.name, tuple(value))
 
     @cached_property
@@ -88,9 +155,14 @@ class PolicyConfig:
         return GpuResources.from_patterns(self.gpu_resources)
 
     @cached_property
+    def pin_names(self) -> tuple[str, ...]:
+        """The env names pinned to ``void`` on a container that gets no GPU, in the order the pins are added."""
+        return (VISIBLE_DEVICES_ENV, *self.visible_devices_aliases)
+
+    @cached_property
     def visible_devices_names(self) -> frozenset[str]:
         """Env names whose value decides what GPUs a container sees."""
-        return frozenset((VISIBLE_DEVICES_ENV, *self.visible_devices_aliases))
+        return frozenset(self.pin_names)
 
     @cached_property
     def kai_scheduler_set(self) -> frozenset[str]:
@@ -111,6 +183,28 @@ class PolicyConfig:
     @cached_property
     def host_device_paths(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys((*DEFAULT_HOST_DEVICE_PATHS, *self.extra_host_device_paths)))
+
+    @cached_property
+    def host_path_writable(self) -> Mapping[str, bool]:
+        """The allowlist as a lookup: cleaned host path → whether writable mounts of it are allowed."""
+        return {entry.path: entry.writable for entry in self.host_path_allowlist}
+
+    @cached_property
+    def allowed_capability_set(self) -> frozenset[str]:
+        return frozenset(self.allowed_capabilities)
+
+    @cached_property
+    def device_annotation_prefixes(self) -> Mapping[str, tuple[str, ...]]:
+        """Every annotation key prefix some rule rejects (the CDI ones and the forbidden runtime ones), by first
+        character: a key is compared with the few prefixes that could start it, not with all of them."""
+        index: dict[str, tuple[str, ...]] = {}
+        for prefix in (*CDI_ANNOTATION_PREFIXES, *self.forbidden_annotation_prefixes):
+            index[prefix[0]] = (*index.get(prefix[0], ()), prefix)
+        return index
+
+
+_SWITCHES = frozenset({"env_from_on_gpu_containers", "visible_devices_none"})
+_ALLOWLIST = "host_path_allowlist"
 
 
 def _check_gpu_resource(key: str, value: str) -> None:
@@ -159,6 +253,22 @@ def _check_host_path(key: str, value: str) -> None:
         raise ConfigError(f"{key}: {value!r}: '*' is allowed only at the end, as a name prefix match")
 
 
+def _check_capability(key: str, value: str) -> None:
+    name = capability_name(value)
+    if not _CAPABILITY.match(name):
+        raise ConfigError(f"{key}: {value!r} is not a capability name such as 'IPC_LOCK'")
+    if name in SYS_ADMIN_CAPABILITIES:
+        raise ConfigError(
+            f"{key}: {value!r} cannot be allowed: the NVIDIA toolkit treats it as privileged "
+            "(rule sys-admin-capability); exempt the pod's service account instead"
+        )
+
+
+def _check_annotation_prefix(key: str, value: str) -> None:
+    if not _ANNOTATION_PREFIX.match(value):
+        raise ConfigError(f"{key}: {value!r} is not an annotation key prefix such as 'devices.crio.io'")
+
+
 _CHECKS = {
     "gpu_resources": _check_gpu_resource,
     "visible_devices_aliases": _check_env_name,
@@ -167,7 +277,11 @@ _CHECKS = {
     "exempt_namespaces": _check_namespace,
     "exempt_service_accounts": _check_service_account,
     "extra_host_device_paths": _check_host_path,
+    "allowed_capabilities": _check_capability,
+    "forbidden_annotation_prefixes": _check_annotation_prefix,
 }
+#: How a checked entry is stored: capabilities in the one spelling the policy compares.
+_NORMALISE = {"allowed_capabilities": capability_name}
 #: Keys that must not be empty: with no GPU resources every GPU container would be pinned to ``void``.
 _NON_EMPTY = frozenset({"gpu_resources"})
 
@@ -177,15 +291,74 @@ def _string_list(key: str, value: Any) -> tuple[str, ...]:
         value = []
     if not isinstance(value, list):
         raise ConfigError(f"{key}: expected a list of strings, got {type(value).__name__} {value!r:.60}")
+    normalise = _NORMALISE.get(key)
     items: list[str] = []
     for index, item in enumerate(value):
         if not isinstance(item, str) or not item:
             raise ConfigError(f"{key}[{index}]: expected a non-empty string, got {item!r:.60}")
         _CHECKS[key](f"{key}[{index}]", item)
-        items.append(item)
+        items.append(normalise(item) if normalise else item)
     if not items and key in _NON_EMPTY:
         raise ConfigError(f"{key}: must list at least one resource name")
     return tuple(dict.fromkeys(items))
+
+
+def _switch(key: str, value: Any) -> Switch:
+    choices = [switch.value for switch in Switch]
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r:.60}")
+    return Switch(value)
+
+
+def _host_path_entry(key: str, item: Any) -> HostPathEntry:
+    if not isinstance(item, Mapping):
+        raise ConfigError(f"{key}: expected a mapping with 'path' and 'writable', got {item!r:.60}")
+    unknown = [name for name in item if name not in ("path", "writable")]
+    if unknown:
+        raise ConfigError(f"{key}: unknown key {unknown[0]!r:.60}; an entry has 'path' and 'writable'")
+    path, writable = item.get("path"), item.get("writable")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ConfigError(f"{key}.path: expected an absolute host path, got {path!r:.60}")
+    if "*" in path:
+        raise ConfigError(f"{key}.path: {path!r:.60}: an entry names one path exactly; '*' is no pattern here")
+    if clean_path(path) != path:
+        raise ConfigError(f"{key}.path: {path!r:.60} is not in clean form; write {clean_path(path)!r:.60}")
+    if path == "/":
+        raise ConfigError(f"{key}.path: '/' is the whole node and cannot be allowed")
+    if not isinstance(writable, bool):
+        raise ConfigError(f"{key}.writable: expected true or false (whether writable mounts are allowed)")
+    return HostPathEntry(path, writable)
+
+
+def _host_path_allowlist(value: Any, protected: tuple[str, ...]) -> tuple[HostPathEntry, ...]:
+    """Every entry checked alone, then against the protected paths and against the others: an entry that
+    ``host-device-path`` rejects anyway is refused, and so is one inside a writable entry (a pod that mounts the
+    writable one can put a symlink where this one is, and the runtime follows it on the host)."""
+    if value is None:
+        value = []
+    if not isinstance(value, list):
+        raise ConfigError(f"{_ALLOWLIST}: expected a list of entries, got {type(value).__name__} {value!r:.60}")
+    entries = [_host_path_entry(f"{_ALLOWLIST}[{index}]", item) for index, item in enumerate(value)]
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        where = f"{_ALLOWLIST}[{index}].path"
+        if entry.path in seen:
+            raise ConfigError(f"{where}: {entry.path!r:.60} is listed twice")
+        seen.add(entry.path)
+        reached = next((p for p in protected if reaches_protected(entry.path, p)), None)
+        if reached is not None:
+            raise ConfigError(
+                f"{where}: {entry.path!r:.60} exposes {reached}, which host-device-path always rejects; "
+                "exempt the pod's service account instead"
+            )
+        outer = next((o for o in entries if o.writable and entry.path.startswith(o.path + "/")), None)
+        if outer is not None:
+            raise ConfigError(
+                f"{where}: {entry.path!r:.60} is inside the writable entry {outer.path!r:.60}, through which a pod "
+                "could replace it with a symlink to anywhere on the node; make the outer entry read-only, or drop "
+                "this one"
+            )
+    return tuple(entries)
 
 
 def config_from_mapping(data: Any, *, own_namespace: str | None = None) -> PolicyConfig:
@@ -193,15 +366,22 @@ def config_from_mapping(data: Any, *, own_namespace: str | None = None) -> Polic
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"the configuration must be a mapping of keys to lists, got {type(data).__name__}")
+        raise ConfigError(f"the configuration must be a mapping of keys to values, got {type(data).__name__}")
     known = [field.name for field in fields(PolicyConfig)]
-    values: dict[str, tuple[str, ...]] = {}
+    values: dict[str, Any] = {}
     for key, value in data.items():
         if key not in known:
             hint = get_close_matches(str(key), known, n=1)
             suggestion = f" (did you mean {hint[0]!r}?)" if hint else f"; known keys: {', '.join(known)}"
             raise ConfigError(f"{key}: unknown configuration key{suggestion}")
-        values[key] = _string_list(key, value)
+        if key in _SWITCHES:
+            values[key] = _switch(key, value)
+        elif key != _ALLOWLIST:
+            values[key] = _string_list(key, value)
+    if _ALLOWLIST in data:  # after the other keys: it is checked against extra_host_device_paths too
+        extra = values.get("extra_host_device_paths", ())
+        protected = tuple(dict.fromkeys((*DEFAULT_HOST_DEVICE_PATHS, *extra)))
+        values[_ALLOWLIST] = _host_path_allowlist(data[_ALLOWLIST], protected)
     if own_namespace is not None:
         _check_namespace("own namespace", own_namespace)
         namespaces = values.get("exempt_namespaces", PolicyConfig.exempt_namespaces)

@@ -81,6 +81,13 @@ class WebhookMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.connections_dropped = Counter(
+            "gpu_fence_webhook_connections_dropped_total",
+            "Connections the server closed without an answer: the request or the response was not done in time, or "
+            "the TLS handshake failed.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.certificate_expiry = Gauge(
             "gpu_fence_webhook_certificate_expiry_timestamp_seconds",
             "notAfter (Unix time) of the serving certificate currently loaded.",
@@ -117,6 +124,9 @@ class WebhookMetrics:
         if counter is None:  # reasons are the fixed tokens of BadReview and the HTTP errors
             counter = self._bad_request_children[reason] = self.bad_requests.labels(reason)
         counter.inc()
+
+    def count_dropped_connection(self, reason: str) -> None:
+        self.connections_dropped.labels(reason).inc()  # rare by nature: no cached children
 
     def exposition(self) -> bytes:
         """The text format of every metric; merged over all worker processes in multiprocess mode."""

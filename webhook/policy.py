@@ -7,30 +7,56 @@ whose ``env`` is not a list cannot be pinned, so it is a violation) and a decisi
 Reading order: the values returned, the rule table, how a pod is read, one function per rule (named after its
 rule id), then ``mutate``, ``validate``, ``validate_update`` (a plain pod UPDATE), ``exemption`` and ``evaluate``,
 which chains them as the offline check does. The GPU vocabulary (what is a GPU request, what a
-``NVIDIA_VISIBLE_DEVICES`` value means) lives in ``gpu_fence.vocabulary``; the rule ids and their vectors are
-those of the design and of ``docs/policy.md``.
+``NVIDIA_VISIBLE_DEVICES`` value means) lives in ``gpu_fence.vocabulary``, KAI's names in ``gpu_fence.kai``, host
+path matching in ``webhook.host_paths``; the rule ids and their vectors are those of ``docs/policy.md`` and
+``docs/threat-model.md``.
+
+Who gets pinned: every container that requests no device-plugin GPU resource. A DRA claim does not spare a
+container the pin (the claim may be for any device class, and NVIDIA's CDI specs set ``void`` themselves), and
+neither does being KAI's fraction container (KAI's webhook replaces the pin with its ConfigMap reference).
 """
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from gpu_fence import kai
 from gpu_fence.verdicts import Verdict
 from gpu_fence.vocabulary import (
     CONTAINER_FIELDS,
     DEVICE_LIST_MOUNT_PREFIXES,
+    IMEX_CHANNELS_ENV,
     MIG_CONTROL_ENVS,
     VISIBLE_DEVICES_ENV,
+    Visibility,
+    has_resource_claims,
     kai_fraction_container,
     parse_visible_devices,
-    requests_gpu_resource,
+    requests_device_plugin_gpu,
 )
 from gpu_fence.warning_text import MAX_WARNING_CHARS, clip
 
-from .config import PolicyConfig
+from .config import CDI_ANNOTATION_PREFIXES, SYS_ADMIN_CAPABILITIES, PolicyConfig, Switch, capability_name
+from .host_paths import clean_path, reaches_protected
+
+__all__ = [
+    "CDI_ANNOTATION_PREFIXES",
+    "RULES",
+    "Decision",
+    "Mutation",
+    "Rule",
+    "Validation",
+    "Violation",
+    "apply_patch",
+    "clean_path",
+    "evaluate",
+    "exemption",
+    "mutate",
+    "validate",
+    "validate_update",
+]
 
 # --------------------------------------------------------------------------------------------------------------
 # What the policy returns
@@ -104,28 +130,48 @@ class Decision:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The rules (the design's table, in its order; docs/policy.md has one section per id, tested against this)
+# The rules (docs/policy.md has one section per id, in this order, tested against this table)
 
 UNPINNED_CONTAINER = "unpinned-container"
 VISIBLE_DEVICES = "visible-devices-env"
+VISIBLE_DEVICES_NONE = "visible-devices-none"
+GPU_ENV_FROM = "gpu-env-from"
 PRIVILEGED = "privileged"
 SYS_ADMIN_CAPABILITY = "sys-admin-capability"
+ADDED_CAPABILITY = "added-capability"
+HOST_PID = "host-pid"
 DEVICE_LIST_MOUNT = "device-list-mount"
 CDI_ANNOTATION = "cdi-annotation"
+RUNTIME_ANNOTATION = "runtime-annotation"
 HOST_DEVICE_PATH = "host-device-path"
+HOST_PATH = "host-path"
 MIG_CONTROL_ENV = "mig-control-env"
+IMEX_CHANNELS = "imex-channels-env"
 
 RULES: tuple[Rule, ...] = (
     Rule(
         UNPINNED_CONTAINER,
-        "a container with no GPU request is not pinned to NVIDIA_VISIBLE_DEVICES=void or none",
-        ("V1", "V4", "V12"),
+        "a container with no device-plugin GPU request is not pinned to NVIDIA_VISIBLE_DEVICES=void or none "
+        "(nor each configured alias)",
+        ("V1", "V4", "V12", "V16", "V22"),
     ),
     Rule(
         VISIBLE_DEVICES,
         "NVIDIA_VISIBLE_DEVICES (or an alias) set to a GPU on a non-GPU container, set at all on "
-        "a GPU container, or set through valueFrom or a $(...) reference",
-        ("V2", "V3", "V13"),
+        "a GPU container, or set through valueFrom (other than KAI's own reference) or a $(...) reference",
+        ("V2", "V3", "V13", "V15"),
+    ),
+    Rule(
+        VISIBLE_DEVICES_NONE,
+        "NVIDIA_VISIBLE_DEVICES=none set in the pod, which toolkit 1.18.0-1.18.1 in jit-cdi mode reads as all "
+        "(a warning unless visible_devices_none: reject)",
+        ("V24",),
+    ),
+    Rule(
+        GPU_ENV_FROM,
+        "envFrom on a device-plugin GPU container, which can set NVIDIA_VISIBLE_DEVICES past the allocation "
+        "(a warning unless env_from_on_gpu_containers: reject)",
+        ("V23",),
     ),
     Rule(PRIVILEGED, "a privileged container sees every device of the node, GPUs included", ("V6",)),
     Rule(
@@ -133,6 +179,13 @@ RULES: tuple[Rule, ...] = (
         "capabilities.add with SYS_ADMIN or ALL, which the NVIDIA toolkit treats as privileged",
         ("V7",),
     ),
+    Rule(
+        ADDED_CAPABILITY,
+        "capabilities.add with a capability not on the allowlist (SYS_PTRACE, DAC_READ_SEARCH, SYS_MODULE, "
+        "SYS_RAWIO, BPF and every other one beyond Pod Security baseline and IPC_LOCK)",
+        ("V18",),
+    ),
+    Rule(HOST_PID, "hostPID: the pod's processes see, signal and inspect every process of the node", ("V19",)),
     Rule(
         DEVICE_LIST_MOUNT,
         "a volumeMount under /var/run/nvidia-container-devices, which the toolkit reads as a device list",
@@ -144,20 +197,32 @@ RULES: tuple[Rule, ...] = (
         ("V9", "V10"),
     ),
     Rule(
+        RUNTIME_ANNOTATION,
+        "a pod annotation under a forbidden prefix (CRI-O devices, NRI device, CDI device and mount injection)",
+        ("V20",),
+    ),
+    Rule(
         HOST_DEVICE_PATH,
-        "a hostPath volume at or above GPU device nodes, CDI specs, driver root, kubelet or runtime sockets",
+        "a hostPath volume at or above GPU device nodes, CDI specs, the driver or toolkit, the kubelet, runtime "
+        "sockets and storage, /proc or /sys",
         ("V11",),
     ),
+    Rule(
+        HOST_PATH,
+        "a hostPath volume that is not on the allowlist, or mounted writable where its entry is read-only",
+        ("V17",),
+    ),
     Rule(MIG_CONTROL_ENV, "NVIDIA_MIG_CONFIG_DEVICES or NVIDIA_MIG_MONITOR_DEVICES set", ("V14",)),
+    Rule(IMEX_CHANNELS, "NVIDIA_IMEX_CHANNELS set in the pod, an IMEX channel request of its own", ("V21",)),
 )
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
-CDI_ANNOTATION_PREFIXES = ("cdi.k8s.io/", "nvidia.cdi.k8s.io")
-#: Host paths that are protected only at or above themselves: hostPaths inside ``/dev`` are judged by the more
-#: specific entries (``/dev/nvidia*``, ``/dev/dri``, ``/dev/char``), so ``/dev/shm`` stays allowed.
-_ANCESTOR_ONLY_PATHS = frozenset({"/dev"})
 PIN_VALUE = "void"
 _NAME_LIMIT = 63
+# Enum members as module constants: CPython 3.11 looks ``Switch.WARN`` up through the enum's metaclass at every
+# access (some 0.4 µs each, measured), and the hot path compares with these several times per review.
+_WARN, _REJECT = Switch.WARN, Switch.REJECT
+_NONE = Visibility.NONE
 
 # --------------------------------------------------------------------------------------------------------------
 # Reading a pod
@@ -168,15 +233,21 @@ class _Container(NamedTuple):
     index: int
     name: str  # the container's name, or "field[index]" when it has none
     body: Mapping[str, Any]
+    #: A device-plugin GPU request: the plugin sets NVIDIA_VISIBLE_DEVICES from the allocation, so the container is
+    #: not pinned and must not set the variable (nor an alias) itself.
     gpu: bool
+    #: KAI's fraction container of a pod that KAI binds: pinned to void like the others (KAI's webhook replaces the
+    #: pin with its reference), aliases left alone (one would override KAI's value), KAI's reference accepted.
     kai_fraction: bool
+    claims: bool  # lists DRA claims: pinned all the same (see the module docstring), but counts as getting a device
     #: ``(name, entry)`` for each readable env entry whose name a rule reads (``NVIDIA_VISIBLE_DEVICES``, its
-    #: configured aliases, the MIG control variables; see :func:`_watched_env_names`); the others (most of a
+    #: configured aliases, the MIG and IMEX variables; see :func:`_watched_env_names`); the others (most of a
     #: typical env) no rule looks at, so they are dropped once here instead of skipped by every rule. Duplicates
     #: are all kept: the kubelet keeps the last, but every one of them is judged, so no ordering trick can hide a
     #: value.
     env: list[tuple[str, Mapping[str, Any]]]
     env_readable: bool  # False when ``env`` is present but not a list: nothing can be appended to it
+    pins: tuple[str, ...]  # the env names the container must carry (pinned to void by ``mutate``), in pin order
 
 
 class _Pod(NamedTuple):
@@ -188,6 +259,8 @@ class _Pod(NamedTuple):
     unreadable: tuple[Violation, ...]  # container lists or entries that are not what the API allows
     config: PolicyConfig
     whole_pod: bool  # False when judging only some ephemeral containers: pod-level rules were judged at CREATE
+    #: What two rules read alike (the capabilities added, the hostPath volumes), worked out once by the first.
+    memo: dict[str, Any]
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -208,10 +281,25 @@ def _in_container(rule: str, container: _Container, detail: str) -> Violation:
 
 
 def _kai_fraction_name(pod: Mapping[str, Any], config: PolicyConfig) -> str | None:
-    # The vocabulary looks schedulerName up in a set; anything but a string could not name a scheduler anyway.
-    if not isinstance(_mapping(pod.get("spec")).get("schedulerName"), str):
+    """KAI's fraction container, when the fraction annotations can be trusted: under a configured KAI scheduler
+    and with no ``spec.nodeName`` at creation. A pod created bound to a node never meets KAI's scheduler or binder,
+    so nothing would ever fill the ConfigMap its reference names, and the pod author's own ConfigMap of that name
+    would be read instead."""
+    spec = _mapping(pod.get("spec"))
+    # The scheduler first: nearly every pod names another (or none), and this runs for every pod admitted. Anything
+    # but a string could not name a scheduler anyway (and is not hashable).
+    scheduler = spec.get("schedulerName")
+    if not isinstance(scheduler, str) or scheduler not in config.kai_scheduler_set:
+        return None
+    node = spec.get("nodeName")
+    if node is not None and node != "":  # _bound_at_creation, inline: once per pod admitted
         return None
     return kai_fraction_container(pod, config.kai_scheduler_set)
+
+
+def _bound_at_creation(spec: Mapping[str, Any]) -> bool:
+    node = spec.get("nodeName")
+    return node is not None and node != ""
 
 
 def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _Pod:
@@ -223,7 +311,7 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
             None,
             "the object is not a Pod (not a JSON object), so no container can be pinned; submit a Pod manifest",
         )
-        return _Pod({}, {}, (), (problem,), config, only is None)
+        return _Pod({}, {}, (), (problem,), config, only is None, {})
     spec = pod.get("spec")
     unreadable: list[Violation] = []
     if not isinstance(spec, dict):
@@ -238,6 +326,7 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
     kai_name = _kai_fraction_name(pod, config)
     watched = _watched_env_names(config)
     resources = config.gpu_resource_set
+    pin_names = config.pin_names
     fields = CONTAINER_FIELDS if only is None else ("ephemeralContainers",)
     containers: list[_Container] = []
     for field in fields:
@@ -270,10 +359,19 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
             named = isinstance(name, str)
             if only is not None and (not named or name not in only):
                 continue
-            # Ephemeral containers can hold no resources and are never KAI's fraction container.
-            gpu = not ephemeral and (
-                requests_gpu_resource(body, resources) or (kai_name is not None and name == kai_name)
-            )
+            # Ephemeral containers can hold no resources and are never KAI's fraction container. Claims matter only
+            # on a container that is not the device plugin's (where they decide a message and a warning).
+            if ephemeral:
+                gpu = fraction = claims = False
+                pins = pin_names
+            elif requests_device_plugin_gpu(body, resources):
+                gpu, fraction, claims = True, False, False
+                pins = ()
+            else:
+                gpu = False
+                fraction = kai_name is not None and name == kai_name
+                claims = "claims" in _mapping(body.get("resources")) and has_resource_claims(body)
+                pins = _KAI_PINS if fraction else pin_names
             env = body.get("env")
             if isinstance(env, list):
                 readable, watched_env = True, _watched_env(env, watched)
@@ -286,21 +384,28 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
                     name if named and name else f"{field}[{index}]",
                     body,
                     gpu,
-                    gpu and name == kai_name,
+                    fraction,
+                    claims,
                     watched_env,
                     readable,
+                    pins,
                 )
             )
-    return _Pod(_mapping(pod.get("metadata")), spec, tuple(containers), tuple(unreadable), config, only is None)
+    return _Pod(_mapping(pod.get("metadata")), spec, tuple(containers), tuple(unreadable), config, only is None, {})
+
+
+_KAI_PINS = (VISIBLE_DEVICES_ENV,)
 
 
 def _watched_env_names(config: PolicyConfig) -> frozenset[str]:
     """Every env name some rule reads: the visible-devices names (``NVIDIA_VISIBLE_DEVICES`` and the configured
-    aliases) and the MIG control variables. A rule that reads another env name must be added here."""
-    return config.visible_devices_names | _MIG_CONTROL_NAMES
+    aliases), the MIG control variables and the IMEX channels. A rule that reads another env name must be added
+    here."""
+    return config.visible_devices_names | _OTHER_WATCHED_NAMES
 
 
 _MIG_CONTROL_NAMES = frozenset(MIG_CONTROL_ENVS)
+_OTHER_WATCHED_NAMES = _MIG_CONTROL_NAMES | {IMEX_CHANNELS_ENV}
 
 
 def _watched_env(env: list[Any], watched: frozenset[str]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -320,28 +425,86 @@ def _watched_env(env: list[Any], watched: frozenset[str]) -> list[tuple[str, Map
     return found
 
 
-def clean_path(path: str) -> str:
-    """A path as the runtime compares it: ``..`` and ``.`` resolved, slashes collapsed, always absolute.
+def _missing_pins(container: _Container) -> tuple[str, ...]:
+    """The pin names the container has no env entry for (whatever the entries' values: validation judges them).
 
-    Go's ``filepath.Clean`` (used by the toolkit) turns ``//x`` into ``/x`` where ``posixpath.normpath`` keeps
-    the two leading slashes POSIX allows, so those are collapsed too.
-    """
-    cleaned = posixpath.normpath("/" + path)
-    return "/" + cleaned.lstrip("/")
+    A loop and no new object in the usual case (one pin, present, found after one or two entries): this runs for
+    every container admitted."""
+    pins = container.pins
+    if len(pins) == 1:
+        pin = pins[0]
+        for name, _ in container.env:
+            if name == pin:
+                return ()
+        return pins
+    present = {name for name, _ in container.env}
+    return tuple(pin for pin in pins if pin not in present)
 
 
-def _at_or_above(path: str, protected: str) -> bool:
-    return path in ("/", protected) or protected.startswith(path + "/")
+# --------------------------------------------------------------------------------------------------------------
+# KAI's reference (kai-scheduler/KAI-Scheduler d5bc503a: pkg/binder/common/gpu_access.go AddGPUSharingEnvVars,
+# env_vars.go AddDirectEnvVarsConfigMapSource, gpusharingconfigmap/config_map.go)
 
 
-def _reaches_host_device(path: str, protected: str) -> bool:
-    """True when a hostPath volume at ``path`` (cleaned) exposes the protected host path ``protected``."""
-    if protected.endswith("*"):
-        stem = protected[:-1]
-        return path.startswith(stem) or _at_or_above(path, posixpath.dirname(stem))
-    if protected in _ANCESTOR_ONLY_PATHS:
-        return _at_or_above(path, protected)
-    return _at_or_above(path, protected) or path.startswith(protected + "/")
+def _kai_config_map_prefix(pod: _Pod) -> str | None:
+    prefix = _mapping(pod.metadata.get("annotations")).get(kai.SHARED_GPU_CONFIG_MAP_ANNOTATION)
+    if isinstance(prefix, str) and kai.SHARED_GPU_CONFIG_MAP_PREFIX.fullmatch(prefix):
+        return prefix
+    return None
+
+
+def _is_kai_reference(pod: _Pod, container: _Container, entry: Mapping[str, Any]) -> bool:
+    """The one ``valueFrom`` allowed: on KAI's fraction container, exactly the required ``configMapKeyRef`` that
+    KAI's webhook writes, to the ConfigMap its binder fills for this container (named after the pod's prefix
+    annotation and the container's place). Any other ConfigMap would be one the pod author filled."""
+    value_from = entry.get("valueFrom")
+    if entry.get("value") not in (None, "") or not isinstance(value_from, dict):
+        return False
+    if list(value_from) != ["configMapKeyRef"]:
+        return False
+    reference = value_from["configMapKeyRef"]
+    prefix = _kai_config_map_prefix(pod)
+    return (
+        isinstance(reference, dict)
+        and prefix is not None
+        and reference.get("name") == _kai_config_map(prefix, container)
+        and reference.get("key") == VISIBLE_DEVICES_ENV
+        and reference.get("optional") in (None, False)
+    )
+
+
+def _kai_config_map(prefix: str, container: _Container) -> str:
+    return kai.capabilities_config_map(prefix, init=container.field == "initContainers", index=container.index)
+
+
+def _is_kai_env_source(pod: _Pod, container: _Container, source: Any) -> bool:
+    """KAI's own ``envFrom`` on its fraction container: its ``-evar`` ConfigMap, required."""
+    prefix = _kai_config_map_prefix(pod)
+    if prefix is None or not isinstance(source, dict) or list(source) != ["configMapRef"]:
+        return False
+    reference = source["configMapRef"]
+    expected = kai.direct_env_config_map(prefix, init=container.field == "initContainers", index=container.index)
+    return (
+        isinstance(reference, dict) and reference.get("name") == expected and reference.get("optional") in (None, False)
+    )
+
+
+def _kai_value_from_problem(pod: _Pod, container: _Container, name: str) -> str | None:
+    """Why a ``valueFrom`` that looks like KAI's is not accepted, when the pod asks for a KAI fraction."""
+    annotations = _mapping(pod.metadata.get("annotations"))
+    if name != VISIBLE_DEVICES_ENV or not any(key in annotations for key in kai.FRACTION_ANNOTATIONS):
+        return None
+    scheduler = pod.spec.get("schedulerName")
+    if not isinstance(scheduler, str) or scheduler not in pod.config.kai_scheduler_set:
+        return None
+    if _bound_at_creation(pod.spec):
+        return (
+            f"sets {name} through valueFrom on a KAI fraction pod created with spec.nodeName, which no KAI "
+            "scheduler or binder ever sees, so the ConfigMap is the pod author's"
+        )
+    if container.kai_fraction:
+        return f"sets {name} through valueFrom, but not as KAI's reference to the ConfigMap KAI fills for it"
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -351,7 +514,7 @@ def _reaches_host_device(path: str, protected: str) -> bool:
 def unpinned_container(pod: _Pod) -> list[Violation]:
     found = list(pod.unreadable)  # what cannot be read cannot be pinned
     for container in pod.containers:
-        if container.gpu:
+        if not container.pins:  # a GPU container
             continue
         if not container.env_readable:
             found.append(
@@ -362,53 +525,48 @@ def unpinned_container(pod: _Pod) -> list[Violation]:
                     "make env a list of name/value",
                 )
             )
-        elif not _sets_visible_devices(container):
-            found.append(
-                _in_container(
-                    UNPINNED_CONTAINER,
-                    container,
-                    f"requests no GPU and does not set {VISIBLE_DEVICES_ENV}"
-                    f"; add env {VISIBLE_DEVICES_ENV}=void (or request nvidia.com/gpu)",
-                )
-            )
+            continue
+        pins = container.pins
+        if len(pins) == 1:  # _missing_pins inline for the usual single pin: this runs for every container
+            pin = pins[0]
+            for name, _ in container.env:
+                if name == pin:
+                    break
+            else:
+                found.append(_in_container(UNPINNED_CONTAINER, container, _unpinned_detail(container, pin)))
+            continue
+        missing = _missing_pins(container)
+        if missing:
+            found.append(_in_container(UNPINNED_CONTAINER, container, _unpinned_detail(container, missing[0])))
     return found
 
 
-def _sets_visible_devices(container: _Container) -> bool:
-    """True when the container has an ``NVIDIA_VISIBLE_DEVICES`` entry (whatever its value: validation judges it).
-
-    A loop, not ``any()`` over a generator: this runs for every container admitted, and the generator costs more
-    than the one or two entries it looks at."""
-    for name, _ in container.env:  # noqa: SIM110
-        if name == VISIBLE_DEVICES_ENV:
-            return True
-    return False
-
-
-def _is_kai_injected(container: _Container, name: str, entry: Mapping[str, Any]) -> bool:
-    """The one ``valueFrom`` allowed: KAI's binder points the fraction container at its reservation's ConfigMap."""
-    value_from = entry.get("valueFrom")
-    return (
-        container.kai_fraction
-        and name == VISIBLE_DEVICES_ENV
-        and entry.get("value") in (None, "")
-        and isinstance(value_from, dict)
-        and list(value_from) == ["configMapKeyRef"]
-    )
+def _unpinned_detail(container: _Container, name: str) -> str:
+    if container.kai_fraction:
+        why = "is KAI's fraction container and does not set"
+    elif container.claims:
+        why = "has DRA claims but no device-plugin GPU request, and does not set"
+    else:
+        why = "requests no GPU and does not set"
+    alias = "" if name == VISIBLE_DEVICES_ENV else f" (read by the toolkit instead of {VISIBLE_DEVICES_ENV})"
+    return f"{why} {name}{alias}; add env {name}=void (or request nvidia.com/gpu)"
 
 
 def visible_devices_env(pod: _Pod) -> list[Violation]:
     names = pod.config.visible_devices_names
     found: list[Violation] = []
+    nones: list[tuple[_Container, str]] = _NO_NONES  # accepted values the toolkit reads as none (_none_settings)
     for container in pod.containers:
         for name, entry in container.env:
             if name not in names:
                 continue
             value = entry.get("value")
             if entry.get("valueFrom") is not None:
-                if _is_kai_injected(container, name, entry):
+                if container.kai_fraction and name == VISIBLE_DEVICES_ENV and _is_kai_reference(pod, container, entry):
                     continue
-                problem = f"sets {name} through valueFrom, which cannot be checked"
+                problem = _kai_value_from_problem(pod, container, name) or (
+                    f"sets {name} through valueFrom, which cannot be checked"
+                )
             elif value is not None and not isinstance(value, str):
                 problem = f"sets {name} to a non-string value"
             elif value is not None and "$(" in value:
@@ -417,7 +575,11 @@ def visible_devices_env(pod: _Pod) -> list[Violation]:
                 problem = (
                     f"requests a GPU and also sets {name}={_quote(value or '')}, which competes with the allocation"
                 )
-            elif parse_visible_devices(value or "").grants_no_gpu:
+            elif container.kai_fraction and name != VISIBLE_DEVICES_ENV:
+                problem = f"is KAI's fraction container and sets {name}, which the toolkit reads instead of KAI's value"
+            elif (parsed := parse_visible_devices(value or "")).grants_no_gpu:
+                if parsed.visibility is _NONE:
+                    nones = [*nones, (container, name)]
                 continue
             else:
                 problem = f"sets {name}={_quote(value)} but requests no GPU"
@@ -427,13 +589,83 @@ def visible_devices_env(pod: _Pod) -> list[Violation]:
                 else f"request nvidia.com/gpu, or remove {name}"
             )
             found.append(_in_container(VISIBLE_DEVICES, container, f"{problem}; {fix}"))
+    pod.memo["none"] = nones
     return found
+
+
+_NO_NONES: list[tuple[_Container, str]] = []  # shared, never appended to: the usual answer
+
+
+def _none_settings(pod: _Pod) -> list[tuple[_Container, str]]:
+    """Each ``(container, name)`` where the pod itself sets a visible-devices variable to a value the toolkit reads
+    as ``none``, among the values ``visible-devices-env`` accepts (a GPU container's value, an alias on KAI's
+    fraction container, a reference are that rule's). That rule finds them as it judges each value, so within
+    ``validate`` they are read from its pass; alone, the same pass is made here."""
+    nones = pod.memo.get("none")
+    if nones is None:
+        visible_devices_env(pod)
+        nones = pod.memo["none"]
+    return nones
+
+
+def visible_devices_none(pod: _Pod) -> list[Violation]:
+    if pod.config.visible_devices_none is not _REJECT:
+        return []
+    return [
+        _in_container(
+            VISIBLE_DEVICES_NONE,
+            container,
+            f"sets {name} to none, which NVIDIA container toolkit 1.18.0 and 1.18.1 read as all in jit-cdi mode "
+            f"(fixed in 1.18.2); set {name}=void",
+        )
+        for container, name in _none_settings(pod)
+    ]
+
+
+def _env_from_gaps(pod: _Pod) -> list[_Container]:
+    """Containers whose ``envFrom`` may set a visible-devices variable that no explicit entry overrides.
+
+    An explicit ``env`` entry wins over ``envFrom`` (kubelet ``makeEnvironmentVariables``), so a pinned container is
+    safe whatever its ``envFrom`` holds. A device-plugin GPU container has no such entry (the plugin's value is
+    the one that counts, and a pod value would beat it); KAI's fraction container has KAI's entry, but none for a
+    configured alias."""
+    aliases = pod.config.visible_devices_aliases
+    gaps: list[_Container] = []
+    for container in pod.containers:
+        sources = container.body.get("envFrom")
+        if not sources:  # absent, null or empty, as nearly always
+            continue
+        if container.gpu or (
+            container.kai_fraction
+            and aliases
+            and (not isinstance(sources, list) or not all(_is_kai_env_source(pod, container, s) for s in sources))
+        ):
+            gaps.append(container)
+    return gaps
+
+
+def gpu_env_from(pod: _Pod) -> list[Violation]:
+    if pod.config.env_from_on_gpu_containers is not _REJECT:
+        return []
+    return [
+        _in_container(
+            GPU_ENV_FROM,
+            container,
+            f"gets a GPU and uses envFrom, which can set {VISIBLE_DEVICES_ENV} (or an alias) past the allocation; "
+            "set the variables with env instead of envFrom",
+        )
+        for container in _env_from_gaps(pod)
+    ]
 
 
 def privileged(pod: _Pod) -> list[Violation]:
     found: list[Violation] = []
+    additions: list[tuple[_Container, list[str]]] = []  # for the capability rules, read in the same pass
     for container in pod.containers:
-        flag = _mapping(container.body.get("securityContext")).get("privileged")
+        security = container.body.get("securityContext")
+        if not isinstance(security, dict):
+            continue
+        flag = security.get("privileged")
         if flag is True or (isinstance(flag, str) and flag.lower() == "true"):
             found.append(
                 _in_container(
@@ -443,19 +675,31 @@ def privileged(pod: _Pod) -> list[Violation]:
                     "securityContext.privileged (request nvidia.com/gpu for a GPU)",
                 )
             )
+        capabilities = security.get("capabilities")
+        if capabilities:
+            added = _mapping(capabilities).get("add")
+            if isinstance(added, list) and added:
+                additions.append((container, [name for name in added if isinstance(name, str)]))
+    pod.memo["capabilities"] = additions
     return found
+
+
+def _capability_additions(pod: _Pod) -> list[tuple[_Container, list[str]]]:
+    """Each container that adds capabilities, with the names it adds (strings only). ``privileged`` reads them
+    as it reads each security context, so within ``validate`` they come from its pass; alone, it is made here."""
+    additions = pod.memo.get("capabilities")
+    if additions is None:
+        privileged(pod)
+        additions = pod.memo["capabilities"]
+    return additions
 
 
 def sys_admin_capability(pod: _Pod) -> list[Violation]:
     found: list[Violation] = []
-    for container in pod.containers:
-        capabilities = _mapping(_mapping(container.body.get("securityContext")).get("capabilities"))
-        added = capabilities.get("add")
-        if not isinstance(added, list):
-            continue
+    for container, added in _capability_additions(pod):
         # Runtimes upper-case names and add the CAP_ prefix themselves, so "cap_sys_admin" is SYS_ADMIN too.
         for capability in added:
-            if isinstance(capability, str) and capability.upper().removeprefix("CAP_") in ("SYS_ADMIN", "ALL"):
+            if capability_name(capability) in SYS_ADMIN_CAPABILITIES:
                 found.append(
                     _in_container(
                         SYS_ADMIN_CAPABILITY,
@@ -467,6 +711,43 @@ def sys_admin_capability(pod: _Pod) -> list[Violation]:
                 )
                 break
     return found
+
+
+def added_capability(pod: _Pod) -> list[Violation]:
+    allowed = pod.config.allowed_capability_set
+    found: list[Violation] = []
+    for container, added in _capability_additions(pod):
+        unlisted = [
+            capability
+            for capability in added
+            if capability_name(capability) not in allowed and capability_name(capability) not in SYS_ADMIN_CAPABILITIES
+        ]
+        if unlisted:
+            found.append(
+                _in_container(
+                    ADDED_CAPABILITY,
+                    container,
+                    f"adds capability {', '.join(_quote(c) for c in unlisted)}, which is not on the capability "
+                    "allowlist (allowed_capabilities); remove it from securityContext.capabilities.add",
+                )
+            )
+    return found
+
+
+def host_pid(pod: _Pod) -> list[Violation]:
+    if not pod.whole_pod:  # immutable: judged when the pod was created
+        return []
+    flag = pod.spec.get("hostPID")
+    if flag is True or (isinstance(flag, str) and flag.lower() == "true"):
+        return [
+            Violation(
+                HOST_PID,
+                None,
+                "the pod shares the node's PID namespace (hostPID), where its processes see, signal and inspect "
+                "(environment, files) other pods' processes, GPU jobs included; remove hostPID",
+            )
+        ]
+    return []
 
 
 def _volume_mounts(container: _Container) -> Iterator[Mapping[str, Any]]:
@@ -487,7 +768,7 @@ def _is_device_list_path(cleaned: str) -> bool:
 #: ``.``, ``..`` and empty components but never changes the text of a component, and the marker holds no ``/``, so a
 #: cleaned path can contain it only if the raw path does: testing the raw path first skips the clean for all
 #: ordinary mounts.
-_DEVICE_LIST_MARKER = posixpath.basename(DEVICE_LIST_MOUNT_PREFIXES[0])
+_DEVICE_LIST_MARKER = DEVICE_LIST_MOUNT_PREFIXES[0].rsplit("/", 1)[-1]
 _DEVICE_LIST_COMPONENT = "/" + _DEVICE_LIST_MARKER
 
 
@@ -514,62 +795,163 @@ def device_list_mount(pod: _Pod) -> list[Violation]:
     return found
 
 
-def cdi_annotation(pod: _Pod) -> list[Violation]:
-    if not pod.whole_pod:
+def _annotation_violations(pod: _Pod, rule: str, prefixes: tuple[str, ...], asks: str) -> list[Violation]:
+    """The violations of one annotation rule. The keys under any rule's prefix are found in one pass over the
+    annotations, by the first of the two rules; the second reads that pass."""
+    if not pod.whole_pod:  # annotations were judged when the pod was created (updates: validate_update)
+        return []
+    keys = pod.memo.get("annotations")
+    if keys is None:
+        by_first = pod.config.device_annotation_prefixes
+        keys = [
+            key
+            for key in _mapping(pod.metadata.get("annotations"))
+            if isinstance(key, str) and (under := by_first.get(key[:1])) is not None and key.startswith(under)
+        ]
+        pod.memo["annotations"] = keys
+    if not keys:
         return []
     return [
         Violation(
-            CDI_ANNOTATION,
-            None,
-            f"pod annotation {_quote(key)} asks the runtime for CDI "
-            "devices; remove the annotation and request nvidia.com/gpu",
+            rule, None, f"pod annotation {_quote(key)} asks {asks}; remove the annotation and request nvidia.com/gpu"
         )
-        for key in _mapping(pod.metadata.get("annotations"))
-        if isinstance(key, str) and key.startswith(CDI_ANNOTATION_PREFIXES)
+        for key in keys
+        if key.startswith(prefixes)
     ]
 
 
-def host_device_path(pod: _Pod) -> list[Violation]:
+def cdi_annotation(pod: _Pod) -> list[Violation]:
+    return _annotation_violations(pod, CDI_ANNOTATION, CDI_ANNOTATION_PREFIXES, "the runtime for CDI devices")
+
+
+def runtime_annotation(pod: _Pod) -> list[Violation]:
+    return _annotation_violations(
+        pod,
+        RUNTIME_ANNOTATION,
+        pod.config.forbidden_annotation_prefixes,
+        "the container runtime or an NRI plugin for devices or mounts",
+    )
+
+
+def _host_path_volumes(pod: _Pod) -> list[tuple[Any, str, str, str | None]]:
+    """``(name, path, cleaned path, the protected path it reaches or None)`` of each hostPath volume under
+    judgement: all of them, or with ``only`` those the new ephemeral containers mount (the rest were judged when
+    the pod was created). Read once per pod: two rules share it."""
+    found = pod.memo.get("host paths")
+    if found is not None:
+        return found
+    found = []
     volumes = pod.spec.get("volumes")
-    if not isinstance(volumes, list):
-        return []
-    mounted: set[str] | None = None
-    if not pod.whole_pod:  # judging new ephemeral containers: only the volumes they mount are new exposure
-        mounted = {m["name"] for c in pod.containers for m in _volume_mounts(c) if isinstance(m.get("name"), str)}
+    hosts = [v for v in volumes if isinstance(v, dict) and "hostPath" in v] if isinstance(volumes, list) else []
+    if hosts:
+        mounted: set[str] | None = None
+        if not pod.whole_pod:
+            mounted = {m["name"] for c in pod.containers for m in _volume_mounts(c) if isinstance(m.get("name"), str)}
+        for volume in hosts:
+            path = _mapping(volume.get("hostPath")).get("path")
+            name = volume.get("name")
+            if not isinstance(path, str) or (
+                mounted is not None and (not isinstance(name, str) or name not in mounted)
+            ):
+                continue
+            cleaned = clean_path(path)
+            reached = next((p for p in pod.config.host_device_paths if reaches_protected(cleaned, p)), None)
+            found.append((name, path, cleaned, reached))
+    pod.memo["host paths"] = found
+    return found
+
+
+def host_device_path(pod: _Pod) -> list[Violation]:
+    return [
+        Violation(
+            HOST_DEVICE_PATH,
+            None,
+            f"volume {_quote(name)} mounts host path {_quote(path)}, which exposes {reached}; remove the hostPath "
+            "volume (request nvidia.com/gpu for a GPU)",
+        )
+        for name, path, _, reached in _host_path_volumes(pod)
+        if reached is not None
+    ]
+
+
+def _writable_volumes(pod: _Pod) -> set[str]:
+    """Names of the volumes that a container under judgement mounts without ``readOnly: true``."""
+    return {
+        mount["name"]
+        for container in pod.containers
+        for mount in _volume_mounts(container)
+        if isinstance(mount.get("name"), str) and mount.get("readOnly") is not True
+    }
+
+
+def host_path(pod: _Pod) -> list[Violation]:
+    """Every hostPath that ``host-device-path`` does not already reject must be on the allowlist, exactly (its
+    sub-paths are not: see docs/policy.md), and mounted read-only unless its entry allows writes."""
+    allowlist = pod.config.host_path_writable
     found: list[Violation] = []
-    for volume in volumes:
-        if not isinstance(volume, dict):
+    writable: set[str] | None = None
+    for name, path, cleaned, reached in _host_path_volumes(pod):
+        if reached is not None:  # host-device-path's
             continue
-        path = _mapping(volume.get("hostPath")).get("path")
-        name = volume.get("name")
-        if not isinstance(path, str) or (mounted is not None and (not isinstance(name, str) or name not in mounted)):
-            continue
-        cleaned = clean_path(path)
-        reached = next((p for p in pod.config.host_device_paths if _reaches_host_device(cleaned, p)), None)
-        if reached is not None:
+        allowed = allowlist.get(cleaned)
+        if allowed is None:
             found.append(
                 Violation(
-                    HOST_DEVICE_PATH,
+                    HOST_PATH,
                     None,
-                    f"volume {_quote(name)} mounts host "
-                    f"path {_quote(path)}, which exposes {reached}; remove the hostPath volume "
-                    "(request nvidia.com/gpu for a GPU)",
+                    f"volume {_quote(name)} mounts host path {_quote(path)}, which is not on the hostPath "
+                    "allowlist (host_path_allowlist); use another volume type, or ask for an entry",
+                )
+            )
+            continue
+        if allowed:
+            continue
+        if writable is None:
+            writable = _writable_volumes(pod)
+        if name in writable:
+            found.append(
+                Violation(
+                    HOST_PATH,
+                    None,
+                    f"volume {_quote(name)} mounts host path {_quote(path)} writable, which the hostPath allowlist "
+                    "allows read-only; set readOnly: true on every volumeMount of it",
                 )
             )
     return found
 
 
+def _env_variable_violations(pod: _Pod, rule: str, names: Collection[str], why: str) -> list[Violation]:
+    """The violations of one device-variable rule. The MIG and IMEX entries are found in one pass over the
+    watched env, by the first of the two rules; the second reads that pass."""
+    settings = pod.memo.get("device variables")
+    if settings is None:
+        settings = [
+            (container, name)
+            for container in pod.containers
+            for name, _ in container.env
+            if name in _OTHER_WATCHED_NAMES
+        ]
+        pod.memo["device variables"] = settings
+    if not settings:
+        return []
+    return [
+        _in_container(rule, container, f"sets {name}, {why}; remove it")
+        for container, name in settings
+        if name in names
+    ]
+
+
 def mig_control_env(pod: _Pod) -> list[Violation]:
-    found: list[Violation] = []
-    for container in pod.containers:
-        for name, _ in container.env:
-            if name in MIG_CONTROL_ENVS:
-                found.append(
-                    _in_container(
-                        MIG_CONTROL_ENV, container, f"sets {name}, which controls MIG on the whole GPU; remove it"
-                    )
-                )
-    return found
+    return _env_variable_violations(pod, MIG_CONTROL_ENV, _MIG_CONTROL_NAMES, "which controls MIG on the whole GPU")
+
+
+def imex_channels_env(pod: _Pod) -> list[Violation]:
+    return _env_variable_violations(
+        pod,
+        IMEX_CHANNELS,
+        (IMEX_CHANNELS_ENV,),
+        "an IMEX channel request that no allocation made (the device plugin or DRA driver sets it)",
+    )
 
 
 RULE_CHECKS: tuple[tuple[Rule, Callable[[_Pod], list[Violation]]], ...] = tuple(
@@ -578,42 +960,57 @@ RULE_CHECKS: tuple[tuple[Rule, Callable[[_Pod], list[Violation]]], ...] = tuple(
         (
             unpinned_container,
             visible_devices_env,
+            visible_devices_none,
+            gpu_env_from,
             privileged,
             sys_admin_capability,
+            added_capability,
+            host_pid,
             device_list_mount,
             cdi_annotation,
+            runtime_annotation,
             host_device_path,
+            host_path,
             mig_control_env,
+            imex_channels_env,
         ),
         strict=True,
     )
 )
 
 
+_CHECKS = tuple(check for _, check in RULE_CHECKS)
+
+
 def _warnings(pod: _Pod) -> list[str]:
+    # Loops over lists that are nearly always empty, not generators: this runs for every pod admitted.
     warnings: list[str] = []
-    aliases = pod.config.visible_devices_aliases
-    for container in pod.containers:
-        if container.body.get("envFrom") is None:
-            continue
-        if container.gpu:
+    config = pod.config
+    if config.env_from_on_gpu_containers is _WARN:
+        for container in _env_from_gaps(pod):
             warnings.append(
                 f"container {_quote(container.name)} requests a GPU and uses envFrom, which gpu-fence "
                 f"cannot check for {VISIBLE_DEVICES_ENV}"
             )
-        elif aliases:  # the pin covers NVIDIA_VISIBLE_DEVICES, not an alias the toolkit reads first
-            warnings.append(f"container {_quote(container.name)} uses envFrom, which may set {aliases[0]}")
+    if config.visible_devices_none is _WARN:
+        for container, name in _none_settings(pod):
+            warnings.append(
+                f"container {_quote(container.name)} sets {name}=none, which toolkit 1.18.0-1.18.1 (jit-cdi) read "
+                "as all; use void"
+            )
     if pod.whole_pod:
         runtime_class = pod.spec.get("runtimeClassName")
         if (
             isinstance(runtime_class, str)
-            and runtime_class in pod.config.nvidia_runtime_class_set
-            and not any(container.gpu for container in pod.containers)
+            and runtime_class in config.nvidia_runtime_class_set
+            and not any(container.gpu or container.kai_fraction or container.claims for container in pod.containers)
         ):
             warnings.append(
                 f"runtimeClassName {_quote(runtime_class)} on a pod with no GPU container: its "
                 f"containers are pinned to {VISIBLE_DEVICES_ENV}=void"
             )
+    if not warnings:
+        return warnings
     return [clip(warning, MAX_WARNING_CHARS) for warning in warnings]
 
 
@@ -634,29 +1031,41 @@ _FIELD_POINTERS = {field: _pointer("spec", field) for field in CONTAINER_FIELDS}
 
 
 def mutate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = None) -> Mutation:
-    """Pin ``NVIDIA_VISIBLE_DEVICES=void`` on every non-GPU container that has no such entry; nothing else.
+    """Pin ``NVIDIA_VISIBLE_DEVICES=void`` (and each configured alias) on every container that requests no
+    device-plugin GPU and has no such entry; nothing else.
 
     ``void`` is explicit because an unset variable means ``all`` on legacy CUDA images. An existing entry is
     never touched (validation judges it) and never duplicated, so mutating the mutated pod yields no patch.
-    ``only`` restricts the pin to these ephemeral containers (``pods/ephemeralcontainers`` UPDATE).
+    KAI's fraction container gets the ``NVIDIA_VISIBLE_DEVICES`` pin too: KAI's webhook drops any entry of that
+    name and appends its reference (``AddEnvVarToContainer``), and where it does not run, nothing else would
+    fill the variable. ``only`` restricts the pin to these ephemeral containers (``pods/ephemeralcontainers``
+    UPDATE).
     """
     view = _read_pod(pod, config, only)
     operations: list[dict[str, Any]] = []
     pinned: list[str] = []
     for container in view.containers:
-        if container.gpu:
-            continue
-        if not container.env_readable:
-            continue  # nothing can be appended; unpinned-container reports it
+        pins = container.pins
+        if not pins or not container.env_readable:
+            continue  # a GPU container; or nothing can be appended, which unpinned-container reports
         path = f"{_FIELD_POINTERS[container.field]}/{container.index}/env"
         if container.body.get("env") is None:  # absent or null: add the whole array ("/env/-" needs one)
-            operations.append({"op": "add", "path": path, "value": [{"name": VISIBLE_DEVICES_ENV, "value": PIN_VALUE}]})
-        elif _sets_visible_devices(container):
+            operations.append({"op": "add", "path": path, "value": [{"name": n, "value": PIN_VALUE} for n in pins]})
+        elif len(pins) == 1:  # _missing_pins inline for the usual single pin: this runs for every container
+            pin = pins[0]
+            for name, _ in container.env:
+                if name == pin:
+                    break
+            else:
+                operations.append({"op": "add", "path": path + "/-", "value": {"name": pin, "value": PIN_VALUE}})
+                pinned.append(container.name)
             continue
         else:
-            operations.append(
-                {"op": "add", "path": path + "/-", "value": {"name": VISIBLE_DEVICES_ENV, "value": PIN_VALUE}}
-            )
+            missing = _missing_pins(container)
+            if not missing:
+                continue
+            for name in missing:
+                operations.append({"op": "add", "path": path + "/-", "value": {"name": name, "value": PIN_VALUE}})
         pinned.append(container.name)
     if not operations:
         return NO_MUTATION
@@ -670,7 +1079,11 @@ def validate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = N
     hostPath volumes they mount; pod-level annotations and runtime class were judged when the pod was created.
     """
     view = _read_pod(pod, config, only)
-    violations = [violation for _, check in RULE_CHECKS for violation in check(view)]
+    violations: list[Violation] = []
+    for check in _CHECKS:  # a plain loop: fifteen calls per review, nearly all of them answering []
+        found = check(view)
+        if found:
+            violations += found
     warnings = _warnings(view)
     if not violations and not warnings:
         return NO_VIOLATIONS
@@ -682,7 +1095,7 @@ def _annotations(pod: Any) -> Mapping[str, Any]:
 
 
 def validate_update(pod: Any, old_pod: Any, config: PolicyConfig) -> Validation:
-    """Judge a plain pod UPDATE: the CDI annotations it adds or changes, nothing else.
+    """Judge a plain pod UPDATE: the CDI and runtime annotations it adds or changes, nothing else.
 
     Containers, volumes and runtime class are immutable once a pod exists, but annotations are not: one added
     while the pod waits for its sandbox (a scheduling gate, a pending pod) reaches the runtime like one set at
@@ -693,7 +1106,8 @@ def validate_update(pod: Any, old_pod: Any, config: PolicyConfig) -> Validation:
     added = {key: value for key, value in _annotations(pod).items() if key not in old or old[key] != value}
     if not added:
         return NO_VIOLATIONS
-    violations = cdi_annotation(_Pod({"annotations": added}, _EMPTY, (), (), config, True))
+    view = _Pod({"annotations": added}, _EMPTY, (), (), config, True, {})
+    violations = [*cdi_annotation(view), *runtime_annotation(view)]
     return Validation(violations=tuple(violations), warnings=()) if violations else NO_VIOLATIONS
 
 

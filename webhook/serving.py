@@ -2,21 +2,20 @@
 
 Why these choices:
 
-* **gthread workers** keep connections alive (``sync`` workers close each one, which behind TLS means a full
-  handshake per admission call). ``keepalive`` outlasts the API server's 90 s idle-connection timeout, so the
-  client, not the server, closes idle connections and never reuses one the server just dropped.
+* **Our own gunicorn worker** (``webhook.worker``): its event loop does the TLS handshakes and reads each request
+  whole, within a deadline per request, before a pool thread runs the app on it; no client can hold a thread by
+  sending slowly. It keeps connections alive (a TLS handshake per admission call costs more than the review) but
+  closes each after a few seconds, so that traffic rebalances over the workers. Why, in detail: the worker's
+  module docstring and docs/webhook.md.
 * **Certificate reload without restart.** gunicorn asks its ``ssl_context`` hook for a context on every new
   connection. :class:`CertificateStore` answers with a cached context and, at most once a second, compares the
   files' inode/mtime/size; on a change it builds a *new* context and swaps it in. Connections already open
   (in-flight or keep-alive) keep the context they were accepted with, so nothing is dropped, and new ones get
   the new certificate. A half-written pair (key and certificate do not match yet) keeps the old context and is
   retried. Kubernetes updates mounted Secrets by an atomic symlink swap, which changes the inode.
-* **Silent clients time out.** gthread reads a request on a blocking socket with no timeout, so a client that
-  sends one byte of a ClientHello (or of a second request on a kept-alive connection) and then nothing would
-  hold a worker thread for good; a handful of them would starve every review. Sockets from our context give
-  each read and write ``IO_TIMEOUT_SECONDS``, longer than the API server's whole webhook timeout, after which
-  the connection is dropped. Idle kept-alive connections wait in gunicorn's poller, not in a read, and are
-  not affected.
+* **Sockets never block without a timeout.** The worker never blocks on a client socket; sockets from our
+  context still give each blocking read and write ``IO_TIMEOUT_SECONDS``, so that code which does block on them
+  (gunicorn's own ``gthread`` worker, which the HTTPS benchmark runs beside ours) cannot wait for ever either.
 * **Metrics across workers**: ``PROMETHEUS_MULTIPROC_DIR`` is set, to a fresh temporary directory, before
   prometheus_client is imported; each worker writes its values there and ``/metrics`` merges them. The
   container's root filesystem is read-only, so ``/tmp`` (``TMPDIR``) must be a writable ``emptyDir``.
@@ -59,15 +58,14 @@ from gpu_fence.exit_status import ExitStatus
 EXAMPLES = """\
 examples:
   gpu-fence-webhook serve --cert-file /tls/tls.crt --key-file /tls/tls.key
+  gpu-fence-webhook serve --cert-file /tls/tls.crt --key-file /tls/tls.key --client-ca-file /client-ca/ca.crt
   gpu-fence-webhook serve --cert-file tls/tls.crt --key-file tls/tls.key --bind 127.0.0.1 --port 8443 --workers 1
 """
 
 log = logging.getLogger("gpu_fence.webhook")
 
-#: Longer than the API server's idle-connection timeout (Go's http.Transport: 90 s).
-KEEPALIVE_SECONDS = 120
 RELOAD_CHECK_SECONDS = 1.0
-#: Longest silence allowed within a handshake, a request or a response; the webhooks' timeoutSeconds is 3.
+#: Longest silence allowed within a blocking read or write on one of our sockets (the worker never blocks).
 IO_TIMEOUT_SECONDS = 5.0
 
 
@@ -98,19 +96,26 @@ class ServeError(Exception):
 
 
 class CertificateStore:
-    """The current server-side TLS context, rebuilt when the certificate or key file changes."""
+    """The current server-side TLS context, rebuilt when the certificate, the key or the client CA file changes.
+
+    With a client CA, the context asks every client for a certificate and verifies one that is presented against
+    that CA (a handshake with an untrusted one fails), but lets a client without one connect: the kubelet's probes
+    present none. Which requests then need one is the app's decision (``webhook.wsgi.ClientAuth``).
+    """
 
     def __init__(
         self,
         cert_file: str,
         key_file: str,
         *,
+        client_ca_file: str | None = None,
         on_load: Callable[[float], None] | None = None,
         check_interval: float = RELOAD_CHECK_SECONDS,
         io_timeout: float = IO_TIMEOUT_SECONDS,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
+        self.client_ca_file = client_ca_file
         self.on_load = on_load
         self.check_interval = check_interval
         self._socket_class = type("TimedSSLSocket", (_TimedSSLSocket,), {"io_timeout": io_timeout})
@@ -173,11 +178,12 @@ class CertificateStore:
         return True
 
     def _stat(self) -> tuple:
+        files = [self.cert_file, self.key_file, *([self.client_ca_file] if self.client_ca_file else [])]
         try:
-            cert, key = os.stat(self.cert_file), os.stat(self.key_file)
+            found = [os.stat(name) for name in files]
         except OSError as error:
             raise ServeError(f"cannot read {error.filename}: {error.strerror}") from None
-        return (cert.st_ino, cert.st_mtime_ns, cert.st_size, key.st_ino, key.st_mtime_ns, key.st_size)
+        return tuple((info.st_ino, info.st_mtime_ns, info.st_size) for info in found)
 
     def _build(self) -> tuple[ssl.SSLContext, float]:
         from cryptography import x509  # noqa: PLC0415 - only to read notAfter for the expiry metric
@@ -185,7 +191,9 @@ class CertificateStore:
         context = _ServerContext(ssl.PROTOCOL_TLS_SERVER)
         context.sslsocket_class = self._socket_class
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+        # A client that ends its side of TCP without close_notify (a body cut short) still gets its 400: OpenSSL 3
+        # otherwise fails the connection on that EOF, and the answer with it.
+        context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_IGNORE_UNEXPECTED_EOF
         try:
             context.load_cert_chain(self.cert_file, self.key_file)
             with open(self.cert_file, "rb") as handle:
@@ -197,7 +205,20 @@ class CertificateStore:
             raise ServeError(f"--cert-file {self.cert_file}: not a PEM certificate ({error})") from None
         except OSError as error:
             raise ServeError(f"cannot read {error.filename}: {error.strerror}") from None
+        if self.client_ca_file:
+            self._ask_for_client_certificates(context, self.client_ca_file)
         return context, not_after
+
+    @staticmethod
+    def _ask_for_client_certificates(context: ssl.SSLContext, ca_file: str) -> None:
+        try:
+            context.load_verify_locations(cafile=ca_file)
+        except ssl.SSLError as error:
+            reason = error.reason or error
+            raise ServeError(f"--client-ca-file {ca_file}: not a PEM CA certificate ({reason})") from None
+        except OSError as error:
+            raise ServeError(f"cannot read {error.filename}: {error.strerror}") from None
+        context.verify_mode = ssl.CERT_OPTIONAL  # verified when presented; required per request by the app
 
 
 # -- logs ----------------------------------------------------------------------------------------------------------
@@ -291,6 +312,18 @@ def add_arguments(subparsers: Any) -> None:
     )
     parser.add_argument("--cert-file", required=True, help="PEM serving certificate (reloaded when it changes)")
     parser.add_argument("--key-file", required=True, help="PEM private key of --cert-file")
+    parser.add_argument(
+        "--client-ca-file",
+        help="PEM CA certificate(s) that sign the API server's client certificate: reviews are then answered only "
+        "for clients with such a certificate (health and metrics stay open); reloaded when it changes",
+    )
+    parser.add_argument(
+        "--client-cn",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --client-ca-file: also require the client certificate's CN to be NAME (repeatable)",
+    )
     parser.add_argument("--bind", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")  # noqa: S104
     parser.add_argument("--port", type=int, default=8443, help="port (default: 8443)")
     parser.add_argument("--config", help="policy configuration YAML (default: built-in defaults)")
@@ -337,6 +370,8 @@ def run(args: argparse.Namespace) -> ExitStatus:
         raise ServeError(f"--port {args.port}: must be 1-65535")
     if args.workers < 1 or args.threads < 1:
         raise ServeError("--workers and --threads must be at least 1")
+    if args.client_cn and not args.client_ca_file:
+        raise ServeError("--client-cn needs --client-ca-file (the CA that signs the certificates it names)")
     from .config import load_config  # noqa: PLC0415 - the heavy imports come after argument checks
 
     config = load_config(args.config, own_namespace=args.namespace)
@@ -373,12 +408,22 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> Ex
 
     from .app import create_app  # noqa: PLC0415
     from .metrics import WebhookMetrics  # noqa: PLC0415
-    from .wsgi import ReviewLog  # noqa: PLC0415
+    from .worker import Limits, worker_class  # noqa: PLC0415
+    from .wsgi import ClientAuth, ReviewLog  # noqa: PLC0415
 
     metrics = WebhookMetrics()
-    store = CertificateStore(args.cert_file, args.key_file, on_load=metrics.certificate_expiry.set)
+    store = CertificateStore(
+        args.cert_file, args.key_file, client_ca_file=args.client_ca_file, on_load=metrics.certificate_expiry.set
+    )
     store.load()
-    app = create_app(config, metrics=metrics, ready=store.is_loaded, review_log=ReviewLog(log, fd=_stderr_fd()))
+    client_auth = ClientAuth(frozenset(args.client_cn)) if args.client_ca_file else None
+    app = create_app(
+        config,
+        metrics=metrics,
+        ready=store.is_loaded,
+        review_log=ReviewLog(log, fd=_stderr_fd()),
+        client_auth=client_auth,
+    )
     host = f"[{args.bind}]" if ":" in args.bind and not args.bind.startswith("[") else args.bind
 
     def child_exit(server: Any, worker: Any) -> None:
@@ -395,12 +440,14 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> Ex
             pid=os.getpid(),
         )
 
+    limits = Limits()
     options = {
         "bind": [f"{host}:{args.port}"],
         "workers": args.workers,
-        "worker_class": "gthread",
+        "worker_class": worker_class(limits, metrics),
         "threads": args.threads,
-        "keepalive": KEEPALIVE_SECONDS,
+        "worker_connections": limits.max_connections,
+        "keepalive": limits.idle_seconds,
         "timeout": 30,
         "graceful_timeout": 20,
         "certfile": args.cert_file,  # tells gunicorn to speak TLS; the context itself comes from the store

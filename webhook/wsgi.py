@@ -9,8 +9,9 @@ the Flask app and its test client keep working unchanged and go through this pat
 
 The answers are those the Flask views gave, byte for byte where it matters: the same status codes, the same
 ``{"error", "message"}`` bodies naming what to fix (:func:`error_body`), the same metrics and log lines. A bug in
-this layer (or a connection that fails while its body is read) gets the JSON 500 that Flask's error handler gives
-for the other routes, logged and counted, from the one function both call (:func:`internal_error`).
+this layer gets the JSON 500 that Flask's error handler gives for the other routes, logged and counted, from the one
+function both call (:func:`internal_error`). A body shorter than its ``Content-Length`` (the client ended its side
+early) is a 400 ``truncated-body``.
 
 Each review's log line is built here too (:class:`ReviewLog`), in the shape of ``gpu_fence.logs``. ``serve``
 writes it with one ``os.write`` on stderr instead of through a logging handler, whose lock the worker's threads
@@ -25,6 +26,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +48,12 @@ _DISCARD_CHUNK = 64 * 1024
 
 ROUTES = {"/mutate": Endpoint.MUTATE, "/validate": Endpoint.VALIDATE, "/validate/warn": Endpoint.VALIDATE_WARN}
 
+#: What the serving worker tells the app about the client's certificate, in mod_ssl's names: whether one was
+#: presented and verified against the client CA (``CLIENT_VERIFIED``, else ``"NONE"``), and its subject's CN.
+CLIENT_VERIFY = "SSL_CLIENT_VERIFY"
+CLIENT_VERIFIED = "SUCCESS"
+CLIENT_CN = "SSL_CLIENT_S_DN_CN"
+
 log = logging.getLogger("gpu_fence.webhook")
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -53,17 +61,48 @@ _JSON_HEADER = ("Content-Type", "application/json")
 _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
 
 
+@dataclass(frozen=True)
+class ClientAuth:
+    """Who may call the review endpoints when ``serve --client-ca-file`` is given: a client whose certificate the
+    TLS handshake verified against that CA and, when ``names`` is not empty, whose subject CN is one of them.
+
+    Health, readiness and metrics stay open to clients without a certificate: the kubelet's probes present none.
+    """
+
+    names: frozenset[str] = frozenset()
+
+    def refusal(self, environ: dict[str, Any]) -> BadReview | None:
+        """Why this request may not be reviewed, or None when it may."""
+        if environ.get(CLIENT_VERIFY) != CLIENT_VERIFIED:
+            return BadReview(
+                "client-certificate-required",
+                "reviews are answered only for a client certificate from the client CA (the API server's)",
+                403,
+            )
+        if self.names and environ.get(CLIENT_CN) not in self.names:
+            return BadReview("client-not-allowed", "the client certificate's CN is not one of --client-cn", 403)
+        return None
+
+
 class ReviewEndpoints:
     """WSGI middleware: answers the three review endpoints, hands every other request to ``app``."""
 
     def __init__(
-        self, app: WSGIApp, config: PolicyConfig, policy: Policy, metrics: WebhookMetrics, review_log: ReviewLog
+        self,
+        app: WSGIApp,
+        config: PolicyConfig,
+        policy: Policy,
+        metrics: WebhookMetrics,
+        review_log: ReviewLog,
+        *,
+        client_auth: ClientAuth | None = None,
     ) -> None:
         self.app = app
         self.config = config
         self.policy = policy
         self.metrics = metrics
         self.review_log = review_log
+        self.client_auth = client_auth
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         endpoint = ROUTES.get(environ.get("PATH_INFO", ""))
@@ -79,6 +118,9 @@ class ReviewEndpoints:
     def _answer(self, endpoint: Endpoint, environ: dict[str, Any]) -> tuple[int, bytes]:
         started = time.perf_counter()
         try:
+            refusal = self.client_auth.refusal(environ) if self.client_auth is not None else None
+            if refusal is not None:
+                raise refusal
             body = _read_json_body(environ)
             outcome = review(body, endpoint, self.config, self.policy)
         except _TooLarge as bad:
@@ -116,6 +158,8 @@ def _read_json_body(environ: dict[str, Any]) -> object:
         raise BadReview("body-too-large", f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit", 413)
     if length is not None:
         data = stream.read(length) if length else b""
+        if len(data) < length:  # the client ended its side early: what came may even parse, but is not the review
+            raise BadReview("truncated-body", f"body ended after {len(data)} of its {length} bytes (Content-Length)")
     elif "wsgi.input_terminated" in environ:  # chunked: the server ends the stream, this layer bounds it
         data = stream.read(MAX_BODY_BYTES + 1)
         if len(data) > MAX_BODY_BYTES:

@@ -1,9 +1,11 @@
 """``gpu-fence-auditor chargeback``: a GPU bill per namespace or team label from the auditor's metrics.
 
-Reads the auditor's series from Prometheus (``prometheus``, with ``httpconfig`` for TLS and credentials) or from
-the bundled sample fleet (``demo``), prices cards (``prices``), splits their cost (``compute``, pure) and writes a
-table, CSV, JSON, markdown (``render``), FOCUS rows (``focus``) or a self-contained HTML report (``html``), each
-saying how it was made (``provenance``). The method is in ``docs/chargeback.md``.
+Reads from Prometheus (``prometheus``, with ``httpconfig`` for TLS and credentials) either the chargeback recording
+rules' series (``rules`` writes the rules, ``recorded`` sums what they recorded) or the auditor's raw series in
+bounded chunks (``raw``), or the bundled sample fleet (``demo``); prices cards (``prices``), splits their cost
+(``compute``, pure) and writes a table, CSV, JSON, markdown (``render``), FOCUS rows (``focus``) or a
+self-contained HTML report (``html``), each saying how it was made (``provenance``). The method is in
+``docs/chargeback.md``; a long bill shows its progress on a terminal (``progress``).
 """
 
 from __future__ import annotations
@@ -19,20 +21,24 @@ from pathlib import Path
 from gpu_fence.exit_status import ExitStatus
 from gpu_fence.version import package_version
 
+from . import raw, recorded
 from . import render as text
-from .compute import Bill, IdlePolicy, Method, card_models, compute_bill
+from . import rules as recording_rules
+from .compute import Bill, IdlePolicy, Ledger, Method
 from .demo import SeriesSource, load_fleet
-from .devicemetrics import device_metric_bill, fetch_device_metrics
+from .devicemetrics import DeviceMetricBill, device_metric_bill, fetch_device_metrics
 from .errors import ChargebackError
 from .focus import render_focus
 from .html import render_html
 from .httpconfig import load_http_config
 from .prices import Prices, applied_prices, load_prices
-from .prometheus import PrometheusClient, Source, fetch_intervals, grouping, instants_of
-from .provenance import Provenance
+from .progress import Progress
+from .prometheus import PrometheusClient, Source
+from .provenance import Provenance, Series
 from .times import iso, parse_duration, parse_time
 
 FORMATS = ("table", "csv", "json", "markdown", "html", "focus")
+SERIES = ("auto", "recorded", "raw")
 # Default resolution: at most this many instants over the range, and never finer than a minute.
 TARGET_POINTS = 2000
 # Finer steps only repeat the same scraped sample, and a tiny one would make billions of instants.
@@ -45,12 +51,15 @@ examples:
       --by label:team --prices prices.yaml --format html --output gpu-bill.html
   gpu-fence-auditor chargeback --prometheus https://mimir.example.com/prometheus --http-config prom-http.yaml \\
       --start 2026-01-01T00:00:00Z --end 2026-02-01T00:00:00Z --price-per-gpu-hour 2.50 --format focus
+  gpu-fence-auditor chargeback --rules --step 5m --pod-label team --output gpu-fence-chargeback-rules.yaml
   gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start -7d --prices prices.yaml \\
       --compare-device-metrics      # beside it, what a bill from dcgm-exporter's per-pod series would say
 
 times: RFC 3339 (2026-01-31T00:00:00Z), unix seconds, now, or relative (-7d, -12h, -30m)
 prices file (YAML): currency: USD / default: 2.50 / models: {"NVIDIA H100 80GB HBM3": 4.00} / nodes: {"spot-*": 1.10}
 http config (YAML, as in Prometheus): basic_auth, authorization (credentials_file), tls_config, http_headers
+series: with the recording rules loaded (--rules), a month's bill is a few sum_over_time queries (--series auto
+  uses them when they can make this bill, and computes any evaluation they missed from the raw series)
 exit codes: 0 bill written, 2 could not make it (the reason is one line on stderr)
 """
 
@@ -107,6 +116,14 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
         help="who pays for idle capacity: the card's users, in proportion (default), or a platform row",
     )
     parser.add_argument(
+        "--series",
+        choices=SERIES,
+        default="auto",
+        help="recorded: sum the chargeback recording rules' series (fast; evaluations they missed come from the "
+        "raw series); raw: split the auditor's series here, in bounded chunks; auto (default): recorded when the "
+        "rules can make this bill (same --step, grouping label rolled up), else raw",
+    )
+    parser.add_argument(
         "--compare-device-metrics",
         action="store_true",
         help="also read dcgm-exporter's DCGM_FI_DEV_FB_USED and DCGM_FI_DEV_GPU_UTIL from the same Prometheus and "
@@ -116,6 +133,21 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format")
     parser.add_argument("--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="per Prometheus request")
+    parser.add_argument("--quiet", action="store_true", help="no progress line on stderr (shown only on a terminal)")
+    parser.add_argument(
+        "--rules",
+        action="store_true",
+        help="write the chargeback recording rules (a Prometheus rules file) instead of a bill: evaluated every "
+        "--step (default 5m), rolled up by --pod-label keys; with --prices or --price-per-gpu-hour, also each "
+        "card's price as a series, for dashboards",
+    )
+    parser.add_argument(
+        "--pod-label",
+        action="append",
+        metavar="KEY",
+        help=f"with --rules: a pod label the rollups carry, as the auditor's --pod-label (repeatable; default: "
+        f"{', '.join(recording_rules.DEFAULT_POD_LABELS)})",
+    )
     parser.set_defaults(run=run)
 
 
@@ -181,21 +213,48 @@ def _inputs(args: argparse.Namespace, now: float) -> _Inputs:
     return _Inputs(client, prices, start, end, named)
 
 
-def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, Provenance]:
+def _refuse_unpriced(ledger: Ledger, named: str) -> None:
+    if ledger.unpriced:
+        node, model = sorted(ledger.unpriced)[0]
+        raise ChargebackError(
+            f"{named} has no price for GPU model {model!r} on node {node!r} ({len(ledger.unpriced)} "
+            "model/node pair(s) unpriced): add it under models: or nodes:, or set default:"
+        )
+
+
+def _schedule(
+    args: argparse.Namespace, inputs: _Inputs, span: tuple[float, float], *, step: float | None, progress: Progress
+) -> recorded.Plan | None:
+    """The recording rules' evaluations that make this bill, or None when it is made from the raw series."""
+    if args.series == "raw":
+        return None
+    if not hasattr(inputs.source, "query"):  # the demo fleet: raw series only
+        if args.series == "recorded":
+            raise ChargebackError("--series recorded: the demo fleet has no recording rules' series (try --series raw)")
+        return None
+    try:
+        return recorded.plan(inputs.source, *span, step=step, by=_validate_by(args.by), progress=progress)  # type: ignore[arg-type]
+    except recorded.NotRecorded:
+        if args.series == "recorded":
+            raise
+        return None
+
+
+def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = None) -> tuple[Bill, Provenance]:
     """Everything but the writing. Raises ChargebackError with a fix-it message."""
+    progress = progress or Progress.for_terminal(sys.stderr, quiet=True)
     inputs = _inputs(args, now)
     # Prometheus keeps time in whole milliseconds and evaluates a range query at start + k × step in them: the
     # instants computed here must be the same numbers, or samples miss their interval and are dropped.
     start, end = _milliseconds(inputs.start), _milliseconds(inputs.end)
     if start >= end:
         raise ChargebackError(f"--start ({iso(start)}) must be before --end ({iso(end)})")
-    step = _milliseconds(parse_duration(args.step)) if args.step else default_step(end - start)
-    if step < MIN_STEP:
+    step = _milliseconds(parse_duration(args.step)) if args.step else None
+    if step is not None and step < MIN_STEP:
         raise ChargebackError(
             f"--step {args.step!r}: must be at least {MIN_STEP:g} s (auditor samples are scrape intervals apart)"
         )
-    count = int((end - start) // step)
-    if count < 1:
+    if step is not None and (end - start) // step < 1:
         raise ChargebackError(f"the range {iso(start)} .. {iso(end)} is shorter than one --step ({step:g} s)")
     by = _validate_by(args.by)
     if args.compare_device_metrics and args.format == "focus":
@@ -203,44 +262,41 @@ def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, Provenance]:
             "--compare-device-metrics with --format focus: FOCUS rows are charges, and a comparison is not one; "
             "use another --format"
         )
-    prices = inputs.prices
-    group_of = grouping(inputs.source, by, start + step, start + count * step, step)
-    intervals, notes = fetch_intervals(inputs.source, start, step, count, group_of)
-    missing = sorted(
-        {
-            (card[0], model)
-            for interval in intervals
-            for card, model in card_models(interval.devices).items()
-            if prices.per_hour(card[0], model) is None
-        }
-    )
-    if missing:
-        node, model = missing[0]
-        raise ChargebackError(
-            f"{inputs.prices_source} has no price for GPU model {model!r} on node {node!r} ({len(missing)} "
-            "model/node pair(s) unpriced): add it under models: or nodes:, or set default:"
-        )
-    bill = compute_bill(
-        intervals, prices.per_hour, IdlePolicy(args.idle), currency=prices.currency, method=Method(args.method)
-    )
-    if count * step < end - start:
-        notes.append(f"the range was cut to {iso(start + count * step)}, a whole number of {step:g} s steps")
+    prices, method = inputs.prices, Method(args.method)
+    ledger = Ledger(prices.per_hour, method)
+    found = raw.RawNotes()
+    notes: list[str] = []
+    schedule = _schedule(args, inputs, (start, end), step=step, progress=progress)
+    if schedule is not None:
+        progress.expect(progress.done + schedule.queries)
+        timeline = recorded.book(inputs.source, schedule, ledger, prices, by, notes=found, progress=progress)  # type: ignore[arg-type]
+        _refuse_unpriced(ledger, inputs.prices_source)
+        step, instants = schedule.interval, schedule.missing
+        billed = list(schedule.evaluations)
+        notes += _recorded_notes(schedule, start, end)
+    else:
+        step = step or default_step(end - start)
+        count = int((end - start) // step)
+        if count < 1:
+            raise ChargebackError(f"the range {iso(start)} .. {iso(end)} is shorter than one --step ({step:g} s)")
+        instants = [start + step * index for index in range(1, count + 1)]
+        billed = instants
+        timeline = []
+        if count * step < end - start:
+            notes.append(f"the range was cut to {iso(start + count * step)}, a whole number of {step:g} s steps")
+    for interval in raw.stream_intervals(inputs.source, instants, step, by, notes=found, progress=progress):
+        ledger.add(interval)
+        _refuse_unpriced(ledger, inputs.prices_source)
+    if not ledger.cards:
+        raise raw.no_data(inputs.source, start, end)
+    if schedule is None and by != "namespace" and not found.labels_seen:
+        raise raw.no_label(by, start, end)
+    ledger.timeline = recorded.merge_timeline(timeline, ledger.timeline)
+    bill = ledger.bill(IdlePolicy(args.idle), prices.currency, notes=[*found.notes(), *notes])
     if args.compare_device_metrics:
-        fb_used, gpu_util = fetch_device_metrics(inputs.source, start, step, count)
-        comparison = device_metric_bill(
-            instants_of(start, step, count),
-            step,
-            fb_used=fb_used,
-            gpu_util=gpu_util,
-            price_of=prices.per_hour,
-            group_of=group_of,
-            gpu_fence={group.group: group.total for group in bill.groups},
-            gpu_fence_rest=max(0.0, bill.total_gpu_cost - sum(group.total for group in bill.groups)),
-            real_cost=bill.total_gpu_cost,
+        bill = dataclasses.replace(
+            bill, comparison=_compare(inputs.source, prices, by, bill, instants=billed, step=step)
         )
-        bill = dataclasses.replace(bill, comparison=comparison)
-    if notes:
-        bill = dataclasses.replace(bill, notes=(*notes, *bill.notes))
     made = Provenance(
         generated_at=now,
         version=package_version(),
@@ -248,8 +304,44 @@ def make_bill(args: argparse.Namespace, now: float) -> tuple[Bill, Provenance]:
         step=step,
         group_by=by,
         prices=applied_prices(prices, [(card.node, card.model) for card in bill.cards]),
+        series=Series.RAW if schedule is None else Series.RECORDED,
     )
     return bill, made
+
+
+def _compare(
+    source: Source, prices: Prices, by: str, bill: Bill, *, instants: list[float], step: float
+) -> DeviceMetricBill:
+    """--compare-device-metrics: dcgm-exporter's series billed two device-metric ways at the bill's instants."""
+    fb_used, gpu_util, group_of = fetch_device_metrics(source, instants, step, by)
+    return device_metric_bill(
+        instants,
+        step,
+        fb_used=fb_used,
+        gpu_util=gpu_util,
+        price_of=prices.per_hour,
+        group_of=group_of,
+        gpu_fence={group.group: group.total for group in bill.groups},
+        gpu_fence_rest=max(0.0, bill.total_gpu_cost - sum(group.total for group in bill.groups)),
+        real_cost=bill.total_gpu_cost,
+    )
+
+
+def _recorded_notes(schedule: recorded.Plan, start: float, end: float) -> list[str]:
+    notes = []
+    if _milliseconds(schedule.start) != start or _milliseconds(schedule.last) != end:
+        notes.append(
+            f"the recording rules evaluate every {schedule.interval:g} s at {iso(schedule.first)} and every "
+            f"{schedule.interval:g} s from there: the bill covers {iso(schedule.start)} .. {iso(schedule.last)}, the "
+            "evaluations in the range asked for (start and end on that grid to bill exactly the range)"
+        )
+    missing = len(schedule.missing)
+    if missing:
+        notes.append(
+            f"{missing} of {len(schedule.evaluations)} evaluations of the recording rules are missing from "
+            "Prometheus (down, or the rules loaded later): they were computed from the raw series"
+        )
+    return notes
 
 
 RENDERERS = {
@@ -266,10 +358,35 @@ def render(bill: Bill, made: Provenance, output_format: str) -> str:
     return RENDERERS[output_format](bill, made)
 
 
+def rules_document(args: argparse.Namespace) -> str:
+    """``--rules``: the chargeback recording rules as a Prometheus rules file."""
+    interval = _milliseconds(parse_duration(args.step)) if args.step else recording_rules.DEFAULT_INTERVAL
+    if interval < MIN_STEP:
+        raise ChargebackError(f"--step {args.step!r}: the rules' interval must be at least {MIN_STEP:g} s")
+    keys = args.pod_label if args.pod_label is not None else list(recording_rules.DEFAULT_POD_LABELS)
+    for key in keys:
+        if not re.fullmatch(r"[A-Za-z0-9_./-]+", key):
+            raise ChargebackError(f"--pod-label {key!r}: not a Kubernetes label key")
+    if len({recording_rules.label_name(key) for key in keys}) < len(keys):
+        raise ChargebackError(f"--pod-label {' '.join(keys)}: two keys become the same Prometheus label name")
+    if args.prices is not None:
+        prices: Prices | None = load_prices(args.prices)
+    elif args.price_per_gpu_hour is not None:
+        prices = Prices.flat(args.price_per_gpu_hour)
+    else:
+        prices = None
+    return recording_rules.rules_file(interval, prices, keys)
+
+
 def run(args: argparse.Namespace) -> ExitStatus:
+    progress = Progress.for_terminal(sys.stderr, quiet=args.quiet)
     try:
-        bill, made = make_bill(args, time.time())
-        document = render(bill, made, args.format)
+        if args.rules:
+            document = rules_document(args)
+        else:
+            bill, made = make_bill(args, float(int(time.time())), progress)  # bills name times to the second
+            document = render(bill, made, args.format)
+        progress.finish()
         if args.output:
             try:
                 args.output.write_text(document, encoding="utf-8")
@@ -278,6 +395,7 @@ def run(args: argparse.Namespace) -> ExitStatus:
         else:
             sys.stdout.write(document)
     except ChargebackError as error:
+        progress.finish()
         print(f"gpu-fence-auditor chargeback: error: {error}", file=sys.stderr)
         return ExitStatus.ERROR
     return ExitStatus.SUCCESS

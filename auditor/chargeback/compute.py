@@ -35,7 +35,11 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     from .devicemetrics import DeviceMetricBill
 
+from .prices import card_model
+
 GIB = 1 << 30
+# A MIG card's share in no slice below this is the rounding of its slices' ratios (3/7 + 2/7 + 2/7), not capacity.
+ROUNDING = 1e-9
 
 
 class IdlePolicy(Enum):
@@ -221,10 +225,12 @@ class CardCost:
 
 @dataclass(frozen=True)
 class TimePoint:
-    """Cost booked in one interval, by layer (group names, plus ``OVERREACH``, ``UNATTRIBUTED``, ``IDLE``)."""
+    """Cost booked in ``(start, end]`` (one interval, or several merged), by layer: group names, plus
+    ``OVERREACH``, ``UNATTRIBUTED``, ``IDLE``."""
 
     end: float
     costs: Mapping[str, float]
+    start: float
 
 
 OVERREACH = "(overreach)"
@@ -275,9 +281,10 @@ class _Who(NamedTuple):
     group: str
 
 
-class _Party(NamedTuple):
+class Party(NamedTuple):
     """Who a share of a unit is booked to; idle is spread over parties in proportion to what each was booked.
-    ``pod``/``container`` are set for overreach only (each offending container is a row of its own)."""
+    ``pod``/``container`` are set for overreach only (each offending container is a row of its own); the
+    unattributed and platform rows have neither group nor namespace."""
 
     charge: str  # a Charge value
     group: str = ""
@@ -286,14 +293,15 @@ class _Party(NamedTuple):
     container: str = ""
 
     @classmethod
-    def of(cls, charge: str, who: _Who) -> _Party:
+    def of(cls, charge: str, who: _Who) -> Party:
         if charge == _OVERREACH:
             return cls(charge, who.group, who.namespace, who.pod, who.container)
         return cls(charge, who.group, who.namespace)
 
 
 _USAGE, _RESERVED, _OVERREACH = Charge.USAGE.value, Charge.RESERVED.value, Charge.OVERREACH.value
-_UNATTRIBUTED = _Party(Charge.UNATTRIBUTED.value)
+_UNATTRIBUTED = Party(Charge.UNATTRIBUTED.value)
+UNATTRIBUTED_PARTY = _UNATTRIBUTED
 
 
 @dataclass(frozen=True)
@@ -301,8 +309,8 @@ class _Owner:
     """A container's key and its parties, made once per ContainerRef object."""
 
     who: _Who
-    usage: _Party
-    overreach: _Party
+    usage: Party
+    overreach: Party
 
 
 class _Owners:
@@ -315,20 +323,30 @@ class _Owners:
         found = self._by_id.get(id(ref))
         if found is None or found[0] is not ref:
             who = _Who(ref.namespace, ref.pod, ref.container, ref.group)
-            found = self._by_id[id(ref)] = (ref, _Owner(who, _Party.of(_USAGE, who), _Party.of(_OVERREACH, who)))
+            found = self._by_id[id(ref)] = (ref, _Owner(who, Party.of(_USAGE, who), Party.of(_OVERREACH, who)))
         return found[1]
 
 
 class _User(NamedTuple):
     """Memory on a unit in one interval: who holds it (None for processes outside any container) and how much."""
 
-    party: _Party
+    party: Party
     who: _Who | None
     bytes: float
 
 
+class Booking(NamedTuple):
+    """A share of a unit: to whom (``who`` is None for the unattributed row), as what, how many card-hours, with
+    how many bytes of memory behind it (0 for a reservation)."""
+
+    party: Party
+    who: _Who | None
+    card_hours: float
+    bytes: float
+
+
 class _Split(NamedTuple):
-    bookings: list[tuple[_Party, float, float]]  # (party, amount, bytes)
+    bookings: list[Booking]
     idle: float
     offered_missing: bool  # a holder paid a reserved share with the offered replicas unknown
     over_held: bool  # more ids held than the device plugin offers
@@ -344,8 +362,9 @@ def split_unit(
     """One unit in one interval: who pays which part of its ``amount`` (card-hours), and what is left idle.
 
     The heart of the method; linear in ``amount``, so splitting card-hours and pricing them is splitting cost.
+    ``rules.py`` writes the same steps in PromQL.
     """
-    bookings: list[tuple[_Party, float, float]] = []
+    bookings: list[Booking] = []
     offered_missing = over_held = False
     reserved = 0.0
     if method is Method.HOLDER and holders:
@@ -361,24 +380,25 @@ def split_unit(
             for who, ids in idle_holders:
                 share = amount * ids / max(replicas, held)
                 reserved += share
-                bookings.append((_Party.of(_RESERVED, who), share, 0.0))
+                bookings.append(Booking(Party.of(_RESERVED, who), who, share, 0.0))
     rest = max(0.0, amount - reserved)
     in_use = sum(user.bytes for user in users)
     if in_use <= 0:
         return _Split(bookings, rest, offered_missing, over_held)
     for user in users:
-        bookings.append((user.party, rest * user.bytes / in_use, user.bytes))
+        bookings.append(Booking(user.party, user.who, rest * user.bytes / in_use, user.bytes))
     return _Split(bookings, 0.0, offered_missing, over_held)
 
 
 def card_models(devices: Iterable[Device]) -> dict[tuple[str, str], str]:
-    """The model to price each card by: the card's own series if the auditor exported it, else a slice's."""
+    """The model to price each card by: the card's own series if the auditor exported it, else a slice's model
+    without its MIG profile (``NVIDIA A100-SXM4-40GB MIG 3g.20gb`` is a slice of an ``NVIDIA A100-SXM4-40GB``)."""
     models: dict[tuple[str, str], str] = {}
     for device in devices:
         if not device.parent_uuid:
             models[device.card] = device.model
     for device in devices:
-        models.setdefault(device.card, device.model)
+        models.setdefault(device.card, card_model(device.model))
     return models
 
 
@@ -386,13 +406,206 @@ def _sample(items: Iterable[tuple[str, str]], limit: int = 3) -> str:
     return ", ".join(f"{node}/{gpu}" for node, gpu in sorted(items)[:limit])
 
 
-def sm_active_gpu_hours(intervals: Iterable[Interval]) -> dict[str, float]:
-    """group → Σ SM activity ratio × hours over the intervals; a group with no activity sample is absent."""
-    hours: dict[str, float] = defaultdict(float)
-    for interval in intervals:
+class UnitSplit(NamedTuple):
+    """One unit's split in one interval, as the recording rules record it."""
+
+    device: Device
+    card_uuid: str
+    hours: float  # the unit's card-hours in the interval
+    split: _Split
+
+
+class IntervalSplit(NamedTuple):
+    """Everything one interval books, before prices: the units' splits, MIG capacity in no slice, and the notes'
+    raw material. ``cards`` maps each card present to the model it is priced by."""
+
+    cards: Mapping[tuple[str, str], str]
+    units: list[UnitSplit]
+    uncovered: Mapping[tuple[str, str], float]  # card → card-hours no slice covers
+    unplaced: set[tuple[str, str]]  # memory on devices that are not units: unknown, or a partitioned card
+    partitioned: set[tuple[str, str]]
+    unknown_allocations: set[tuple[str, str]]
+
+
+def split_interval(interval: Interval, method: Method, owners: _Owners | None = None) -> IntervalSplit:
+    """Split every unit of one interval (in card-hours): steps 2 and 3 of the module's docstring."""
+    known = owners or _Owners()
+    hours = interval.seconds / 3600.0
+    devices = {(device.node, device.uuid): device for device in interval.devices}
+    models = card_models(devices.values())
+    users: dict[tuple[str, str], list[_User]] = defaultdict(list)
+    for sample in interval.memory:
+        if sample.bytes > 0:
+            owner = known.of(sample.owner)
+            party = owner.usage if sample.allocated else owner.overreach
+            users[(sample.node, sample.gpu_uuid)].append(_User(party, owner.who, sample.bytes))
+    for sample in interval.unattributed:
+        if sample.bytes > 0:
+            users[(sample.node, sample.gpu_uuid)].append(_User(_UNATTRIBUTED, None, sample.bytes))
+    holders: dict[tuple[str, str], dict[_Who, float]] = defaultdict(lambda: defaultdict(float))
+    if method is Method.HOLDER:  # the usage method never asks who holds a unit
+        for allocation in interval.allocations:
+            who = known.of(allocation.owner).who
+            holders[(allocation.node, allocation.gpu_uuid)][who] += allocation.count
+    offered = {(item.node, item.gpu_uuid): item.replicas for item in interval.offered}
+
+    slices: dict[tuple[str, str], list[Device]] = defaultdict(list)
+    for device in devices.values():
+        if device.parent_uuid:
+            slices[device.card].append(device)
+    units: list[UnitSplit] = []
+    uncovered: dict[tuple[str, str], float] = {}
+    for card in models:
+        if slices.get(card):
+            pieces = [(device, device.share * hours) for device in slices[card]]
+            free = 1.0 - sum(device.share for device in slices[card])
+            uncovered[card] = free * hours if free > ROUNDING else 0.0
+        else:
+            pieces = [(devices[card], hours)]
+        for device, unit_hours in pieces:
+            key = (device.node, device.uuid)
+            split = split_unit(unit_hours, holders.get(key, {}), offered.get(key), users.pop(key, []), method)
+            units.append(UnitSplit(device, card[1], unit_hours, split))
+    partitioned = {key for key in users if key in devices and slices.get(devices[key].card)}
+    unknown = {(item.node, item.gpu_uuid) for item in interval.allocations} - devices.keys()
+    return IntervalSplit(models, units, uncovered, set(users) - partitioned, partitioned, unknown)
+
+
+class Ledger:
+    """The running sums of a bill: every booking, idle amount, request and card, interval by interval
+    (:meth:`add`) or as sums some other evaluation made (:meth:`book` and friends, ``recorded.py``), until
+    :meth:`bill` spreads idle and writes the report. Amounts are kept in card-hours beside their cost, so a line's
+    quantity stays known even at a price of 0."""
+
+    def __init__(self, price_per_hour: PriceLookup, method: Method) -> None:
+        self.price_per_hour = price_per_hour
+        self.method = method
+        # (node, device, card, party) → [cost, GiB-hours, card-hours]
+        self.booked: dict[tuple[str, str, str, Party], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+        self.idle: dict[Where, list[float]] = defaultdict(lambda: [0.0, 0.0])  # → [cost, card-hours]
+        self.request: dict[str, float] = defaultdict(float)
+        self.requested_hours: dict[str, float] = defaultdict(float)
+        self.cards: dict[tuple[str, str], list] = {}  # card → [model, price, hours, cost]
+        self.timeline: list[TimePoint] = []
+        self.unpriced: set[tuple[str, str]] = set()
+        self.unknown_devices: set[tuple[str, str]] = set()
+        self.partitioned_cards: set[tuple[str, str]] = set()  # memory on a MIG card's own UUID, outside its slices
+        self.offered_missing: set[tuple[str, str]] = set()
+        self.over_held: set[tuple[str, str]] = set()
+        self.active: dict[str, float] = defaultdict(float)  # group → SM-active GPU-hours (not billed)
+        self.start: float | None = None
+        self.end: float | None = None
+        self._owners = _Owners()
+
+    def cover(self, start: float, end: float) -> None:
+        """Widen the billed range to include ``(start, end]``."""
+        self.start = start if self.start is None else min(self.start, start)
+        self.end = end if self.end is None else max(self.end, end)
+
+    def card(self, node: str, card: str, model: str, hours: float) -> float:
+        """A card present for ``hours``; returns its price (0, with a note, when the price list has none)."""
+        row = self.cards.get((node, card))
+        if row is None:
+            price = self.price_per_hour(node, model)
+            if price is None:
+                self.unpriced.add((node, model))
+                price = 0.0
+            row = self.cards[(node, card)] = [model, price, 0.0, 0.0]
+        row[2] += hours
+        row[3] += row[1] * hours
+        return row[1]
+
+    def price_of(self, node: str, card: str) -> float:
+        row = self.cards.get((node, card))
+        return 0.0 if row is None else row[1]
+
+    def book(self, where: Where, party: Party, card_hours: float, gib_hours: float = 0.0) -> float:
+        """``card_hours`` of a card booked to ``party`` on a device (``where``: node, device, card), priced as
+        that card; returns the cost."""
+        node, device, card = where
+        entry = self.booked[(node, device, card, party)]
+        cost = card_hours * self.price_of(node, card)
+        entry[0] += cost
+        entry[1] += gib_hours
+        entry[2] += card_hours
+        return cost
+
+    def book_idle(self, where: Where, card_hours: float) -> float:
+        cost = card_hours * self.price_of(where[0], where[2])
+        _add(self.idle[where], cost, card_hours)
+        return cost
+
+    def book_request(self, node: str, card: str, group: str, card_hours: float) -> None:
+        self.requested_hours[group] += card_hours
+        self.request[group] += card_hours * self.price_of(node, card)
+
+    def book_active(self, group: str, gpu_hours: float) -> None:
+        """SM-active GPU-hours of a group, shown beside its cost and never billed."""
+        self.active[group] += gpu_hours
+
+    def add(self, interval: Interval) -> None:
+        """Split one interval and book it."""
+        self.cover(interval.end - interval.seconds, interval.end)
+        hours = interval.seconds / 3600.0
         for sample in interval.activity:
-            hours[sample.owner.group] += min(1.0, sample.ratio) * interval.seconds / 3600.0
-    return dict(hours)
+            self.book_active(sample.owner.group, min(1.0, sample.ratio) * hours)
+        split = split_interval(interval, self.method, self._owners)
+        layer: dict[str, float] = defaultdict(float)
+        for card, model in split.cards.items():
+            self.card(card[0], card[1], model, hours)
+        for (node, card), uncovered in split.uncovered.items():
+            layer[IDLE] += self.book_idle((node, card, card), uncovered)
+        for unit in split.units:
+            key = (unit.device.node, unit.device.uuid)
+            if unit.split.offered_missing:
+                self.offered_missing.add(key)
+            if unit.split.over_held:
+                self.over_held.add(key)
+            where = (key[0], key[1], unit.card_uuid)
+            layer[IDLE] += self.book_idle(where, unit.split.idle)
+            for booking in unit.split.bookings:
+                cost = self.book(where, booking.party, booking.card_hours, booking.bytes / GIB * hours)
+                layer[_layer(booking.party)] += cost
+        self.partitioned_cards |= split.partitioned
+        self.unknown_devices |= split.unplaced | split.unknown_allocations
+        devices = {(device.node, device.uuid): device for device in interval.devices}
+        for allocation in interval.allocations:
+            device = devices.get((allocation.node, allocation.gpu_uuid))
+            if device is not None:
+                share = device.share if device.parent_uuid else 1.0
+                self.book_request(device.node, device.card[1], allocation.owner.group, allocation.count * share * hours)
+        self.timeline.append(TimePoint(end=interval.end, costs=nonzero(layer), start=interval.end - interval.seconds))
+
+    def bill(self, idle_policy: IdlePolicy, currency: str = "USD", notes: Sequence[str] = ()) -> Bill:
+        model_of = {card: row[0] for card, row in self.cards.items()}
+        entries = [
+            ((node, device, card), party, amounts) for (node, device, card, party), amounts in self.booked.items()
+        ]
+        entries += _idle_entries(self.idle, self.booked, idle_policy)
+        lines = _merged_lines(entries, model_of)
+        unused: dict[tuple[str, str], float] = defaultdict(float)
+        for (node, _device, card), (cost, _hours) in self.idle.items():
+            unused[(node, card)] += cost
+        cards = tuple(
+            CardCost(node, uuid, model, price, hours, cost, unused[(node, uuid)])
+            for (node, uuid), (model, price, hours, cost) in sorted(self.cards.items())
+        )
+        return _bill(
+            (self.start or 0.0, self.end or 0.0),
+            lines,
+            cards,
+            request=self.request,
+            requested_hours=self.requested_hours,
+            active=self.active,
+            timeline=sorted(self.timeline, key=lambda point: point.end),
+            method=self.method,
+            idle_policy=idle_policy,
+            currency=currency,
+            notes=[*notes, *self.notes()],
+        )
+
+    def notes(self) -> list[str]:
+        return _notes(self.unpriced, self.unknown_devices, self.partitioned_cards, self.offered_missing, self.over_held)
 
 
 def compute_bill(
@@ -402,125 +615,15 @@ def compute_bill(
     currency: str = "USD",
     method: Method = Method.HOLDER,
 ) -> Bill:
-    intervals = tuple(intervals)
-    # Units are split in card-hours (a share of a card × hours) and priced at the card's price, so a line's quantity
-    # stays known even at a price of 0. (node, device, card, party) → [cost, GiB-hours, card-hours].
-    ledger: dict[tuple[str, str, str, _Party], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-    idle_at: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])  # → [cost, card-hours]
-    request: dict[str, float] = defaultdict(float)
-    requested_hours: dict[str, float] = defaultdict(float)
-    card_rows: dict[tuple[str, str], list] = {}  # card → [model, price, hours, cost]
-    unpriced: set[tuple[str, str]] = set()
-    unknown_devices: set[tuple[str, str]] = set()
-    partitioned_cards: set[tuple[str, str]] = set()  # memory booked on a MIG card's own UUID, outside its slices
-    offered_missing: set[tuple[str, str]] = set()
-    over_held: set[tuple[str, str]] = set()
-    timeline: list[TimePoint] = []
-    known = _Owners()
-
+    ledger = Ledger(price_per_hour, method)
     for interval in intervals:
-        hours = interval.seconds / 3600.0
-        layer: dict[str, float] = defaultdict(float)
-        devices = {(device.node, device.uuid): device for device in interval.devices}
-        models = card_models(devices.values())
-        card_price: dict[tuple[str, str], float] = {}
-        for card, model in models.items():
-            price = price_per_hour(card[0], model)
-            if price is None:
-                unpriced.add((card[0], model))
-                price = 0.0
-            card_price[card] = price
+        ledger.add(interval)
+    return ledger.bill(idle_policy, currency)
 
-        users: dict[tuple[str, str], list[_User]] = defaultdict(list)
-        for sample in interval.memory:
-            if sample.bytes > 0:
-                owner = known.of(sample.owner)
-                party = owner.usage if sample.allocated else owner.overreach
-                users[(sample.node, sample.gpu_uuid)].append(_User(party, owner.who, sample.bytes))
-        for sample in interval.unattributed:
-            if sample.bytes > 0:
-                users[(sample.node, sample.gpu_uuid)].append(_User(_UNATTRIBUTED, None, sample.bytes))
-        holders: dict[tuple[str, str], dict[_Who, float]] = defaultdict(lambda: defaultdict(float))
-        if method is Method.HOLDER:  # the usage method never asks who holds a unit
-            for allocation in interval.allocations:
-                who = known.of(allocation.owner).who
-                holders[(allocation.node, allocation.gpu_uuid)][who] += allocation.count
-        offered = {(item.node, item.gpu_uuid): item.replicas for item in interval.offered}
 
-        slices: dict[tuple[str, str], list[Device]] = defaultdict(list)
-        for device in devices.values():
-            if device.parent_uuid:
-                slices[device.card].append(device)
-
-        for card, price in card_price.items():
-            row = card_rows.setdefault(card, [models[card], price, 0.0, 0.0])
-            row[2] += hours
-            row[3] += price * hours
-            if slices.get(card):
-                units = [(device, device.share * hours) for device in slices[card]]
-                uncovered = max(0.0, 1.0 - sum(device.share for device in slices[card])) * hours
-                _add(idle_at[(card[0], card[1], card[1])], uncovered * price, uncovered)
-                layer[IDLE] += uncovered * price
-            else:
-                units = [(devices[card], hours)]
-            for device, unit_hours in units:
-                key = (device.node, device.uuid)
-                split = split_unit(unit_hours, holders.get(key, {}), offered.get(key), users.pop(key, []), method)
-                if split.offered_missing:
-                    offered_missing.add(key)
-                if split.over_held:
-                    over_held.add(key)
-                _add(idle_at[(device.node, device.uuid, card[1])], split.idle * price, split.idle)
-                layer[IDLE] += split.idle * price
-                for party, card_hours, held_bytes in split.bookings:
-                    entry = ledger[(device.node, device.uuid, card[1], party)]
-                    cost = card_hours * price
-                    entry[0] += cost
-                    entry[1] += held_bytes / GIB * hours
-                    entry[2] += card_hours
-                    layer[_layer(party)] += cost
-        for key in users:
-            device = devices.get(key)
-            if device is not None and slices.get(device.card):
-                partitioned_cards.add(key)
-            else:
-                unknown_devices.add(key)
-
-        for allocation in interval.allocations:
-            device = devices.get((allocation.node, allocation.gpu_uuid))
-            if device is None:
-                unknown_devices.add((allocation.node, allocation.gpu_uuid))
-                continue
-            share = device.share if device.parent_uuid else 1.0
-            group = allocation.owner.group
-            requested_hours[group] += allocation.count * share * hours
-            request[group] += allocation.count * share * card_price[device.card] * hours
-        timeline.append(TimePoint(end=interval.end, costs=dict(layer)))
-
-    model_of = {card: row[0] for card, row in card_rows.items()}
-    entries = [((node, device, card), party, amounts) for (node, device, card, party), amounts in ledger.items()]
-    entries += _idle_entries(idle_at, ledger, idle_policy)
-    lines = _merged_lines(entries, model_of)
-
-    unused: dict[tuple[str, str], float] = defaultdict(float)
-    for (node, _device, card), (cost, _hours) in idle_at.items():
-        unused[(node, card)] += cost
-    cards = tuple(
-        CardCost(node, uuid, model, price, hours, cost, unused[(node, uuid)])
-        for (node, uuid), (model, price, hours, cost) in sorted(card_rows.items())
-    )
-    return _bill(
-        intervals,
-        lines,
-        cards,
-        request=request,
-        requested_hours=requested_hours,
-        timeline=timeline,
-        method=method,
-        idle_policy=idle_policy,
-        currency=currency,
-        notes=_notes(unpriced, unknown_devices, partitioned_cards, offered_missing, over_held),
-    )
+def nonzero(costs: Mapping[str, float]) -> dict[str, float]:
+    """A timeline point's layers that cost something (a chart draws nothing for the rest)."""
+    return {name: cost for name, cost in costs.items() if cost}
 
 
 def _add(amounts: list[float], *values: float) -> None:
@@ -528,7 +631,7 @@ def _add(amounts: list[float], *values: float) -> None:
         amounts[index] += value
 
 
-def _layer(party: _Party) -> str:
+def _layer(party: Party) -> str:
     if party.charge == _OVERREACH:
         return OVERREACH
     if party.charge == _UNATTRIBUTED.charge:
@@ -537,25 +640,26 @@ def _layer(party: _Party) -> str:
 
 
 Where = tuple[str, str, str]  # (node, device, card)
-Entry = tuple[Where, _Party, Sequence[float]]  # amounts: [cost, GiB-hours, card-hours]
+Entry = tuple[Where, Party, Sequence[float]]  # amounts: [cost, GiB-hours, card-hours]
 
 
 def _idle_entries(
     idle_at: Mapping[Where, Sequence[float]],
-    ledger: Mapping[tuple[str, str, str, _Party], Sequence[float]],
+    ledger: Mapping[tuple[str, str, str, Party], Sequence[float]],
     idle_policy: IdlePolicy,
 ) -> list[Entry]:
     """Idle to the platform, or (proportional) spread per card over what was booked on it, in card-hours booked."""
-    booked: dict[tuple[str, str], dict[tuple[str, _Party], float]] = defaultdict(lambda: defaultdict(float))
+    booked: dict[tuple[str, str], dict[tuple[str, Party], float]] = defaultdict(lambda: defaultdict(float))
     for (node, device, card, party), (_cost, _gib, card_hours) in ledger.items():
         booked[(node, card)][(device, party)] += card_hours
     card_idle: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     entries: list[Entry] = []
     for (node, device, card), (cost, hours) in idle_at.items():
+        if hours <= 0:
+            continue
         parties = booked.get((node, card))
         if idle_policy is IdlePolicy.PLATFORM or not parties or sum(parties.values()) <= 0:
-            if hours > 0:
-                entries.append(((node, device, card), _Party(Charge.PLATFORM.value), (cost, 0.0, hours)))
+            entries.append(((node, device, card), Party(Charge.PLATFORM.value), (cost, 0.0, hours)))
         else:
             _add(card_idle[(node, card)], cost, hours)
     for (node, card), (cost, hours) in card_idle.items():
@@ -571,7 +675,7 @@ def _idle_entries(
 
 def _merged_lines(entries: Iterable[Entry], model_of: Mapping[tuple[str, str], str]) -> list[Line]:
     """One line per (device, party): an overreach row's idle share joins its memory share."""
-    merged: dict[tuple[Where, _Party], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    merged: dict[tuple[Where, Party], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for where, party, amounts in entries:
         _add(merged[(where, party)], *amounts)
     lines = []
@@ -596,15 +700,21 @@ def _merged_lines(entries: Iterable[Entry], model_of: Mapping[tuple[str, str], s
     return lines
 
 
-def _idle_party(party: _Party) -> _Party:
-    return _Party(Charge.IDLE_SHARE.value, party.group, party.namespace)
+def _rank(amount: float) -> float:
+    """An amount as rows are ordered by it: to a millionth, so that sums made in another order (the recorded and
+    the raw series' bills) order equal amounts the same way, by name."""
+    return round(amount, 6)
+
+
+def _idle_party(party: Party) -> Party:
+    return Party(Charge.IDLE_SHARE.value, party.group, party.namespace)
 
 
 _GROUP_FIELD = {Charge.USAGE: "usage", Charge.RESERVED: "reserved", Charge.IDLE_SHARE: "idle"}
 
 
 def _bill(
-    intervals: Sequence[Interval],
+    span: tuple[float, float],
     lines: Sequence[Line],
     cards: tuple[CardCost, ...],
     *,
@@ -615,6 +725,7 @@ def _bill(
     idle_policy: IdlePolicy,
     currency: str,
     notes: list[str],
+    active: Mapping[str, float] | None = None,
 ) -> Bill:
     """Sum the ledger into the per-group figures, the overreach rows and the special rows."""
     by_group: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -640,22 +751,21 @@ def _bill(
     for name in request:
         by_group[name]["request"] += request[name]
         by_group[name]["requested_gpu_hours"] += requested_hours[name]
-    active = sm_active_gpu_hours(intervals)
+    active = active or {}
     for name in active:  # a group seen only in activity (an allocation-less container on a sampled GPU) is listed
         by_group.setdefault(name, defaultdict(float))
     groups = sorted(
         (GroupCost(group=name, sm_active_gpu_hours=active.get(name), **figures) for name, figures in by_group.items()),
-        key=lambda group: (-group.total, -group.request, group.group),
+        key=lambda group: (-_rank(group.total), -_rank(group.request), group.group),
     )
     rows = sorted(
         (
             OverreachRow(owner, node, gpu, gib_hours, cost)
             for (owner, node, gpu), (cost, gib_hours) in overreach.items()
         ),
-        key=lambda row: (-row.cost, row.owner.namespace, row.owner.pod, row.owner.container, row.gpu_uuid),
+        key=lambda row: (-_rank(row.cost), row.owner.namespace, row.owner.pod, row.owner.container, row.gpu_uuid),
     )
-    start = intervals[0].end - intervals[0].seconds if intervals else 0.0
-    end = intervals[-1].end if intervals else 0.0
+    start, end = span
     return Bill(
         method=method,
         idle_policy=idle_policy,

@@ -2,7 +2,7 @@
 
 The fleet (``demo_fleet.json`` beside this module) is the auditor's own series over one day, written as runs of
 constant values and expanded into samples one scrape interval apart. :class:`SeriesSource` answers the very
-queries ``prometheus.py`` sends (the same constants, through the same ``fetch_intervals``) by evaluating them as
+queries ``raw.py`` sends (the same constants, through the same ``stream_intervals``) by evaluating them as
 Prometheus does: at each instant, each series' latest sample within the 5-minute lookback, aggregated with
 ``max by (...)``. Only that shape of PromQL is understood; anything else is refused rather than guessed at.
 

@@ -19,8 +19,10 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..metrics import label_name
 from .errors import ChargebackError
-from .prometheus import Series, Source, instant_key
+from .prometheus import Series, Source
+from .raw import NO_LABEL, GroupOf, instant_key, pod_groups, pod_labels_query
 from .times import iso
 
 FB_USED = "DCGM_FI_DEV_FB_USED"
@@ -93,7 +95,7 @@ class _Pricer:
     slots: Mapping[int, float]
     hours: float
     price_of: Callable[[str, str], float | None]
-    group_of: Callable[[str, str], str]
+    group_of: GroupOf
     unpriced: set[tuple[str, str]] = field(default_factory=set)
     unknown_profiles: set[str] = field(default_factory=set)
 
@@ -122,8 +124,8 @@ class _Pricer:
                 where = (key, node, uuid, instance, namespace, pod)
                 seen[where] = max(seen.get(where, 0.0), price * share * self.hours * weight(value))
         totals: dict[str, float] = defaultdict(float)
-        for (_, _, _, _, namespace, pod), cost in seen.items():
-            totals[self.group_of(namespace, pod)] += cost
+        for (key, _, _, _, namespace, pod), cost in seen.items():
+            totals[self.group_of(namespace, pod, key)] += cost
         return totals
 
 
@@ -134,7 +136,7 @@ def device_metric_bill(
     fb_used: Sequence[Series],
     gpu_util: Sequence[Series],
     price_of: Callable[[str, str], float | None],
-    group_of: Callable[[str, str], str],
+    group_of: GroupOf,
     gpu_fence: Mapping[str, float],
     gpu_fence_rest: float,
     real_cost: float,
@@ -177,13 +179,30 @@ def device_metric_bill(
     return DeviceMetricBill(groups, gpu_fence_rest, real_cost, tuple(notes))
 
 
-def fetch_device_metrics(source: Source, start: float, step: float, count: int) -> tuple[list[Series], list[Series]]:
-    """dcgm-exporter's memory and utilisation series over the bill's instants; an error when it has none."""
-    first, last = start + step, start + count * step
+def fetch_device_metrics(
+    source: Source, instants: Sequence[float], step: float, by: str
+) -> tuple[list[Series], list[Series], GroupOf]:
+    """dcgm-exporter's memory and utilisation series at the bill's instants (``step`` apart), and the pods' groups
+    (with ``label:KEY``, the auditor's pod labels at each instant, as the bill groups them); an error when
+    dcgm-exporter has no series there."""
+    first, last = instants[0], instants[-1]
     fb_used = source.query_range(device_query(FB_USED), first, last, step)
     if not any(item.values for item in fb_used):
         raise ChargebackError(
-            f"--compare-device-metrics: no {FB_USED} series at {source.name} between {iso(start)} and {iso(last)}: "
-            "check that this Prometheus scrapes dcgm-exporter"
+            f"--compare-device-metrics: no {FB_USED} series at {source.name} between {iso(first - step)} and "
+            f"{iso(last)}: check that this Prometheus scrapes dcgm-exporter"
         )
-    return fb_used, source.query_range(device_query(GPU_UTIL), first, last, step)
+    gpu_util = source.query_range(device_query(GPU_UTIL), first, last, step)
+    if by == "namespace":
+
+        def group_of(namespace: str, pod: str, key: int) -> str:
+            return namespace or NO_LABEL
+
+        return fb_used, gpu_util, group_of
+    label = label_name(by.removeprefix("label:"))
+    groups = pod_groups(source.query_range(pod_labels_query(label), first, last, step), label)
+
+    def group_of_label(namespace: str, pod: str, key: int) -> str:
+        return groups.get((key, namespace, pod), NO_LABEL)
+
+    return fb_used, gpu_util, group_of_label

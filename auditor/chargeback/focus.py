@@ -18,7 +18,7 @@ import re
 from .compute import OVERREACH, PLATFORM, UNATTRIBUTED, Bill, Charge, Line
 from .errors import ChargebackError
 from .provenance import Provenance
-from .times import iso
+from .times import iso, iso_seconds
 
 COLUMNS = (
     "AvailabilityZone",
@@ -65,7 +65,15 @@ COLUMNS = (
     "SubAccountName",
     "Tags",
 )
-EXTRA = ("x_GpuMemoryGiBHours", "x_Method", "x_IdlePolicy", "x_Source", "x_GeneratedAt", "x_GpuFenceVersion")
+EXTRA = (
+    "x_GpuMemoryGiBHours",
+    "x_Method",
+    "x_IdlePolicy",
+    "x_Source",
+    "x_Series",
+    "x_GeneratedAt",
+    "x_GpuFenceVersion",
+)
 NAME = "gpu-fence"
 TAG = "gpu-fence/"  # FOCUS: provider-defined tags carry a provider prefix; pod label keys stay as the user set them
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
@@ -106,7 +114,7 @@ def focus_rows(bill: Bill, made: Provenance) -> list[dict[str, str]]:
             f"{bill.currency!r}: set currency: in the price file"
         )
     price = {(card.node, card.uuid): card.price_per_hour for card in bill.cards}
-    start, end = iso(bill.start), iso(bill.end)
+    start, end = iso_seconds(bill.start), iso_seconds(bill.end)
     rows = []
     for line in bill.lines:
         if line.card_hours <= 0 and line.gib_hours <= 0:
@@ -155,6 +163,7 @@ def focus_rows(bill: Bill, made: Provenance) -> list[dict[str, str]]:
                 "x_Method": bill.method.value,
                 "x_IdlePolicy": bill.idle_policy.value,
                 "x_Source": made.source,
+                "x_Series": made.series.value,
                 "x_GeneratedAt": iso(made.generated_at),
                 "x_GpuFenceVersion": made.version,
             }

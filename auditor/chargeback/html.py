@@ -71,11 +71,8 @@ def _layers(bill: Bill) -> list[str]:
     return [*layers, OVERREACH, UNATTRIBUTED, IDLE]
 
 
-def _buckets(
-    timeline: tuple[TimePoint, ...], layers: list[str], step: float
-) -> list[tuple[float, float, dict[str, float]]]:
-    """Consecutive intervals merged into at most MAX_BARS bars: (start, end, cost per layer), where a bar starts
-    one step before its first instant (each instant stands for the step before it)."""
+def _buckets(timeline: tuple[TimePoint, ...], layers: list[str]) -> list[tuple[float, float, dict[str, float]]]:
+    """Consecutive points merged into at most MAX_BARS bars: (start, end, cost per layer)."""
     if not timeline:
         return []
     size = -(-len(timeline) // MAX_BARS)
@@ -87,7 +84,7 @@ def _buckets(
         for point in chunk:
             for name, cost in point.costs.items():
                 costs[name if name in known else OTHER] += cost
-        result.append((chunk[0].end - step, chunk[-1].end, dict(costs)))
+        result.append((chunk[0].start, chunk[-1].end, dict(costs)))
     return result
 
 
@@ -107,7 +104,7 @@ TIME_TICKS = (0.25, 0.5, 0.75)  # labelled instants between the range's start an
 
 def _timeline_svg(bill: Bill, step: float) -> str:
     layers = _layers(bill)
-    bars = _buckets(bill.timeline, layers, step)
+    bars = _buckets(bill.timeline, layers)
     width, height, left, bottom, top = 960, 300, 70, 40, 10
     plot_w, plot_h = width - left - 10, height - bottom - top
     peak = max((sum(costs.values()) for _, _, costs in bars), default=0.0) or 1.0
@@ -272,6 +269,7 @@ def _provenance_table(bill: Bill, made: Provenance) -> str:
         ("source", made.source),
         ("range", f"{iso(bill.start)} .. {iso(bill.end)}"),
         ("step", f"{made.step:g} s ({_duration(made.step)})"),
+        ("split from", made.series.described),
         ("method", bill.method.value),
         ("idle capacity", bill.idle_policy.value),
         ("grouped by", made.group_by),

@@ -31,6 +31,11 @@ _KEYS = ("currency", "default", "models", "nodes")
 _MIG_SUFFIX = re.compile(r"\s+MIG\s+\S+$")
 
 
+def card_model(model: str) -> str:
+    """The card a device's model names: a MIG device's model without its profile suffix."""
+    return _MIG_SUFFIX.sub("", model)
+
+
 class PriceError(ChargebackError):
     """The price file cannot be used; the message names the file and the key to fix."""
 
@@ -58,9 +63,9 @@ class Prices:
         for pattern, price in self.nodes:
             if fnmatch.fnmatchcase(node, pattern):
                 return PriceMatch(price, f"nodes.{pattern!r}")
-        card_model = _MIG_SUFFIX.sub("", model)
+        of_card = card_model(model)
         for name, price in self.models:
-            if name in (model, card_model):
+            if name in (model, of_card):
                 return PriceMatch(price, f"models.{name!r}")
         if self.default is None:
             return None

@@ -7,8 +7,20 @@ them); this holds the rest: when, by which gpu-fence, from where, at what resolu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from .prices import AppliedPrice
+
+
+class Series(Enum):
+    """What the per-interval split was computed from."""
+
+    RECORDED = "recorded"  # the chargeback recording rules' series, summed in Prometheus (recorded.py)
+    RAW = "raw"  # the auditor's own series, split here interval by interval (raw.py)
+
+    @property
+    def described(self) -> str:
+        return "the recording rules' series" if self is Series.RECORDED else "the auditor's raw series"
 
 
 @dataclass(frozen=True)
@@ -19,3 +31,4 @@ class Provenance:
     step: float  # seconds per interval
     group_by: str  # namespace | label:KEY
     prices: tuple[AppliedPrice, ...] = ()
+    series: Series = Series.RAW

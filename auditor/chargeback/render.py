@@ -187,7 +187,7 @@ def _cell(key: str, value: float | str | None) -> str:
 def provenance_lines(bill: Bill, made: Provenance) -> list[str]:
     """The facts every format states, as ``label: value`` pairs in one order."""
     return [
-        f"range: {iso(bill.start)} .. {iso(bill.end)}, step {made.step:g} s",
+        f"range: {iso(bill.start)} .. {iso(bill.end)}, step {made.step:g} s, split from {made.series.described}",
         f"method: {bill.method.value}, idle: {bill.idle_policy.value}, grouped by {made.group_by}",
         f"currency: {bill.currency}",
         f"source: {made.source}",
@@ -319,6 +319,7 @@ CSV_MADE = (
     "source",
     "generated_at",
     "gpu_fence_version",
+    "series",
 )
 
 
@@ -342,6 +343,7 @@ def render_csv(bill: Bill, made: Provenance) -> str:
         made.source,
         iso(made.generated_at),
         made.version,
+        made.series.value,
     ]
 
     def write(kind: str, record: dict[str, Any]) -> None:
@@ -377,7 +379,12 @@ def bill_document(bill: Bill, made: Provenance) -> dict:
         "generated_at": iso(made.generated_at),
         "gpu_fence_version": made.version,
         "source": made.source,
-        "range": {"start": iso(bill.start), "end": iso(bill.end), "step_seconds": made.step},
+        "range": {
+            "start": iso(bill.start),
+            "end": iso(bill.end),
+            "step_seconds": made.step,
+            "series": made.series.value,
+        },
         "method": bill.method.value,
         "idle_policy": bill.idle_policy.value,
         "group_by": made.group_by,
@@ -403,7 +410,11 @@ def bill_document(bill: Bill, made: Provenance) -> dict:
         ],
         "cards": [numbers(card) for card in card_rows(bill)],
         "timeline": [
-            {"end": iso(point.end), "costs": {name: number(cost) for name, cost in sorted(point.costs.items())}}
+            {
+                "start": iso(point.start),
+                "end": iso(point.end),
+                "costs": {name: number(cost) for name, cost in sorted(point.costs.items())},
+            }
             for point in bill.timeline
         ],
         "notes": list(bill.notes),

@@ -59,5 +59,13 @@ def _is_number(value: str) -> bool:
 
 
 def iso(timestamp: float) -> str:
-    """Unix seconds → RFC 3339 in UTC, to the second (how bills print their range)."""
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """Unix seconds → RFC 3339 in UTC, to the second, or to the millisecond when the time has one (a range the
+    recording rules' evaluations cover starts at their phase, which Prometheus keeps in milliseconds)."""
+    milliseconds = round(timestamp * 1000)
+    whole = datetime.fromtimestamp(milliseconds // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{whole}Z" if milliseconds % 1000 == 0 else f"{whole}.{milliseconds % 1000:03d}Z"
+
+
+def iso_seconds(timestamp: float) -> str:
+    """RFC 3339 to the second, as FOCUS writes its charge periods (``YYYY-MM-DDTHH:mm:ssZ``)."""
+    return datetime.fromtimestamp(int(timestamp), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

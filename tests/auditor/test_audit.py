@@ -54,7 +54,9 @@ def test_exclusive_gpus_in_use_are_clean_and_metered():
     result = audit(
         node(
             [
-                container("a", "c1", allocated=(G0,), visible=frozenset({G0}), visible_devices_env=G0, env_read=True),
+                container(
+                    "a", "c1", allocated=(G0,), visible=frozenset({G0}), visible_devices_envs=(G0,), env_read=True
+                ),
                 container("b", "c2", allocated=(G1,), visible=frozenset({G1})),
             ],
             [GpuProcess(10, G0, 5 * GIB, "uid-a", "c1"), GpuProcess(11, G1, GIB, "uid-b", "c2")],
@@ -101,7 +103,7 @@ def test_mig_sibling_slice_is_used_unallocated_but_own_slice_and_parent_node_are
 
 
 def test_mig_slice_does_not_entitle_sibling_or_card_in_env():
-    c = container("m", "c1", allocated=(MIG_A,), visible_devices_env="0", env_read=True)
+    c = container("m", "c1", allocated=(MIG_A,), visible_devices_envs=("0",), env_read=True)
     result = audit(node([c], [], MIG_GPUS))
     assert kinds(result) == [("env-mismatch", "m", CARD)]
 
@@ -128,7 +130,7 @@ def test_process_that_exited_mid_read_is_unattributed_with_the_reason():
 
 def test_env_all_on_partial_allocation_is_a_mismatch_and_void_none_are_fine():
     def env(value):
-        return audit(node([container("e", "c1", allocated=(G0,), visible_devices_env=value, env_read=True)], []))
+        return audit(node([container("e", "c1", allocated=(G0,), visible_devices_envs=(value,), env_read=True)], []))
 
     assert [f.kind for f in env("all").findings] == [FindingKind.ENV_MISMATCH]
     assert "and" not in env("all").findings[0].message.split("names")[0]
@@ -140,7 +142,7 @@ def test_env_all_on_partial_allocation_is_a_mismatch_and_void_none_are_fine():
 
 
 def test_env_all_on_a_container_holding_every_gpu_is_fine():
-    c = container("e", "c1", allocated=(G0, G1, G2), visible_devices_env="all", env_read=True)
+    c = container("e", "c1", allocated=(G0, G1, G2), visible_devices_envs=("all",), env_read=True)
     assert audit(node([c], [])).findings == ()
 
 
@@ -159,13 +161,13 @@ def test_named_devices_forms():
 
 
 def test_legacy_mig_form_of_the_containers_own_slice_is_no_env_mismatch():
-    own = container("m", "c1", allocated=(MIG_A,), visible_devices_env=f"MIG-{CARD}/1/0", env_read=True)
-    sibling = container("s", "c2", allocated=(MIG_A,), visible_devices_env=f"MIG-{CARD}/2/0", env_read=True)
+    own = container("m", "c1", allocated=(MIG_A,), visible_devices_envs=(f"MIG-{CARD}/1/0",), env_read=True)
+    sibling = container("s", "c2", allocated=(MIG_A,), visible_devices_envs=(f"MIG-{CARD}/2/0",), env_read=True)
     assert kinds(audit(node([own, sibling], [], MIG_GPUS))) == [("env-mismatch", "s", MIG_B)]
 
 
 def test_exempt_namespace_gets_rows_but_no_findings():
-    c = container("dcgm", "c1", ns="gpu-operator", visible=frozenset({G0, G1}), visible_devices_env="all")
+    c = container("dcgm", "c1", ns="gpu-operator", visible=frozenset({G0, G1}), visible_devices_envs=("all",))
     result = audit(
         node([c], [GpuProcess(5, G0, GIB, "uid-dcgm", "c1")]),
         AuditPolicy(exempt_namespaces=frozenset({"gpu-operator"})),
@@ -179,7 +181,7 @@ def test_kai_fraction_container_may_use_the_gpu_of_its_reservation_pod_only():
         "resource-reservation", "r1", ns="kai-resource-reservation", allocated=(G1,), kai_gpu_groups=frozenset({"g1"})
     )
     fraction = container(
-        "train", "c1", kai_gpu_groups=frozenset({"g1"}), visible=frozenset({G1}), visible_devices_env="1"
+        "train", "c1", kai_gpu_groups=frozenset({"g1"}), visible=frozenset({G1}), visible_devices_envs=("1",)
     )
     rogue = container("rogue", "c2", kai_gpu_groups=frozenset({"other"}), visible=frozenset({G1}))
     result = audit(

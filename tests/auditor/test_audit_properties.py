@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_fence.auditor.audit import audit, entitlement, kai_reservation_gpus
-from gpu_fence.auditor.model import AuditPolicy, Container, FindingKind, Gpu, GpuProcess, NodeSnapshot
+from gpu_fence.auditor.model import AuditPolicy, Container, FindingKind, Gpu, GpuProcess, NodeSnapshot, ViewLimit
 
 ENV_VALUES = ["all", "void", "none", "0", "1,2", "0:0"]
 MEMORY = st.none() | st.integers(0, 80 << 30)
@@ -46,7 +47,11 @@ def nodes(draw) -> NodeSnapshot:
                 container_id=f"cid{number}",
                 allocated=tuple(draw(st.lists(st.sampled_from(uuids), max_size=3))),
                 visible=draw(st.none() | st.frozensets(st.sampled_from(uuids))),
-                visible_devices_env=draw(st.none() | st.sampled_from(ENV_VALUES + uuids)),
+                visible_devices_envs=tuple(
+                    draw(st.lists(st.sampled_from(ENV_VALUES + uuids), max_size=3, unique=True))
+                ),
+                unconfirmed_allocations=draw(st.frozensets(st.sampled_from(uuids), max_size=2)),
+                view_limits=draw(st.frozensets(st.sampled_from(list(ViewLimit)), max_size=2)),
             )
         )
     owners = [(c.pod_uid, c.container_id) for c in containers] + [(None, None), ("uid-gone", "cid-gone")]
@@ -92,6 +97,45 @@ def test_every_process_is_either_in_a_row_or_an_unattributed_finding(snapshot, p
     known = {c.container_id for c in snapshot.containers}
     for process in snapshot.processes:
         assert (process.pid in unattributed) != (process.container_id in known)
+
+
+@settings(max_examples=150, deadline=None)
+@given(nodes(), POLICIES)
+def test_a_container_read_only_in_part_is_always_reported(snapshot, policy):
+    """A bound met while reading a container is never a place to hide: it is a finding unless the namespace is
+    exempt."""
+    result = audit(snapshot, policy)
+    incomplete = {f.container_id for f in result.findings if f.kind is FindingKind.INCOMPLETE_VIEW}
+    expected = {
+        c.container_id for c in snapshot.containers if c.view_limits and c.namespace not in policy.exempt_namespaces
+    }
+    assert incomplete == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(nodes(), POLICIES, st.data())
+def test_what_one_more_process_shows_never_takes_a_finding_away(snapshot, policy, data):
+    """Visibility and env are judged over all of a container's processes: another process's view or value can add
+    findings to its container, never remove one (a chrooted or re-exec'ed process cannot clear its siblings)."""
+    if not snapshot.containers:
+        return
+    index = data.draw(st.integers(0, len(snapshot.containers) - 1))
+    before = snapshot.containers[index]
+    uuids = [g.uuid for g in snapshot.gpus]
+    extra_value = data.draw(st.sampled_from(ENV_VALUES + uuids))
+    extra_visible = data.draw(st.frozensets(st.sampled_from(uuids)))
+    after = replace(
+        before,
+        visible_devices_envs=tuple(sorted({*before.visible_devices_envs, extra_value})),
+        visible=(before.visible or frozenset()) | extra_visible,
+    )
+    containers = (*snapshot.containers[:index], after, *snapshot.containers[index + 1 :])
+    grown = replace(snapshot, containers=containers)
+
+    def judged(node: NodeSnapshot) -> set[tuple[FindingKind, str | None]]:
+        return {(f.kind, f.container_id) for f in audit(node, policy).findings}
+
+    assert judged(snapshot) <= judged(grown)
 
 
 @settings(max_examples=100, deadline=None)

@@ -12,6 +12,8 @@ UID = "8f1e2c3d-4b5a-4c6d-9e8f-0a1b2c3d4e5f"
 UID_ = UID.replace("-", "_")
 CID = "0123456789abcdef" * 4
 OTHER = "fedcba9876543210" * 4
+OUTER = "11111111-1111-4111-8111-111111111111"
+OUTER_ = OUTER.replace("-", "_")
 
 
 @pytest.mark.parametrize(
@@ -48,11 +50,19 @@ OTHER = "fedcba9876543210" * 4
             f"/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope/init.scope",
             CgroupIdentity(UID, CID, CONTAINERD),
         ),
-        # nested cluster: the innermost pod wins
+        # a path that names two pods: the outer one, which the kubelet made, wins; the inner one is kept to report
         (
-            f"/kubepods/pod{'1' * 8}-1111-1111-1111-{'1' * 12}/{OTHER}/kubepods/pod{UID}/{CID}",
-            CgroupIdentity(UID, CID, None),
+            f"/kubepods/pod{OUTER}/{OTHER}/kubepods/pod{UID}/{CID}",
+            CgroupIdentity(OUTER, OTHER, None, nested_pod_uid=UID),
         ),
+        (
+            f"/kubepods.slice/kubepods-pod{OUTER_}.slice/cri-containerd-{OTHER}.scope/"
+            f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope",
+            CgroupIdentity(OUTER, OTHER, CONTAINERD, nested_pod_uid=UID),
+        ),
+        (f"/kubepods/pod{OUTER}/pod{UID}/{CID}", CgroupIdentity(OUTER, None, None, nested_pod_uid=UID)),
+        # the container naming its own pod again is no second pod
+        (f"/kubepods/pod{UID}/{CID}/pod{UID}", CgroupIdentity(UID, CID, None)),
         # a process in the pod cgroup itself, or under an unknown child
         (f"/kubepods.slice/kubepods-pod{UID_}.slice", CgroupIdentity(UID, None, None)),
         (f"/kubepods/besteffort/pod{UID}/", CgroupIdentity(UID, None, None)),
@@ -84,6 +94,11 @@ def test_every_layout(path: str, expected: CgroupIdentity) -> None:
         f"/kubepods/pod{UID.upper()}/{CID}",
         f"/kubepods/pods{UID}/{CID}",
         f"/user.slice/user-1000.slice/session-2.scope/pod{UID}x",
+        # pod-like names where the kubelet never puts a pod: made by something outside Kubernetes
+        f"/system.slice/foo.service/pod{UID}/{CID}",
+        f"/system.slice/docker-{OTHER}.scope/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope",
+        f"/kubepods.slice/other-pod{UID_}.slice/cri-containerd-{CID}.scope",
+        f"/kubepods/burstable/x-pod{UID}/{CID}",
     ],
 )
 def test_outside_pods_and_runtime_helpers_give_none(path: str) -> None:
@@ -164,6 +179,27 @@ def test_generated_identities_round_trip(  # noqa: PLR0917 - hypothesis passes e
     else:
         text = f"0::{path}\n"
     assert parse_cgroup(text) == CgroupIdentity(uid, cid, runtime)
+
+
+@given(
+    outer=st.uuids().map(str),
+    inner=st.uuids().map(str),
+    cid=container_ids,
+    layout=st.sampled_from(sorted(LAYOUTS)),
+    nested=st.sampled_from(sorted(LAYOUTS)),
+    qos=st.sampled_from(["burstable", "besteffort"]),
+    between=st.sampled_from(["", "/init.scope", "/a/b"]),
+)
+def test_a_nested_pod_never_takes_the_process_from_its_container(  # noqa: PLR0917 - hypothesis passes them by name
+    outer: str, inner: str, cid: str, layout: str, nested: str, qos: str, between: str
+) -> None:
+    """Whatever a container names the cgroups it makes below its own, the process stays in that container."""
+    template, runtime = LAYOUTS[layout]
+    inner_template, _ = LAYOUTS[nested]
+    path = template.format(uid=outer, uid_=outer.replace("-", "_"), cid=cid, qos=qos) + between
+    path += inner_template.format(uid=inner, uid_=inner.replace("-", "_"), cid=OTHER, qos=qos)
+    found = parse_cgroup(f"0::{path}\n")
+    assert found == CgroupIdentity(outer, cid, runtime, nested_pod_uid=inner if inner != outer else None)
 
 
 @given(st.text(max_size=300))

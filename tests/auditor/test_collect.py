@@ -33,7 +33,7 @@ from gpu_fence.auditor.sources import (
     SliceSource,
     Sources,
 )
-from tests.fakes.hostproc_tree import HostProcTree
+from tests.fakes.hostproc_tree import HostProcTree, cgroup_text, nested_pod_cgroup
 from tests.fakes.kubeapi_pods_events import make_pod
 from tests.fakes.kubeapi_resourceslices import DraGpu, nvidia_slice
 
@@ -164,28 +164,36 @@ def test_a_fresh_pod_list_names_containers_and_no_fallback_file_is_read(tree):
     assert snapshot.notes == () and snapshot.degraded == frozenset()
     main = named(snapshot)["main"]
     assert main.identity is Identity.KUBERNETES and main.allocated == (G0,) and main.visible == {G0}
-    assert main.visible_devices_env == G0 and main.env_read and main.pid == 10
+    assert main.visible_devices_envs == (G0,) and main.env_read and main.pid == 10
     assert hostproc.root_files == [] and set(hostproc.environ_names) == {("NVIDIA_VISIBLE_DEVICES",)}
     assert pods.asked == [({POD}, {MAIN})]  # the GPU processes' pod and container, to relist early for new ones
     by_pid = {process.pid: process for process in snapshot.processes}
     assert by_pid[10].container_id == MAIN and by_pid[30].container_id is None and by_pid[30].identity_error is None
 
 
-def test_without_the_api_containers_are_named_by_their_own_files(tree):
+def test_without_the_api_containers_are_named_by_the_kubelet_and_their_gpu_use(tree):
     hostproc = Reads(str(tree))
     snapshot = collect(sources(hostproc), OPTIONS)
     assert snapshot.identity_source is IdentitySource.FALLBACK and snapshot.degraded == frozenset()
     assert snapshot.notes == (
-        "Kubernetes API not used: names from PodResources and each container's HOSTNAME and "
-        "service-account namespace file",
+        "Kubernetes API not used: names from PodResources, tied to running containers by their GPU use; "
+        "other containers by uid",
     )
-    assert {name: c.identity for name, c in named(snapshot).items()} == {
-        "main": Identity.FALLBACK,
-        "side": Identity.FALLBACK,
+    assert {name: (c.identity, c.container_id) for name, c in named(snapshot).items()} == {
+        "main": (Identity.FALLBACK, MAIN),  # pid 10 uses G0, which the kubelet gave ml/train/main alone
+        "side": (Identity.KUBELET, None),  # touches no GPU: nothing tells which running container it is
     }
-    assert named(snapshot)["side"].container_id == SIDE
-    assert sorted(hostproc.root_files) == [(10, SERVICEACCOUNT_NAMESPACE), (20, SERVICEACCOUNT_NAMESPACE)]
-    assert set(hostproc.environ_names) == {("NVIDIA_VISIBLE_DEVICES", "HOSTNAME")}  # one read of each environ
+    # Only a container that touches a GPU is asked what it claims to be (the report shows it if it stays unnamed).
+    assert hostproc.root_files == [(10, SERVICEACCOUNT_NAMESPACE)]
+    assert sorted(set(hostproc.environ_names)) == [("HOSTNAME",), ("NVIDIA_VISIBLE_DEVICES",)]
+
+
+def test_environments_are_read_once_per_process(tree):
+    hostproc = Reads(str(tree))
+    pods = Pods(pods={POD: make_pod("ml", "train", POD, "node-a", [("main", MAIN), ("side", SIDE)])})
+    for _ in range(3):
+        collect(sources(hostproc, pods=pods), OPTIONS)
+    assert hostproc.environ_names == [("NVIDIA_VISIBLE_DEVICES",)] * 2  # pids 10 and 20, in the first cycle
 
 
 def test_an_api_that_stops_answering_degrades_the_cycle_with_its_stale_list(tree):
@@ -205,7 +213,8 @@ def test_an_api_that_stops_answering_degrades_the_cycle_with_its_stale_list(tree
     assert snapshot.identity_source is IdentitySource.FALLBACK
     assert snapshot.degraded == {FailureReason.KUBERNETES_API}
     assert snapshot.notes == (
-        "Kubernetes API unavailable (ConnectionRefusedError: refused): names from PodResources and /proc",
+        "Kubernetes API unavailable (ConnectionRefusedError: refused): names from PodResources, tied to running "
+        "containers by their GPU use; other containers by uid",
     )
     assert named(snapshot)["main"].identity is Identity.FALLBACK
 
@@ -219,6 +228,15 @@ def test_an_nvml_problem_degrades_the_cycle_and_says_where(tree):
     snapshot = collect(sources(HostProc(str(tree)), driver=driver, pods=Pods()), OPTIONS)
     assert snapshot.degraded == {FailureReason.NVML}
     assert snapshot.notes == (f"NVML: {G0}: GPU 1 left out of this snapshot: lost", "NVML: node: could not count")
+
+
+def test_a_device_nvml_could_not_list_reaches_the_snapshot_with_its_reason(tree):
+    """What the metrics leave absent (not 0) and count: the cycle must carry it from NVML's snapshot."""
+    problems = (NvmlProblem(G0, "no-permission", "could not list compute processes: no permission"),)
+    driver = Driver(NvmlSnapshot((Gpu(G0, 0, 0, "H100"),), PROCESSES, problems, unlisted=((G0, "no-permission"),)))
+    snapshot = collect(sources(HostProc(str(tree)), driver=driver, pods=Pods()), OPTIONS)
+    assert snapshot.unlisted == ((G0, "no-permission"),)
+    assert snapshot.degraded == {FailureReason.NVML}
 
 
 def test_a_gpu_process_that_exited_says_why_it_has_no_container(tree):
@@ -255,6 +273,40 @@ def test_a_proc_root_that_cannot_be_listed_fails_the_cycle_naming_it(tmp_path):
         collect(sources(HostProc(str(missing))), OPTIONS)
     assert raised.value.source is FailureReason.PROC
     assert raised.value.reason.startswith(f"cannot read host /proc at {missing}: ")
+
+
+def test_a_gpu_process_behind_a_pid_reused_since_the_last_cycle_is_placed_by_this_cycles_scan(tree):
+    """The scan runs after NVML's snapshot: a pid the last cycle placed in ``main`` and now held by a process of
+    another pod is billed to that pod, not to ``main``."""
+    hostproc = HostProc(str(tree), recheck_scans=0)
+    pods = Pods(pods={POD: make_pod("ml", "train", POD, "node-a", [("main", MAIN), ("side", SIDE)])})
+    collect(sources(hostproc, pods=pods), OPTIONS)
+    other = "99999999-2222-4333-8444-555555555555"
+    tree.reuse_pid(10, cgroup=cgroup_text(other, "c3" * 32))
+    by_pid = {p.pid: p for p in collect(sources(hostproc, pods=pods), OPTIONS).processes}
+    assert (by_pid[10].pod_uid, by_pid[10].container_id) == (other, "c3" * 32)
+
+
+def test_claims_are_read_without_a_pod_list_and_shown_only_when_shaped_like_names(tree):
+    """``side`` claims a namespace that is no name (a container can write anything there): no claim is shown; the
+    report never carries what is not even a name."""
+    (tree.root / "_rootfs" / "side" / SERVICEACCOUNT_NAMESPACE).write_text("<script>alert(1)</script>\n")
+    driver = Driver(NvmlSnapshot((Gpu(G0, 0, 0, "H100"),), (NvmlProcess(20, G0, 1 << 20, "compute"),), ()))
+    kubelet = Kubelet((ContainerAllocation("ml", "train", "side", (), ()),))
+    snapshot = collect(sources(HostProc(str(tree)), driver=driver, kubelet=kubelet), OPTIONS)
+    side = next(c for c in snapshot.containers if c.container_id == SIDE)
+    assert side.identity is Identity.UID and (side.claimed_namespace, side.claimed_pod) == (None, "train")
+
+
+def test_a_process_in_a_nested_cgroup_naming_another_pod_is_counted_and_noted(tree):
+    victim = "77777777-2222-4333-8444-555555555555"
+    tree.write_cgroup(10, cgroup_text(POD, MAIN, below=nested_pod_cgroup(victim, "d4" * 32)))
+    pods = Pods(pods={POD: make_pod("ml", "train", POD, "node-a", [("main", MAIN), ("side", SIDE)])})
+    snapshot = collect(sources(HostProc(str(tree)), pods=pods), OPTIONS)
+    main = named(snapshot)["main"]
+    assert main.nested_pod_uids == {victim}
+    assert {p.pid: p.container_id for p in snapshot.processes}[10] == MAIN
+    assert any(victim in note and "ml/train/main" in note for note in snapshot.notes)
 
 
 def test_the_offer_is_asked_of_the_cycles_kubelet_only_when_due(tree):

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_fence.auditor.cli import main
-from gpu_fence.auditor.daemon import backoff
+from gpu_fence.auditor.daemon import api_budget, backoff
 from gpu_fence.auditor.model import IdentitySource
 from tests.fakes.node_scenario import Ctr, NodeScenario, uuid_of
 from tests.fakes.nvml import GIB, FakeError
@@ -64,7 +64,7 @@ class Daemon:
             "--metrics-bind",
             "127.0.0.1",
             "--unhealthy-after",
-            "3",
+            "10",  # a 2 s health window: a cycle's API calls get 0.9 s together, room on a busy test machine
             "--max-backoff",
             "0.8",
             *extra,
@@ -256,6 +256,43 @@ def test_run_keeps_auditing_while_the_api_is_down(scenario):
         wait_for(lambda: len(scenario.api.event_posts()) == 2, "Events once the API is back")
     finally:
         assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize("hangs", ["everything", "events"])
+def test_a_hung_api_server_degrades_cycles_but_never_the_health(scenario, hangs):
+    """Every API call hangs (the pod list, the Events the findings want), or only the Event writes do: each cycle
+    waits for them at most its API budget, all calls together, so /healthz stays 200 through cycles an interval of
+    0.5 s apart. (Without a pod list the overreaching container has no name to hang an Event on, so the Events are
+    tried only where the pod list answers.)"""
+    scenario.api.hanging = hangs == "everything"
+    scenario.api.hanging_events = hangs == "events"
+    daemon = Daemon(scenario, "--interval", "0.5", "--unhealthy-after", "3")  # window 1.5 s: API budget 0.5 s
+    try:
+        started = next(e for e in daemon.lines if e["event"] == "started")
+        assert started["api_budget_seconds"] == 0.5
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            assert daemon.get("/healthz")[0] == 200
+            threading.Event().wait(0.1)
+        cycles = [e for e in daemon.lines if e["event"] == "cycle"]
+        assert len(cycles) >= 4 and max(c["duration_seconds"] for c in cycles) < 1.5
+        if hangs == "everything":
+            assert value(daemon.metrics(), "gpu_fence_audit_cycle_failures_total", reason="kubernetes-api") >= 4
+        else:
+            assert len(scenario.api.event_posts()) >= 2  # the Events were tried, cycle after cycle
+    finally:
+        scenario.api.hanging = scenario.api.hanging_events = False
+        assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("interval", "window", "budget"),
+    [(30, 90, 10.0), (3.4, 10.2, 3.4), (1, 3, 1.0), (0.5, 1.5, 0.5), (1, 1, 0.5), (30, 30, 1.0), (0.2, 0.2, 0.1)],
+)
+def test_the_api_budget_leaves_the_health_window_room(interval, window, budget):
+    assert api_budget(interval, window) == pytest.approx(budget)
+    if window >= 2 * interval:  # a cycle whose API calls all hang still ends inside the window, with room to work
+        assert interval + api_budget(interval, window) <= window - api_budget(interval, window) + 1e-9
 
 
 def test_run_survives_nvml_initialisation_failures(scenario):

@@ -8,16 +8,30 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpu_fence.auditor import hostproc
+from gpu_fence.auditor import hostproc, inroot
 from gpu_fence.auditor.cgroups import CONTAINERD, CRIO, CgroupIdentity, parse_cgroup
-from gpu_fence.auditor.hostproc import ROOT_FILE_LIMIT, HostProc
-from tests.fakes.hostproc_tree import NVIDIA_MAJOR, HostProcTree, cgroup_text, make_char_device
+from gpu_fence.auditor.hostproc import ROOT_FILE_LIMIT, ContainerSight, HostProc
+from gpu_fence.auditor.model import ViewLimit
+from tests.fakes.hostproc_tree import (
+    NVIDIA_MAJOR,
+    HostProcTree,
+    cgroup_text,
+    flood_dev,
+    make_char_device,
+    plant_device,
+    plant_fifo,
+    plant_huge_file,
+    plant_symlink,
+    plant_text,
+)
 
 POD_A = "11111111-2222-4333-8444-555555555555"
 POD_B = "66666666-7777-4888-9999-aaaaaaaaaaaa"
@@ -33,6 +47,16 @@ def tree(tmp_path: Path) -> HostProcTree:
     return HostProcTree(tmp_path / "proc")
 
 
+def containers(proc: HostProc) -> dict[str, list[int]]:
+    """One scan: container id → its pids."""
+    return {container: list(pids) for container, pids in proc.scan().containers.items()}
+
+
+def lowest(proc: HostProc) -> dict[str, int]:
+    """One scan: container id → its lowest pid (what the scan's incrementality tests compare)."""
+    return {container: pids[0] for container, pids in proc.scan().containers.items()}
+
+
 def test_pids_lists_only_processes(tree: HostProcTree) -> None:
     for pid in (300, 1, 42):
         tree.add_process(pid)
@@ -45,7 +69,7 @@ def test_a_missing_proc_root_is_an_error_not_an_empty_node(tmp_path: Path) -> No
     with pytest.raises(FileNotFoundError, match="not-mounted"):
         proc.pids()
     with pytest.raises(FileNotFoundError, match="not-mounted"):
-        proc.container_pids()
+        proc.scan()
 
 
 def test_identity_per_layout(tree: HostProcTree) -> None:
@@ -63,10 +87,10 @@ def test_a_pid_that_vanishes_after_listing_is_skipped(tree: HostProcTree) -> Non
     tree.add_container_process(10, POD_A, C1)
     tree.add_container_process(11, POD_A, C2)
     proc = HostProc(str(tree))
-    pids = proc.pids()
+    assert proc.pids() == [10, 11]
     tree.remove(11)
     assert proc.identity(11) is None
-    assert proc.identities(pids) == {10: CgroupIdentity(POD_A, C1, CONTAINERD)}
+    assert dict(proc.scan().placed) == {10: CgroupIdentity(POD_A, C1, CONTAINERD)}
     assert proc.visible_minors(11) is None
     assert proc.environ(11, "PATH") is None
     assert not proc.exists(11) and proc.exists(10)
@@ -83,8 +107,8 @@ def test_unreadable_entries_are_skipped_not_fatal(tree: HostProcTree) -> None:
     shutil.rmtree(odd / "root")
     (odd / "root").symlink_to(tree.root / "no-such-rootfs")  # the root of an exited process
     proc = HostProc(str(tree))
-    assert proc.container_pids() == {C1: 10}
-    assert proc.identities([10, 20, 30]) == {10: CgroupIdentity(POD_A, C1, CONTAINERD)}
+    assert containers(proc) == {C1: [10]}
+    assert [proc.identity(pid) for pid in (10, 20, 30)] == [CgroupIdentity(POD_A, C1, CONTAINERD), None, None]
     assert proc.visible_minors(30) is None
     assert proc.environ(30, "PATH") is None
     assert proc.environ(20, "PATH") is None
@@ -98,7 +122,7 @@ from gpu_fence.auditor.hostproc import ROOT_FILE_LIMIT, HostProc
 proc = HostProc(sys.argv[1])
 print(json.dumps({
     "identity": repr(proc.identity(40)),
-    "container_pids": proc.container_pids(),
+    "containers": {c: list(pids) for c, pids in proc.scan().containers.items()},
     "minors": repr(proc.visible_minors(40)),
     "environ": proc.environ(40, "NVIDIA_VISIBLE_DEVICES"),
     "root_file": proc.read_root_file(40, "etc/hostname"),
@@ -128,7 +152,7 @@ def test_permission_denied_reads_are_skipped(tree: HostProcTree) -> None:
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
         "identity": "None",
-        "container_pids": {C2: 41},
+        "containers": {C2: [41]},
         "minors": "None",
         "environ": None,
         "root_file": None,
@@ -137,7 +161,7 @@ def test_permission_denied_reads_are_skipped(tree: HostProcTree) -> None:
     }
 
 
-def test_container_pids_picks_the_lowest_live_pid_per_container(tree: HostProcTree) -> None:
+def test_the_scan_lists_every_live_pid_of_each_container(tree: HostProcTree) -> None:
     tree.add_container_process(500, POD_A, C1)
     tree.add_container_process(120, POD_A, C1)
     tree.add_container_process(121, POD_A, PAUSE)  # the sandbox: reported, the audit decides
@@ -145,15 +169,15 @@ def test_container_pids_picks_the_lowest_live_pid_per_container(tree: HostProcTr
     conmon = f"0::/kubepods.slice/kubepods-pod{POD_B.replace('-', '_')}.slice/crio-conmon-{C2}.scope\n"
     tree.add_process(131, cgroup=conmon)  # CRI-O's monitor of C2 is not C2
     tree.add_process(1, cgroup="0::/init.scope\n")
-    assert HostProc(str(tree)).container_pids() == {C1: 120, PAUSE: 121, C2: 130}
+    assert containers(HostProc(str(tree))) == {C1: [120, 500], PAUSE: [121], C2: [130]}
 
 
-def test_container_pids_reads_only_new_pids(tree: HostProcTree) -> None:
+def test_the_scan_reads_only_new_pids(tree: HostProcTree) -> None:
     for pid in range(100, 110):
         tree.add_container_process(pid, POD_A, C1)
     tree.add_process(1, cgroup="0::/init.scope\n")
     proc = HostProc(str(tree), recheck_scans=0)
-    assert proc.container_pids() == {C1: 100}
+    assert lowest(proc) == {C1: 100}
     assert proc.cgroup_reads == 11
 
     # Rewrite every known pid's cgroup file: had the second scan read them, C1 would move to another pod.
@@ -162,34 +186,23 @@ def test_container_pids_reads_only_new_pids(tree: HostProcTree) -> None:
     tree.write_cgroup(1, cgroup_text(POD_B, C3))
     tree.add_container_process(200, POD_B, C2)
     tree.remove(100)
-    assert proc.container_pids() == {C1: 101, C2: 200}
+    scan = proc.scan()
+    assert {container: pids[0] for container, pids in scan.containers.items()} == {C1: 101, C2: 200}
     assert proc.cgroup_reads == 12  # only pid 200
-    assert proc.identities([101, 200]) == {
-        101: CgroupIdentity(POD_A, C1, CONTAINERD),
-        200: CgroupIdentity(POD_B, C2, CONTAINERD),
-    }
-    assert proc.cgroup_reads == 12  # both known from the scan
+    assert (scan.placed[101], scan.placed[200]) == (
+        CgroupIdentity(POD_A, C1, CONTAINERD),
+        CgroupIdentity(POD_B, C2, CONTAINERD),
+    )
 
 
 def test_a_reused_pid_is_read_again(tree: HostProcTree) -> None:
     tree.add_container_process(100, POD_A, C1)
     proc = HostProc(str(tree), recheck_scans=0)
-    assert proc.container_pids() == {C1: 100}
+    assert lowest(proc) == {C1: 100}
     tree.reuse_pid(100, cgroup=cgroup_text(POD_B, C2))
-    assert proc.container_pids() == {C2: 100}
-    assert proc.identities([100]) == {100: CgroupIdentity(POD_B, C2, CONTAINERD)}
-
-
-def test_identities_does_not_trust_the_scan_for_a_pid_reused_since(tree: HostProcTree) -> None:
-    """A cycle asks for the identities of NVML's pids before it rescans: a pid the last scan placed in one container,
-    reused since by a process of another, must not be billed to the first."""
-    tree.add_container_process(100, POD_A, C1)
-    proc = HostProc(str(tree), recheck_scans=0)
-    assert proc.container_pids() == {C1: 100}
-    tree.reuse_pid(100, cgroup=cgroup_text(POD_B, C2))
-    assert proc.identities([100]) == {100: CgroupIdentity(POD_B, C2, CONTAINERD)}
-    tree.remove(100)
-    assert proc.identities([100]) == {}  # exited since the scan: unknown, not the old container
+    scan = proc.scan()
+    assert dict(scan.containers) == {C2: [100]}
+    assert scan.placed[100] == CgroupIdentity(POD_B, C2, CONTAINERD)
 
 
 def test_a_process_seen_outside_a_pod_is_rechecked_during_its_window(tree: HostProcTree) -> None:
@@ -197,11 +210,11 @@ def test_a_process_seen_outside_a_pod_is_rechecked_during_its_window(tree: HostP
     window read it again and find it in its container."""
     tree.add_process(7, cgroup="0::/system.slice/containerd.service\n")
     proc = HostProc(str(tree), recheck_scans=2, startup_spread=1)
-    assert proc.container_pids() == {}
+    assert lowest(proc) == {}
     tree.write_cgroup(7, cgroup_text(POD_A, C1))
-    assert proc.container_pids() == {C1: 7}
+    assert lowest(proc) == {C1: 7}
     assert proc.cgroup_reads == 2  # one read when first seen, one re-check; in a pod now, so never read again
-    assert proc.container_pids() == {C1: 7} and proc.cgroup_reads == 2
+    assert lowest(proc) == {C1: 7} and proc.cgroup_reads == 2
 
 
 def test_a_host_process_is_read_only_during_its_window(tree: HostProcTree) -> None:
@@ -211,21 +224,21 @@ def test_a_host_process_is_read_only_during_its_window(tree: HostProcTree) -> No
     proc = HostProc(str(tree), recheck_scans=2, startup_spread=1)
     reads = []
     for _ in range(6):
-        assert proc.container_pids() == {}
+        assert lowest(proc) == {}
         reads.append(proc.cgroup_reads)
     assert reads == [1, 2, 3, 3, 3, 3]  # first seen, then two re-checks, then none
     tree.write_cgroup(7, cgroup_text(POD_A, C1))
-    assert proc.container_pids() == {} and proc.cgroup_reads == 3
+    assert lowest(proc) == {} and proc.cgroup_reads == 3
     # a process that starts later has a window of its own, counted from the scan that first saw it
     tree.add_process(8, cgroup="0::/system.slice/containerd.service\n")
-    assert proc.container_pids() == {} and proc.cgroup_reads == 4
+    assert lowest(proc) == {} and proc.cgroup_reads == 4
     tree.write_cgroup(8, cgroup_text(POD_A, C2))
-    assert proc.container_pids() == {C2: 8}
+    assert lowest(proc) == {C2: 8}
     # a pid reused by a new process starts a new window too
     tree.reuse_pid(7, cgroup="0::/system.slice/containerd.service\n")
-    proc.container_pids()
+    lowest(proc)
     tree.write_cgroup(7, cgroup_text(POD_B, C3))
-    assert proc.container_pids() == {C2: 8, C3: 7}
+    assert lowest(proc) == {C2: 8, C3: 7}
 
 
 def test_the_windows_of_processes_found_at_start_are_spread(tree: HostProcTree) -> None:
@@ -236,23 +249,23 @@ def test_the_windows_of_processes_found_at_start_are_spread(tree: HostProcTree) 
     proc = HostProc(str(tree), recheck_scans=1, startup_spread=4)
     reads = []
     for _ in range(7):
-        proc.container_pids()
+        lowest(proc)
         reads.append(proc.cgroup_reads)
     assert reads == [16, 20, 24, 28, 32, 32, 32]  # a quarter per scan, each process once, then none
     assert [proc.window_end(pid, 1) for pid in (100, 101, 103)] == [2, 3, 5]
     assert proc.window_end(103, 5) == 6  # found later: the very next scan
     # one caught joining its container after the first scan is found in its window (pid 103: the fourth scan after)
     fresh = HostProc(str(tree), recheck_scans=1, startup_spread=4)
-    fresh.container_pids()
+    lowest(fresh)
     tree.write_cgroup(103, cgroup_text(POD_A, C1))
-    assert [fresh.container_pids() for _ in range(4)] == [{}, {}, {}, {C1: 103}]
+    assert [lowest(fresh) for _ in range(4)] == [{}, {}, {}, {C1: 103}]
 
 
 def test_without_a_window_a_host_process_is_read_once(tree: HostProcTree) -> None:
     tree.add_process(7, cgroup="0::/init.scope\n")
     proc = HostProc(str(tree), recheck_scans=0)
     for _ in range(3):
-        proc.container_pids()
+        lowest(proc)
     assert proc.cgroup_reads == 1
 
 
@@ -267,7 +280,7 @@ def test_equal_cgroup_texts_are_parsed_once_and_the_memo_stays_bounded(
     for pid in range(100, 110):
         tree.add_container_process(pid, POD_A, C1)
     tree.add_container_process(110, POD_B, C2)
-    assert HostProc(str(tree)).container_pids() == {C1: 100, C2: 110}
+    assert lowest(HostProc(str(tree))) == {C1: 100, C2: 110}
     assert len(parsed) == 2  # eleven processes, two texts
 
     a, b = CgroupIdentity(POD_A, C1, CONTAINERD), CgroupIdentity(POD_B, C2, CONTAINERD)
@@ -290,15 +303,7 @@ def test_a_cgroup_file_longer_than_one_read_is_read_whole(tree: HostProcTree) ->
     tree.add_process(10, cgroup=text)
     proc = HostProc(str(tree))
     assert proc.identity(10) == CgroupIdentity(POD_A, C1, None)
-    assert proc.container_pids() == {C1: 10}
-
-
-def test_identities_reads_pids_the_scan_placed_outside_pods(tree: HostProcTree) -> None:
-    tree.add_process(7, cgroup="0::/system.slice/containerd.service\n")
-    proc = HostProc(str(tree), recheck_scans=0)
-    proc.container_pids()
-    tree.write_cgroup(7, cgroup_text(POD_A, C1))
-    assert proc.identities([7]) == {7: CgroupIdentity(POD_A, C1, CONTAINERD)}
+    assert lowest(proc) == {C1: 10}
 
 
 def test_window_settings_are_checked() -> None:
@@ -428,15 +433,15 @@ operations = st.lists(
 )
 
 
-def expected_scan(tree: HostProcTree, live: list[int], unseen: set[int]) -> dict[str, int]:
-    """A full scan of the tree, with unseen joiners left outside any pod: the lowest live pid per container."""
-    chosen: dict[str, int] = {}
+def expected_scan(tree: HostProcTree, live: list[int], unseen: set[int]) -> dict[str, list[int]]:
+    """A full scan of the tree, with unseen joiners left outside any pod: every live pid per container, ascending."""
+    found: dict[str, list[int]] = {}
     reader = HostProc(str(tree))
-    for pid in live:
+    for pid in sorted(live):
         identity = None if pid in unseen else reader.identity(pid)
         if identity is not None and identity.container_id is not None:
-            chosen[identity.container_id] = min(pid, chosen.get(identity.container_id, pid))
-    return chosen
+            found.setdefault(identity.container_id, []).append(pid)
+    return found
 
 
 def window_end(pid: int, first_seen: int, recheck_scans: int, startup_spread: int) -> int:
@@ -511,6 +516,309 @@ def test_incremental_scan_matches_a_full_scan(steps: list[tuple], recheck_scans:
                         opens[pid] = end - recheck_scans + 1
             elif kind == "scan":
                 scans += 1
-                assert incremental.container_pids() == expected_scan(tree, live, hidden(scans))
+                assert containers(incremental) == expected_scan(tree, live, hidden(scans))
                 outside = {pid: scans if first is None else first for pid, first in outside.items()}
-        assert incremental.container_pids() == expected_scan(tree, live, hidden(scans + 1))
+        assert containers(incremental) == expected_scan(tree, live, hidden(scans + 1))
+
+
+# --- a container's root is the container's: every read stays inside it, never blocks, is bounded -----------------
+
+
+@pytest.fixture(params=[True, False], ids=["openat2", "walk"])
+def resolving(request: pytest.FixtureRequest) -> bool:
+    """Whether the adapter resolves with openat2 or walks (both paths of ``auditor.inroot``; the walk forced)."""
+    if request.param and not inroot.openat2_available():
+        pytest.skip("this kernel has no openat2: the walk alone is used, and tested")
+    return request.param
+
+
+NAMESPACE_FILE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def hostile(tree: HostProcTree, plant: Callable[[Path], None], *, pid: int = 10, gpu_minors: Sequence[int] = ()) -> int:
+    """A container process whose root the container has planted things in."""
+    fs = tree.rootfs(f"hostile-{pid}", gpu_minors=gpu_minors)
+    plant(fs)
+    tree.add_container_process(pid, POD_A, C1, rootfs=fs)
+    return pid
+
+
+def test_read_root_file_never_follows_a_link_to_a_host_file(tree: HostProcTree, tmp_path: Path, resolving) -> None:
+    token = tmp_path / "auditor-token"
+    token.write_text("HOST SECRET")
+    pid = hostile(tree, lambda fs: plant_symlink(fs, NAMESPACE_FILE, str(token)))
+    relative = hostile(tree, lambda fs: plant_symlink(fs, NAMESPACE_FILE, "../" * 40 + str(token)[1:]), pid=11)
+    proc = HostProc(str(tree), openat2=resolving)
+    assert proc.read_root_file(pid, NAMESPACE_FILE) is None
+    assert proc.read_root_file(relative, NAMESPACE_FILE) is None
+
+
+def test_read_root_file_of_a_fifo_answers_at_once(tree: HostProcTree, resolving) -> None:
+    """A FIFO in the namespace file hung the whole cycle while the API was down; now it is no file, at once (a
+    blocked read would hang this test, which the suite's runner then reports)."""
+    pid = hostile(tree, lambda fs: plant_fifo(fs, NAMESPACE_FILE))
+    assert HostProc(str(tree), openat2=resolving).read_root_file(pid, NAMESPACE_FILE) is None
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        pytest.param(lambda fs: plant_symlink(fs, NAMESPACE_FILE, "namespace"), id="symlink-loop"),
+        pytest.param(lambda fs: plant_device(fs, NAMESPACE_FILE, 1, 3), id="device-node"),
+        pytest.param(lambda fs: (fs / NAMESPACE_FILE).mkdir(parents=True), id="directory"),
+        pytest.param(lambda fs: plant_symlink(fs, NAMESPACE_FILE, "/proc/self/environ"), id="magic-link"),
+    ],
+)
+def test_read_root_file_of_anything_but_a_regular_file_is_none(tree: HostProcTree, plant, resolving) -> None:
+    pid = hostile(tree, plant)
+    assert HostProc(str(tree), openat2=resolving).read_root_file(pid, NAMESPACE_FILE) is None
+
+
+def test_read_root_file_of_a_huge_file_reads_the_limit(tree: HostProcTree, resolving) -> None:
+    pid = hostile(tree, lambda fs: plant_huge_file(fs, NAMESPACE_FILE, 16 << 30))
+    assert HostProc(str(tree), openat2=resolving).read_root_file(pid, NAMESPACE_FILE) == b"\0" * ROOT_FILE_LIMIT
+
+
+def test_read_root_file_follows_links_inside_the_root(tree: HostProcTree, resolving) -> None:
+    """``/var/run`` is a link to ``/run`` in most images, and the kubelet's projected volume links ``namespace`` to
+    ``..data/namespace``: resolved inside the root, both lead to the file."""
+
+    def image(fs: Path) -> None:
+        plant_text(fs, "run/secrets/kubernetes.io/serviceaccount/..2026/namespace", "ml")
+        plant_symlink(fs, "run/secrets/kubernetes.io/serviceaccount/..data", "..2026")
+        plant_symlink(fs, "run/secrets/kubernetes.io/serviceaccount/namespace", "..data/namespace")
+        plant_symlink(fs, "var/run", "/run")
+
+    pid = hostile(tree, image)
+    assert HostProc(str(tree), openat2=resolving).read_root_file(pid, NAMESPACE_FILE) == b"ml"
+
+
+def test_reads_of_a_vanished_pid_are_none(tree: HostProcTree, resolving) -> None:
+    pid = hostile(tree, lambda fs: plant_text(fs, NAMESPACE_FILE, "ml"), gpu_minors=[0])
+    proc = HostProc(str(tree), openat2=resolving)
+    pids = proc.scan().containers[C1]
+    tree.remove(pid)
+    assert proc.read_root_file(pid, NAMESPACE_FILE) is None
+    assert proc.visible_minors(pid) is None
+    assert proc.inspect(pids) == ContainerSight(None, (), False, 0)
+
+
+def test_a_dev_that_links_to_a_host_directory_is_listed_inside_the_root(
+    tree: HostProcTree, tmp_path: Path, resolving
+) -> None:
+    """A ``/dev`` replaced by a link to an absolute path: followed from the auditor's side it would list the auditor's
+    own directory (here one holding GPU nodes); resolved in the root, it is the container's directory of that name."""
+    host_dev = tmp_path / "host-dev"
+    host_dev.mkdir()
+    make_char_device(host_dev / "nvidia3", NVIDIA_MAJOR, 3)
+
+    def relink(fs: Path) -> None:
+        shutil.rmtree(fs / "dev")
+        plant_symlink(fs, "dev", str(host_dev))
+
+    pid = hostile(tree, relink)
+    assert HostProc(str(tree), openat2=resolving).visible_minors(pid) == frozenset()
+
+
+def test_a_flooded_dev_is_read_up_to_its_bound(tree: HostProcTree, monkeypatch: pytest.MonkeyPatch, resolving) -> None:
+    monkeypatch.setattr(hostproc, "DEV_ENTRY_LIMIT", 64)
+    pid = hostile(tree, lambda fs: flood_dev(fs, 200), gpu_minors=[2])
+    proc = HostProc(str(tree), openat2=resolving)
+    sight = proc.inspect(proc.scan().containers[C1])
+    assert sight.limits == {ViewLimit.DEV_ENTRIES}
+    assert sight.minors is not None and sight.minors <= {2}  # what was read counts; the rest is not judged
+    assert proc.visible_minors(pid) is not None
+
+
+def test_a_flood_of_plain_files_costs_no_stat(tree: HostProcTree, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listing tells each entry's type: only character devices are looked at more closely."""
+    pid = hostile(tree, lambda fs: flood_dev(fs, 500, devices=False), gpu_minors=[1])
+    stats: list[str] = []
+
+    class CountingEntry:
+        def __init__(self, entry: os.DirEntry) -> None:
+            self.entry = entry
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.entry, name)
+
+        def stat(self, **options: Any) -> os.stat_result:
+            stats.append(self.entry.name)
+            return self.entry.stat(**options)
+
+    class Counting:
+        def __init__(self, target: int) -> None:
+            self.entries = scandir(target)
+
+        def __enter__(self) -> Iterator[CountingEntry]:
+            return (CountingEntry(entry) for entry in self.entries.__enter__())
+
+        def __exit__(self, *info: object) -> None:
+            self.entries.__exit__(*info)
+
+    scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda target: Counting(target) if isinstance(target, int) else scandir(target))
+    assert HostProc(str(tree)).visible_minors(pid) == {1}
+    assert 0 < len(stats) < 20  # the GPU and the control nodes, not the 500 files
+
+
+# --- a container is judged over all of its processes -------------------------------------------------------------
+
+
+@pytest.fixture(params=[True, False], ids=["mount-id", "namespace"])
+def keying(request: pytest.FixtureRequest) -> bool:
+    """Whether a process's view is keyed by its root's mount id (one statx) or by its mount namespace and root inode
+    (where the kernel gives no mount ids; forced here)."""
+    if request.param and not inroot.mount_ids_available():
+        pytest.skip("this kernel gives no mount ids: the namespace key alone is used, and tested")
+    return request.param
+
+
+def test_a_chrooted_lowest_pid_does_not_hide_its_siblings_devices(tree: HostProcTree, resolving, keying: bool) -> None:
+    fs = tree.rootfs("main", gpu_minors=[0, 1])
+    empty = tree.root.parent / "empty"
+    empty.mkdir()
+    for pid in (10, 11, 12):
+        tree.add_container_process(pid, POD_A, C1, rootfs=fs)
+    tree.chroot(10, empty)
+    proc = HostProc(str(tree), openat2=resolving, mount_ids=keying)
+    sight = proc.inspect(proc.scan().containers[C1])
+    assert sight.minors == {0, 1} and sight.processes == 3 and sight.limits == frozenset()
+    assert proc.visible_minors(10) == frozenset()  # the chrooted one alone sees nothing
+
+
+def test_a_process_that_unshares_its_mounts_and_covers_dev_does_not_hide_its_siblings(
+    tree: HostProcTree, keying: bool
+) -> None:
+    fs = tree.rootfs("main", gpu_minors=[3])
+    covered = tree.rootfs("covered")  # the same tree with an empty /dev mounted over it
+    for pid in (10, 11):
+        tree.add_container_process(pid, POD_A, C1, rootfs=fs)
+    tree.unshare_mounts(10, covered)
+    proc = HostProc(str(tree), mount_ids=keying)
+    assert proc.inspect(proc.scan().containers[C1]).minors == {3}
+
+
+def test_views_are_listed_once_each_however_many_processes_share_them(
+    tree: HostProcTree, monkeypatch: pytest.MonkeyPatch, keying: bool
+) -> None:
+    fs = tree.rootfs("main", gpu_minors=[0])
+    other = tree.rootfs("other", gpu_minors=[1])
+    for pid in range(10, 30):
+        tree.add_container_process(pid, POD_A, C1, rootfs=fs)
+    tree.unshare_mounts(29, other)
+    listed = []
+    real = inroot.open_directory
+    monkeypatch.setattr(inroot, "open_directory", lambda *a, **k: listed.append(a[1]) or real(*a, **k))
+    proc = HostProc(str(tree), mount_ids=keying)
+    sight = proc.inspect(proc.scan().containers[C1])
+    assert sight.minors == {0, 1} and sight.processes == 20
+    assert listed == ["dev", "dev"]  # two views, twenty processes
+
+
+def test_env_is_judged_over_every_process_and_read_once_each(
+    tree: HostProcTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lowest pid that re-execs with ``void`` does not clear its siblings' ``all``; each process's environment is
+    read when first seen, as the one it started with."""
+    fs = tree.rootfs("main")
+    tree.add_container_process(10, POD_A, C1, rootfs=fs, environ={"NVIDIA_VISIBLE_DEVICES": "void"})
+    tree.add_container_process(11, POD_A, C1, rootfs=fs, environ={"NVIDIA_VISIBLE_DEVICES": "all"})
+    tree.add_container_process(12, POD_A, C1, rootfs=fs, environ={"PATH": "/bin"})
+    reads = []
+    proc = HostProc(str(tree))
+    real = proc.environ
+    monkeypatch.setattr(proc, "environ", lambda pid, *names: reads.append(pid) or real(pid, *names))
+    for _ in range(3):
+        sight = proc.inspect(proc.scan().containers[C1])
+        assert sight.visible_devices == ("all", "void") and sight.env_read
+    assert reads == [10, 11, 12]
+    tree.reuse_pid(11, cgroup=cgroup_text(POD_A, C1), environ={"NVIDIA_VISIBLE_DEVICES": "0"})
+    assert proc.inspect(proc.scan().containers[C1]).visible_devices == ("0", "void")
+    assert reads == [10, 11, 12, 11]  # a new process behind a reused pid is read anew
+
+
+def test_an_unreadable_environment_is_unknown_and_asked_again(tree: HostProcTree) -> None:
+    directory = tree.add_container_process(10, POD_A, C1, environ={"NVIDIA_VISIBLE_DEVICES": "all"})
+    (directory / "environ").rename(directory / "environ.away")
+    proc = HostProc(str(tree))
+    assert proc.inspect(proc.scan().containers[C1]).env_read is False
+    (directory / "environ.away").rename(directory / "environ")
+    assert proc.inspect(proc.scan().containers[C1]).visible_devices == ("all",)
+
+
+@pytest.mark.parametrize(
+    ("bound", "value", "limit"),
+    [
+        ("PROCESS_LIMIT", 3, ViewLimit.PROCESSES),
+        ("VIEW_LIMIT", 2, ViewLimit.VIEWS),
+        ("ENV_VALUE_LIMIT", 2, ViewLimit.ENV_VALUES),
+    ],
+)
+def test_past_a_bound_the_sight_says_so(  # noqa: PLR0917 - pytest passes each parameter by name
+    tree: HostProcTree, monkeypatch: pytest.MonkeyPatch, bound: str, value: int, limit: ViewLimit, keying: bool
+) -> None:
+    """Five processes, each in a view of its own with a value of its own: past any bound, the container's sight says
+    which (and the audit reports it), and what was read within the bounds still counts."""
+    monkeypatch.setattr(hostproc, bound, value)
+    for n in range(5):
+        fs = tree.rootfs(f"view{n}", gpu_minors=[n])
+        tree.add_container_process(10 + n, POD_A, C1, rootfs=fs, environ={"NVIDIA_VISIBLE_DEVICES": str(n)})
+        tree.unshare_mounts(10 + n, fs)
+    proc = HostProc(str(tree), mount_ids=keying)
+    sight = proc.inspect(proc.scan().containers[C1])
+    assert sight.limits == {limit}
+    assert sight.minors is not None and {0, 1} <= sight.minors
+
+
+def test_a_process_that_keeps_moving_while_read_makes_the_view_unstable(tree: HostProcTree, keying: bool) -> None:
+    """A view is listed through a process that still has it: one that changes its root between being placed in a view
+    and being listed is not taken for the view it left, and when every try moved, the sight says so."""
+    fs = tree.rootfs("main", gpu_minors=[0])
+    elsewhere = tree.rootfs("elsewhere")
+    tree.add_container_process(10, POD_A, C1, rootfs=fs)
+
+    proc = HostProc(str(tree), mount_ids=keying)
+    # the process moves right after the auditor placed it in its view, whichever key placed it
+    if keying:
+        placed = proc._mounts.of_process_root
+        proc._mounts.of_process_root = lambda root, pid: (placed(root, pid), tree.chroot(pid, elsewhere))[0]
+    else:
+        keyed = proc._view_key
+        proc._view_key = lambda pid: (keyed(pid), tree.chroot(pid, elsewhere))[0]
+    sight = proc.inspect(proc.scan().containers[C1])
+    assert sight.minors is None and sight.limits == {ViewLimit.UNSTABLE}
+
+
+def test_real_processes_that_chroot_or_unshare_their_mounts_each_add_a_view(
+    tmp_path: Path, resolving: bool, keying: bool
+) -> None:
+    """On the kernel's own /proc, with its magic links: a real process chrooted into a tree holding a GPU node, one
+    that unshared its mount namespace and mounted an empty /dev, and this one: three views, told apart by either key
+    (the unshared one has this process's root directory: only its mount, its namespace, differs)."""
+    tree = tmp_path / "chroot"
+    (tree / "dev").mkdir(parents=True)
+    make_char_device(tree / "dev" / "nvidia5", NVIDIA_MAJOR, 5)
+    chrooted = subprocess.Popen(
+        [sys.executable, "-c", f"import os, sys, time; os.chroot({str(tree)!r}); print(flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )
+    unshared = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs none /dev && echo && sleep 60"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        for child in (chrooted, unshared):
+            assert child.stdout is not None and child.stdout.readline() == b"\n"  # ready
+        proc = HostProc("/proc", openat2=resolving, mount_ids=keying)
+        pids = sorted([os.getpid(), chrooted.pid, unshared.pid])
+        keys = {pid: proc._view_key(pid) for pid in pids}
+        assert len(set(keys.values())) == 3  # the unshared one has this process's root directory, in another mount
+        assert os.stat(f"/proc/{unshared.pid}/root").st_ino == os.stat(f"/proc/{os.getpid()}/root").st_ino
+        assert proc.visible_minors(chrooted.pid) == {5} and proc.visible_minors(unshared.pid) == frozenset()
+        sight = proc.inspect(pids)
+        assert sight.processes == 3 and sight.minors is not None and 5 in sight.minors and not sight.limits
+    finally:
+        for child in (chrooted, unshared):
+            child.kill()
+            child.wait()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from gpu_fence.auditor.kube import (
+    ApiBudget,
+    ApiBudgetSpent,
     ApiError,
     EventRecorder,
     KubernetesUnavailable,
@@ -128,7 +132,7 @@ def test_pod_cache_that_never_reached_the_api_is_unavailable(tmp_path):
     fake = FakeKubeApi().start()
     kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
     fake.stop()  # nothing listens on that port any more
-    cache = PodCache(load_api_client(str(kubeconfig), timeout=2), "node-a")
+    cache = PodCache(load_api_client(str(kubeconfig), budget=ApiBudget(per_call=2)), "node-a")
     assert not cache.refresh()
     assert cache.state is IdentitySource.FALLBACK and cache.pods == {} and cache.last_error
 
@@ -293,3 +297,51 @@ def test_api_request_names_the_status_and_encodes_path_parameters(api):
         )
     assert raised.value.status == 404
     assert fake.headers[-1][1] == "/api/v1/namespaces/ml/events/a%2Fb%20c"  # one path segment, not two
+
+
+def test_an_api_budget_bounds_each_call_and_all_of_a_cycles_calls_together():
+    budget = ApiBudget(per_call=10)
+    assert budget.timeout() == 10  # no cycle budget (once): the per-call bound
+    budget.renew(4)
+    assert budget.timeout() == 4
+    budget.spend(3.5)
+    assert budget.timeout() == pytest.approx(0.5)
+    budget.spend(0.5)
+    with pytest.raises(ApiBudgetSpent):
+        budget.timeout()
+    budget.renew(None)
+    assert budget.timeout() == 10
+
+
+def test_a_spent_budget_fails_api_calls_at_once_and_each_call_spends_what_it_took(api):
+    fake, client = api
+    client.gpu_fence_budget.renew(0)
+    cache = PodCache(client, "node-a", min_relist_interval=0)
+    assert not cache.refresh() and "ApiBudgetSpent" in cache.last_error
+    assert fake.pod_lists() == []  # nothing was sent
+    client.gpu_fence_budget.renew(5)  # the next cycle's budget
+    assert cache.refresh() and cache.last_error is None and len(fake.pod_lists()) == 1
+    assert 0 < client.gpu_fence_budget.timeout() < 5
+
+
+def test_the_cycles_budget_binds_its_own_thread_not_the_resourceslice_watchs(api):
+    """The watch shares the client from its own thread: a spent cycle budget must not fail its requests, and its long
+    reads must not be charged to the cycle."""
+    _fake, client = api
+    client.gpu_fence_budget.renew(0)  # this thread's cycle has no time left
+    with pytest.raises(ApiBudgetSpent):
+        api_request(client, "GET", "/api/v1/pods")
+    answers: list[bytes | BaseException] = []
+
+    def watch_thread() -> None:
+        try:
+            answers.append(api_request(client, "GET", "/api/v1/pods"))
+        except BaseException as error:  # handed to the test thread, which asserts on it
+            answers.append(error)
+
+    thread = threading.Thread(target=watch_thread)
+    thread.start()
+    thread.join(timeout=30)
+    assert len(answers) == 1 and isinstance(answers[0], bytes), answers
+    client.gpu_fence_budget.renew(5)
+    assert client.gpu_fence_budget.timeout() == 5  # the other thread spent nothing of it

@@ -257,6 +257,31 @@ def series_of(metrics: AuditorMetrics, name: str) -> set[tuple[str, str]]:
     return {(n, dict(labels)["gpu_uuid"]) for (n, labels) in samples(metrics) if n == name}
 
 
+def test_unknown_stays_unknown_a_device_nvml_could_not_list_or_measure_has_no_series_for_it():
+    """NVML could not list GPU-1's processes (a 0 there would be billed as 'nothing ran'); GPU-0's memory total and
+    share could not be read; an unattributed process on GPU-0 reported no memory."""
+    gpus = (Gpu(G0, 0, 0, "H100", None, share=None), Gpu(G1, 1, 1, "H100", 80 * GIB))
+    snapshot = NodeSnapshot(
+        "n",
+        0.0,
+        gpus,
+        (Container("ml", "train", "main", "uid-1", "c1", allocated=(G1,)),),
+        (GpuProcess(1, G1, GIB, "uid-1", "c1"), GpuProcess(2, G0, GIB), GpuProcess(3, G0, None)),
+        unlisted=((G1, "no-permission"),),
+    )
+    metrics = AuditorMetrics("n")
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    found = samples(metrics)
+    assert total(metrics, "gpu_fence_unattributed_gpu_memory_bytes", gpu_uuid=G0) == GIB  # known sizes only
+    assert not [k for k in found if k[0] == "gpu_fence_unattributed_gpu_memory_bytes" and ("gpu_uuid", G1) in k[1]]
+    assert not [k for k in found if k[0] == "gpu_fence_container_gpu_memory_bytes" and ("gpu_uuid", G1) in k[1]]
+    assert total(metrics, "gpu_fence_container_allocated_gpus", gpu_uuid=G1) == 1  # the kubelet's word stands
+    assert found[("gpu_fence_gpu_processes_unknown", (("gpu_uuid", G1), ("node", "n"), ("reason", "no-permission")))]
+    assert total(metrics, "gpu_fence_unattributed_gpu_processes_unknown_memory", gpu_uuid=G0) == 1
+    for name in ("gpu_fence_gpu_memory_total_bytes", "gpu_fence_gpu_share_ratio"):
+        assert [k for k in found if k[0] == name] == [(name, (("gpu_uuid", G1), ("node", "n")))]
+
+
 def test_offered_replicas_are_the_latest_answer_and_absent_while_unknown():
     metrics = AuditorMetrics("n")
     snapshot = busy_node()
@@ -313,3 +338,30 @@ def test_kubelet_call_failures_are_added_as_the_client_counts_them():
     metrics.sync_kubelet_calls({"List": 4, "GetAllocatableResources": 2}, {("GetAllocatableResources", "timeout"): 2})
     assert total(metrics, failed, method="GetAllocatableResources", reason="timeout") == 2
     assert total(metrics, "gpu_fence_audit_kubelet_calls_total", method="List") == 4
+
+
+def test_memory_beside_an_unresolved_dra_device_is_allocated_unknown_not_overreach():
+    """The device the kubelet could not name may be the very GPU the process uses: neither true nor false; memory on
+    a GPU the container is known to hold stays true, and a container without DRA devices keeps false."""
+    held = Container("ml", "big", "main", "uid-3", "c3", allocated=(G0,), dra_devices=(UNRESOLVED,))
+    plain = Container("web", "cuda", "app", "uid-2", "c2")
+    snapshot = NodeSnapshot(
+        "n",
+        0.0,
+        GPUS,
+        (held, plain),
+        (
+            GpuProcess(1, G0, GIB, "uid-3", "c3"),
+            GpuProcess(2, G1, 2 * GIB, "uid-3", "c3"),
+            GpuProcess(3, G1, GIB, "uid-2", "c2"),
+        ),
+        dra_slices=SliceState.STALE,
+    )
+    metrics = AuditorMetrics("n")
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    memory = "gpu_fence_container_gpu_memory_bytes"
+    assert {
+        (dict(labels)["pod"], dict(labels)["gpu_uuid"], dict(labels)["allocated"]): value
+        for (name, labels), value in samples(metrics).items()
+        if name == memory
+    } == {("big", G0, "true"): GIB, ("big", G1, "unknown"): 2 * GIB, ("cuda", G1, "false"): GIB}

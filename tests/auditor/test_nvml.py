@@ -155,7 +155,7 @@ def test_unreadable_name_or_memory_keeps_the_gpu_and_says_so(open_nvml: OpenNvml
     )
     snapshot = open_nvml(config).snapshot()
 
-    assert by_uuid(snapshot)[GPU2].memory_total_bytes == 0
+    assert by_uuid(snapshot)[GPU2].memory_total_bytes is None  # unknown, never 0
     assert by_uuid(snapshot)[GPU0].model == ""
     assert {(p.device, p.reason) for p in snapshot.problems} == {(GPU2, "unknown"), (GPU0, "no-permission")}
     assert any("memory" in p.message for p in snapshot.problems)
@@ -219,6 +219,20 @@ def test_parent_aggregate_denied_still_reads_mig_device_handles(open_nvml: OpenN
 
     assert process_set(snapshot) == {(210, MIG11, GIB, "compute")}
     assert snapshot.problems == ()
+
+
+def test_a_process_list_nvml_cannot_read_makes_that_device_unlisted_not_empty(open_nvml: OpenNvml) -> None:
+    """NOT_SUPPORTED means the device keeps no such list (known: none); any other error leaves its processes
+    unknown, and the snapshot says which device and why, so that nothing downstream reads it as zero."""
+    config = MIXED_NODE.running(FakeProcess(0, pid=300, used_memory_bytes=GIB)).with_errors(
+        FakeError("nvmlDeviceGetGraphicsRunningProcesses_v3", "NO_PERMISSION", device=GPU0),
+        FakeError("nvmlDeviceGetComputeRunningProcesses_v3", "NOT_SUPPORTED", device=GPU2),
+    )
+    snapshot = open_nvml(config).snapshot()
+
+    assert snapshot.unlisted == ((GPU0, "no-permission"),)
+    assert (300, GPU0, GIB, "compute") in process_set(snapshot)  # what did come back is kept
+    assert any(p.device == GPU0 and "graphics" in p.message for p in snapshot.problems)
 
 
 def test_parent_view_alone_attributes_by_gpu_and_compute_instance_ids(open_nvml: OpenNvml) -> None:

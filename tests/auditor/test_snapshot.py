@@ -41,8 +41,23 @@ def alloc(ns, pod, name, *ids, resource="nvidia.com/gpu", dra=()):
     return ContainerAllocation(ns, pod, name, devices, tuple(dra))
 
 
-def running(cid, uid, pid, *, minors=(), env=None, hostname=None, namespace=None):
-    return RuntimeContainer(cid, uid, pid, frozenset(minors), env, True, hostname=hostname, namespace_file=namespace)
+def running(cid, uid, pid, *, minors=(), envs=(), claims=(None, None), limits=(), nested=()):
+    return RuntimeContainer(
+        cid,
+        uid,
+        pid,
+        frozenset(minors),
+        tuple(envs),
+        True,
+        view_limits=frozenset(limits),
+        nested_pod_uids=frozenset(nested),
+        claimed_namespace=claims[0],
+        claimed_pod=claims[1],
+    )
+
+
+def uses(uid, cid, *uuids, pid=100):
+    return [GpuProcess(pid + n, uuid, 1 << 20, pod_uid=uid, container_id=cid) for n, uuid in enumerate(uuids)]
 
 
 def build(allocations, runtime, pods, processes=(), identity=IdentitySource.KUBERNETES, **extra):
@@ -200,23 +215,92 @@ def test_offered_replicas_count_distinct_ids_per_uuid():
     assert build([], [], []).offered_replicas is None
 
 
-def test_fallback_names_by_evidence_then_by_elimination():
-    allocations = [alloc("ml", "train", "main", G0), alloc("ml", "train", "logger")]
+def test_fallback_ties_a_container_to_the_one_kubelet_container_that_holds_what_it_uses():
+    allocations = [alloc("ml", "train", "main", G0), alloc("ml", "train", "logger"), alloc("ml", "small", "m", M0)]
     runtime = [
-        running("c2", "uid-1", 11, hostname="train", namespace="ml"),
-        running("c1", "uid-1", 10, minors=[0], hostname="train", namespace="ml"),
+        running("c1", "uid-1", 10, minors=[0], claims=("ml", "train")),
+        running("c2", "uid-1", 11),
+        running("c3", "uid-2", 12, minors=[1]),
     ]
-    containers = by_name(build(allocations, runtime, None, identity=IdentitySource.FALLBACK))
-    assert containers[("train", "main")].container_id == "c1"
-    assert containers[("train", "logger")].container_id == "c2"
-    assert {c.identity for c in containers.values()} == {Identity.FALLBACK}
+    processes = uses("uid-1", "c1", G0) + uses("uid-2", "c3", M0, G1, pid=200)  # a slice's process shows on its card
+    containers = by_name(build(allocations, runtime, None, processes, identity=IdentitySource.FALLBACK))
+    main = containers[("train", "main")]
+    assert (main.identity, main.container_id, main.pod_uid) == (Identity.FALLBACK, "c1", "uid-1")
+    assert main.claimed_namespace is None  # tied by what the kernel let it use: its claims are not needed
+    assert (containers[("small", "m")].identity, containers[("small", "m")].container_id) == (Identity.FALLBACK, "c3")
+    logger = containers[("train", "logger")]  # no GPU use tells which container it is: the kubelet's row stays
+    assert (logger.identity, logger.container_id) == (Identity.KUBELET, None)
 
 
-def test_fallback_matching_looks_only_at_the_containers_own_pod(monkeypatch):
-    """Without the API a dense node has hundreds of unnamed containers; matching each against every PodResources
-    container is quadratic (tens of ms at 440 containers). Work is counted, not timed: reads of a draft's
-    ``in_kubelet`` stay linear in the containers. A private contract is the point here (the fallback's cost), so
-    the test counts on the join's private draft rather than on its answer, which a quadratic join gives too."""
+def test_fallback_never_names_or_exempts_a_container_on_its_own_claims():
+    """A container that writes kube-system into its namespace file and the name of a real pod into HOSTNAME stays
+    known by uid: its claims are shown as claims, and the kubelet's pod of that name keeps its own row."""
+    allocations = [alloc("kube-system", "coredns-1", "coredns"), alloc("ml", "train", "main", G0)]
+    runtime = [running("evil", "uid-9", 10, minors=[1], claims=("kube-system", "coredns-1"))]
+    snapshot = build(allocations, runtime, None, uses("uid-9", "evil", G1), identity=IdentitySource.FALLBACK)
+    evil = next(c for c in snapshot.containers if c.container_id == "evil")
+    assert (evil.identity, evil.namespace, evil.pod, evil.container) == (Identity.UID, None, None, None)
+    assert (evil.claimed_namespace, evil.claimed_pod) == ("kube-system", "coredns-1")
+    assert evil.unconfirmed_allocations == {G0}  # it could be ml/train/main, which nothing was tied to: not G1
+    coredns = by_name(snapshot)[("coredns-1", "coredns")]
+    assert (coredns.identity, coredns.container_id) == (Identity.KUBELET, None)
+
+
+def test_fallback_does_not_guess_between_holders_of_a_shared_gpu():
+    allocations = [
+        alloc("ml", "a", "main", f"{G0}::0", resource="nvidia.com/gpu.shared"),
+        alloc("ml", "b", "main", f"{G0}::1", resource="nvidia.com/gpu.shared"),
+        alloc("ml", "c", "main", G1),
+    ]
+    runtime = [running("ca", "uid-a", 10, minors=[0]), running("cb", "uid-b", 11, minors=[0])]
+    processes = uses("uid-a", "ca", G0) + uses("uid-b", "cb", G0, pid=200)
+    snapshot = build(allocations, runtime, None, processes, identity=IdentitySource.FALLBACK)
+    by_id = {c.container_id: c for c in snapshot.containers if c.container_id}
+    assert {c.identity for c in by_id.values()} == {Identity.UID}
+    assert by_id["ca"].unconfirmed_allocations == {G0, G1}  # any untied holder's GPUs: which one it is is not known
+
+
+def test_fallback_ties_nobody_when_two_running_containers_could_be_the_holder():
+    """Two containers use what one kubelet container holds (one of them without an allocation of its own): neither
+    takes its names."""
+    allocations = [alloc("ml", "train", "main", G0)]
+    runtime = [running("c1", "uid-1", 10, minors=[0]), running("c2", "uid-2", 11, minors=[0])]
+    processes = uses("uid-1", "c1", G0) + uses("uid-2", "c2", G0, pid=200)
+    snapshot = build(allocations, runtime, None, processes, identity=IdentitySource.FALLBACK)
+    assert sorted((c.identity, c.container_id) for c in snapshot.containers if c.container_id) == [
+        (Identity.UID, "c1"),
+        (Identity.UID, "c2"),
+    ]
+
+
+def test_fallback_never_ties_a_fraction_pod_to_the_kai_reservation_that_holds_its_gpu():
+    allocations = [alloc("kai-resource-reservation", "res", "resource-reservation", G1), alloc("team", "f", "main")]
+    runtime = [running("f1", "uid-f", 10, minors=[1])]
+    snapshot = build(allocations, runtime, None, uses("uid-f", "f1", G1), identity=IdentitySource.FALLBACK)
+    fraction = next(c for c in snapshot.containers if c.container_id == "f1")
+    assert fraction.identity is Identity.UID and fraction.unconfirmed_allocations == {G1}
+
+
+def test_a_stale_list_names_the_pod_of_a_restarted_container_and_keeps_its_allocation_unconfirmed():
+    """The API is down; the container restarted since the last list (a new id): the pod is known by uid, the container
+    not, and what that pod's untied kubelet containers hold is unconfirmed for it, nothing else."""
+    pods = [make_pod("ml", "train", "uid-1", "node-a", [("main", "old-id"), ("side", "c2")])]
+    allocations = [alloc("ml", "train", "main", G0), alloc("ml", "train", "side"), alloc("ml", "other", "main", G1)]
+    runtime = [running("new-id", "uid-1", 10, minors=[0]), running("c2", "uid-1", 11)]
+    snapshot = build(allocations, runtime, pods, uses("uid-1", "new-id", G0), identity=IdentitySource.KUBERNETES_STALE)
+    restarted = next(c for c in snapshot.containers if c.container_id == "new-id")
+    assert (restarted.identity, restarted.namespace, restarted.pod) == (Identity.UID, "ml", "train")
+    assert restarted.unconfirmed_allocations == {G0}
+    fresh = build(allocations, runtime, pods, uses("uid-1", "new-id", G0), identity=IdentitySource.KUBERNETES)
+    assert next(c for c in fresh.containers if c.container_id == "new-id").unconfirmed_allocations == frozenset()
+
+
+def test_fallback_matching_stays_linear_in_the_containers(monkeypatch):
+    """Without the API a dense node has hundreds of unnamed containers, many sharing one GPU; matching each against
+    every PodResources container is quadratic (tens of ms at 440 containers). Work is counted, not timed: reads of a
+    draft's ``in_kubelet`` stay linear in the containers. A private contract is the point here (the fallback's
+    cost), so the test counts on the join's private draft rather than on its answer, which a quadratic join gives
+    too."""
     reads = [0]
 
     class CountingDraft(snapshot_module._Draft):
@@ -227,15 +311,31 @@ def test_fallback_matching_looks_only_at_the_containers_own_pod(monkeypatch):
 
     monkeypatch.setattr(snapshot_module, "_Draft", CountingDraft)
     pods = 100
-    allocations = [alloc("ml", f"p{i}", name) for i in range(pods) for name in ("main", "side")]
+    allocations = [
+        alloc("ml", f"p{i}", name, *([f"{G0}::{i}"] if name == "main" else []), resource="nvidia.com/gpu.shared")
+        for i in range(pods)
+        for name in ("main", "side")
+    ]
     runtime = [
-        running(f"c{i}-{name}", f"uid-{i}", 10 * i + k, hostname=f"p{i}", namespace="ml")
+        running(f"c{i}-{name}", f"uid-{i}", 10 * i + k, minors=[0] if name == "main" else [])
         for i in range(pods)
         for k, name in enumerate(("main", "side"))
     ]
-    containers = build(allocations, runtime, None, identity=IdentitySource.FALLBACK).containers
-    assert sum(c.identity is Identity.FALLBACK for c in containers) == 0  # two candidates each: no guess
+    processes = [process for i in range(pods) for process in uses(f"uid-{i}", f"c{i}-main", G0, pid=1000 + i)]
+    containers = build(allocations, runtime, None, processes, identity=IdentitySource.FALLBACK).containers
+    assert sum(c.identity is Identity.FALLBACK for c in containers) == 0  # a hundred holders each: no guess
     assert reads[0] <= 10 * len(allocations)
+
+
+def test_nested_pod_cgroups_are_counted_as_the_outer_container_and_said_in_a_note():
+    pods = [make_pod("ml", "train", "uid-1", "node-a", [("main", "c1")])]
+    snapshot = build([alloc("ml", "train", "main", G0)], [running("c1", "uid-1", 10, nested=["uid-victim"])], pods)
+    main = by_name(snapshot)[("train", "main")]
+    assert main.nested_pod_uids == {"uid-victim"}
+    assert snapshot.notes == (
+        "1 container with processes in cgroups made below their own that name another pod (counted as the outer "
+        "container's): ml/train/main names pod uid-victim",
+    )
 
 
 def test_unnamed_containers_are_rows_only_when_they_touch_a_gpu():
@@ -293,9 +393,10 @@ def test_the_pod_list_tells_init_and_ephemeral_containers_from_regular_ones():
     assert containers[("train", "proxy")].spec_field == "initContainers"
     assert containers[("train", "debugger")].spec_field == "ephemeralContainers"
     fallback = build(
-        [alloc("ml", "train", "main")],
-        [running("c1", "uid-1", 10, hostname="train", namespace="ml")],
+        [alloc("ml", "train", "main", G0)],
+        [running("c1", "uid-1", 10, minors=[0])],
         None,
+        uses("uid-1", "c1", G0),
         identity=IdentitySource.FALLBACK,
     )
     assert by_name(fallback)[("train", "main")].spec_field is None  # PodResources does not say which list

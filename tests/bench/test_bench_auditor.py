@@ -29,7 +29,8 @@ def run_bench(short_dir: Path, output: Path, *args: str) -> int:
 
 def test_tiny_run_reports_phases_calls_and_scaling(short_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = short_dir / "auditor.json"
-    assert run_bench(short_dir, output, "--scales", "1,2", "--fraction", "0.02", "--cycles", "3", "--rounds", "2") == 0
+    flags = ["--scales", "1,2", "--fraction", "0.02", "--cycles", "3", "--rounds", "2", "--flooded-dev", "0"]
+    assert run_bench(short_dir, output, *flags) == 0
     report = json.loads(output.read_text())
     assert [row["scale"] for row in report["results"]] == [1, 2]
     for row in report["results"]:
@@ -44,6 +45,7 @@ def test_tiny_run_reports_phases_calls_and_scaling(short_dir: Path, capsys: pyte
         assert row["containers_audited"] == row["sizes"]["containers"]
         assert row["gpu_processes_seen"] == row["sizes"]["gpu_processes"]
         assert row["peak_rss_mb"] >= row["rss_before_cycles_mb"] > 1
+        assert row["warm_cpu_ms"] > 0 and row["steady_cpu_ms"] is None
     assert report["results"][1]["sizes"]["host_processes"] == 2 * report["results"][0]["sizes"]["host_processes"]
     assert isinstance(report["scaling_exponent"], float)
     assert set(report["phase_scaling_exponents"]) == set(auditor_bench.PHASES)
@@ -68,9 +70,12 @@ def test_steady_cycles_follow_the_settling_window_and_test_extras_can_be_kept(
 ) -> None:
     output = short_dir / "auditor.json"
     flags = ["--scales", "1", "--fraction", "0.01", "--cycles", "13", "--rounds", "1", "--with-test-extras"]
-    assert run_bench(short_dir, output, *flags) == 0
+    assert run_bench(short_dir, output, *flags, "--flooded-dev", "5000") == 0
     report = json.loads(output.read_text())
-    (row,) = report["results"]
+    row, flooded = report["results"]
+    # the flooded /dev case: the same node, one container's /dev past the bound, reported, and no scaling judged
+    assert (flooded["case"], flooded["scale"], flooded["flooded_dev"]) == ("1x + flooded /dev (5,000)", 1, 5000)
+    assert (row["findings"], flooded["findings"]) == (0, 1) and "scaling_exponent" not in report
     assert row["settling_cycles"] == 10 and row["warm_cycles"] == 12 and row["steady_cycles"] == 2
     assert row["steady_cycle_ms"] > 0 and set(row["steady_phases_ms"]) == set(auditor_bench.PHASES)
     assert row["hidden_modules"] == [] and report["test_extras"] is True
@@ -95,7 +100,7 @@ def test_shared_layout_and_a_baseline_side_by_side(short_dir: Path, capsys: pyte
     site = installed_copy(short_dir / "site")
     output = short_dir / "auditor.json"
     flags = ["--scales", "1", "--fraction", "0.02", "--cycles", "3", "--rounds", "1", "--layout", "shared"]
-    assert run_bench(short_dir, output, *flags, "--baseline", str(site)) == 0
+    assert run_bench(short_dir, output, *flags, "--flooded-dev", "0", "--baseline", str(site)) == 0
     report = json.loads(output.read_text())
 
     (mine,), (theirs,) = report["results"], report["baseline"]["results"]

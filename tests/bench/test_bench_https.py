@@ -1,5 +1,5 @@
-"""The HTTPS benchmark at a tiny size, and its parts against a real server: ``bench.server`` (the real ``serve``
-plus ``/noop``, worker class swap), the open-loop load generator, and wrk with ``bench/wrk/post.lua``."""
+"""The HTTPS and recovery benchmarks at a tiny size, and their parts against a real server: ``bench.server`` (the
+real ``serve`` plus ``/noop``, worker class swap), the open-loop load generator, and wrk with ``bench/wrk/post.lua``."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from bench.server import NOOP_PATH, NOOP_RESPONSE
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, https_bench.Server]]:
     with https_bench.servers(
-        tmp_path_factory.mktemp("https"), ["gthread", "sync", "gthread-unfrozen"], workers=1, threads=2
+        tmp_path_factory.mktemp("https"), ["serve", "gthread", "sync", "serve-unfrozen"], workers=1, threads=2
     ) as running:
         yield running
 
 
 def test_noop_answers_the_fixed_review_and_the_real_endpoints_still_judge(servers) -> None:
-    target = servers["gthread"].target
+    target = servers["serve"].target
     client = loadgen.Client(target, target.context())
     try:
         client.connect()
@@ -30,14 +30,14 @@ def test_noop_answers_the_fixed_review_and_the_real_endpoints_still_judge(server
         assert client.exchange(request) == 200
         request, _ = loadgen.request_bytes(target, "/mutate", b"not json", keep_alive=True)
         assert client.exchange(request) == 400  # the real app behind the no-op: bad input is a clear 4xx
-        assert client.connects == 1  # gthread kept the connection alive through both
+        assert client.connects == 1  # serve kept the connection alive through both
     finally:
         client.close()
     assert NOOP_RESPONSE.startswith(b'{"apiVersion":"admission.k8s.io/v1"')
 
 
 def test_keep_alive_reuses_connections_and_new_connection_mode_handshakes_per_request(servers) -> None:
-    target, body = servers["gthread"].target, reviews.mutate_body(2)
+    target, body = servers["serve"].target, reviews.mutate_body(2)
     kept = loadgen.open_loop(target, "/mutate", body, rate=100, seconds=0.2, connections=2, reuse=True)
     assert kept["count"] == 20 and kept["connections_opened"] == 2
     fresh = loadgen.open_loop(target, NOOP_PATH, body, rate=100, seconds=0.2, connections=2, reuse=False)
@@ -56,23 +56,23 @@ def test_sync_workers_close_every_connection(servers) -> None:
 
 def test_a_non_200_answer_fails_the_run(servers) -> None:
     with pytest.raises(loadgen.LoadError, match="HTTP 404"):
-        loadgen.open_loop(servers["gthread"].target, "/nowhere", b"{}", rate=50, seconds=0.1, connections=1)
+        loadgen.open_loop(servers["serve"].target, "/nowhere", b"{}", rate=50, seconds=0.1, connections=1)
 
 
 def test_wrk_script_posts_reviews_and_reports_json(servers, tmp_path: Path) -> None:
     body = tmp_path / "body.json"
     body.write_bytes(reviews.mutate_body(2))
-    figures = https_bench.wrk_saturation(servers["gthread"], "/mutate", body, seconds=1, connections=2)
+    figures = https_bench.wrk_saturation(servers["serve"], "/mutate", body, seconds=1, connections=2)
     assert figures["requests"] > 0 and figures["reviews_per_s"] > 0
     assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
     wrong = tmp_path / "wrong.json"
     wrong.write_bytes(b'{"apiVersion":"v1","request":{"uid":"00000000-0000-4000-8000-000000000000"}}')
     with pytest.raises(https_bench.BenchError, match="errors"):  # 400s are counted by wrk, and refused here
-        https_bench.wrk_saturation(servers["gthread"], "/mutate", wrong, seconds=1, connections=1)
+        https_bench.wrk_saturation(servers["serve"], "/mutate", wrong, seconds=1, connections=1)
 
 
 def test_worker_rss_is_read_for_each_worker(servers) -> None:
-    workers = servers["gthread"].worker_rss()
+    workers = servers["serve"].worker_rss()
     assert len(workers) == 1
     assert all(w["rss_bytes"] > 1 << 20 and w["peak_rss_bytes"] >= w["rss_bytes"] for w in workers)
 
@@ -108,12 +108,12 @@ def test_tiny_run_reports_every_point(tmp_path: Path) -> None:
     )
     report = json.loads(output.read_text())
     points = {(r["server"], r["mode"], r["endpoint"]) for r in report["results"]}
-    for name in ("gthread", "sync"):
+    for name in ("serve", "gthread", "sync"):
         for endpoint in https_bench.ENDPOINTS:
             assert (name, "saturation", endpoint) in points
             assert (name, "keep-alive", endpoint) in points
-    assert ("gthread", "new-connection", "/mutate") in points
-    assert {mode for name, mode, _ in points if name == "gthread-quiet"} == {"saturation"}
+    assert ("serve", "new-connection", "/mutate") in points
+    assert not [point for point in points if point[1] == "new-connection" and point[0] != "serve"]
     saturation = [r for r in report["results"] if r["mode"] == "saturation"]
     assert all(r["reviews_per_s"] > 0 and r["throughput_vs_noop"] > 0 for r in saturation)
     assert all(r["server_cpu_us"] >= 0 for r in saturation)  # CPU ticks are 10 ms: a tiny run may see none
@@ -127,14 +127,14 @@ def test_tiny_run_reports_every_point(tmp_path: Path) -> None:
         "workers": 1,
         "threads": 1,
     }
-    assert report["servers"]["gthread"] == {
-        "worker_class": "gthread",
-        "log_level": "INFO",
-        "gc_freeze": True,
-        "workers": 1,
-        "threads": 2,
-    }
-    assert report["servers"]["gthread-quiet"]["log_level"] == "WARNING"
+    for name in ("serve", "gthread"):
+        assert report["servers"][name] == {
+            "worker_class": name,
+            "log_level": "INFO",
+            "gc_freeze": True,
+            "workers": 1,
+            "threads": 2,
+        }
     assert {t["target"].split(" (")[0] for t in report["targets"]} == {"throughput >= 0.8x no-op, same stack"}
 
 
@@ -149,17 +149,39 @@ def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureF
 
 
 def test_the_production_server_logs_every_review_as_measured(servers) -> None:
-    target = servers["gthread"].target
+    target = servers["serve"].target
     loadgen.open_loop(target, "/validate", reviews.validate_body(2), rate=50, seconds=0.1, connections=1)
     events = [
-        json.loads(line) for line in servers["gthread"].stderr_path.read_text().splitlines() if line.startswith("{")
+        json.loads(line) for line in servers["serve"].stderr_path.read_text().splitlines() if line.startswith("{")
     ]
     assert any(event.get("event") == "review" and event.get("endpoint") == "validate" for event in events)
 
 
 def test_the_unfrozen_variant_serves_the_real_endpoints(servers) -> None:
     summary = loadgen.open_loop(
-        servers["gthread-unfrozen"].target, "/mutate", reviews.mutate_body(2), rate=50, seconds=0.1, connections=1
+        servers["serve-unfrozen"].target, "/mutate", reviews.mutate_body(2), rate=50, seconds=0.1, connections=1
     )
     assert summary["count"] == 5
-    assert servers["gthread-unfrozen"].worker_class == "gthread"
+    assert servers["serve-unfrozen"].worker_class == "serve"
+
+
+def test_the_gthread_variant_runs_gunicorns_threaded_worker(servers) -> None:
+    def workers_used(name: str) -> set[str]:
+        lines = servers[name].stderr_path.read_text().splitlines()
+        messages = [json.loads(line).get("message", "") for line in lines if line.startswith("{")]
+        return {message.removeprefix("Using worker: ") for message in messages if message.startswith("Using worker:")}
+
+    assert workers_used("gthread") == {"gthread"} and workers_used("serve") == {"AdmissionWorker"}
+
+
+def test_the_recovery_benchmark_kills_a_worker_and_reports_each_server(tmp_path: Path) -> None:
+    from bench import recovery_bench
+
+    output = tmp_path / "recovery.json"
+    arguments = ["--before", "1.5", "--after", "2", "--tail", "1", "--connections", "2", "--json", str(output)]
+    assert recovery_bench.main(arguments) == 0
+    report = json.loads(output.read_text())
+    assert [row["server"] for row in report["results"]] == ["serve", "gthread"]
+    for row in report["results"]:
+        assert row["before_per_s"] > 0 and row["tail_per_s"] >= 0 and len(row["rates_per_s"]) == 14
+        assert 1.5 <= row["killed_at_s"] < 2.5 and sum(row["connections_per_worker"]) <= 2

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpu_fence.auditor.cli import main
+from tests.fakes.hostproc_tree import plant_fifo, plant_symlink
 from tests.fakes.node_scenario import Ctr, DraRef, NodeScenario, cgroup_layouts, replica_holder, uuid_of
 from tests.fakes.nvml import GIB, FakeError
 
@@ -42,6 +43,18 @@ def audit_json(scenario: NodeScenario, monkeypatch, capsys, *extra: str, kuberne
     code = main(scenario.args("once", "--format", "json", *extra, kubernetes=kubernetes))
     out, err = capsys.readouterr()
     return code, (json.loads(out) if out else None), err
+
+
+def console_script(scenario: NodeScenario, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``gpu-fence-auditor once`` as the image runs it, a process of its own with a deadline: one that hangs fails."""
+    return subprocess.run(
+        [str(CONSOLE_SCRIPT), *scenario.args("once", *extra)],
+        check=False,
+        env=scenario.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def kinds(report) -> list[tuple[str, str | None, str | None]]:
@@ -360,9 +373,12 @@ def test_without_slices_claims_are_shown_with_their_names_and_the_report_says_wh
         "resolution": "slices-unavailable",
     }
     assert device["cdi_devices"][0].startswith("k8s.gpu.nvidia.com/claim=")
-    # no entitlement is guessed: the GPU the claim holds is, as far as the auditor can tell, not allocated
+    # no entitlement is guessed: the GPU the claim holds is, as far as the auditor can tell, not allocated; without a
+    # pod list nothing ties the running container to train/main (it holds no GPU the auditor can name), so it is
+    # reported by uid, as its own files can never name it
     assert code == 1
-    assert kinds(report) == [("used-unallocated", "main", uuid_of(0)), ("visible-unallocated", "main", uuid_of(0))]
+    flagged = None if breakage in {"down", "no-kubernetes"} else "main"
+    assert kinds(report) == [("used-unallocated", flagged, uuid_of(0)), ("visible-unallocated", flagged, uuid_of(0))]
 
 
 def test_api_down_still_audits_and_names_containers_by_fallback(node, monkeypatch, capsys):
@@ -380,11 +396,14 @@ def test_api_down_still_audits_and_names_containers_by_fallback(node, monkeypatc
     assert code == 1
     assert report["summary"]["identity"] == "fallback"
     assert any("Kubernetes API unavailable" in note for note in report["notes"])
-    assert row(report, "train", "main")["identity"] == "fallback"
+    assert row(report, "train", "main")["identity"] == "fallback"  # it alone holds GPU 0, which it uses
     assert row(report, "train", "main")["pod_uid"] == scenario.pods[0].uid
-    assert [(f["kind"], f["namespace"], f["pod"], f["container"]) for f in report["findings"]] == [
-        ("used-unallocated", "web", "cuda", "app")
+    app = scenario.container("cuda", "app")
+    assert [(f["kind"], f["namespace"], f["container_id"]) for f in report["findings"]] == [
+        ("used-unallocated", None, app.container_id)  # nothing the kubelet says names it
     ]
+    flagged = next(r for r in report["containers"] if r["container_id"] == app.container_id)
+    assert flagged["identity"] == "uid" and flagged["claims"] == {"namespace": "web", "pod": "cuda"}
 
 
 def test_no_kubernetes_reports_by_uid_when_names_cannot_be_found(node, monkeypatch, capsys):
@@ -432,14 +451,7 @@ def test_console_script_writes_junit_and_exits_1(node, tmp_path):
     scenario.start()
     scenario.write_nvml()
     output = tmp_path / "audit.xml"
-    done = subprocess.run(
-        [str(CONSOLE_SCRIPT), *scenario.args("once", "--format", "junit", "--output", str(output))],
-        check=False,
-        env=scenario.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = console_script(scenario, "--format", "junit", "--output", str(output))
     assert done.returncode == 1, done.stderr
     assert done.stdout == "" and 'type="used-unallocated"' in output.read_text()
 
@@ -474,3 +486,128 @@ def test_memory_nvml_does_not_report_is_counted_as_unknown_not_zero(node, monkey
     text = capsys.readouterr().out.splitlines()
     assert next(line for line in text if line.startswith("ml/blind/main")).endswith(" unknown")
     assert next(line for line in text if line.startswith("ml/half/main")).endswith("2048 MiB + 1 process unknown")
+
+
+# --- what a container controls neither steers, hangs nor leaks through the auditor ---------------------------------
+
+NAMESPACE_FILE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def test_a_fifo_for_a_namespace_file_does_not_hang_the_cycle_while_the_api_is_down(node, tmp_path):
+    """Run as the DaemonSet runs it, a process of its own with a deadline: a cycle that blocked on the FIFO would be
+    killed by the deadline and fail the test, not hang the suite."""
+    scenario = node(gpus=1)
+    scenario.add_pod("web", "cuda", Ctr("app", processes=[(0, GIB)], plant=lambda fs: plant_fifo(fs, NAMESPACE_FILE)))
+    scenario.start()
+    scenario.api.down = True
+    scenario.write_nvml()
+    done = console_script(scenario, "--format", "json")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    (flagged,) = [r for r in report["containers"] if r["identity"] == "uid"]
+    assert flagged["claims"] == {"namespace": None, "pod": "cuda"}  # a FIFO is no claim
+
+
+def test_a_symlink_to_a_host_file_never_puts_the_host_file_in_the_report(node, monkeypatch, capsys):
+    """The auditor's own files (its service-account token, here a stand-in with a name-shaped content, so that only
+    resolving inside the container's root keeps it out) never reach the report through a container's symlink."""
+    scenario = node(gpus=1)
+    host_file = scenario.root / "auditor-token"
+    host_file.parent.mkdir(parents=True, exist_ok=True)
+    host_file.write_text("host-secret-token")
+    escape = "../" * 40 + str(host_file).lstrip("/")
+
+    def links(fs):
+        plant_symlink(fs, NAMESPACE_FILE, str(host_file))
+        plant_symlink(fs, "etc/hostname", escape)
+
+    scenario.add_pod("web", "cuda", Ctr("app", processes=[(0, GIB)], plant=links))
+    scenario.add_pod(
+        "web", "rel", Ctr("app", processes=[(0, GIB)], plant=lambda fs: plant_symlink(fs, NAMESPACE_FILE, escape))
+    )
+    code, report, _ = audit_json(scenario, monkeypatch, capsys, kubernetes=False)
+    assert code == 1
+    assert "host-secret-token" not in json.dumps(report)
+    assert {r["pod"] for r in report["containers"] if r["identity"] == "uid"} == {None}
+
+
+def test_a_spoofed_namespace_file_neither_exempts_nor_renames_a_container(node, monkeypatch, capsys):
+    """It writes kube-system (exempt) into its namespace file and the name of a kube-system pod that has not started
+    into HOSTNAME: it stays a container known by uid, flagged for the GPU it was never allocated."""
+    scenario = node(gpus=2)
+    scenario.add_pod("ml", "train", Ctr("main", allocated=[0], visible=[0], processes=[(0, GIB)]))
+    scenario.add_pod("kube-system", "coredns-6d4b", Ctr("coredns", running=False))
+    scenario.add_pod(
+        "web",
+        "miner",
+        Ctr(
+            "app",
+            visible=[1],
+            processes=[(1, 4 * GIB)],
+            namespace_file="kube-system",
+            env={"HOSTNAME": "coredns-6d4b", "NVIDIA_VISIBLE_DEVICES": "all"},
+        ),
+    )
+    code, report, _ = audit_json(scenario, monkeypatch, capsys, "--exempt-namespace", "kube-system", kubernetes=False)
+    assert code == 1
+    miner = scenario.container("miner", "app")
+    assert {(f["kind"], f["container_id"]) for f in report["findings"]} == {
+        ("used-unallocated", miner.container_id),
+        ("visible-unallocated", miner.container_id),
+        ("env-mismatch", miner.container_id),
+    }
+    flagged = next(r for r in report["containers"] if r["container_id"] == miner.container_id)
+    assert (flagged["namespace"], flagged["exempt"], flagged["identity"]) == (None, False, "uid")
+    assert flagged["claims"] == {"namespace": "kube-system", "pod": "coredns-6d4b"}
+    coredns = row(report, "coredns-6d4b")
+    assert (coredns["identity"], coredns["container_id"]) == ("kubelet", None)
+    assert row(report, "train", "main")["identity"] == "fallback"  # the honest container is still named
+
+
+@pytest.mark.parametrize("lowest", ["chroot", "unshare"])
+def test_a_lowest_pid_that_leaves_the_containers_view_hides_no_device_and_no_env(node, monkeypatch, capsys, lowest):
+    """The container's lowest pid chroots into an empty tree (or unshares its mounts and covers /dev) and re-execs with
+    NVIDIA_VISIBLE_DEVICES=void; its sibling still sees GPU 1 and has NVIDIA_VISIBLE_DEVICES=all."""
+    scenario = node(gpus=2)
+    scenario.add_pod(
+        "web",
+        "notebook",
+        Ctr(
+            "jupyter",
+            visible=[1],
+            env={"NVIDIA_VISIBLE_DEVICES": "all"},
+            extra_processes=1,
+            lowest=lowest,
+            lowest_env={"NVIDIA_VISIBLE_DEVICES": "void"},
+        ),
+    )
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    assert kinds(report) == [("env-mismatch", "jupyter", None), ("visible-unallocated", "jupyter", uuid_of(1))]
+    assert row(report, "notebook")["visible"] == [uuid_of(1)]
+
+
+def test_a_process_in_a_cgroup_named_after_another_pod_is_billed_to_its_own_container(node, monkeypatch, capsys):
+    scenario = node(gpus=2)
+    scenario.add_pod("ml", "victim", Ctr("main", allocated=[1], visible=[1], processes=[(1, GIB)]))
+    scenario.add_pod("web", "thief", Ctr("app", processes=[(1, 6 * GIB)], nested_pod="victim"))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    thief = scenario.container("thief", "app")
+    assert [(f["kind"], f["pod"], f["pid"]) for f in report["findings"]] == [
+        ("used-unallocated", "thief", thief.gpu_pids[0])
+    ]
+    assert row(report, "victim")["memory_bytes"] == {uuid_of(1): GIB}  # not billed the thief's 6 GiB
+    assert row(report, "thief")["nested_pod_uids"] == [scenario.pods[0].uid]
+    assert any("name another pod" in note and "web/thief/app" in note for note in report["notes"])
+
+
+def test_a_flooded_dev_is_read_up_to_its_bound_and_reported(node, monkeypatch, capsys):
+    scenario = node(gpus=2)
+    scenario.add_pod("ml", "train", Ctr("main", allocated=[0], visible=[0], processes=[(0, GIB)]))
+    scenario.add_pod("web", "flood", Ctr("app", visible=[1], dev_flood=5000))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 1
+    found = {(f["kind"], f["pod"]) for f in report["findings"]}
+    assert ("incomplete-view", "flood") in found and {pod for _, pod in found} == {"flood"}
+    assert row(report, "flood")["incomplete"] == ["dev-entries"]

@@ -1,6 +1,7 @@
 """End to end over real TLS: ``certs`` makes the CA and serving certificate, ``gpu-fence-webhook serve`` runs as a
-subprocess (gunicorn, 2 gthread workers) on a loopback port, and real AdmissionReview v1 JSON goes over HTTPS,
-verified against the generated CA with the Service DNS name, exactly as the API server would connect.
+subprocess (gunicorn, 2 workers x 4 threads, as in production) on a loopback port, and real AdmissionReview v1 JSON
+goes over HTTPS, verified against the generated CA with the Service DNS name, exactly as the API server would
+connect.
 
 One server per module (starting it is the slow part); the certificate-renewal test runs last because it changes
 the served certificate.
@@ -14,15 +15,12 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import jsonpatch
@@ -31,13 +29,13 @@ import pytest
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fakes import pods
+from tests.fakes.pods import as_kai_leaves_it, kai_fraction_pod, kai_reference
+from tests.fakes.webhook_server import BIN, NAMESPACE, Reply, Server, free_port, run_certs, send, serving
+
 pytestmark = pytest.mark.e2e
 
 FIXTURES = Path(__file__).parents[1] / "webhook" / "admissionreviews"
-SERVICE, NAMESPACE = "gpu-fence-webhook", "gpu-fence"
-HOSTNAME = f"{SERVICE}.{NAMESPACE}.svc"
-BIN = Path(sys.executable).parent
-STARTUP_DEADLINE_S = 30.0  # generous: a loaded CI machine; never asserted as a speed
 
 
 def fixture(name: str) -> dict:
@@ -46,146 +44,10 @@ def fixture(name: str) -> dict:
     return document
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Connection(http.client.HTTPSConnection):
-    """HTTPS to 127.0.0.1, verifying the certificate for the Service DNS name (SNI included), TCP_NODELAY."""
-
-    def __init__(self, port: int, context: ssl.SSLContext) -> None:
-        super().__init__(HOSTNAME, port, context=context, timeout=10)
-        self._port = port
-
-    def connect(self) -> None:
-        raw = socket.create_connection(("127.0.0.1", self._port), self.timeout)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)
-
-    def peer_serial(self) -> int:
-        return x509.load_der_x509_certificate(self.sock.getpeercert(binary_form=True)).serial_number
-
-
-@dataclass
-class Reply:
-    status: int
-    document: dict
-    headers: dict
-
-
-def send(
-    conn: Connection, method: str, path: str, body: bytes | None = None, content_type: str | None = "application/json"
-) -> Reply:
-    headers = {"Content-Type": content_type} if content_type and body is not None else {}
-    conn.request(method, path, body=body, headers=headers)
-    response = conn.getresponse()
-    data = response.read()
-    is_json = response.getheader("Content-Type", "").startswith("application/json")
-    return Reply(response.status, json.loads(data) if is_json else {"text": data.decode()}, dict(response.getheaders()))
-
-
-@dataclass
-class Server:
-    port: int
-    tls_dir: Path
-    context: ssl.SSLContext
-    process: subprocess.Popen
-    stderr_path: Path
-
-    def connect(self, context: ssl.SSLContext | None = None) -> Connection:
-        return Connection(self.port, context or self.context)
-
-    def post(self, path: str, document: dict | bytes, **kwargs) -> Reply:
-        body = document if isinstance(document, bytes) else json.dumps(document).encode()
-        conn = self.connect()
-        try:
-            return send(conn, "POST", path, body, **kwargs)
-        finally:
-            conn.close()
-
-    def get(self, path: str) -> Reply:
-        conn = self.connect()
-        try:
-            return send(conn, "GET", path)
-        finally:
-            conn.close()
-
-    def stderr_lines(self) -> list[str]:
-        return self.stderr_path.read_text(errors="replace").splitlines()
-
-
-def run_certs(out_dir: Path) -> None:
-    subprocess.run(
-        [
-            str(BIN / "gpu-fence-webhook"),
-            "certs",
-            "--service",
-            SERVICE,
-            "--namespace",
-            NAMESPACE,
-            "--out-dir",
-            str(out_dir),
-        ],
-        check=True,
-        capture_output=True,
-    )
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("webhook")
-    tls = tmp / "tls"
-    run_certs(tls)
-    port = free_port()
-    stderr_path = tmp / "serve.stderr"
-    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1", "TMPDIR": str(tmp)}
-    with stderr_path.open("wb") as stderr:
-        process = subprocess.Popen(
-            [
-                str(BIN / "gpu-fence-webhook"),
-                "serve",
-                "--cert-file",
-                str(tls / "tls.crt"),
-                "--key-file",
-                str(tls / "tls.key"),
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                "2",
-                "--threads",
-                "4",
-                "--namespace",
-                NAMESPACE,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            env=env,
-        )
-    context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
-    started = Server(port, tls, context, process, stderr_path)
-    try:
-        deadline = time.monotonic() + STARTUP_DEADLINE_S
-        while True:
-            assert process.poll() is None, "serve exited:\n" + "\n".join(started.stderr_lines()[-20:])
-            try:
-                if started.get("/readyz").status == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "serve not ready:\n" + "\n".join(started.stderr_lines()[-20:])
-            time.sleep(0.05)  # polling interval of the readiness loop, not a wait for an event
+    with serving(tmp_path_factory.mktemp("webhook"), env={"PYTHONPROFILEIMPORTTIME": "1"}) as started:
         yield started
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def decoded_patch(reply: Reply) -> list[dict] | None:
@@ -298,6 +160,223 @@ def test_other_operations_and_kinds_are_allowed_without_patch(server, name):
     review = fixture(name)
     for path in ("/mutate", "/validate"):
         assert server.post(path, review).document["response"] == {"uid": review["request"]["uid"], "allowed": True}
+
+
+# -- each bypass class of the threat model's V11 and V15-V24, and the workloads that must keep working ----------
+
+CUDA = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
+VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+
+
+def review_of(
+    document: dict, *, namespace: str = "default", operation: str = "CREATE", old: dict | None = None
+) -> dict:
+    """A real AdmissionReview (the kubectl CREATE fixture) carrying this pod."""
+    review = fixture("pod-create-kubectl")
+    request = review["request"]
+    request.update(namespace=namespace, operation=operation, name=document["metadata"]["name"])
+    request["object"] = {**document, "metadata": {**document["metadata"], "namespace": namespace}}
+    request["oldObject"] = old
+    return review
+
+
+def bypass_pods() -> dict[str, tuple[dict, str]]:
+    """One pod per bypass class (V11, V15-V21) that the default policy rejects, with the rule that must say so."""
+    kai_bound = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
+    kai_bound["spec"]["nodeName"] = "gpu-node-1"
+    kai_elsewhere = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
+    kai_elsewhere["spec"]["containers"][0]["env"][0] = kai_reference(name="mine")
+    claim = pods.pod(
+        pods.container("app", image=CUDA, environment=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
+    )
+    claim["spec"]["containers"][0]["resources"] = {"claims": [{"name": "nic"}]}
+    claim["spec"]["resourceClaims"] = [{"name": "nic", "resourceClaimTemplateName": "rdma-nic"}]
+    pinned = {"image": CUDA, "environment": [VOID]}
+    return {
+        "kai fraction pod created bound to a node": (kai_bound, "visible-devices-env"),
+        "kai reference to another ConfigMap": (kai_elsewhere, "visible-devices-env"),
+        "dra claim for a nic with all GPUs": (claim, "visible-devices-env"),
+        "hostPath /proc/1/root": (pods.host_path_pod("/proc/1/root"), "host-device-path"),
+        "hostPath /sys/fs/cgroup": (pods.host_path_pod("/sys/fs/cgroup"), "host-device-path"),
+        "hostPath /etc/kubernetes/manifests": (pods.host_path_pod("/etc/kubernetes/manifests"), "host-device-path"),
+        "writable hostPath off the allowlist": (pods.host_path_pod("/srv/shared"), "host-path"),
+        "SYS_PTRACE": (
+            pods.pod(pods.gpu_container("cuda", securityContext={"capabilities": {"add": ["SYS_PTRACE"]}})),
+            "added-capability",
+        ),
+        "DAC_READ_SEARCH": (
+            pods.pod(pods.container("app", **pinned, securityContext={"capabilities": {"add": ["DAC_READ_SEARCH"]}})),
+            "added-capability",
+        ),
+        "hostPID": (pods.pod(pods.gpu_container("cuda"), hostPID=True), "host-pid"),
+        "CRI-O device annotation": (
+            pods.pod(pods.container("app", **pinned), annotations={"io.kubernetes.cri-o.Devices": "/dev/nvidia0"}),
+            "runtime-annotation",
+        ),
+        "NRI device injection": (
+            pods.pod(
+                pods.container("app", **pinned), annotations={"devices.noderesource.dev/pod": "- path: /dev/nvidia0"}
+            ),
+            "runtime-annotation",
+        ),
+        "IMEX channels": (
+            pods.pod(pods.gpu_container("cuda", environment=[{"name": "NVIDIA_IMEX_CHANNELS", "value": "0"}])),
+            "imex-channels-env",
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(bypass_pods()))
+def test_each_class_of_bypass_is_denied_over_https(server, name):
+    document, rule = bypass_pods()[name]
+    review = review_of(document)
+    response = server.post("/validate", review).document["response"]
+    assert response["uid"] == review["request"]["uid"]
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    assert rule in response["auditAnnotations"]["rules"].split(",")
+    assert f"{rule}: " in response["status"]["message"]  # the clause names its rule, as every denial does
+    warned = server.post("/validate/warn", review).document["response"]
+    assert warned["allowed"] is True and any(w.startswith(rule) for w in warned["warnings"])
+
+
+def test_a_plain_update_that_adds_a_runtime_device_annotation_is_denied(server):
+    before = pods.pod(pods.gpu_container("cuda"), name="running")
+    after = copy.deepcopy(before)
+    after["metadata"]["annotations"] = {"mounts.noderesource.dev/container.cuda": "- source: /\n  destination: /host"}
+    review = review_of(after, operation="UPDATE", old=before)
+    response = server.post("/validate", review).document["response"]
+    assert response["allowed"] is False and response["auditAnnotations"]["rules"] == "runtime-annotation"
+    review["request"]["object"] = {**before, "metadata": {**before["metadata"], "namespace": "default"}}
+    assert server.post("/validate", review).document["response"]["allowed"] is True
+
+
+def admitted(server: Server, document: dict, *, after_mutation=lambda pod: pod, namespace: str = "default") -> dict:
+    """/mutate, the patch applied (then whatever else mutates the pod), a schema check, /validate: the pod."""
+    review = review_of(document, namespace=namespace)
+    reply = server.post("/mutate", review)
+    assert reply.document["response"]["allowed"] is True
+    patch = decoded_patch(reply)
+    pod = after_mutation(jsonpatch.apply_patch(review["request"]["object"], patch) if patch else document)
+    pods.assert_valid_pod(pod)
+    final = review_of(pod, namespace=namespace)
+    response = server.post("/validate", final).document["response"]
+    assert response["allowed"] is True, response
+    assert server.post("/mutate", final).document["response"].get("patch") is None  # nothing left to pin
+    return pod
+
+
+def test_a_dra_gpu_claim_is_pinned_and_admitted(server):
+    document = pods.pod(pods.container("ctr", image=CUDA))
+    document["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    document["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
+    pod = admitted(server, document)
+    assert pod["spec"]["containers"][0]["env"] == [VOID]
+
+
+def test_a_kai_fraction_pod_is_admitted_after_kai_s_webhook_replaces_the_pin(server):
+    authored = kai_fraction_pod(pods.container("gpu-workload", image=CUDA), pods.container("sidecar", image=CUDA))
+    pod = admitted(server, authored, after_mutation=as_kai_leaves_it)
+    workload, sidecar = pod["spec"]["containers"]
+    assert [e for e in workload["env"] if e["name"] == "NVIDIA_VISIBLE_DEVICES"] == [kai_reference()]
+    assert sidecar["env"] == [VOID]
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+
+
+def test_a_gpu_pod_with_cpu_sidecars_and_multi_node_nccl_training_are_admitted(server):
+    worker = pods.gpu_container(
+        "trainer",
+        gpus=8,
+        securityContext={"capabilities": {"add": ["IPC_LOCK"]}},
+        volumeMounts=[{"name": "dshm", "mountPath": "/dev/shm"}],
+    )
+    nccl = pods.pod(
+        worker,
+        pods.container("metrics", image=CUDA),
+        hostNetwork=True,
+        dnsPolicy="ClusterFirstWithHostNet",
+        volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    )
+    pod = admitted(server, nccl)
+    assert "env" not in pod["spec"]["containers"][0] and pod["spec"]["containers"][1]["env"] == [VOID]
+
+
+def test_an_exempt_monitoring_daemonset_pod_is_admitted_untouched(server):
+    exporter = pods.pod(
+        pods.container(
+            "dcgm-exporter",
+            image="nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04",
+            environment=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+            securityContext={"capabilities": {"add": ["SYS_ADMIN"]}},
+            volumeMounts=[{"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}],
+        ),
+        hostPID=True,
+        volumes=[{"name": "pod-resources", "hostPath": {"path": "/var/lib/kubelet/pod-resources"}}],
+    )
+    for path in ("/mutate", "/validate"):
+        response = server.post(path, review_of(exporter, namespace="kube-system")).document["response"]
+        assert response["allowed"] is True and "patch" not in response and "exempt" in response["auditAnnotations"]
+    assert server.post("/validate", review_of(exporter)).document["response"]["allowed"] is False
+
+
+def test_env_from_on_a_gpu_container_and_a_user_set_none_warn_by_default(server):
+    document = pods.pod(
+        pods.gpu_container("cuda", envFrom=[{"configMapRef": {"name": "settings"}}]),
+        pods.container("tools", image=CUDA, environment=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]),
+    )
+    response = server.post("/validate", review_of(document)).document["response"]
+    assert response["allowed"] is True and len(response["warnings"]) == 2
+    assert all(len(w) <= 120 for w in response["warnings"])
+    assert any("envFrom" in w for w in response["warnings"]) and any("use void" in w for w in response["warnings"])
+
+
+CONFIGURED_POLICY = """\
+visible_devices_aliases: [DOCKER_RESOURCE_GPU]
+host_path_allowlist:
+  - {path: /dev/infiniband, writable: false}
+  - {path: /tmp/nvidia-mps, writable: true}
+env_from_on_gpu_containers: reject
+visible_devices_none: reject
+"""
+
+
+@pytest.fixture(scope="module")
+def configured_server(tmp_path_factory) -> Iterator[Server]:
+    """A second webhook, serving a policy.yaml that sets the allowlist, aliases and switches (``serve --config``)."""
+    tmp = tmp_path_factory.mktemp("configured")
+    config = tmp / "policy.yaml"
+    config.write_text(CONFIGURED_POLICY)
+    with serving(tmp, "--config", str(config)) as started:
+        yield started
+
+
+def test_configured_aliases_are_pinned_beside_the_variable(configured_server):
+    pod = admitted(configured_server, pods.pod(pods.gpu_container("cuda"), pods.container("sidecar", image=CUDA)))
+    assert pod["spec"]["containers"][1]["env"] == [VOID, {"name": "DOCKER_RESOURCE_GPU", "value": "void"}]
+    unpinned_alias = pods.pod(pods.container("sidecar", image=CUDA, environment=[VOID]))
+    denied = configured_server.post("/validate", review_of(unpinned_alias)).document["response"]
+    assert denied["allowed"] is False and "DOCKER_RESOURCE_GPU" in denied["status"]["message"]
+
+
+def test_configured_switches_reject(configured_server):
+    env_from = pods.pod(pods.gpu_container("cuda", envFrom=[{"configMapRef": {"name": "settings"}}]))
+    none = pods.pod(
+        pods.container("tools", image=CUDA, environment=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}])
+    )
+    none["spec"]["containers"][0]["env"].append({"name": "DOCKER_RESOURCE_GPU", "value": "void"})
+    for document, rule in ((env_from, "gpu-env-from"), (none, "visible-devices-none")):
+        response = configured_server.post("/validate", review_of(document)).document["response"]
+        assert response["allowed"] is False and response["auditAnnotations"]["rules"] == rule
+        assert "warnings" not in response
+
+
+def test_configured_allowlist_admits_rdma_devices_read_only_only(configured_server):
+    read_only = pods.host_path_pod("/dev/infiniband")
+    read_only["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] = True
+    admitted(configured_server, read_only)
+    writable = configured_server.post("/validate", review_of(pods.host_path_pod("/dev/infiniband"))).document
+    assert writable["response"]["allowed"] is False
+    assert "host-path" in writable["response"]["auditAnnotations"]["rules"].split(",")
+    admitted(configured_server, pods.host_path_pod("/tmp/nvidia-mps"))
 
 
 # -- bad input: a clear JSON 4xx, never a 500 or a traceback ---------------------------------------------------

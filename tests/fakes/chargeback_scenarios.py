@@ -45,8 +45,8 @@ nodes:
 # dcgm-exporter beside the auditor, one window per way it labels a shared card (see dcgm_scenarios).
 DCGM_WINDOWS = ("dcgm-default", "dcgm-virtual", "dcgm-virtual-copies", "dcgm-mps", "dcgm-mig")
 
-# Two days ago, aligned to the 2-hour TSDB block boundary.
-BASE = int(time.time()) // 7200 * 7200 - 48 * HOUR
+# Two and a half days ago (the last window still hours before now), aligned to the 2-hour TSDB block boundary.
+BASE = int(time.time()) // 7200 * 7200 - 60 * HOUR
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,21 @@ WINDOWS = {
             "replicas",
             "replicas-unknown",
             "mig-idle",
+            "relabelled",
+            "unrecorded",
             *DCGM_WINDOWS,
         ]
     )
 }
+
+# The recording rules (``rules.py``), evaluated every 10 minutes as the scenarios are billed, over every window but
+# the second half hour of "unrecorded": there the rules recorded nothing, as when Prometheus was down.
+RULES_INTERVAL = 600
+UNRECORDED = (WINDOWS["unrecorded"].start + 30 * 60, WINDOWS["unrecorded"].start + 60 * 60)
+RECORDED_RANGES = (
+    (BASE - HOUR, UNRECORDED[0]),
+    (UNRECORDED[1], WINDOWS[DCGM_WINDOWS[-1]].end + 2 * HOUR),
+)
 
 
 @dataclass
@@ -172,12 +183,10 @@ def scenarios() -> str:
     ):
         who = {"node": "ts", "namespace": namespace, "pod": pod, "container": "main", "gpu_uuid": "GPU-t"}
         om.series("gpu_fence_container_gpu_sm_activity_ratio", {**who, "allocated": "true"}, ratio, w.start, until)
-    om.series(
-        "gpu_fence_pod_labels", {"namespace": "ml", "pod": "a", "label_example_com_team": "alpha"}, 1, w.start, w.end
-    )
-    om.series(
-        "gpu_fence_pod_labels", {"namespace": "ml", "pod": "b", "label_example_com_team": "beta"}, 1, w.start, w.end
-    )
+    # The auditor also exports label app (--pod-label app), which the recording rules do not roll up.
+    for pod, team in (("a", "alpha"), ("b", "beta")):
+        labels = {"namespace": "ml", "pod": pod, "label_example_com_team": team, "label_app": "trainer"}
+        om.series("gpu_fence_pod_labels", labels, 1, w.start, w.end)
 
     # MIG: one A100 40GB (7.00/h) split 3g / 2g / 2g; the second 2g slice is used for the first half hour only.
     w = WINDOWS["mig"]
@@ -217,8 +226,27 @@ def scenarios() -> str:
         w.end,
     )
     held_idle_scenarios(om)
+    recorded_scenarios(om)
     dcgm_scenarios(om)
     return om.text()
+
+
+def recorded_scenarios(om: OpenMetrics) -> None:
+    """Windows that matter for the recording rules: a pod whose team label changes, a window the rules missed."""
+    # A time-sliced A100 80GB (3.00/h, 3 replicas): pod ml/x changes team after +31 min (each interval goes to the
+    # team it carried then: alpha is seen at +30 min and beta from +40), ml/y carries no team label ("(none)").
+    w = WINDOWS["relabelled"]
+    card(om, w, "relabel", "GPU-l", A100_80, offered=3)
+    container(om, w, "relabel", "GPU-l", namespace="ml", pod="x", gib=6)
+    container(om, w, "relabel", "GPU-l", namespace="ml", pod="y", gib=2)
+    label = "label_example_com_team"
+    om.series("gpu_fence_pod_labels", {"namespace": "ml", "pod": "x", label: "alpha"}, 1, w.start, w.start + 31 * 60)
+    om.series("gpu_fence_pod_labels", {"namespace": "ml", "pod": "x", label: "beta"}, 1, w.start + 32 * 60, w.end)
+    # The replicas scenario again, on its own node: the rules recorded its first half hour only.
+    w = WINDOWS["unrecorded"]
+    card(om, w, "ts4-gap", "GPU-g4", A100_80, offered=4)
+    container(om, w, "ts4-gap", "GPU-g4", namespace="lab", pod="active", gib=4, until=w.start + 29 * 60)
+    container(om, w, "ts4-gap", "GPU-g4", namespace="queue", pod="waiting", gib=0, replicas=2)
 
 
 def held_idle_scenarios(om: OpenMetrics) -> None:
@@ -414,6 +442,8 @@ def made(step: float = 60.0, group_by: str = "namespace") -> Provenance:
     )
 
 
-def window_args(name: str) -> list[str]:
+def window_args(name: str, series: str = "raw") -> list[str]:
+    """A window billed as six 10-minute intervals from its start, from the raw series by default: the instants
+    the hand-checked figures are worked out at (the recording rules evaluate at their own phase)."""
     window = WINDOWS[name]
-    return ["--start", str(window.start), "--end", str(window.end), "--step", "10m"]
+    return ["--start", str(window.start), "--end", str(window.end), "--step", "10m", "--series", series]

@@ -1,15 +1,23 @@
 """Builds a fake host ``/proc`` tree on disk for the auditor's /proc adapter.
 
-Real files and real device nodes: ``<pid>/cgroup`` (text), ``<pid>/environ`` (NUL-separated) and
-``<pid>/root/dev`` with character devices made by ``os.mknod`` (GPUs on major 195, ``nvidiactl`` 195:255,
-``nvidia-modeset`` 195:254, ``nvidia-uvm`` and ``nvidia-caps`` on other majors, as on a real node). Processes of one
-container can share a root file system, as on a real node, through a ``root`` symlink.
+Real files and real device nodes: ``<pid>/cgroup`` (text), ``<pid>/environ`` (NUL-separated), ``<pid>/ns/mnt``
+(a symlink whose text names the mount namespace, as the kernel's ``mnt:[4026531840]``) and ``<pid>/root/dev`` with
+character devices made by ``os.mknod`` (GPUs on major 195, ``nvidiactl`` 195:255, ``nvidia-modeset`` 195:254,
+``nvidia-uvm`` and ``nvidia-caps`` on other majors, as on a real node). Processes of one container can share a root
+file system, as on a real node, through a ``root`` symlink.
+
+What a hostile container can do to its own root is planted with real objects too (``plant_*``): FIFOs, symlinks to
+host files or out through ``..``, symlink loops, device nodes, huge files, a ``/dev`` flooded with entries; and to
+its processes: a process that chroots into an empty tree (``chroot``), or unshares its mount namespace and covers
+``/dev`` (``unshare_mounts``).
 
 Making device nodes needs CAP_MKNOD (root); the tests run as root in CI.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import os
 import stat
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,6 +26,16 @@ from pathlib import Path
 NVIDIA_MAJOR = 195
 UVM_MAJOR = 509  # dynamic on a real node (read from /proc/devices); any major but 195 will do
 CAPS_MAJOR = 508
+MEM_MAJOR = 1  # /dev/null, /dev/zero: what a flood of harmless character devices is made of
+#: The mount namespace of the host's processes, as ``readlink /proc/<pid>/ns/mnt`` shows it.
+HOST_MOUNT_NAMESPACE = "mnt:[4026531840]"
+_namespaces = itertools.count(4026532000)
+
+
+def new_mount_namespace() -> str:
+    """A mount namespace no process has yet, named as the kernel names one."""
+    return f"mnt:[{next(_namespaces)}]"
+
 
 #: How each runtime/driver pair names a container's cgroup (the kubelet's cgroup manager and each runtime).
 _POD_SLICE = "/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid_}.slice"
@@ -31,17 +49,81 @@ LAYOUTS: Mapping[str, str] = {
 
 
 def cgroup_text(
-    pod_uid: str, container_id: str, *, layout: str = "systemd-containerd", qos: str = "burstable", v1: bool = False
+    pod_uid: str,
+    container_id: str,
+    *,
+    layout: str = "systemd-containerd",
+    qos: str = "burstable",
+    v1: bool = False,
+    below: str = "",
 ) -> str:
-    """The ``/proc/<pid>/cgroup`` content of a process in that container (cgroup v2, or v1 with several lines)."""
-    path = LAYOUTS[layout].format(uid=pod_uid, uid_=pod_uid.replace("-", "_"), cid=container_id, qos=qos)
+    """The ``/proc/<pid>/cgroup`` content of a process in that container (cgroup v2, or v1 with several lines), in a
+    cgroup ``below`` the container's when given (one the container made itself)."""
+    path = LAYOUTS[layout].format(uid=pod_uid, uid_=pod_uid.replace("-", "_"), cid=container_id, qos=qos) + below
     if v1:
         return f"12:name=systemd:{path}\n11:memory:{path}\n10:pids:{path}\n4:cpu,cpuacct:{path}\n1:net_cls:/\n"
     return f"0::{path}\n"
 
 
+def nested_pod_cgroup(pod_uid: str, container_id: str, *, layout: str = "cgroupfs") -> str:
+    """A cgroup path, to put below a container's own, named as the kubelet would name another pod's container."""
+    return LAYOUTS[layout].format(uid=pod_uid, uid_=pod_uid.replace("-", "_"), cid=container_id, qos="burstable")
+
+
+def container_mount_namespace(container_id: str) -> str:
+    """The mount namespace the runtime gives a container (one per container, the same for all its processes)."""
+    return f"mnt:[{4026540000 + int(hashlib.sha256(container_id.encode()).hexdigest()[:8], 16)}]"
+
+
 def make_char_device(path: Path, major: int, minor: int) -> None:
     os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+
+
+# --- what a container can plant in its own root --------------------------------------------------------------------
+
+
+def _parent(root: Path, path: str) -> Path:
+    target = root / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink() or target.exists():
+        target.unlink()
+    return target
+
+
+def plant_text(root: Path, path: str, text: str) -> None:
+    _parent(root, path).write_text(text)
+
+
+def plant_fifo(root: Path, path: str) -> None:
+    """A FIFO no one writes to: a blocking open of it waits for ever."""
+    os.mkfifo(_parent(root, path))
+
+
+def plant_symlink(root: Path, path: str, target: str) -> None:
+    """A symlink with the given text: absolute (``/etc/passwd``: the reader's own file if followed from outside), a
+    chain of ``..`` out of the root, or another link (a loop)."""
+    _parent(root, path).symlink_to(target)
+
+
+def plant_device(root: Path, path: str, major: int, minor: int) -> None:
+    make_char_device(_parent(root, path), major, minor)
+
+
+def plant_huge_file(root: Path, path: str, size: int) -> None:
+    """A sparse file of ``size`` bytes: costs nothing on disk, everything to read whole."""
+    with _parent(root, path).open("wb") as file:
+        file.truncate(size)
+
+
+def flood_dev(root: Path, entries: int, *, devices: bool = True) -> None:
+    """``entries`` more entries in ``/dev``: harmless character devices (every one costs a reader a ``stat``), or
+    empty files."""
+    dev = root / "dev"
+    for number in range(entries):
+        if devices:
+            make_char_device(dev / f"flood{number}", MEM_MAJOR, 3)
+        else:
+            (dev / f"flood{number}").touch()
 
 
 class HostProcTree:
@@ -96,11 +178,12 @@ class HostProcTree:
         cgroup: str = "0::/\n",
         environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes = (),
         rootfs: Path | None = None,
+        mount_namespace: str = HOST_MOUNT_NAMESPACE,
     ) -> Path:
         """Add ``/proc/<pid>``; ``environ`` pairs are written in order (duplicates allowed), bytes as given."""
         directory = self.root / str(pid)
         directory.mkdir()
-        self._fill(directory, cgroup, environ, rootfs)
+        self._fill(directory, cgroup, environ, rootfs, mount_namespace)
         return directory
 
     def add_container_process(
@@ -114,10 +197,28 @@ class HostProcTree:
         layout: str = "systemd-containerd",
         qos: str = "burstable",
         v1: bool = False,
+        mount_namespace: str | None = None,
+        below: str = "",
     ) -> Path:
-        """Add a process running in that pod's container (its cgroup file in the given layout)."""
-        text = cgroup_text(pod_uid, container_id, layout=layout, qos=qos, v1=v1)
-        return self.add_process(pid, cgroup=text, environ=environ, rootfs=rootfs)
+        """Add a process running in that pod's container (its cgroup file in the given layout, in a cgroup ``below``
+        the container's if given). Its mount namespace is the container's unless given."""
+        text = cgroup_text(pod_uid, container_id, layout=layout, qos=qos, v1=v1, below=below)
+        namespace = mount_namespace or container_mount_namespace(container_id)
+        return self.add_process(pid, cgroup=text, environ=environ, rootfs=rootfs, mount_namespace=namespace)
+
+    def chroot(self, pid: int, rootfs: Path) -> None:
+        """The process changes its root (``chroot``), in the mount namespace it has."""
+        root = self.root / str(pid) / "root"
+        root.unlink()
+        root.symlink_to(rootfs, target_is_directory=True)
+
+    def unshare_mounts(self, pid: int, rootfs: Path) -> None:
+        """The process unshares its mount namespace and mounts over what it sees (``/dev``, say): a namespace of its
+        own, and the tree it now sees."""
+        self.chroot(pid, rootfs)
+        link = self.root / str(pid) / "ns" / "mnt"
+        link.unlink()
+        link.symlink_to(new_mount_namespace())
 
     def reuse_pid(
         self,
@@ -131,7 +232,7 @@ class HostProcTree:
         it cannot get the old inode number back, as a real new process gets a new inode in procfs."""
         staging = self.root / f"_new_{pid}"
         staging.mkdir()
-        self._fill(staging, cgroup, environ, rootfs)
+        self._fill(staging, cgroup, environ, rootfs, HOST_MOUNT_NAMESPACE)
         self.remove(pid)
         staging.rename(self.root / str(pid))
         return self.root / str(pid)
@@ -161,8 +262,11 @@ class HostProcTree:
         cgroup: str,
         environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes,
         rootfs: Path | None,
+        mount_namespace: str,
     ) -> None:
         (directory / "cgroup").write_text(cgroup)
+        (directory / "ns").mkdir()
+        (directory / "ns" / "mnt").symlink_to(mount_namespace)
         if isinstance(environ, bytes):
             data = environ
         else:

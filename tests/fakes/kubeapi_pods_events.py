@@ -70,6 +70,11 @@ class FakeKubeApi:
         self.events: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
         self.down = False
+        #: hold every request without an answer (an API server that hangs) until ``hanging`` is cleared or the fake
+        #: stops; then answer 503
+        self.hanging = False
+        self.hanging_events = False  # hold only Event writes (the pod list answers)
+        self._unhang = threading.Event()
         self.forbid_events = False  # answer 403 to Event writes (RBAC without events create/patch)
         self.raw_pod_list: bytes | None = None  # serve these bytes as the pod list (a proxy page, broken JSON)
         self.resource_slices = FakeResourceSlices(lambda: self.down)
@@ -134,6 +139,7 @@ class FakeKubeApi:
         return self
 
     def stop(self) -> None:
+        self._unhang.set()
         self.resource_slices.stop()
         if self._server is not None:
             self._server.shutdown()
@@ -161,7 +167,10 @@ class FakeKubeApi:
         body = handler.rfile.read(length) if length else b""
         with self._lock:
             self.requests.append((method, parts.path, query))
-        if self.down:
+        hangs = self.hanging or (self.hanging_events and method != "GET" and "/events" in parts.path)
+        while hangs and not self._unhang.wait(0.05):
+            hangs = self.hanging or (self.hanging_events and method != "GET" and "/events" in parts.path)
+        if self.down or hangs:
             return self._send(handler, 503, _status(503, "ServiceUnavailable", "the API server is down (fake)"))
         segments = [s for s in parts.path.split("/") if s]
         if method == "GET" and parts.path.startswith(f"/apis/{GROUP}"):

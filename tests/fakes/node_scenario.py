@@ -7,7 +7,10 @@ One ``NodeScenario`` sets up, under one directory:
 - optionally the Kubernetes API fake with the node's pods (``--kubeconfig``).
 
 Describe pods with ``add_pod(...)`` and ``Ctr(...)``, host GPU processes with ``add_host_gpu_process``, filler
-host processes with ``host_processes=N``; then ``start()`` and ``args()``. Devices are named by GPU index (``0``),
+host processes with ``host_processes=N``; then ``start()`` and ``args()``. A ``Ctr`` can also be hostile: what it
+writes in its root (a spoofed namespace file, a FIFO, a symlink to a host file, a flooded ``/dev``), a lowest process
+that chroots into an empty tree or unshares its mounts and re-execs with another environment, GPU processes in a
+cgroup below its own named after another pod. Devices are named by GPU index (``0``),
 MIG slot (``"0:3"``: GPU 0, slot 3) or a literal UUID. ``dense_node()`` builds the benchmark's node (8 GPUs × 7 MIG
 slices, 110 pods × 4 containers, ~2,000 GPU processes, 30,000 host processes) and is linear in its sizes.
 
@@ -18,12 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.hostproc_tree import HostProcTree, cgroup_text
+from tests.fakes.hostproc_tree import HostProcTree, cgroup_text, flood_dev, nested_pod_cgroup
 from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
 from tests.fakes.kubeapi_resourceslices import (
     DRIVER as DRA_DRIVER,
@@ -103,6 +106,13 @@ class Ctr:
     ``running=False``: listed by the kubelet but no process on the host (not started yet).
     ``activity``: ``(sm, memory, encoder, decoder)`` percent per GPU process, in the order of ``processes`` (fewer
     entries leave the last processes idle): live utilisation samples in the fake NVML, new every sampling period.
+
+    What a hostile container does: ``namespace_file`` is what it wrote in its service-account namespace file (else
+    the pod's namespace); ``plant`` plants more in its root (called with the root's path); ``dev_flood`` adds that
+    many entries to its ``/dev``; ``extra_processes`` runs more plain processes; ``lowest`` makes its lowest pid
+    ``"chroot"`` into an empty tree or ``"unshare"`` its mounts and cover ``/dev``, and ``lowest_env`` re-exec it with
+    that environment; ``nested_pod`` puts its GPU processes in a cgroup below its own named after that pod's first
+    container.
     """
 
     name: str
@@ -116,9 +126,21 @@ class Ctr:
     claim: str | None = None
     share_id: str | None = None
     running: bool = True
+    namespace_file: str | None = None
+    plant: Callable[[Path], None] | None = None
+    dev_flood: int = 0
+    extra_processes: int = 0
+    lowest: str = ""
+    lowest_env: Mapping[str, str] | None = None
+    nested_pod: str | None = None
     container_id: str = ""
     pids: list[int] = field(default_factory=list)
     activity: Sequence[tuple[int, int, int, int]] = ()
+
+    @property
+    def gpu_pids(self) -> list[int]:
+        """The pids of its GPU processes, in the order of ``processes``."""
+        return self.pids[1 : 1 + len(self.processes)]
 
 
 def replica_holder(
@@ -234,7 +256,7 @@ class NodeScenario:
             FakeProcess(device=uuid_of(device), pid=pid, used_memory_bytes=size)
             for p in self.pods
             for ctr in p.containers
-            for pid, (device, size) in zip(ctr.pids[1:], ctr.processes, strict=True)
+            for pid, (device, size) in zip(ctr.gpu_pids, ctr.processes, strict=True)
         ]
         processes += [
             FakeProcess(device=uuid_of(device), pid=pid, used_memory_bytes=size)
@@ -381,19 +403,43 @@ class NodeScenario:
                 if not ctr.running:
                     continue
                 minors = minors_all if ctr.visible == "all" else sorted({self._minor(d) for d in ctr.visible})
-                rootfs = tree.rootfs(f"{p.uid}-{ctr.container_id[:12]}", gpu_minors=minors, control_nodes=bool(minors))
+                name = f"{p.uid}-{ctr.container_id[:12]}"
+                rootfs = tree.rootfs(name, gpu_minors=minors, control_nodes=bool(minors))
                 secrets = rootfs / "var/run/secrets/kubernetes.io/serviceaccount"
                 secrets.mkdir(parents=True)
-                (secrets / "namespace").write_text(p.namespace)
+                (secrets / "namespace").write_text(p.namespace if ctr.namespace_file is None else ctr.namespace_file)
+                flood_dev(rootfs, ctr.dev_flood)
+                if ctr.plant is not None:
+                    ctr.plant(rootfs)
                 environ = {"PATH": "/usr/bin", "HOSTNAME": p.name, **ctr.env}
-                ctr.pids = [self.pid() for _ in range(1 + len(ctr.processes))]
+                ctr.pids = [self.pid() for _ in range(1 + len(ctr.processes) + ctr.extra_processes)]
+                below = self._nested(ctr.nested_pod) if ctr.nested_pod else ""
                 for pid in ctr.pids:
+                    lowest = pid == ctr.pids[0]
                     tree.add_container_process(
-                        pid, p.uid, ctr.container_id, rootfs=rootfs, environ=environ, layout=p.layout, v1=p.v1
+                        pid,
+                        p.uid,
+                        ctr.container_id,
+                        rootfs=rootfs,
+                        environ={**environ, **(ctr.lowest_env or {})} if lowest else environ,
+                        layout=p.layout,
+                        v1=p.v1,
+                        below=below if pid in ctr.gpu_pids else "",
                     )
+                if ctr.lowest == "chroot":
+                    empty = tree.root / "_rootfs" / f"{name}-empty"
+                    empty.mkdir()
+                    tree.chroot(ctr.pids[0], empty)
+                elif ctr.lowest == "unshare":
+                    tree.unshare_mounts(ctr.pids[0], tree.rootfs(f"{name}-covered", control_nodes=False))
         for pid, _, _ in self.host_gpu_processes:
             tree.add_process(pid, cgroup="0::/system.slice/cuda-host.service\n", environ={"PATH": "/usr/bin"})
         self._write_filler(self.host_process_count)
+
+    def _nested(self, pod_name: str) -> str:
+        """A cgroup path below a container's own, named after the first container of the pod ``pod_name``."""
+        victim = next(p for p in self.pods if p.name == pod_name)
+        return nested_pod_cgroup(victim.uid, victim.containers[0].container_id)
 
     def _write_filler(self, count: int) -> None:
         """Host processes that are neither GPU users nor containers, written as cheaply as possible."""
@@ -456,9 +502,11 @@ def dense_node(
     host_processes: int = 30_000,
     kubernetes: bool = True,
     activity: tuple[int, int, int, int] | None = None,
+    flooded_dev: int = 0,
 ) -> NodeScenario:
     """The benchmark's node, clean: every MIG slice shared (as replicas ``MIG-x::n``) by the pods in turn, each
     pod's first container running its share of the GPU processes, the other containers pinned to ``void``.
+    ``flooded_dev``: that many more entries (character devices) in the ``/dev`` of the first pod's first sidecar.
 
     ``slots=0`` is the same node without MIG: whole GPUs time-sliced (replicas ``GPU-x::n``), where NVML samples
     each process's utilisation; ``activity`` (percent: SM, memory, encoder, decoder) makes every GPU process busy.
@@ -474,6 +522,8 @@ def dense_node(
         replica = number // len(devices)
         first = replica_holder(device, replica, 64 << 20, processes=count, resource=resource, activity=activity)
         sidecars = [Ctr(f"side{n}", env={"NVIDIA_VISIBLE_DEVICES": "void"}) for n in range(1, containers_per_pod)]
+        if number == 0 and sidecars:
+            sidecars[0].dev_flood = flooded_dev
         scenario.add_pod(f"team-{number % 10}", f"job-{number}", first, *sidecars, labels={"team": f"t{number % 5}"})
     return scenario
 

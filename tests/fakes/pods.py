@@ -8,6 +8,7 @@ JSON-like garbage grafted into pods (``mangled_pods()``) for the "never raises" 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import kubernetes_validate
 import yaml
 from hypothesis import strategies as st
 
+from gpu_fence import kai
 from gpu_fence.vocabulary import CONTAINER_FIELDS, VISIBLE_DEVICES_ENV
 
 NVD = VISIBLE_DEVICES_ENV
@@ -100,6 +102,57 @@ def kai_fraction_pod(
     if fraction_container is not None:
         annotations["gpu-fraction-container-name"] = fraction_container
     return pod(*containers, annotations=annotations, schedulerName=scheduler)
+
+
+#: A ConfigMap name prefix in the shape KAI generates (``<name>-<7 of rand.String's alphabet>-shared-gpu``).
+KAI_PREFIX = "trainer-7b2kx9q-shared-gpu"
+
+
+def kai_reference(prefix: str = KAI_PREFIX, *, index: int = 0, init: bool = False, **changes: Any) -> dict[str, Any]:
+    """The ``NVIDIA_VISIBLE_DEVICES`` entry KAI's webhook gives the fraction container (``changes`` alter the
+    ``configMapKeyRef``; a value of None removes that field)."""
+    reference: dict[str, Any] = {
+        "name": kai.capabilities_config_map(prefix, init=init, index=index),
+        "key": NVD,
+    }
+    for key, value in changes.items():
+        if value is None:
+            reference.pop(key, None)
+        else:
+            reference[key] = value
+    return {"name": NVD, "valueFrom": {"configMapKeyRef": reference}}
+
+
+def as_kai_leaves_it(document: Mapping[str, Any], *, prefix: str = KAI_PREFIX) -> dict[str, Any]:
+    """What KAI's mutating webhook makes of a fraction pod, step by step as its ``gpusharing`` and
+    ``runtimeenforcement`` plugins do (kai-scheduler/KAI-Scheduler d5bc503a: ``gpusharing/gpu_sharing.go`` Mutate,
+    ``binder/common/gpu_access.go`` AddGPUSharingEnvVars and GetFractionContainerRef, ``env_vars.go``,
+    ``volumes.go``, ``runtime_enforcement.go``): the prefix annotation (kept if present), the three env entries
+    (each replacing any entry of its name), the ``-evar`` envFrom, the ConfigMap volume, runtime class nvidia."""
+    pod_copy = copy.deepcopy(dict(document))
+    metadata, spec = pod_copy["metadata"], pod_copy["spec"]
+    annotations = metadata.setdefault("annotations", {})
+    named = annotations.get(kai.FRACTION_CONTAINER_ANNOTATION)
+    init, index = False, 0
+    if named is not None:
+        found = [(True, i) for i, c in enumerate(spec.get("initContainers", [])) if c["name"] == named]
+        found += [(False, i) for i, c in enumerate(spec["containers"]) if c["name"] == named]
+        init, index = found[0]
+    body = (spec["initContainers"] if init else spec["containers"])[index]
+    prefix = annotations.setdefault(kai.SHARED_GPU_CONFIG_MAP_ANNOTATION, prefix)
+    config_map = kai.capabilities_config_map(prefix, init=init, index=index)
+    for name in (NVD, "RUNAI_NUM_OF_GPUS", "GPU_PORTION"):
+        entry = {"name": name, "valueFrom": {"configMapKeyRef": {"name": config_map, "key": name}}}
+        body["env"] = [e for e in body.get("env") or [] if e["name"] != name] + [entry]
+    evar = kai.direct_env_config_map(prefix, init=init, index=index)
+    sources = body.setdefault("envFrom", [])
+    if not any(s.get("configMapRef", {}).get("name") == evar for s in sources):
+        sources.append({"configMapRef": {"name": evar, "optional": False}})
+    volume = re.sub(r"[^a-z0-9-]+", "-", (config_map + "-vol").lower()).strip("-")
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] != volume]
+    spec["volumes"].append({"name": volume, "configMap": {"name": config_map}})
+    spec.setdefault("runtimeClassName", "nvidia")
+    return pod_copy
 
 
 def all_containers(manifest: Mapping[str, Any]) -> list[dict[str, Any]]:

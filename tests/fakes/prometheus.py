@@ -10,6 +10,13 @@ Two ways to give it data:
 ``rule_files`` are loaded as Prometheus' ``rule_files`` (recording and alerting rules, evaluated every second
 unless a group sets its own interval).
 
+Recording rules over backfilled data: :meth:`PrometheusServer.record` has ``promtool tsdb create-blocks-from
+rules`` evaluate them against the running server over a past range, as the server itself would have at each
+evaluation (the same phase: promtool offsets a group by the same hash of its name and file), then restarts the
+server on those blocks.
+
+``blocks`` copies TSDB blocks made elsewhere into the data directory before it starts.
+
 ``web_config`` starts it with ``--web.config.file`` (Prometheus' own TLS and basic-auth server settings); readiness
 is then checked over HTTPS against ``ca_file`` with the ``basic_auth`` credentials given.
 
@@ -19,6 +26,7 @@ Readiness and scrapes are waited for by polling with a deadline, never by sleepi
 from __future__ import annotations
 
 import base64
+import http.server
 import json
 import shutil
 import socket
@@ -32,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.fakes.http_listener import Listener, forward
 
 JOB = "gpu-fence-auditor"
 
@@ -112,9 +122,13 @@ class PrometheusServer:
         basic_auth: tuple[str, str] | None = None,
         scrape_configs: Sequence[dict[str, Any]] = (),
         rule_files: Sequence[Path] = (),
+        blocks: Path | None = None,
+        flags: Sequence[str] = (),
     ) -> None:
         self.extra_scrape_configs = list(scrape_configs)
         self.rule_files = list(rule_files)
+        self.blocks = blocks
+        self.flags = list(flags)
         self.retention = retention
         self.web_config = web_config
         self.ca_file = ca_file
@@ -157,6 +171,10 @@ class PrometheusServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.openmetrics is not None:
             backfill(self.openmetrics, self.data_dir)
+        if self.blocks is not None:  # TSDB blocks made elsewhere, such as another server's recorded rules
+            for block in self.blocks.iterdir():
+                shutil.copytree(block, self.data_dir / block.name, dirs_exist_ok=True)
+            self.blocks = None
         config = self._config()
         extra = []
         if self.web_config is not None:
@@ -176,6 +194,7 @@ class PrometheusServer:
                         f"--storage.tsdb.retention.time={self.retention}",
                         "--log.level=warn",
                         *extra,
+                        *self.flags,
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -227,6 +246,57 @@ class PrometheusServer:
             raise RuntimeError(f"query {promql!r} failed: {document}")
         return document["data"]["result"]
 
+    def record(self, rules_yaml: str, ranges: Sequence[tuple[int, int]], timeout: float = 600.0) -> None:
+        """Backfill what the recording rules of ``rules_yaml`` record over each (start, end) of ``ranges``.
+
+        The rules file is always ``rules.yaml`` in its own directory, so the group's evaluation phase (a hash of
+        its name and file) is the same in every run. A gap between ranges is time the rules did not record.
+        """
+        directory = self.workdir / "rules"
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "rules.yaml").write_text(rules_yaml, encoding="utf-8")
+        output = self.workdir / "rule-blocks"
+        for start, end in ranges:
+            result = subprocess.run(
+                [
+                    binary("promtool"),
+                    "tsdb",
+                    "create-blocks-from",
+                    "rules",
+                    "--quiet",
+                    f"--url={self.url}",
+                    f"--start={start}",
+                    f"--end={end}",
+                    f"--output-dir={output}",
+                    "rules.yaml",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                cwd=directory,
+            )
+            if result.returncode != 0:
+                raise RuntimeError(f"promtool rules backfill failed: {result.stderr.strip()[-2000:]}")
+        self.stop()
+        self.openmetrics, self.blocks = None, output  # the raw series are in the data directory already
+        self.start()
+
+    @property
+    def recorded_blocks(self) -> Path:
+        """Where :meth:`record` left the blocks it made (``blocks=`` for another server with the same series)."""
+        return self.workdir / "rule-blocks"
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """A range query; returns ``data.result``."""
+        parameters = {"query": promql, "start": str(start), "end": str(end), "step": str(step)}
+        body = urllib.parse.urlencode(parameters).encode()
+        with urllib.request.urlopen(f"{self.url}/api/v1/query_range", data=body, timeout=60) as response:
+            document = json.load(response)
+        if document.get("status") != "success":
+            raise RuntimeError(f"query {promql!r} failed: {document}")
+        return document["data"]["result"]
+
     def label_values(self, label: str, match: str) -> list[str]:
         """The values of ``label`` on the series ``match`` selects (Grafana's ``label_values(match, label)``)."""
         parameters = urllib.parse.urlencode({"match[]": match})
@@ -241,3 +311,24 @@ class PrometheusServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class SlowProxy(Listener):
+    """A Prometheus that answers slowly: every request is held ``delay`` seconds, then forwarded to ``upstream``.
+    For what a long bill does (its progress line) without a long bill."""
+
+    def __init__(self, upstream: str, delay: float) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                time.sleep(delay)  # the point of this fake: a slow answer
+                forward(self, upstream)
+
+            def do_POST(self) -> None:
+                form = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(delay)
+                forward(self, upstream, form)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(Handler)

@@ -5,7 +5,8 @@
 - :func:`web_config`: Prometheus' own ``--web.config.file`` (exporter-toolkit): TLS with that server certificate,
   client certificates verified when given, and basic auth for one user.
 - :class:`TenantGateway`: what sits in front of Mimir or a managed Prometheus: HTTPS, a bearer token and an
-  ``X-Scope-OrgID`` tenant required on every request, forwarded to a plain Prometheus. Paths under
+  ``X-Scope-OrgID`` tenant required on every request (GET, or POST with a form body), forwarded to a plain
+  Prometheus. Paths under
   ``/elsewhere/`` answer a redirect to another host (``localhost`` instead of ``127.0.0.1``), where a second
   listener records which headers arrived.
 """
@@ -16,9 +17,6 @@ import datetime as dt
 import http.server
 import json
 import ssl
-import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpu_fence.webhook.certs import KeyPair, new_ca, new_serving_cert
+from tests.fakes.http_listener import Listener, forward
 
 USER = "finance"
 PASSWORD = "s3cret-finance"
@@ -107,23 +106,6 @@ def _server_context(keys: Pki) -> ssl.SSLContext:
     return context
 
 
-class _Listener:
-    def __init__(self, handler: type[http.server.BaseHTTPRequestHandler], keys: Pki) -> None:
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.server.socket = _server_context(keys).wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> _Listener:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
-
-
 @dataclass
 class TenantGateway:
     url: str  # https://127.0.0.1:PORT
@@ -142,10 +124,13 @@ def tenant_gateway(upstream: str, keys: Pki) -> Iterator[TenantGateway]:
         def log_message(self, *args: object) -> None:
             pass
 
-    with _Listener(Elsewhere, keys) as elsewhere:
+    with Listener(Elsewhere, _server_context(keys)) as elsewhere:
 
         class Gateway(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
+            def do_POST(self) -> None:
+                self.do_GET(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+            def do_GET(self, form: bytes | None = None) -> None:
                 if self.path.startswith("/elsewhere/"):
                     target = f"https://localhost:{elsewhere.port}/{self.path.removeprefix('/elsewhere/')}"
                     self.send_response(302)
@@ -159,21 +144,12 @@ def tenant_gateway(upstream: str, keys: Pki) -> Iterator[TenantGateway]:
                 if self.headers.get("X-Scope-OrgID") != TENANT:
                     _answer(self, 401, {"status": "error", "error": "no org id"})
                     return
-                try:
-                    with urllib.request.urlopen(f"{upstream}{self.path}", timeout=30) as response:
-                        status, body = response.status, response.read()
-                except urllib.error.HTTPError as error:
-                    status, body = error.code, error.read()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                forward(self, upstream, form)
 
             def log_message(self, *args: object) -> None:
                 pass
 
-        with _Listener(Gateway, keys) as gateway:
+        with Listener(Gateway, _server_context(keys)) as gateway:
             yield TenantGateway(f"https://127.0.0.1:{gateway.port}", seen)
 
 

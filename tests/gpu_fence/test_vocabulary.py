@@ -13,10 +13,12 @@ from gpu_fence.vocabulary import (
     Visibility,
     VisibleDevices,
     classify_device_id,
+    has_resource_claims,
     iter_containers,
     kai_fraction_container,
     parse_visible_devices,
     quantity_is_positive,
+    requests_device_plugin_gpu,
     requests_gpu_resource,
 )
 from tests.fakes.pods import json_values
@@ -181,6 +183,16 @@ def test_gpu_resources_from_patterns():
 )
 def test_requests_gpu_resource(container, gpu):
     assert requests_gpu_resource(container) is gpu
+    # the two ways apart: a device plugin's extended resource, or a DRA claim of whatever class
+    assert requests_gpu_resource(container) is (requests_device_plugin_gpu(container) or has_resource_claims(container))
+
+
+def test_device_plugin_requests_and_claims_are_told_apart():
+    both = {"resources": {"limits": {"nvidia.com/gpu": 1}, "claims": [{"name": "nic"}]}}
+    claim = {"resources": {"claims": [{"name": "gpu"}]}}
+    assert requests_device_plugin_gpu(both) and has_resource_claims(both)
+    assert not requests_device_plugin_gpu(claim) and has_resource_claims(claim)
+    assert not has_resource_claims({"resources": "lots"}) and not has_resource_claims({})
 
 
 def test_iter_containers_covers_every_field_in_kubelet_order():

@@ -2,26 +2,75 @@
 
 The policy text (rendered from overlays/vap) is compiled once: ``matchConditions``, then ``variables`` in order,
 then each validation with ``object`` (the Pod as the API server serializes it: quantities as strings),
-``oldObject`` and ``request``.
+``oldObject`` and ``request``. The variables that stand for the webhook's configuration can be given other values,
+as a site patches them (``cel_variables_for`` turns a ``PolicyConfig`` into those values).
 """
 
 from __future__ import annotations
 
 import copy
+import json
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
 import celpy
 from celpy import celtypes
 
+from gpu_fence.webhook.config import PolicyConfig
+
 from .conftest import one, render
+
+#: The policy's variables that stand for one key of the webhook's policy.yaml each.
+CONFIG_VARIABLES = {
+    "hostPathAllowlist": "host_path_allowlist",
+    "allowedCapabilities": "allowed_capabilities",
+    "runtimeAnnotationPrefixes": "forbidden_annotation_prefixes",
+    "envFromOnGpuContainers": "env_from_on_gpu_containers",
+    "visibleDevicesNone": "visible_devices_none",
+}
+
+
+def policy_spec() -> dict[str, Any]:
+    return one(render("overlays/vap"), "ValidatingAdmissionPolicy", "gpu-fence")["spec"]
+
+
+def cel_literal(value: Any) -> str:
+    """A JSON-like value as CEL source text, the way a site writes it into the variable's expression."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(cel_literal(item) for item in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{cel_literal(k)}: {cel_literal(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no CEL literal for {value!r}")
+
+
+def cel_variables_for(config: PolicyConfig) -> tuple[tuple[str, str], ...]:
+    """The configuration variables' expressions for this configuration (what a site's patch would write)."""
+    values = {
+        "hostPathAllowlist": [{"path": e.path, "writable": e.writable} for e in config.host_path_allowlist],
+        "allowedCapabilities": list(config.allowed_capabilities),
+        "runtimeAnnotationPrefixes": list(config.forbidden_annotation_prefixes),
+        "envFromOnGpuContainers": config.env_from_on_gpu_containers.value,
+        "visibleDevicesNone": config.visible_devices_none.value,
+    }
+    return tuple((name, cel_literal(value)) for name, value in values.items())
 
 
 @cache
-def compiled() -> tuple[list[tuple[str, Any]], list[tuple[str, Any]], list[Any]]:
-    policy = one(render("overlays/vap"), "ValidatingAdmissionPolicy", "gpu-fence")["spec"]
+def compiled(
+    overrides: tuple[tuple[str, str], ...] = (),
+) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]], list[Any]]:
+    policy = policy_spec()
+    replaced = dict(overrides)
+    assert set(replaced) <= {v["name"] for v in policy["variables"]}, "override of a variable the policy lacks"
     env = celpy.Environment()
-    variables = [(v["name"], env.program(env.compile(v["expression"]))) for v in policy["variables"]]
+    variables = [
+        (v["name"], env.program(env.compile(replaced.get(v["name"], v["expression"])))) for v in policy["variables"]
+    ]
     validations = [
         (v["message"].split(":", 1)[0], env.program(env.compile(v["expression"]))) for v in policy["validations"]
     ]
@@ -42,14 +91,20 @@ def as_api_server_sends(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def cel_denials(
-    pod: dict[str, Any], old: dict[str, Any] | None = None, *, operation: str = "CREATE", sub_resource: str = ""
+    pod: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    *,
+    operation: str = "CREATE",
+    sub_resource: str = "",
+    config: PolicyConfig | None = None,
 ) -> set[str]:
     """The rule ids whose validation evaluates to false (a CEL error fails the test: failurePolicy is Fail).
 
     ``oldObject`` is null on CREATE; ``request.subResource`` is omitted when empty, as the API server sends it.
-    A request that a matchCondition excludes is not evaluated at all: no denials.
+    A request that a matchCondition excludes is not evaluated at all: no denials. With ``config``, the
+    configuration variables hold its values instead of the shipped defaults.
     """
-    variables, validations, conditions = compiled()
+    variables, validations, conditions = compiled(() if config is None else cel_variables_for(config))
     request: dict[str, Any] = {"operation": operation, "namespace": "team-a"}
     if sub_resource:
         request["subResource"] = sub_resource

@@ -1,25 +1,35 @@
 """The ValidatingAdmissionPolicy's CEL agrees with the webhook's Python policy, rule by rule.
 
 The shipped policy text is evaluated as the API server does (``tests/manifests/cel.py``). For every fixture pod and
-every rule, CEL denies iff ``gpu_fence.webhook.policy.validate`` reports that rule. The few inputs where CEL must
-be stricter (paths it cannot clean) are listed separately and asserted to be stricter, not equal.
+every rule, CEL denies iff ``gpu_fence.webhook.policy.validate`` reports that rule, under the default configuration
+and under configurations that change the keys the policy has variables for (patched as a site would patch them).
+The few inputs where CEL must be stricter (paths it cannot clean, a KAI fraction container past the 64th) are
+listed separately and asserted to be stricter, not equal.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import re
+import subprocess
 from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import celpy
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpu_fence.webhook.config import DEFAULT_ALLOWED_CAPABILITIES, HostPathEntry, PolicyConfig, Switch
 from gpu_fence.webhook.policy import RULES
+from tests.fakes.pods import KAI_PREFIX, as_kai_leaves_it, kai_reference
 
-from .cel import cel_denials, compiled
-from .conftest import one, render
+from .cel import CONFIG_VARIABLES, cel_denials, cel_variables_for, compiled, policy_spec
+from .conftest import kubectl, one, render
 
 #: The webhook's rule ids, in its table's order: the CEL policy must have one validation per rule, in that order.
 RULE_IDS = tuple(rule.id for rule in RULES)
@@ -41,11 +51,11 @@ def _cheap_error_repr() -> Iterator[None]:
         yield
 
 
-def python_violations(pod: dict[str, Any]) -> set[str]:
+def python_violations(pod: dict[str, Any], config: PolicyConfig | None = None) -> set[str]:
     from gpu_fence.webhook.config import load_config
     from gpu_fence.webhook.policy import validate
 
-    return {violation.rule for violation in validate(pod, load_config(None)).violations}
+    return {violation.rule for violation in validate(pod, config or load_config(None)).violations}
 
 
 def python_update_violations(pod: dict[str, Any], old: dict[str, Any]) -> set[str]:
@@ -114,6 +124,64 @@ def kai_pod(*containers: dict[str, Any], scheduler: str = "kai-scheduler", name:
 
 KAI_ENV = {"name": NVD, "valueFrom": {"configMapKeyRef": {"name": "reservation", "key": "visible-devices"}}}
 
+
+def kai_left(
+    *containers: dict[str, Any], name: str | None = None, prefix: str = KAI_PREFIX, **spec: Any
+) -> dict[str, Any]:
+    """A KAI fraction pod as KAI's webhook leaves it (the reference in KAI's shape), with extra spec fields."""
+    authored = kai_pod(*containers, name=name)
+    authored["spec"].update(spec)
+    return as_kai_leaves_it(authored, prefix=prefix)
+
+
+def without_prefix(document: dict[str, Any]) -> dict[str, Any]:
+    changed = copy.deepcopy(document)
+    del changed["metadata"]["annotations"]["runai/shared-gpu-configmap"]
+    return changed
+
+
+def with_reference(document: dict[str, Any], entry: dict[str, Any], field: str = "containers", index: int = 0):
+    changed = copy.deepcopy(document)
+    body = changed["spec"][field][index]
+    body["env"] = [e for e in body.get("env", []) if e["name"] != NVD] + [entry]
+    return changed
+
+
+def claim_pod(*env: dict[str, Any]) -> dict[str, Any]:
+    return pod(
+        container("ctr", *env, resources={"claims": [{"name": "c"}]}),
+        resourceClaims=[{"name": "c", "resourceClaimTemplateName": "t"}],
+    )
+
+
+def annotated_pod(key: str) -> dict[str, Any]:
+    return pod(container("app", VOID), annotations={key: "/dev/nvidia0"})
+
+
+IMEX = {"name": "NVIDIA_IMEX_CHANNELS", "value": "0"}
+CAPABILITY_CASES = [
+    ("IPC_LOCK",),
+    ("ipc_lock", "CAP_CHOWN"),
+    ("SYS_PTRACE",),
+    ("cap_dac_read_search",),
+    ("SYS_MODULE", "IPC_LOCK"),
+    ("SYS_RAWIO",),
+    ("BPF",),
+    ("NET_RAW",),
+    ("SYS_ADMIN", "SYS_PTRACE"),
+    ("IPC_LOCKX",),
+    ("XIPC_LOCK",),
+]
+ANNOTATION_CASES = [
+    "io.kubernetes.cri-o.Devices",
+    "devices.crio.io/app",
+    "devices.noderesource.dev/container.app",
+    "cdi-devices.nri.io/pod",
+    "mounts.noderesource.dev",
+    "example.com/devices.crio.io",
+    "sysctl.noderesource.dev/pod",
+]
+
 FIXTURES: dict[str, dict[str, Any]] = {
     "plain-unpinned": pod(container()),
     "pinned-void": pod(container("app", VOID)),
@@ -155,6 +223,60 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "kai-fraction-named": kai_pod(container("sidecar", VOID), container("main", KAI_ENV), name="main"),
     "kai-fraction-wrong-container": kai_pod(container("main", VOID), container("other", KAI_ENV)),
     "kai-other-scheduler": kai_pod(container("main", KAI_ENV), scheduler="default-scheduler"),
+    "kai-as-kai-leaves-it": kai_left(container("main"), container("sidecar", VOID)),
+    "kai-named-second": kai_left(container("sidecar", VOID), container("main"), name="main"),
+    "kai-init-container": kai_left(container("main", VOID), name="loader", initContainers=[container("loader")]),
+    "kai-created-bound": kai_left(container("main"), nodeName="gpu-node-1"),
+    "kai-empty-node-name": kai_left(container("main"), nodeName=""),
+    "kai-other-config-map": with_reference(kai_left(container("main")), kai_reference(name="mine")),
+    "kai-wrong-index": with_reference(kai_left(container("main")), kai_reference(index=1)),
+    "kai-init-index-on-regular": with_reference(kai_left(container("main")), kai_reference(init=True)),
+    "kai-wrong-key": with_reference(kai_left(container("main")), kai_reference(key="GPU_PORTION")),
+    "kai-optional": with_reference(kai_left(container("main")), kai_reference(optional=True)),
+    "kai-optional-false": with_reference(kai_left(container("main")), kai_reference(optional=False)),
+    "kai-reference-with-value": with_reference(kai_left(container("main")), {**kai_reference(), "value": "all"}),
+    "kai-prefix-not-kai-shaped": kai_left(container("main"), prefix="my-gpus"),
+    "kai-prefix-with-vowels": kai_left(container("main"), prefix="main-aeiou01-shared-gpu"),
+    "kai-no-prefix-annotation": without_prefix(kai_left(container("main"))),
+    "kai-reference-on-the-sidecar": with_reference(
+        kai_left(container("main"), container("sidecar", VOID)), kai_reference(index=1), index=1
+    ),
+    "kai-fraction-with-gpu-resource": with_reference(kai_pod(gpu("main")), kai_reference()),
+    "kai-literal-none": with_reference(kai_left(container("main")), nvd("none")),
+    "dra-claim-unpinned": claim_pod(),
+    "dra-claim-pinned": claim_pod(VOID),
+    "dra-claim-all": claim_pod(nvd("all")),
+    "dra-claim-beside-gpu": pod(
+        container("ctr", resources={"limits": {"nvidia.com/gpu": "1"}, "claims": [{"name": "c"}]}),
+        resourceClaims=[{"name": "c", "resourceClaimTemplateName": "t"}],
+    ),
+    "none-on-sidecar": pod(gpu(), container("sidecar", nvd(" none"))),
+    "env-from-on-gpu": pod(gpu(envFrom=[{"configMapRef": {"name": "settings"}}])),
+    "env-from-on-pinned": pod(container("app", VOID, envFrom=[{"configMapRef": {"name": "settings"}}])),
+    "env-from-empty-on-gpu": pod(gpu(envFrom=[])),
+    "nccl-worker": pod(
+        gpu(
+            "trainer",
+            amount="8",
+            securityContext={"capabilities": {"add": ["IPC_LOCK"]}},
+            volumeMounts=[{"name": "dshm", "mountPath": "/dev/shm"}],
+        ),
+        hostNetwork=True,
+        volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    ),
+    "host-pid": pod(gpu(), hostPID=True),
+    "host-pid-false": pod(gpu(), hostPID=False),
+    "imex-channels": pod(gpu("cuda", IMEX)),
+    "imex-channels-from": pod(
+        container("app", VOID, {"name": "NVIDIA_IMEX_CHANNELS", "valueFrom": {"fieldRef": {"fieldPath": "x"}}})
+    ),
+    "init-imex": pod(container("app", VOID), initContainers=[container("i", VOID, IMEX)]),
+    **{f"caps {' '.join(caps)}": caps_pod(*caps) for caps in CAPABILITY_CASES},
+    **{f"annotation {key}": annotated_pod(key) for key in ANNOTATION_CASES},
+    "init-caps": pod(
+        container("app", VOID),
+        initContainers=[container("i", VOID, securityContext={"capabilities": {"add": ["SYS_PTRACE"]}})],
+    ),
     "privileged": pod(container("app", VOID, securityContext={"privileged": True})),
     "not-privileged": pod(container("app", VOID, securityContext={"privileged": False})),
     "sys-admin": caps_pod("SYS_ADMIN"),
@@ -229,6 +351,22 @@ FIXTURES: dict[str, dict[str, Any]] = {
             "/data/",
             "/opt/models",
             "/home/user/dev",
+            "/proc",
+            "/proc/1/root",
+            "/proc/self/root/",
+            "/proc/42/cwd",
+            "/sys",
+            "/sys/fs/cgroup",
+            "/etc/kubernetes/manifests",
+            "/etc/nvidia-container-runtime/config.toml",
+            "/usr/local/nvidia",
+            "/usr",
+            "/etc/containerd",
+            "/var/lib/kubelet/plugins_registry",
+            "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs",
+            "/procfs",
+            "/dev/infiniband",
+            "/tmp/nvidia-mps",
         )
     },
 }
@@ -242,21 +380,145 @@ CEL_STRICTER: dict[str, tuple[dict[str, Any], str]] = {
         mount_pod("/var/run/nvidia-container-devices/../x"),
         "device-list-mount",
     ),
+    "KAI fraction container past the 64th": (
+        kai_left(*(container(f"side{i}", VOID) for i in range(64)), container("main"), name="main"),
+        "visible-devices-env",
+    ),
 }
+
+
+@cache
+def default_denials(name: str) -> frozenset[str]:
+    """CEL's answer for a fixture under the shipped policy, evaluated once per run (two tests read it)."""
+    return frozenset(cel_denials(FIXTURES[name]))
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_cel_denies_exactly_what_the_python_policy_reports(name: str) -> None:
     fixture = FIXTURES[name]
     expected = set() if name == "mirror-pod" else python_violations(fixture)  # mirror pods are exempt in both
-    assert cel_denials(fixture) == expected
+    assert default_denials(name) == expected
 
 
 def test_fixtures_exercise_every_rule_both_ways() -> None:
-    denied = [cel_denials(fixture) for fixture in FIXTURES.values()]
+    denied = [default_denials(name) for name in FIXTURES]
+    denied += [cel_denials(FIXTURES[name], config=CONFIGS[key]) for key, name in CONFIGURED]
     for rule in RULE_IDS:
         assert any(rule in d for d in denied), f"no fixture triggers {rule}"
     assert any(not d for d in denied)
+
+
+# The configuration variables: one per key of policy.yaml that a site is expected to change. At their shipped
+# values they are the webhook's defaults; patched (as docs/cel-policy.md shows), CEL still agrees with the webhook.
+
+CONFIGS: dict[str, PolicyConfig] = {
+    "allowlist": PolicyConfig(
+        host_path_allowlist=(
+            HostPathEntry("/dev/infiniband"),
+            HostPathEntry("/tmp/nvidia-mps", writable=True),
+            HostPathEntry("/data"),
+        )
+    ),
+    "capabilities": PolicyConfig(allowed_capabilities=(*DEFAULT_ALLOWED_CAPABILITIES, "SYS_PTRACE", "NET_RAW")),
+    "no-capabilities": PolicyConfig(allowed_capabilities=()),
+    "prefixes": PolicyConfig(forbidden_annotation_prefixes=("example.com/devices", "sysctl.noderesource.dev")),
+    "switches": PolicyConfig(env_from_on_gpu_containers=Switch.REJECT, visible_devices_none=Switch.REJECT),
+}
+#: Fixtures built to meet the configured keys, judged under every configuration.
+CONFIGURED_FIXTURES: dict[str, dict[str, Any]] = {
+    "ib": host_path_pod("/dev/infiniband"),
+    "ib trailing slash": host_path_pod("/dev/infiniband/"),
+    "mps": host_path_pod("/tmp/nvidia-mps"),
+    "data": host_path_pod("/data"),
+    "data sub-path": host_path_pod("/data/models"),
+}
+
+
+def read_only(document: dict[str, Any]) -> dict[str, Any]:
+    changed = copy.deepcopy(document)
+    for field in ("initContainers", "containers", "ephemeralContainers"):
+        for body in changed["spec"].get(field, []):
+            for mount in body.get("volumeMounts", []):
+                mount["readOnly"] = True
+    return changed
+
+
+CONFIGURED_FIXTURES.update({f"{name}, read-only": read_only(f) for name, f in list(CONFIGURED_FIXTURES.items())})
+IB_MOUNT = {"name": "host", "mountPath": "/ib"}
+CONFIGURED_FIXTURES["ib read-only, an init container writable"] = read_only(host_path_pod("/dev/infiniband"))
+CONFIGURED_FIXTURES["ib read-only, an init container writable"]["spec"]["initContainers"] = [
+    container("init", VOID, volumeMounts=[IB_MOUNT])
+]
+CONFIGURED_FIXTURES["ib read-only, a debug container writable"] = read_only(host_path_pod("/dev/infiniband"))
+CONFIGURED_FIXTURES["ib read-only, a debug container writable"]["spec"]["ephemeralContainers"] = [
+    container("debug", VOID, volumeMounts=[IB_MOUNT])
+]
+#: Which shared fixtures each configuration changes the judgement of (by name): the rest would only repeat the
+#: default-configuration parity test above at the price of a CEL evaluation each.
+RELEVANT = {
+    "allowlist": ("host-path",),
+    "capabilities": ("caps", "init-caps", "nccl", "sys-admin", "cap-", "net-admin", "ephemeral-sys-admin"),
+    "no-capabilities": ("caps", "init-caps", "nccl"),
+    "prefixes": ("annotation", "cdi", "nri", "harmless", "mirror"),
+    "switches": ("none", "env-from", "kai", "dra", "pinned", "void", "all", "gpu", "init", "ephemeral", "upper"),
+}
+#: (configuration, fixture) pairs that the configuration changes from the default (each asserted to change).
+CONFIGURED = [
+    ("allowlist", "host-path /tmp/nvidia-mps"),
+    ("capabilities", "caps SYS_PTRACE"),
+    ("prefixes", "annotation sysctl.noderesource.dev/pod"),
+    ("switches", "none-on-sidecar"),
+    ("switches", "env-from-on-gpu"),
+    ("switches", "kai-literal-none"),
+    ("no-capabilities", "caps IPC_LOCK"),
+]
+
+
+CONFIGURED_CASES = [
+    (key, name)
+    for key in sorted(CONFIGS)
+    for name in sorted(FIXTURES) + sorted(CONFIGURED_FIXTURES)
+    if name in CONFIGURED_FIXTURES or name.startswith(RELEVANT[key]) or any(p in name for p in RELEVANT[key])
+]
+
+
+@pytest.mark.parametrize(("key", "name"), CONFIGURED_CASES)
+def test_cel_agrees_with_the_python_policy_under_each_configuration(key: str, name: str) -> None:
+    fixture = {**FIXTURES, **CONFIGURED_FIXTURES}[name]
+    expected = set() if name == "mirror-pod" else python_violations(fixture, CONFIGS[key])
+    assert cel_denials(fixture, config=CONFIGS[key]) == expected
+
+
+def test_the_configured_fixtures_are_judged_both_ways() -> None:
+    allowlist = CONFIGS["allowlist"]
+    outcomes = {name: python_violations(f, allowlist) for name, f in CONFIGURED_FIXTURES.items()}
+    assert outcomes["ib, read-only"] == outcomes["ib trailing slash, read-only"] == set()
+    assert outcomes["ib"] == outcomes["ib read-only, an init container writable"] == {"host-path"}
+    assert outcomes["ib read-only, a debug container writable"] == {"host-path"}
+    assert outcomes["mps"] == outcomes["mps, read-only"] == set()
+    assert outcomes["data sub-path, read-only"] == {"host-path"}
+
+
+@pytest.mark.parametrize(("key", "name"), CONFIGURED)
+def test_the_configured_pairs_are_judged_otherwise_than_by_default(key: str, name: str) -> None:
+    assert cel_denials(FIXTURES[name], config=CONFIGS[key]) != cel_denials(FIXTURES[name])
+
+
+def test_the_configuration_variables_ship_the_webhook_defaults() -> None:
+    """Each variable's shipped expression evaluates to what ``cel_variables_for`` writes for the defaults."""
+    env = celpy.Environment()
+    shipped = {v["name"]: v["expression"] for v in policy_spec()["variables"]}
+    assert set(CONFIG_VARIABLES) <= set(shipped)
+    for name, text in cel_variables_for(PolicyConfig()):
+        assert env.program(env.compile(shipped[name])).evaluate({}) == env.program(env.compile(text)).evaluate({})
+
+
+def test_every_configuration_variable_stands_for_a_config_key() -> None:
+    from dataclasses import fields
+
+    keys = {field.name for field in fields(PolicyConfig)}
+    assert set(CONFIG_VARIABLES.values()) <= keys
+    assert [name for name, _ in cel_variables_for(PolicyConfig())] == list(CONFIG_VARIABLES)
 
 
 @pytest.mark.parametrize("name", sorted(CEL_STRICTER))
@@ -329,27 +591,38 @@ UPDATES: dict[str, tuple[dict[str, str] | None, dict[str, str] | None]] = {
     "cdi annotation removed": ({NRI: "nvidia.com/gpu=0", "team": "a"}, {"team": "a"}),
     "lookalike added": (None, {"example.com/cdi.k8s.io": "x", "cdi.k8s.io": "x"}),
     "no-boundary key added": (None, {"nvidia.cdi.k8s.io": "nvidia.com/gpu=all"}),
+    "runtime device annotation added": (None, {"devices.crio.io": "/dev/nvidia0"}),
+    "nri mount annotation changed": ({"mounts.nri.io/pod": "a"}, {"mounts.nri.io/pod": "b"}),
+    "runtime annotation kept": ({"devices.noderesource.dev/pod": "x"}, {"devices.noderesource.dev/pod": "x", "t": "a"}),
     "mirror pod gets a cdi annotation": (
         {"kubernetes.io/config.mirror": "a"},
         {"kubernetes.io/config.mirror": "a", NRI: "nvidia.com/gpu=all"},
     ),
 }
-#: Unpinned, privileged, SYS_ADMIN, a device-list mount, a protected hostPath, MIG env: everything but CDI.
+#: Unpinned, privileged, SYS_ADMIN and SYS_PTRACE, hostPID, a device-list mount, a protected and an unlisted
+#: hostPath, MIG and IMEX env: everything but the annotation rules (and the two that only warn by default).
 EVERYTHING_ELSE_WRONG = pod(
     container(
         "app",
         nvd("all"),
         {"name": "NVIDIA_MIG_CONFIG_DEVICES", "value": "all"},
-        securityContext={"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}},
-        volumeMounts=[{"name": "host", "mountPath": "/var/run/nvidia-container-devices/all"}],
+        {"name": "NVIDIA_IMEX_CHANNELS", "value": "0"},
+        securityContext={"privileged": True, "capabilities": {"add": ["SYS_ADMIN", "SYS_PTRACE"]}},
+        volumeMounts=[
+            {"name": "host", "mountPath": "/var/run/nvidia-container-devices/all"},
+            {"name": "data", "mountPath": "/data"},
+        ],
     ),
     container("sidecar"),
-    volumes=[{"name": "host", "hostPath": {"path": "/dev"}}],
+    volumes=[{"name": "host", "hostPath": {"path": "/dev"}}, {"name": "data", "hostPath": {"path": "/data"}}],
+    hostPID=True,
 )
+ANNOTATION_RULES = {"cdi-annotation", "runtime-annotation"}
+WARN_BY_DEFAULT = {"visible-devices-none", "gpu-env-from"}
 
 
 def test_the_update_base_pod_breaks_every_other_rule_on_create() -> None:
-    assert cel_denials(EVERYTHING_ELSE_WRONG) == set(RULE_IDS) - {"cdi-annotation"}
+    assert cel_denials(EVERYTHING_ELSE_WRONG) == set(RULE_IDS) - ANNOTATION_RULES - WARN_BY_DEFAULT
 
 
 @pytest.mark.parametrize("name", sorted(UPDATES))
@@ -374,6 +647,9 @@ def test_update_fixtures_deny_and_allow() -> None:
     assert outcomes["cdi annotation value changed"] == {"cdi-annotation"}
     assert outcomes["cdi annotation kept, other added"] == set()
     assert outcomes["mirror pod gets a cdi annotation"] == set()
+    assert outcomes["runtime device annotation added"] == {"runtime-annotation"}
+    assert outcomes["nri mount annotation changed"] == {"runtime-annotation"}
+    assert outcomes["runtime annotation kept"] == set()
 
 
 # kubectl debug: an UPDATE of pods/ephemeralcontainers is judged on the ephemeral containers it adds (and the
@@ -401,7 +677,7 @@ def debugged(base: dict[str, Any], *ephemeral: dict[str, Any], volumes: list[dic
     return pod_copy
 
 
-BROKEN_POD = annotated(EVERYTHING_ELSE_WRONG, {NRI: "nvidia.com/gpu=all"})
+BROKEN_POD = annotated(EVERYTHING_ELSE_WRONG, {NRI: "nvidia.com/gpu=all", "devices.crio.io": "/dev/nvidia0"})
 OLD_DEBUG = container("old-debug", nvd("all"), securityContext={"privileged": True})
 HOST_DEV = {"name": "host-dev", "hostPath": {"path": "/dev/nvidia0"}}
 DEBUG_UPDATES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -471,7 +747,7 @@ def test_debug_fixtures_deny_and_allow() -> None:
     assert outcomes["clean pod, debugger mounts a device hostPath"] == {"host-device-path"}
     assert outcomes["clean pod, device hostPath not mounted by the debugger"] == set()
     # the same pods as a CREATE are judged whole
-    assert cel_denials(DEBUG_UPDATES["clean pinned debugger on a broken pod"][1]) == set(RULE_IDS)
+    assert cel_denials(DEBUG_UPDATES["clean pinned debugger on a broken pod"][1]) == set(RULE_IDS) - WARN_BY_DEFAULT
 
 
 UPDATE_ANNOTATIONS = st.none() | st.dictionaries(
@@ -485,6 +761,9 @@ UPDATE_ANNOTATIONS = st.none() | st.dictionaries(
             "team",
             "example.com/cdi.k8s.io",
             "cdi.k8s.io",
+            "devices.crio.io",
+            "mounts.noderesource.dev/pod",
+            "devices.crio",
         ]
     ),
     st.sampled_from(["", "nvidia.com/gpu=0", "nvidia.com/gpu=all"]),
@@ -511,3 +790,45 @@ def test_the_policy_matches_what_the_validating_webhooks_match() -> None:
     hooks = one(objects, "ValidatingWebhookConfiguration", "gpu-fence-validating")["webhooks"]
     for hook in hooks:
         assert hook["matchConditions"] == policy["matchConditions"], hook["name"]
+
+
+# docs/cel-policy.md tells sites how to patch a configuration variable: its example renders, and the policy it
+# renders admits what the matching policy.yaml admits.
+
+CEL_DOC = Path(__file__).resolve().parents[2] / "docs" / "cel-policy.md"
+
+
+def test_the_documented_variable_indexes_are_the_policy_s() -> None:
+    text = " ".join(CEL_DOC.read_text(encoding="utf-8").split())
+    names = [v["name"] for v in policy_spec()["variables"]]
+    listed = re.search(r"The variables are, by index: (.*?) \(a test", text)
+    assert listed, "docs/cel-policy.md lists the configuration variables by index"
+    pairs = re.findall(r"(\d+) `(\w+)`", listed.group(1))
+    assert [name for _, name in pairs] == list(CONFIG_VARIABLES)
+    assert all(names[int(index)] == name for index, name in pairs)
+
+
+def test_the_documented_patch_renders_and_admits_the_rdma_devices(tmp_path: Path) -> None:
+    text = CEL_DOC.read_text(encoding="utf-8")
+    section = text[text.index("## Keeping it in step") :]
+    kustomization = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
+    overlay = Path(__file__).resolve().parents[2] / "manifests" / "overlays" / "vap"
+    kustomization["resources"] = [os.path.relpath(overlay, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization), encoding="utf-8")
+    result = subprocess.run(
+        [kubectl(), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    [policy] = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "ValidatingAdmissionPolicy"]
+    [expression] = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "hostPathAllowlist"]
+    rdma = PolicyConfig(host_path_allowlist=(HostPathEntry("/dev/infiniband"),))
+    env = celpy.Environment()
+    wanted = dict(cel_variables_for(rdma))["hostPathAllowlist"]
+    assert env.program(env.compile(expression)).evaluate({}) == env.program(env.compile(wanted)).evaluate({})
+    ib = read_only(host_path_pod("/dev/infiniband"))
+    assert python_violations(ib, rdma) == cel_denials(ib, config=rdma) == set()
+    assert "host-path" in cel_denials(ib)

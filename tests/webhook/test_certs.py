@@ -411,9 +411,9 @@ def _wait_for(result: list, seconds: float = 20.0) -> BaseException | None:
 
 
 def test_a_silent_client_cannot_hold_a_server_thread(tmp_path):
-    # gunicorn's gthread worker reads each request on a blocking socket with no timeout: one byte of a
-    # ClientHello, or of a second request on a kept-alive connection, then silence, held a worker thread for
-    # good (all threads of a replica: every review times out). Sockets from the store's context time out.
+    # serve's worker never blocks on a client socket; code that does (gunicorn's gthread worker reads each request
+    # on a blocking socket) would hold a thread for good on one byte of a ClientHello, or of a second request on a
+    # kept-alive connection, then silence. Sockets from the store's context time out whenever they block.
     ca = new_ca(common_name="ca", now=dt.datetime.now(dt.UTC), days=30)
     _write_pair(tmp_path, new_serving_cert(ca, NAMES, now=dt.datetime.now(dt.UTC), days=10))
     (tmp_path / "ca.crt").write_bytes(ca.cert_pem)

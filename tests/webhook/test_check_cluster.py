@@ -16,6 +16,7 @@ import yaml
 from gpu_fence.webhook import check, cli
 from gpu_fence.webhook.config import PolicyConfig
 from tests.fakes.kubeapi_pods import FakePodsApi, pod, write_kubeconfig
+from tests.fakes.pods import as_kai_leaves_it, kai_fraction_pod
 
 REPO = Path(__file__).resolve().parents[2]
 CUDA = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
@@ -165,6 +166,23 @@ def test_pods_without_a_spec_are_skipped() -> None:
 
 def _config() -> PolicyConfig:
     return PolicyConfig()
+
+
+def test_live_pods_are_judged_as_created_so_a_binding_does_not_count_as_spec_node_name() -> None:
+    """Every scheduled pod carries spec.nodeName once bound; only a pod *created* with it skips KAI's scheduler and
+    binder, which admission alone can tell. A bound KAI fraction pod, as KAI's webhook left it, passes."""
+    kai_pod = as_kai_leaves_it(
+        kai_fraction_pod(
+            {"name": "gpu-workload", "image": CUDA},
+            {"name": "sidecar", "image": CUDA, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]},
+        )
+    )
+    spec = {key: value for key, value in kai_pod["spec"].items() if key != "containers"}
+    live = pod("team-a", "fraction", kai_pod["spec"]["containers"], **spec, nodeName="gpu-node-1")
+    live["metadata"]["annotations"] = kai_pod["metadata"]["annotations"]
+    [result] = check.check_pods([live], _config()).results
+    assert result.verdict == "allowed", result
+    assert live["spec"]["nodeName"] == "gpu-node-1"  # the listed pod itself is left as it was
 
 
 def test_no_pods_exits_2_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -33,26 +33,49 @@ EXPECTED: dict[str, list[tuple[str, str, list[str], set[str]]]] = {
     ],
     "runtime-class-nvidia.yaml": [("", "mutated", ["smi"], set())],
     "exempt-kube-system.yaml": [("spec.template", "exempt", [], set())],
+    "nccl-training.yaml": [("", "allowed", [], set())],
+    "kai-fraction.yaml": [("", "mutated", ["gpu-workload", "log-shipper"], set())],
+    "dra-gpu-claim.yaml": [("", "mutated", ["ctr"], set())],
     "bypass-unpinned-container.yaml": [("", "rejected", [], {"unpinned-container"})],
     "bypass-visible-devices-env.yaml": [("", "rejected", [], {"visible-devices-env"})],
+    "bypass-kai-fraction.yaml": [("", "rejected", [], {"visible-devices-env"})],
+    "bypass-dra-claim.yaml": [("", "mutated", ["app"], set())],
+    "bypass-visible-devices-none.yaml": [("", "allowed", [], set())],
+    "bypass-gpu-env-from.yaml": [("", "allowed", [], set())],
     "bypass-privileged.yaml": [("", "rejected", [], {"privileged"})],
     "bypass-sys-admin-capability.yaml": [("", "rejected", ["app"], {"sys-admin-capability"})],
-    "bypass-device-list-mount.yaml": [("", "rejected", ["app"], {"device-list-mount"})],
+    "bypass-added-capability.yaml": [("", "rejected", [], {"added-capability"})],
+    "bypass-host-pid.yaml": [("", "rejected", [], {"host-pid"})],
+    "bypass-device-list-mount.yaml": [("", "rejected", ["app"], {"device-list-mount", "host-path"})],
     "bypass-cdi-annotation.yaml": [("", "rejected", ["app"], {"cdi-annotation"})],
+    "bypass-runtime-annotation.yaml": [("", "rejected", ["app"], {"runtime-annotation"})],
     "bypass-host-device-path.yaml": [("", "rejected", ["app"], {"host-device-path"})],
+    "bypass-host-proc-root.yaml": [("", "rejected", ["app"], {"host-device-path"})],
+    "bypass-host-path.yaml": [("", "rejected", ["app"], {"host-path"})],
     "bypass-mig-control-env.yaml": [("", "rejected", [], {"mig-control-env"})],
+    "bypass-imex-channels-env.yaml": [("", "rejected", [], {"imex-channels-env"})],
+}
+#: The bypass examples of the rules that warn by default: each rejected under its setting (``--config``).
+WARN_BY_DEFAULT = {
+    "bypass-visible-devices-none.yaml": ("visible_devices_none", "visible-devices-none"),
+    "bypass-gpu-env-from.yaml": ("env_from_on_gpu_containers", "gpu-env-from"),
 }
 
-# Where SARIF should point for each rule: the text of the line (stripped) it lands on.
+# Where SARIF should point: the text of the line (stripped) that each rule's finding lands on.
 SARIF_LINE = {
     "unpinned-container": "- name: app",
     "visible-devices-env": "- name: app",
     "privileged": "- name: trainer",
     "sys-admin-capability": "- name: app",
+    "added-capability": "- name: app",
+    "host-pid": "hostPID: true",
     "device-list-mount": "- name: app",
     "mig-control-env": "- name: app",
+    "imex-channels-env": "- name: app",
     "cdi-annotation": "annotations:",
+    "runtime-annotation": "annotations:",
     "host-device-path": "volumes:",
+    "host-path": "volumes:",
 }
 
 
@@ -76,9 +99,28 @@ def test_every_example_file_is_in_the_table() -> None:
     assert on_disk == set(EXPECTED)
 
 
-def test_every_rule_has_exactly_one_bypass_example() -> None:
-    bypass_rules = [rules for name, entries in EXPECTED.items() if name.startswith("bypass-") for *_, rules in entries]
-    assert sorted(rule for rules in bypass_rules for rule in rules) == sorted(rule.id for rule in RULES)
+def test_every_rule_has_a_bypass_example_and_every_bypass_example_is_stopped() -> None:
+    bypass = {name: entries for name, entries in EXPECTED.items() if name.startswith("bypass-")}
+    rejected = {rule for entries in bypass.values() for *_, rules in entries for rule in rules}
+    warned = {rule for _, rule in WARN_BY_DEFAULT.values()}
+    assert rejected | warned == {rule.id for rule in RULES} and not rejected & warned
+    for name, entries in bypass.items():  # rejected, or pinned (where the pin is the fix), or warned about
+        stopped = all(verdict == "rejected" or (verdict == "mutated" and pinned) for _, verdict, pinned, _ in entries)
+        assert stopped or name in WARN_BY_DEFAULT, name
+
+
+@pytest.mark.parametrize("name", sorted(WARN_BY_DEFAULT))
+def test_warn_by_default_examples_warn_and_are_rejected_when_configured(
+    name: str, json_report: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    [result] = [r for r in json_report["results"] if Path(r["source"]).name == name]
+    assert result["verdict"] == "allowed" and len(result["warnings"]) == 1
+    key, rule = WARN_BY_DEFAULT[name]
+    config = tmp_path / "policy.yaml"
+    config.write_text(f"{key}: reject\n")
+    assert cli.main(["check", str(EXAMPLES / name), "--config", str(config), "--format", "json"]) == 1
+    [strict] = json.loads(capsys.readouterr().out)["results"]
+    assert strict["verdict"] == "rejected" and [v["rule"] for v in strict["violations"]] == [rule]
 
 
 def test_json_verdicts_match_the_table(json_report: dict[str, Any]) -> None:
@@ -91,10 +133,10 @@ def test_json_verdicts_match_the_table(json_report: dict[str, Any]) -> None:
 
 def test_json_summary_and_common_fields(json_report: dict[str, Any]) -> None:
     assert json_report["summary"] == {
-        "pod_specs": 16,
-        "allowed": 3,
-        "mutated": 4,
-        "rejected": 8,
+        "pod_specs": 29,
+        "allowed": 6,
+        "mutated": 7,
+        "rejected": 15,
         "exempt": 1,
         "skipped": 0,
     }
@@ -112,7 +154,7 @@ def test_text_format(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 1
     for name in EXPECTED:
         assert str(EXAMPLES / name) in out.splitlines()
-    assert out.splitlines()[-1] == ("16 pod specs: 3 allowed, 4 mutated, 8 rejected, 1 exempt")
+    assert out.splitlines()[-1] == "29 pod specs: 6 allowed, 7 mutated, 15 rejected, 1 exempt"
 
 
 def test_junit_format_parses_with_a_failure_per_rejection(capsys: pytest.CaptureFixture[str]) -> None:
@@ -120,7 +162,7 @@ def test_junit_format_parses_with_a_failure_per_rejection(capsys: pytest.Capture
     assert code == 1
     root = ET.fromstring(out)
     assert root.tag == "testsuites"
-    assert (root.get("tests"), root.get("failures"), root.get("skipped"), root.get("errors")) == ("16", "8", "1", "0")
+    assert (root.get("tests"), root.get("failures"), root.get("skipped"), root.get("errors")) == ("29", "15", "1", "0")
     suites = root.findall("testsuite")
     assert {Path(suite.get("name", "")).name for suite in suites} == set(EXPECTED)
     for suite in suites:
@@ -151,17 +193,19 @@ def test_sarif_format_structure_and_locations(capsys: pytest.CaptureFixture[str]
     assert [rule["id"] for rule in driver["rules"]] == [rule.id for rule in RULES]
     assert all(rule["shortDescription"]["text"] for rule in driver["rules"])
     results = run["results"]
-    assert len(results) == 8  # one per violation: each bypass example breaks exactly one rule
+    expected = sorted((name, rule) for name, entries in EXPECTED.items() for *_, rules in entries for rule in rules)
+    found = []
     for result in results:
         assert driver["rules"][result["ruleIndex"]]["id"] == result["ruleId"]
         assert result["message"]["text"].startswith(result["ruleId"])
         [location] = result["locations"]
         physical = location["physicalLocation"]
-        uri = physical["artifactLocation"]["uri"]
-        assert Path(uri.removeprefix("file://")).name == f"bypass-{result['ruleId']}.yaml"
+        name = Path(physical["artifactLocation"]["uri"].removeprefix("file://")).name
+        found.append((name, result["ruleId"]))
         line = physical["region"]["startLine"]
-        text = (EXAMPLES / f"bypass-{result['ruleId']}.yaml").read_text().splitlines()
-        assert text[line - 1].strip() == SARIF_LINE[result["ruleId"]]
+        text = (EXAMPLES / name).read_text().splitlines()
+        assert text[line - 1].strip() == SARIF_LINE[result["ruleId"]], (name, result["ruleId"])
+    assert sorted(found) == expected  # one result per violation, each examples's own
 
 
 def test_sarif_uses_relative_uris_for_relative_paths(capsys: pytest.CaptureFixture[str], monkeypatch: Any) -> None:

@@ -156,8 +156,8 @@ def test_examples_one_report_per_namespace_results_per_rule_and_pod(capsys: pyte
     ]
     default, kube_system = objects
     rule_ids = [rule.id for rule in RULES]
-    # 15 pod specs in default, each judged by every rule
-    assert len(default["results"]) == 15 * len(rule_ids)
+    # 28 pod specs in default, each judged by every rule
+    assert len(default["results"]) == 28 * len(rule_ids)
     assert {result["policy"] for result in default["results"]} == {"gpu-fence"}
     failed = {(r["resources"][0]["name"], r["rule"]) for r in default["results"] if r["result"] == "fail"}
     assert failed == {
@@ -169,6 +169,14 @@ def test_examples_one_report_per_namespace_results_per_rule_and_pod(capsys: pyte
         ("bypass-cdi-annotation", "cdi-annotation"),
         ("bypass-host-device-path", "host-device-path"),
         ("bypass-mig-control-env", "mig-control-env"),
+        ("bypass-kai-fraction", "visible-devices-env"),
+        ("bypass-added-capability", "added-capability"),
+        ("bypass-host-pid", "host-pid"),
+        ("bypass-device-list-mount", "host-path"),
+        ("bypass-runtime-annotation", "runtime-annotation"),
+        ("bypass-host-proc-root", "host-device-path"),
+        ("bypass-host-path", "host-path"),
+        ("bypass-imex-channels-env", "imex-channels-env"),
     }
     [privileged] = [
         r for r in default["results"] if r["result"] == "fail" and r["resources"][0]["name"] == "bypass-privileged"

@@ -11,9 +11,13 @@ import yaml
 
 from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCES
 from gpu_fence.webhook.config import (
+    DEFAULT_ALLOWED_CAPABILITIES,
+    DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES,
     DEFAULT_HOST_DEVICE_PATHS,
     ConfigError,
+    HostPathEntry,
     PolicyConfig,
+    Switch,
     config_from_mapping,
     load_config,
 )
@@ -37,6 +41,11 @@ def test_defaults_without_a_file():
     assert config.kai_scheduler_names == ("kai-scheduler",)
     assert config.nvidia_runtime_classes == ("nvidia", "nvidia-cdi", "nvidia-legacy")
     assert config.visible_devices_aliases == config.exempt_service_accounts == config.extra_host_device_paths == ()
+    assert config.host_path_allowlist == ()
+    assert config.allowed_capabilities == DEFAULT_ALLOWED_CAPABILITIES
+    assert "IPC_LOCK" in config.allowed_capabilities and "SYS_PTRACE" not in config.allowed_capabilities
+    assert config.forbidden_annotation_prefixes == DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES
+    assert config.env_from_on_gpu_containers is config.visible_devices_none is Switch.WARN
 
 
 def test_own_namespace_is_always_exempt(tmp_path):
@@ -64,7 +73,7 @@ def test_the_policy_doc_lists_every_key_with_its_default():
         row = re.search(rf"^\| `{field.name}` \|(.*)$", section, re.MULTILINE)
         assert row, f"docs/policy.md has no row for {field.name}"
         default = getattr(PolicyConfig(), field.name)
-        for value in default:
+        for value in [default.value] if isinstance(default, Switch) else default:
             assert f"`{value}`" in row.group(1), f"default {value} of {field.name} missing from docs/policy.md"
     for path in DEFAULT_HOST_DEVICE_PATHS:
         assert f"`{path}`" in text, f"built-in host path {path} missing from docs/policy.md"
@@ -81,9 +90,26 @@ nvidia_runtime_classes: [nvidia]
 exempt_namespaces: [kube-system, gpu-operator]
 exempt_service_accounts: [monitoring/dcgm-exporter]
 extra_host_device_paths: [/opt/nvidia, /dev/accel*]
+host_path_allowlist:
+  - {path: /dev/infiniband, writable: false}
+  - {path: /srv/scratch, writable: true}
+  - {path: /srv/models, writable: false}
+allowed_capabilities: [ipc_lock, CAP_SYS_NICE, NET_RAW]
+forbidden_annotation_prefixes: [devices.crio.io, example.com/devices]
+env_from_on_gpu_containers: reject
+visible_devices_none: reject
 """,
     )
     config = load_config(path)
+    assert config.host_path_allowlist == (
+        HostPathEntry("/dev/infiniband", writable=False),
+        HostPathEntry("/srv/scratch", writable=True),
+        HostPathEntry("/srv/models", writable=False),
+    )
+    assert config.host_path_writable == {"/dev/infiniband": False, "/srv/scratch": True, "/srv/models": False}
+    assert config.allowed_capabilities == ("IPC_LOCK", "SYS_NICE", "NET_RAW")  # the spelling the policy compares
+    assert config.forbidden_annotation_prefixes == ("devices.crio.io", "example.com/devices")
+    assert config.env_from_on_gpu_containers is config.visible_devices_none is Switch.REJECT
     assert config.gpu_resource_set.matches("example.com/accel-1")
     assert not config.gpu_resource_set.matches("nvidia.com/gpu.shared")
     assert config.visible_devices_names == {"NVIDIA_VISIBLE_DEVICES", "DOCKER_RESOURCE_GPU"}
@@ -104,8 +130,9 @@ def test_duplicates_are_dropped(tmp_path):
 
 
 def test_config_is_frozen_and_hashable():
-    config = PolicyConfig(exempt_namespaces=["a", "b"])  # type: ignore[arg-type]
+    config = PolicyConfig(exempt_namespaces=["a", "b"], visible_devices_none="reject")  # type: ignore[arg-type]
     assert config.exempt_namespaces == ("a", "b")
+    assert config.visible_devices_none is Switch.REJECT
     hash(config)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.exempt_namespaces = ()  # type: ignore[misc]
@@ -134,6 +161,47 @@ def test_config_is_frozen_and_hashable():
         ("kai_scheduler_names: [' kai ']\n", ["kai_scheduler_names[0]", "whitespace"]),
         ("extra_host_device_paths: [dev/foo]\n", ["extra_host_device_paths[0]", "absolute"]),
         ("extra_host_device_paths: ['/dev/*/x']\n", ["extra_host_device_paths[0]"]),
+        ("allowed_capabilities: [SYS_ADMIN]\n", ["allowed_capabilities[0]", "sys-admin-capability"]),
+        ("allowed_capabilities: [cap_all]\n", ["allowed_capabilities[0]", "sys-admin-capability"]),
+        ("allowed_capabilities: ['IPC LOCK']\n", ["allowed_capabilities[0]", "capability name"]),
+        ("allowed_capabilities: IPC_LOCK\n", ["allowed_capabilities", "expected a list"]),
+        ("forbidden_annotation_prefixes: ['has space']\n", ["forbidden_annotation_prefixes[0]", "prefix"]),
+        ("env_from_on_gpu_containers: deny\n", ["env_from_on_gpu_containers", "warn, reject"]),
+        ("env_from_on_gpu_containers: [reject]\n", ["env_from_on_gpu_containers", "warn, reject"]),
+        ("visible_devices_none: true\n", ["visible_devices_none", "warn, reject"]),
+        ("visible_devices_none:\n", ["visible_devices_none", "warn, reject"]),
+        ("host_path_allowlist: /dev/infiniband\n", ["host_path_allowlist", "list of entries"]),
+        ("host_path_allowlist: [/dev/infiniband]\n", ["host_path_allowlist[0]", "'path' and 'writable'"]),
+        ("host_path_allowlist: [{path: /data}]\n", ["host_path_allowlist[0].writable", "true or false"]),
+        ("host_path_allowlist: [{path: /data, writable: 'no'}]\n", ["host_path_allowlist[0].writable"]),
+        (
+            "host_path_allowlist: [{path: /data, writable: false, type: Directory}]\n",
+            ["host_path_allowlist[0]", "'type'"],
+        ),
+        ("host_path_allowlist: [{path: data, writable: false}]\n", ["host_path_allowlist[0].path", "absolute"]),
+        ("host_path_allowlist: [{writable: false}]\n", ["host_path_allowlist[0].path", "absolute"]),
+        ("host_path_allowlist: [{path: '/data/*', writable: false}]\n", ["host_path_allowlist[0].path", "exactly"]),
+        ("host_path_allowlist: [{path: /data/, writable: false}]\n", ["host_path_allowlist[0].path", "'/data'"]),
+        ("host_path_allowlist: [{path: /data/../dev, writable: false}]\n", ["host_path_allowlist[0].path", "'/dev'"]),
+        ("host_path_allowlist: [{path: /, writable: false}]\n", ["host_path_allowlist[0].path", "whole node"]),
+        ("host_path_allowlist: [{path: /proc/1/root, writable: false}]\n", ["host_path_allowlist[0].path", "/proc"]),
+        ("host_path_allowlist: [{path: /var, writable: false}]\n", ["host_path_allowlist[0].path", "host-device-path"]),
+        (
+            "host_path_allowlist: [{path: /dev/nvidia0, writable: false}]\n",
+            ["host_path_allowlist[0].path", "/dev/nvidia*"],
+        ),
+        (
+            "host_path_allowlist: [{path: /data, writable: true}, {path: /data/models, writable: false}]\n",
+            ["host_path_allowlist[1].path", "inside the writable entry '/data'", "symlink"],
+        ),
+        (
+            "host_path_allowlist: [{path: /d, writable: false}, {path: /d, writable: true}]\n",
+            ["host_path_allowlist[1].path", "twice"],
+        ),
+        (
+            "extra_host_device_paths: [/srv]\nhost_path_allowlist: [{path: /srv/a, writable: false}]\n",
+            ["host_path_allowlist[0].path", "exposes /srv"],
+        ),
         ("- a\n- b\n", ["must be a mapping"]),
         ("just text\n", ["must be a mapping"]),
     ],
@@ -146,6 +214,26 @@ def test_bad_files_name_the_key(tmp_path, text, names):
     assert message.startswith(path + ": ")
     for name in names:
         assert name in message
+
+
+@pytest.mark.parametrize("writable", [False, True])
+def test_allowlist_entries_beside_each_other(tmp_path, writable):
+    """Only an entry inside a *writable* one is refused; a read-only outer entry cannot be written through, and an
+    entry above a writable one sees the planted link inside its own mount, not on the host."""
+    inner = "{path: /srv/data/models, writable: false}"
+    text = f"host_path_allowlist: [{{path: /srv/data, writable: {str(writable).lower()}}}, {inner}]\n"
+    if writable:
+        with pytest.raises(ConfigError, match="inside the writable entry"):
+            load_config(write(tmp_path, text))
+    else:
+        assert len(load_config(write(tmp_path, text)).host_path_allowlist) == 2
+    above = "host_path_allowlist: [{path: /srv, writable: false}, {path: /srv/data, writable: true}]\n"
+    assert len(load_config(write(tmp_path, above)).host_path_allowlist) == 2
+
+
+def test_rdma_entry_the_docs_give_loads(tmp_path):
+    config = load_config(write(tmp_path, "host_path_allowlist:\n  - path: /dev/infiniband\n    writable: false\n"))
+    assert config.host_path_writable == {"/dev/infiniband": False}
 
 
 def test_invalid_yaml_names_the_line(tmp_path):

@@ -1,5 +1,6 @@
 """docs/policy.md is tested against the code: one section per rule id, in RULES order, and each section's
-examples really trigger (first YAML block) and clear (second YAML block) its rule."""
+examples really trigger (first YAML block) and clear (second YAML block) its rule. The two rules whose default is
+a warning are triggered under the setting their section names, and warn under the defaults."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_fence.webhook.config import PolicyConfig
+from gpu_fence.webhook.config import PolicyConfig, Switch
 from gpu_fence.webhook.policy import RULES, evaluate, validate
 from tests.fakes.pods import apply_patch, assert_valid_pod
 
@@ -17,6 +18,11 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
 SECTION = re.compile(r"^## `([a-z-]+)`\n(.*?)(?=^## |\Z)", re.MULTILINE | re.DOTALL)
 YAML_BLOCK = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)
 CONFIG = PolicyConfig()
+#: The setting under which a warn-by-default rule denies, as its section says ("with `key: reject`").
+REJECTING = {
+    "visible-devices-none": ("visible_devices_none", PolicyConfig(visible_devices_none=Switch.REJECT)),
+    "gpu-env-from": ("env_from_on_gpu_containers", PolicyConfig(env_from_on_gpu_containers=Switch.REJECT)),
+}
 
 
 def sections() -> dict[str, str]:
@@ -44,8 +50,14 @@ def test_section_names_the_vectors(rule):
 def test_example_triggers_its_rule(rule):
     trigger, _ = examples(rule.id)
     assert_valid_pod(trigger)
-    assert rule.id in validate(trigger, CONFIG).rule_ids
-    decision = evaluate(trigger, CONFIG, namespace="default")
+    config = CONFIG
+    if rule.id in REJECTING:
+        key, config = REJECTING[rule.id]
+        assert f"`{key}: reject`" in sections()[rule.id]
+        warned = evaluate(trigger, CONFIG, namespace="default")
+        assert warned.verdict in ("allowed", "mutated") and len(warned.validation.warnings) == 1
+    assert rule.id in validate(trigger, config).rule_ids
+    decision = evaluate(trigger, config, namespace="default")
     if rule.id == "unpinned-container":  # admission pins it; the rule is the backstop when mutation did not run
         assert decision.verdict == "mutated"
     else:
@@ -56,6 +68,8 @@ def test_example_triggers_its_rule(rule):
 def test_fix_clears_its_rule(rule):
     _, fixed = examples(rule.id)
     assert_valid_pod(fixed)
-    decision = evaluate(fixed, CONFIG, namespace="default")
+    config = REJECTING.get(rule.id, (None, CONFIG))[1]
+    decision = evaluate(fixed, config, namespace="default")
     assert decision.verdict in ("allowed", "mutated")
-    assert validate(apply_patch(fixed, decision.mutation.patch), CONFIG).violations == ()
+    assert validate(apply_patch(fixed, decision.mutation.patch), config).violations == ()
+    assert decision.validation.warnings == ()

@@ -108,10 +108,43 @@ def test_unreadable_env_is_left_for_validation(config):
     assert [v.rule for v in validate(patched, config).violations] == ["unpinned-container"]
 
 
-def test_kai_fraction_sidecars_are_pinned(config):
+def test_kai_fraction_pods_are_pinned_whole(config):
+    """The fraction container too: KAI's webhook replaces its pin with KAI's reference (AddEnvVarToContainer drops
+    every entry of the name before appending its own)."""
     document = kai_fraction_pod(container("gpu-workload"), container("sidecar"))
     _, mutation = pinned_pod(document, config)
-    assert mutation.pinned == ("sidecar",)
+    assert mutation.pinned == ("gpu-workload", "sidecar")
+
+
+def test_dra_claim_containers_are_pinned(config):
+    document = pod(
+        container("ctr", resources={"claims": [{"name": "gpu"}]}),
+        resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
+    )
+    patched, mutation = pinned_pod(document, config)
+    assert mutation.pinned == ("ctr",)
+    assert env_of(patched["spec"]["containers"][0]) == {NVD: "void"}
+
+
+def test_aliases_are_pinned_after_the_variable_and_only_where_missing():
+    aliased = PolicyConfig(visible_devices_aliases=("DOCKER_RESOURCE_GPU", "GPU_ALIAS"))
+    document = pod(
+        container("bare"),
+        container("some", environment=[env("PORT", "1"), env("GPU_ALIAS", "void")]),
+        container("all", environment=[env(NVD, "none"), env("DOCKER_RESOURCE_GPU", "void"), env("GPU_ALIAS", "")]),
+    )
+    patched, mutation = pinned_pod(document, aliased)
+    assert mutation.pinned == ("bare", "some")
+    assert mutation.patch == (
+        {
+            "op": "add",
+            "path": "/spec/containers/0/env",
+            "value": [env(NVD, "void"), env("DOCKER_RESOURCE_GPU", "void"), env("GPU_ALIAS", "void")],
+        },
+        {"op": "add", "path": "/spec/containers/1/env/-", "value": env(NVD, "void")},
+        {"op": "add", "path": "/spec/containers/1/env/-", "value": env("DOCKER_RESOURCE_GPU", "void")},
+    )
+    assert validate(patched, aliased).violations == ()
 
 
 def test_only_pins_the_named_ephemeral_containers(config):

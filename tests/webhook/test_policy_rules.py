@@ -5,16 +5,20 @@ from __future__ import annotations
 import pytest
 
 from gpu_fence.vocabulary import parse_visible_devices
-from gpu_fence.webhook.config import PolicyConfig
-from gpu_fence.webhook.policy import RULES, Violation, validate, validate_update
+from gpu_fence.webhook.config import HostPathEntry, PolicyConfig, Switch
+from gpu_fence.webhook.policy import RULES, Violation, evaluate, validate, validate_update
 from tests.fakes.pods import (
+    KAI_PREFIX,
     NVD,
     VISIBLE_DEVICES_EDGE_VALUES,
+    apply_patch,
+    as_kai_leaves_it,
     container,
     env,
     gpu_container,
     host_path_pod,
     kai_fraction_pod,
+    kai_reference,
     pod,
 )
 
@@ -31,12 +35,19 @@ def test_rule_table_matches_the_design():
     assert [rule.id for rule in RULES] == [
         "unpinned-container",
         "visible-devices-env",
+        "visible-devices-none",
+        "gpu-env-from",
         "privileged",
         "sys-admin-capability",
+        "added-capability",
+        "host-pid",
         "device-list-mount",
         "cdi-annotation",
+        "runtime-annotation",
         "host-device-path",
+        "host-path",
         "mig-control-env",
+        "imex-channels-env",
     ]
     assert all(rule.summary and rule.vectors for rule in RULES)
     vectors = [v for rule in RULES for v in rule.vectors]
@@ -93,12 +104,32 @@ def test_amd_gpus_are_not_nvidia_gpus(config):
     assert broken(pod(container("rocm", gpus=1, resource="amd.com/gpu")), config) == [("unpinned-container", "rocm")]
 
 
-def test_dra_claims_count_as_a_gpu_request(config):
-    document = pod(
-        container("ctr", resources={"claims": [{"name": "gpu"}]}),
-        resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
-    )
-    assert broken(document, config) == []
+def test_dra_claims_do_not_spare_the_pin(config):
+    """A claim may be for any device class (a NIC, a dummy), so it is no reason to leave the container unpinned;
+    NVIDIA's CDI specs set NVIDIA_VISIBLE_DEVICES=void themselves, so the pin costs a GPU claim nothing."""
+    claim = container("ctr", resources={"claims": [{"name": "gpu"}]})
+    document = pod(claim, resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}])
+    [violation] = validate(document, config).violations
+    assert (violation.rule, violation.container) == ("unpinned-container", "ctr")
+    assert "DRA claims" in violation.detail and "NVIDIA_VISIBLE_DEVICES=void" in violation.detail
+    decision = evaluate(document, config, namespace="default")
+    assert decision.verdict == "mutated" and decision.mutation.pinned == ("ctr",)
+
+
+@pytest.mark.parametrize("value", ["all", "0", "GPU-8e8b5f1c-3c1a-4d0e-9a57-2b1f2d8c9e01"])
+def test_a_claim_does_not_license_a_gpu_list(config, value):
+    """Before, any claim made the container a GPU container that could set any value: a NIC claim opened all GPUs."""
+    nic = container("ctr", resources={"claims": [{"name": "nic"}]}, environment=[env(NVD, value)])
+    document = pod(nic, resourceClaims=[{"name": "nic", "resourceClaimTemplateName": "rdma-nic"}])
+    assert broken(document, config) == [("visible-devices-env", "ctr")]
+
+
+def test_a_claim_beside_a_device_plugin_gpu_keeps_the_plugin_s_value(config):
+    """A container with a GPU resource is the device plugin's: not pinned, whatever claims it also has."""
+    both = gpu_container("ctr", resources={"limits": {"nvidia.com/gpu": 1}, "claims": [{"name": "nic"}]})
+    document = pod(both, resourceClaims=[{"name": "nic", "resourceClaimTemplateName": "rdma-nic"}])
+    decision = evaluate(document, config, namespace="default")
+    assert decision.verdict == "allowed" and decision.mutation.patch == ()
 
 
 def test_configured_gpu_resources_replace_the_defaults():
@@ -256,54 +287,140 @@ def test_other_variables_are_not_this_rule(config):
 
 # --- KAI fractions ------------------------------------------------------------------------------------------------
 
-KAI_REF = {"configMapKeyRef": {"name": "gpu-sharing-abc-shared-gpu", "key": "NVIDIA_VISIBLE_DEVICES"}}
+
+def kai_pod(*containers, fraction_container=None, **spec):
+    document = kai_fraction_pod(*containers, fraction_container=fraction_container)
+    document["spec"].update(spec)
+    return as_kai_leaves_it(document)
 
 
-def test_kai_fraction_container_is_a_gpu_container(config):
-    document = kai_fraction_pod(container("gpu-workload"), container("sidecar"))
-    assert broken(document, config) == [("unpinned-container", "sidecar")]
+def test_kai_fraction_container_is_pinned_and_kai_replaces_the_pin(config):
+    """gpu-fence pins the fraction container like any other; KAI's webhook drops that entry and appends its own,
+    so the pod KAI leaves is allowed, and where KAI's webhook does not run, the container keeps the pin."""
+    authored = kai_fraction_pod(container("gpu-workload"), container("sidecar"))
+    decision = evaluate(authored, config, namespace="default")
+    assert decision.verdict == "mutated" and decision.mutation.pinned == ("gpu-workload", "sidecar")
+    after_kai = as_kai_leaves_it(apply_patch(authored, decision.mutation.patch))
+    workload = after_kai["spec"]["containers"][0]
+    assert [e for e in workload["env"] if e["name"] == NVD] == [kai_reference()]
+    assert evaluate(after_kai, config, namespace="default").verdict == "allowed"
+    # and gpu-fence called again after KAI (reinvocation) leaves KAI's entry alone
+    assert evaluate(as_kai_leaves_it(authored), config, namespace="default").mutation.pinned == ("sidecar",)
 
 
-def test_kai_fraction_container_may_take_its_config_map(config):
-    document = kai_fraction_pod(
-        container("gpu-workload", environment=[env(NVD, **KAI_REF)]),
-        container("sidecar", environment=[env(NVD, "void")]),
+def test_kai_named_fraction_container_in_either_list(config):
+    regular = kai_pod(
+        container("sidecar", environment=[env(NVD, "void")]), container("worker"), fraction_container="worker"
     )
-    assert broken(document, config) == []
+    assert broken(regular, config) == []
+    worker = regular["spec"]["containers"][1]
+    assert kai_reference(index=1) in worker["env"]
+    init = kai_fraction_pod(container("main", environment=[env(NVD, "void")]), fraction_container="loader")
+    init["spec"]["initContainers"] = [container("loader")]
+    after_kai = as_kai_leaves_it(init)
+    assert kai_reference(index=0, init=True) in after_kai["spec"]["initContainers"][0]["env"]
+    assert broken(after_kai, config) == []
 
 
-def test_kai_named_fraction_container(config):
-    document = kai_fraction_pod(
-        container("sidecar", environment=[env(NVD, "void")]),
-        container("worker", environment=[env(NVD, **KAI_REF)]),
-        fraction_container="worker",
-    )
-    assert broken(document, config) == []
+def test_kai_reference_needs_a_pod_no_one_bound_at_creation(config):
+    """spec.nodeName at CREATE: no KAI scheduler or binder ever sees the pod, so nothing fills the ConfigMap, and
+    the pod author's ConfigMap of that name is read. KAI's webhook still adds the reference (it matches on the
+    scheduler name only); gpu-fence rejects it."""
+    document = kai_pod(container("gpu-workload"), nodeName="gpu-node-1")
+    [violation] = validate(document, config).violations
+    assert (violation.rule, violation.container) == ("visible-devices-env", "gpu-workload")
+    assert "spec.nodeName" in violation.detail
+    # as written, with no KAI webhook: the fraction container is pinned like any other and gets nothing
+    authored = kai_fraction_pod(container("gpu-workload"))
+    authored["spec"]["nodeName"] = "gpu-node-1"
+    decision = evaluate(authored, config, namespace="default")
+    assert decision.verdict == "mutated" and decision.mutation.pinned == ("gpu-workload",)
+    empty = kai_pod(container("gpu-workload"), nodeName="")
+    assert broken(empty, config) == []
 
 
-def test_kai_exception_is_only_a_config_map_on_the_fraction_container(config):
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"name": "my-gpus"},  # a ConfigMap the author owns
+        {"name": f"{KAI_PREFIX}-1"},  # KAI's prefix, another container's index: the binder never fills it
+        {"name": f"{KAI_PREFIX}-i0"},  # an init container's
+        {"name": f"{KAI_PREFIX}-0-evar"},
+        {"key": "RUNAI-VISIBLE-DEVICES"},
+        {"key": None},
+        {"optional": True},  # an optional reference starts the container even when no ConfigMap exists
+    ],
+)
+def test_kai_reference_only_in_the_exact_shape_kai_writes(config, changes):
+    document = kai_pod(container("gpu-workload"))
+    entries = document["spec"]["containers"][0]["env"]
+    entries[[e["name"] for e in entries].index(NVD)] = kai_reference(**changes)
+    [violation] = validate(document, config).violations
+    assert (violation.rule, violation.container) == ("visible-devices-env", "gpu-workload")
+    assert "KAI's reference" in violation.detail
+
+
+@pytest.mark.parametrize(
+    "prefix", ["my-gpus", "trainer-AAAAAAA-shared-gpu", "trainer-aeiou12-shared-gpu", "x-shared-gpu"]
+)
+def test_kai_prefix_annotation_must_have_kai_s_shape(config, prefix):
+    document = kai_pod(container("gpu-workload"))
+    document["metadata"]["annotations"]["runai/shared-gpu-configmap"] = prefix
+    entries = document["spec"]["containers"][0]["env"]
+    entries[[e["name"] for e in entries].index(NVD)] = kai_reference(prefix)
+    assert broken(document, config) == [("visible-devices-env", "gpu-workload")]
+
+
+def test_kai_exception_is_only_kai_s_reference_on_the_fraction_container(config):
     secret = {"secretKeyRef": {"name": "s", "key": "k"}}
     document = kai_fraction_pod(container("gpu-workload", environment=[env(NVD, **secret)]))
     assert broken(document, config) == [("visible-devices-env", "gpu-workload")]
-    sidecar = kai_fraction_pod(container("gpu-workload"), container("sidecar", environment=[env(NVD, **KAI_REF)]))
+    sidecar = kai_pod(container("gpu-workload"), container("sidecar", environment=[kai_reference(index=1)]))
     assert broken(sidecar, config) == [("visible-devices-env", "sidecar")]
     literal = kai_fraction_pod(container("gpu-workload", environment=[env(NVD, "all")]))
     assert broken(literal, config) == [("visible-devices-env", "gpu-workload")]
+    both = dict(kai_reference())
+    both["value"] = "all"
+    with_value = kai_pod(container("gpu-workload"))
+    with_value["spec"]["containers"][0]["env"][0] = both
+    assert broken(with_value, config) == [("visible-devices-env", "gpu-workload")]
 
 
 def test_kai_annotations_need_the_kai_scheduler(config):
-    document = kai_fraction_pod(
-        container("gpu-workload", environment=[env(NVD, **KAI_REF)]), scheduler="default-scheduler"
-    )
+    document = kai_pod(container("gpu-workload"))
+    document["spec"]["schedulerName"] = "default-scheduler"
     assert broken(document, config) == [("visible-devices-env", "gpu-workload")]
     document["spec"]["schedulerName"] = ["kai-scheduler"]  # not a string: no scheduler, no crash
     assert broken(document, config) == [("visible-devices-env", "gpu-workload")]
 
 
 def test_kai_ephemeral_container_with_the_fraction_name_is_not_a_gpu_container(config):
-    document = kai_fraction_pod(container("gpu-workload"), fraction_container="debug")
+    document = kai_fraction_pod(container("gpu-workload", environment=[env(NVD, "void")]), fraction_container="debug")
     document["spec"]["ephemeralContainers"] = [container("debug")]
     assert ("unpinned-container", "debug") in broken(document, config)
+
+
+def test_kai_fraction_pods_get_no_runtime_class_warning(config):
+    """KAI's runtimeenforcement plugin sets runtimeClassName nvidia on fraction pods: that is KAI's doing."""
+    document = kai_pod(container("gpu-workload"), container("sidecar", environment=[env(NVD, "void")]))
+    assert document["spec"]["runtimeClassName"] == "nvidia"
+    assert validate(document, config).warnings == ()
+
+
+def test_kai_fraction_container_with_aliases(config):
+    """The alias would override KAI's NVIDIA_VISIBLE_DEVICES, so it is neither pinned nor allowed there; the
+    sidecar gets both pins."""
+    aliased = PolicyConfig(visible_devices_aliases=("DOCKER_RESOURCE_GPU",))
+    authored = kai_fraction_pod(container("gpu-workload"), container("sidecar"))
+    decision = evaluate(authored, aliased, namespace="default")
+    patched = apply_patch(authored, decision.mutation.patch)
+    assert patched["spec"]["containers"][0]["env"] == [env(NVD, "void")]
+    assert patched["spec"]["containers"][1]["env"] == [env(NVD, "void"), env("DOCKER_RESOURCE_GPU", "void")]
+    after_kai = as_kai_leaves_it(patched)
+    assert broken(after_kai, aliased) == []
+    after_kai["spec"]["containers"][0]["env"].append(env("DOCKER_RESOURCE_GPU", "void"))
+    [violation] = validate(after_kai, aliased).violations
+    assert violation.rule == "visible-devices-env" and "instead of KAI's value" in violation.detail
 
 
 # --- privileged / sys-admin-capability ----------------------------------------------------------------------------
@@ -323,7 +440,7 @@ def test_unprivileged_is_fine(config):
 
 @pytest.mark.parametrize("capability", ["SYS_ADMIN", "ALL", "CAP_SYS_ADMIN", "sys_admin", "all", "cap_sys_admin"])
 def test_sys_admin_and_all_capabilities(config, capability):
-    document = pod(gpu_container("c", securityContext={"capabilities": {"add": ["NET_ADMIN", capability]}}))
+    document = pod(gpu_container("c", securityContext={"capabilities": {"add": ["NET_BIND_SERVICE", capability]}}))
     [violation] = validate(document, config).violations
     assert (violation.rule, violation.container) == ("sys-admin-capability", "c")
     assert capability in violation.message
@@ -459,6 +576,9 @@ REJECTED_HOST_PATHS = [
     "/var/lib/kubelet/device-plugins",
     "/var/lib/kubelet/device-plugins/kubelet.sock",
     "/var/lib/kubelet/pod-resources",
+    "/var/lib/kubelet/pods",
+    "/var/lib/kubelet/plugins/gpu.nvidia.com",
+    "/var/lib/kubelet/plugins_registry",
     "/var/run/docker.sock",
     "/run/containerd/containerd.sock",
     "/var/run/crio/crio.sock",
@@ -466,20 +586,43 @@ REJECTED_HOST_PATHS = [
     "/dev/shm/../nvidia0",
     "/./etc//cdi/",
     "dev",
+    # the node through procfs and sysfs, the kubelet's static pods, the toolkit, the runtime
+    "/proc",
+    "/proc/1/root",
+    "/proc/self/root/etc",
+    "/proc/42/cwd",
+    "/proc/sys",
+    "/sys",
+    "/sys/fs/cgroup",
+    "/sys/fs/cgroup/kubepods.slice",
+    "/etc/kubernetes/manifests",
+    "/etc/nvidia-container-runtime",
+    "/etc/nvidia-container-runtime/config.toml",
+    "/usr/local/nvidia",
+    "/usr/local/nvidia/toolkit/nvidia-container-runtime",
+    "/usr",
+    "/usr/local",
+    "/etc/containerd",
+    "/etc/containerd/config.toml",
+    "/etc/crio",
+    "/var/lib/containerd",
+    "/var/lib/containers/storage",
 ]
-ALLOWED_HOST_PATHS = [
+NOT_DEVICE_PATHS = [
     "/devices",
     "/dev/shm",
     "/dev/fuse",
     "/dev/log",
+    "/dev/infiniband",
     "/data",
     "/etc/os-release",
     "/var/log",
-    "/var/lib/kubelet/pods",
     "/run/nvidia-fabricmanager",
     "/etc/cdi-backup",
-    "/sys",
     "/opt/nvidia",
+    "/procfs",
+    "/system",
+    "/tmp/nvidia-mps",
 ]
 
 
@@ -487,17 +630,200 @@ ALLOWED_HOST_PATHS = [
 def test_host_paths_reaching_devices(config, path):
     [violation] = only_rule(host_path_pod(path), config, "host-device-path")
     assert violation.container is None and '"host"' in violation.message
+    assert only_rule(host_path_pod(path), config, "host-path") == []  # one violation per volume, the specific one
 
 
-@pytest.mark.parametrize("path", ALLOWED_HOST_PATHS)
-def test_host_paths_elsewhere(config, path):
+@pytest.mark.parametrize("path", NOT_DEVICE_PATHS)
+def test_every_other_host_path_needs_an_allowlist_entry(config, path):
     assert only_rule(host_path_pod(path), config, "host-device-path") == []
+    [violation] = only_rule(host_path_pod(path), config, "host-path")
+    assert violation.container is None and "not on the hostPath allowlist" in violation.message
 
 
 def test_extra_host_device_paths():
     custom = PolicyConfig(extra_host_device_paths=("/opt/nvidia",))
     assert only_rule(host_path_pod("/opt/nvidia/bin"), custom, "host-device-path")
     assert only_rule(host_path_pod("/opt"), custom, "host-device-path")
+
+
+RDMA = PolicyConfig(
+    host_path_allowlist=(HostPathEntry("/dev/infiniband"), HostPathEntry("/srv/scratch", writable=True))
+)
+
+
+def read_only_host_path_pod(path, *, read_only):
+    document = host_path_pod(path)
+    document["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] = read_only
+    return document
+
+
+def test_an_allowlisted_read_only_entry_admits_read_only_mounts_only():
+    assert broken(read_only_host_path_pod("/dev/infiniband", read_only=True), RDMA) == [("unpinned-container", "app")]
+    for writable in (host_path_pod("/dev/infiniband"), read_only_host_path_pod("/dev/infiniband", read_only=False)):
+        [violation] = only_rule(writable, RDMA, "host-path")
+        assert "writable" in violation.message and "readOnly: true" in violation.message
+
+
+def test_a_writable_entry_admits_writable_mounts():
+    assert only_rule(host_path_pod("/srv/scratch"), RDMA, "host-path") == []
+    assert only_rule(read_only_host_path_pod("/srv/scratch", read_only=True), RDMA, "host-path") == []
+
+
+@pytest.mark.parametrize("path", ["/dev/infiniband/uverbs0", "/srv/scratch/link", "/srv", "/dev/infiniband2"])
+def test_an_entry_admits_exactly_its_path(path):
+    """Not its sub-paths: a sub-path is where a symlink planted through a writable mount points the runtime (which
+    resolves hostPath sources on the host) to anywhere on the node. Not its parents either."""
+    assert only_rule(read_only_host_path_pod(path, read_only=True), RDMA, "host-path")
+
+
+@pytest.mark.parametrize("path", ["/dev/infiniband/", "//dev/infiniband", "/dev/./infiniband", "/dev/x/../infiniband"])
+def test_entries_match_the_cleaned_path(path):
+    assert only_rule(read_only_host_path_pod(path, read_only=True), RDMA, "host-path") == []
+
+
+def test_every_container_mounting_the_volume_must_be_read_only():
+    document = read_only_host_path_pod("/dev/infiniband", read_only=True)
+    document["spec"]["initContainers"] = [
+        container("init", environment=[env(NVD, "void")], volumeMounts=[{"name": "host", "mountPath": "/ib"}])
+    ]
+    assert [v.rule for v in validate(document, RDMA).violations if v.rule != "unpinned-container"] == ["host-path"]
+    document["spec"]["initContainers"][0]["volumeMounts"][0]["readOnly"] = True
+    assert only_rule(document, RDMA, "host-path") == []
+    unmounted = pod(
+        container(environment=[env(NVD, "void")]), volumes=[{"name": "h", "hostPath": {"path": "/dev/infiniband"}}]
+    )
+    assert broken(unmounted, RDMA) == []  # a volume no container mounts is written by none
+
+
+def test_debug_containers_are_judged_on_the_host_paths_they_mount():
+    document = read_only_host_path_pod("/dev/infiniband", read_only=True)
+    document["spec"]["volumes"].append({"name": "data", "hostPath": {"path": "/data"}})
+    document["spec"]["ephemeralContainers"] = [
+        container("quiet", environment=[env(NVD, "void")]),
+        container("rw", environment=[env(NVD, "void")], volumeMounts=[{"name": "host", "mountPath": "/ib"}]),
+        container(
+            "data", environment=[env(NVD, "void")], volumeMounts=[{"name": "data", "mountPath": "/d", "readOnly": True}]
+        ),
+    ]
+    assert broken(document, RDMA, only={"quiet"}) == []
+    assert broken(document, RDMA, only={"rw"}) == [("host-path", None)]
+    assert broken(document, RDMA, only={"data"}) == [("host-path", None)]
+
+
+# --- added-capability / host-pid ----------------------------------------------------------------------------------
+
+NODE_POWERS = ["SYS_PTRACE", "DAC_READ_SEARCH", "SYS_MODULE", "SYS_RAWIO", "BPF", "cap_sys_ptrace", "bpf"]
+
+
+@pytest.mark.parametrize("capability", [*NODE_POWERS, "NET_ADMIN", "PERFMON", "SYS_TIME", "NET_RAW", "MADE_UP"])
+def test_capabilities_beyond_the_allowlist(config, capability):
+    document = pod(gpu_container("c", securityContext={"capabilities": {"add": ["CHOWN", capability]}}))
+    [violation] = validate(document, config).violations
+    assert (violation.rule, violation.container) == ("added-capability", "c")
+    assert capability in violation.message and "CHOWN" not in violation.message
+
+
+#: Pod Security baseline's capabilities (check_capabilities_baseline.go), written out rather than imported.
+BASELINE = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE")
+BASELINE += ("SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT")
+
+
+@pytest.mark.parametrize("capability", ["IPC_LOCK", "ipc_lock", "CAP_IPC_LOCK", *BASELINE])
+def test_baseline_capabilities_and_ipc_lock_are_allowed(config, capability):
+    document = pod(gpu_container("c", securityContext={"capabilities": {"add": [capability], "drop": ["ALL"]}}))
+    assert broken(document, config) == []
+
+
+def test_one_violation_per_container_names_every_unlisted_capability(config):
+    document = pod(gpu_container("c", securityContext={"capabilities": {"add": ["SYS_PTRACE", "BPF", "SYS_ADMIN"]}}))
+    assert broken(document, config) == [("sys-admin-capability", "c"), ("added-capability", "c")]
+    [violation] = [v for v in validate(document, config).violations if v.rule == "added-capability"]
+    assert '"SYS_PTRACE", "BPF"' in violation.message and "SYS_ADMIN" not in violation.message
+
+
+def test_the_capability_allowlist_is_configurable():
+    debugging = PolicyConfig(allowed_capabilities=("SYS_PTRACE",))
+    document = pod(gpu_container("c", securityContext={"capabilities": {"add": ["SYS_PTRACE"]}}))
+    assert broken(document, debugging) == []
+    ipc_lock = pod(gpu_container("c", securityContext={"capabilities": {"add": ["IPC_LOCK"]}}))
+    assert broken(ipc_lock, debugging) == [("added-capability", "c")]
+
+
+@pytest.mark.parametrize("flag", [True, "true"])
+def test_host_pid_is_rejected(config, flag):
+    document = pod(gpu_container(), hostPID=flag)
+    [violation] = validate(document, config).violations
+    assert (violation.rule, violation.container) == ("host-pid", None) and "hostPID" in violation.message
+
+
+def test_multi_node_training_keeps_host_network_ipc_lock_and_a_memory_backed_dev_shm(config):
+    """NCCL over RDMA: hostNetwork, IPC_LOCK to pin memory, /dev/shm as a memory emptyDir; none of them reach GPUs."""
+    worker = gpu_container(
+        "trainer",
+        gpus=8,
+        securityContext={"capabilities": {"add": ["IPC_LOCK"]}},
+        volumeMounts=[{"name": "dshm", "mountPath": "/dev/shm"}],
+    )
+    document = pod(
+        worker,
+        hostNetwork=True,
+        dnsPolicy="ClusterFirstWithHostNet",
+        hostPID=False,
+        volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}],
+    )
+    decision = evaluate(document, config, namespace="default")
+    assert decision.verdict == "allowed" and decision.validation.warnings == ()
+
+
+# --- runtime-annotation -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "io.kubernetes.cri-o.Devices",
+        "devices.crio.io",
+        "devices.crio.io/app",
+        "devices.noderesource.dev/container.app",
+        "devices.noderesource.dev/pod",
+        "devices.noderesource.dev",
+        "devices.nri.io/container.app",
+        "cdi-devices.noderesource.dev/pod",
+        "cdi-devices.nri.io",
+        "mounts.noderesource.dev/container.app",
+        "mounts.nri.io/pod",
+    ],
+)
+def test_runtime_device_and_mount_annotations(config, key):
+    document = pod(gpu_container(), annotations={key: "- path: /dev/nvidia0\n  type: c\n  major: 195\n  minor: 0"})
+    [violation] = validate(document, config).violations
+    assert (violation.rule, violation.container) == ("runtime-annotation", None) and key in violation.message
+
+
+@pytest.mark.parametrize(
+    "key", ["io.kubernetes.cri-o.userns-mode", "example.com/devices.crio.io", "sysctl.noderesource.dev/pod"]
+)
+def test_other_runtime_annotations_are_not_this_rule(config, key):
+    assert broken(pod(gpu_container(), annotations={key: "x"}), config) == []
+
+
+def test_forbidden_annotation_prefixes_are_configurable():
+    custom = PolicyConfig(forbidden_annotation_prefixes=("example.com/devices",))
+    assert broken(pod(gpu_container(), annotations={"example.com/devices": "/dev/nvidia0"}), custom) == [
+        ("runtime-annotation", None)
+    ]
+    assert broken(pod(gpu_container(), annotations={"devices.crio.io": "/dev/nvidia0"}), custom) == []
+    # the CDI prefixes are not part of the list: they stay cdi-annotation's
+    assert broken(pod(gpu_container(), annotations={"cdi.k8s.io/x": "nvidia.com/gpu=all"}), custom) == [
+        ("cdi-annotation", None)
+    ]
+
+
+def test_update_judges_the_runtime_annotations_it_adds_or_changes(config):
+    before = pod(container(), annotations={"devices.crio.io": "/dev/fuse"})
+    after = pod(container(), annotations={"devices.crio.io": "/dev/nvidia0", "mounts.nri.io/pod": "x"})
+    assert sorted(v.rule for v in validate_update(after, before, config).violations) == ["runtime-annotation"] * 2
+    assert validate_update(before, before, config).violations == ()
 
 
 # --- mig-control-env ----------------------------------------------------------------------------------------------
@@ -509,6 +835,42 @@ def test_mig_control_variables(config, name):
     assert broken(document, config) == [("mig-control-env", "c")]
     from_config_map = pod(gpu_container("c", environment=[env(name, configMapKeyRef={"name": "m", "key": "k"})]))
     assert broken(from_config_map, config) == [("mig-control-env", "c")]
+
+
+# --- imex-channels-env --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gpus", [None, 1])
+def test_imex_channels_set_in_the_pod(config, gpus):
+    environment = (
+        [env(NVD, "void"), env("NVIDIA_IMEX_CHANNELS", "0")] if gpus is None else [env("NVIDIA_IMEX_CHANNELS", "all")]
+    )
+    document = pod(container("c", gpus=gpus, environment=environment))
+    assert broken(document, config) == [("imex-channels-env", "c")]
+    by_reference = pod(
+        gpu_container("c", environment=[env("NVIDIA_IMEX_CHANNELS", configMapKeyRef={"name": "m", "key": "k"})])
+    )
+    assert broken(by_reference, config) == [("imex-channels-env", "c")]
+
+
+# --- aliases --------------------------------------------------------------------------------------------------------
+
+ALIASED = PolicyConfig(visible_devices_aliases=("DOCKER_RESOURCE_GPU",))
+
+
+def test_aliases_are_pinned_beside_the_variable():
+    """The toolkit reads a present alias instead of NVIDIA_VISIBLE_DEVICES (cuda_image.go visibleEnvVars): a
+    pin of the variable alone would be ignored when the image sets the alias."""
+    document = pod(container("web"), container("half", environment=[env(NVD, "void")]), gpu_container("cuda"))
+    decision = evaluate(document, ALIASED, namespace="default")
+    assert decision.verdict == "mutated" and decision.mutation.pinned == ("web", "half")
+    patched = apply_patch(document, decision.mutation.patch)
+    pins = [env(NVD, "void"), env("DOCKER_RESOURCE_GPU", "void")]
+    assert patched["spec"]["containers"][0]["env"] == pins
+    assert patched["spec"]["containers"][1]["env"] == pins
+    assert "env" not in patched["spec"]["containers"][2]
+    [violation] = validate(document, ALIASED).violations[1:]
+    assert violation.rule == "unpinned-container" and "DOCKER_RESOURCE_GPU" in violation.detail
 
 
 # --- warnings -----------------------------------------------------------------------------------------------------
@@ -529,26 +891,82 @@ def test_gpu_container_with_env_from_warns(config):
     document = pod(gpu_container("cuda", envFrom=[{"configMapRef": {"name": "settings"}}]))
     [warning] = validate(document, config).warnings
     assert "cuda" in warning and "envFrom" in warning
+    assert validate(document, config).violations == ()
 
 
-def test_non_gpu_container_with_env_from_is_covered_by_the_pin(config):
-    document = pod(container(environment=[env(NVD, "void")], envFrom=[{"configMapRef": {"name": "s"}}]))
-    assert validate(document, config).warnings == ()
-    aliased = PolicyConfig(visible_devices_aliases=("DOCKER_RESOURCE_GPU",))
-    [warning] = validate(document, aliased).warnings
-    assert "DOCKER_RESOURCE_GPU" in warning
+def test_gpu_container_with_env_from_is_rejected_when_configured():
+    strict = PolicyConfig(env_from_on_gpu_containers=Switch.REJECT)
+    document = pod(gpu_container("cuda", envFrom=[{"configMapRef": {"name": "settings"}}]))
+    result = validate(document, strict)
+    assert [(v.rule, v.container) for v in result.violations] == [("gpu-env-from", "cuda")]
+    assert result.warnings == ()
+    assert validate(pod(gpu_container("cuda", envFrom=[])), strict).violations == ()
+
+
+@pytest.mark.parametrize("switch", list(Switch))
+def test_env_from_on_pinned_containers_is_covered_by_the_pins(switch):
+    """An explicit env entry wins over envFrom, and every name is pinned explicitly: no warning, no rejection."""
+    for config in (
+        PolicyConfig(env_from_on_gpu_containers=switch),
+        PolicyConfig(env_from_on_gpu_containers=switch, visible_devices_aliases=("DOCKER_RESOURCE_GPU",)),
+    ):
+        pinned = [env(name, "void") for name in config.pin_names]
+        document = pod(container(environment=pinned, envFrom=[{"configMapRef": {"name": "s"}}]))
+        assert validate(document, config) == validate(pod(container(environment=pinned)), config)
+
+
+@pytest.mark.parametrize("switch", list(Switch))
+def test_kai_s_own_env_from_is_judged_only_where_an_alias_could_hide_in_it(switch):
+    document = as_kai_leaves_it(kai_fraction_pod(container("gpu-workload")))
+    plain = PolicyConfig(env_from_on_gpu_containers=switch)
+    assert validate(document, plain).violations == validate(document, plain).warnings == ()
+    aliased = PolicyConfig(env_from_on_gpu_containers=switch, visible_devices_aliases=("DOCKER_RESOURCE_GPU",))
+    assert validate(document, aliased).violations == validate(document, aliased).warnings == ()  # KAI's own -evar
+    document["spec"]["containers"][0]["envFrom"].append({"secretRef": {"name": "mine"}})
+    result = validate(document, aliased)
+    found = [v.rule for v in result.violations] if switch is Switch.REJECT else result.warnings
+    assert len(found) == 1 and (switch is Switch.WARN or found == ["gpu-env-from"])
+
+
+@pytest.mark.parametrize("value", ["none", " none ", "none,all", "0,none"])
+def test_none_warns_by_default_and_names_the_fix(config, value):
+    document = pod(container("app", environment=[env(NVD, value)]))
+    result = validate(document, config)
+    assert result.violations == ()
+    [warning] = result.warnings
+    assert "none" in warning and "void" in warning and "1.18" in warning and len(warning) <= 120
+
+
+@pytest.mark.parametrize("value", ["void", "", "none,void", "all,none"])
+def test_none_warning_only_where_the_toolkit_reads_none(config, value):
+    assert validate(pod(container("app", environment=[env(NVD, value)])), config).warnings == ()
+
+
+def test_none_is_rejected_when_configured():
+    strict = PolicyConfig(visible_devices_none=Switch.REJECT)
+    result = validate(pod(container("app", environment=[env(NVD, "none")])), strict)
+    assert [(v.rule, v.container) for v in result.violations] == [("visible-devices-none", "app")]
+    assert "void" in result.violations[0].detail and result.warnings == ()
+    aliased = PolicyConfig(visible_devices_none=Switch.REJECT, visible_devices_aliases=("DOCKER_RESOURCE_GPU",))
+    alias_none = pod(container("app", environment=[env(NVD, "void"), env("DOCKER_RESOURCE_GPU", "none")]))
+    assert broken(alias_none, aliased) == [("visible-devices-none", "app")]
+    # a GPU container's value is visible-devices-env's, whatever it is
+    assert broken(pod(gpu_container("g", environment=[env(NVD, "none")])), strict) == [("visible-devices-env", "g")]
 
 
 def test_warnings_fit_the_api_server_limit(config):
     long_name = "c" * 300
     document = pod(
-        container(long_name, environment=[env(NVD, "void")], envFrom=[{"secretRef": {"name": "s"}}]),
+        gpu_container(long_name, envFrom=[{"secretRef": {"name": "s"}}]),
+        container("d" * 300, environment=[env(NVD, "none")]),
         runtimeClassName="nvidia",
     )
-    custom = PolicyConfig(visible_devices_aliases=("A" * 150,))
-    warnings = validate(document, custom).warnings
+    document["spec"]["containers"][0]["resources"] = {}
+    warnings = validate(document, config).warnings
     assert len(warnings) == 2
     assert all(len(warning) <= 120 for warning in warnings)
+    document["spec"]["containers"][0] = gpu_container(long_name, envFrom=[{"secretRef": {"name": "s"}}])
+    assert len(validate(document, config).warnings) == 2  # envFrom and none; a GPU pod: no runtime class warning
 
 
 # --- only (pods/ephemeralcontainers UPDATE) -----------------------------------------------------------------------
@@ -574,6 +992,16 @@ def test_only_judges_host_paths_the_new_container_mounts(config):
     ]
     assert broken(document, config, only={"quiet"}) == []
     assert broken(document, config, only={"nosy"}) == [("host-device-path", None)]
+
+
+def test_the_new_rules_skip_what_an_ephemeral_update_cannot_change(config):
+    document = pod(
+        container("app", environment=[env(NVD, "void")]),
+        hostPID=True,
+        annotations={"devices.crio.io": "/dev/nvidia0"},
+        ephemeral=[container("debugger", environment=[env(NVD, "void")])],
+    )
+    assert broken(document, config, only={"debugger"}) == []
 
 
 def test_validation_rule_ids_in_table_order(config):

@@ -13,7 +13,9 @@ import argparse
 import datetime as dt
 import gc
 import logging
+import os
 import socket
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +70,8 @@ def _serve_args(tmp_path: Path, *, good: bool = True) -> argparse.Namespace:
         workers=2,
         threads=4,
         log_level="INFO",
+        client_ca_file=None,
+        client_cn=[],
     )
 
 
@@ -124,6 +128,46 @@ def test_no_access_log_fields_are_built_for_any_request(monkeypatch):
         monkeypatch.setattr(logger, "access_log", logging.getLogger("gpu_fence.test.access"))
         logger.access(None, None, {}, None)
         assert len(built) == expected
+
+
+def test_the_client_ca_is_asked_for_verified_and_reloaded_like_the_serving_pair(tmp_path, caplog):
+    now = dt.datetime.now(dt.UTC)
+    ca = new_ca(common_name="ca", now=now, days=3)
+    pair = new_serving_cert(ca, service_dns_names("s", "ns"), now=now, days=2)
+    (tmp_path / "tls.crt").write_bytes(pair.cert_pem)
+    (tmp_path / "tls.key").write_bytes(pair.key_pem)
+    client_ca = tmp_path / "client-ca.crt"
+    client_ca.write_bytes(new_ca(common_name="clients", now=now, days=3).cert_pem)
+    store = serving.CertificateStore(
+        str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), client_ca_file=str(client_ca)
+    )
+    store.load()
+    first = store.context()
+    assert first.verify_mode == ssl.CERT_OPTIONAL  # asked for, verified when presented; probes need none
+    assert [c["subject"] for c in first.get_ca_certs()] == [((("commonName", "clients"),),)]
+    staged = tmp_path / ".client-ca.crt.new"
+    staged.write_bytes(b"not a certificate")
+    os.replace(staged, client_ca)
+    with caplog.at_level(logging.WARNING, logger="gpu_fence.webhook"):
+        assert store.reload_if_changed() is False
+    assert store.context() is first and "--client-ca-file" in caplog.records[0].fields["reason"]
+    staged.write_bytes(new_ca(common_name="renewed", now=now, days=3).cert_pem)
+    os.replace(staged, client_ca)
+    assert store.reload_if_changed() is True
+    assert [c["subject"] for c in store.context().get_ca_certs()] == [((("commonName", "renewed"),),)]
+    client_ca.write_bytes(b"garbage")
+    with pytest.raises(serving.ServeError, match=r"--client-ca-file .*not a PEM CA certificate"):
+        serving.CertificateStore(
+            str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), client_ca_file=str(client_ca)
+        ).load()
+
+
+def test_client_cn_without_a_client_ca_is_a_usage_error(tmp_path):
+    args = _serve_args(tmp_path)
+    args.client_cn = ["kube-apiserver"]
+    args.config, args.namespace = None, None
+    with pytest.raises(serving.ServeError, match="--client-cn needs --client-ca-file"):
+        serving.run(args)
 
 
 def test_a_port_in_use_fails_at_once_in_one_line(tmp_path):

@@ -153,6 +153,17 @@ def test_a_body_past_the_discard_limit_is_not_read(app):
     assert status.startswith("413 ") and not hasattr(stream, "consumed")
 
 
+@pytest.mark.parametrize("body", [BODY[: len(BODY) // 2], b'{"apiVersion": "admission.k8s.io/v1"}'])
+def test_a_body_shorter_than_its_length_is_a_counted_400_even_when_what_came_parses(app, metrics, body):
+    status, _, data, _ = call(app, "POST", "/validate", body, length=str(len(body) + 7))
+    assert status == "400 Bad Request"
+    assert orjson.loads(data) == {
+        "error": "truncated-body",
+        "message": f"body ended after {len(body)} of its {len(body) + 7} bytes (Content-Length)",
+    }
+    assert bad_requests(metrics, "truncated-body") == 1
+
+
 @pytest.mark.parametrize(("length", "terminated"), [(None, False), ("abc", True), ("-5", True), ("0", True)])
 def test_no_usable_length_reads_as_an_empty_body(app, metrics, length, terminated):
     """As werkzeug read it: no length from a server that does not end the stream is no body (reading could hang);
@@ -381,3 +392,34 @@ def test_the_direct_line_time_is_rfc3339_millis_through_the_cached_second(now):
         os.close(read_end)
         os.close(write_end)
     assert [json.loads(line)["time"] for line in lines] == [rfc3339_millis(now), rfc3339_millis(now + 0.25)]
+
+
+@pytest.mark.parametrize(
+    ("tls", "status", "reason"),
+    [
+        ({}, "403 Forbidden", "client-certificate-required"),  # served without our worker: no certificate known
+        ({wsgi.CLIENT_VERIFY: "NONE"}, "403 Forbidden", "client-certificate-required"),
+        (
+            {wsgi.CLIENT_VERIFY: wsgi.CLIENT_VERIFIED, wsgi.CLIENT_CN: "system:node:a"},
+            "403 Forbidden",
+            "client-not-allowed",
+        ),
+        ({wsgi.CLIENT_VERIFY: wsgi.CLIENT_VERIFIED, wsgi.CLIENT_CN: "kube-apiserver"}, "200 OK", None),
+    ],
+)
+def test_with_client_auth_reviews_need_the_api_servers_certificate_and_health_does_not(metrics, tls, status, reason):
+    app = create_app(
+        None, policy=StandInPolicy(), metrics=metrics, client_auth=wsgi.ClientAuth(frozenset({"kube-apiserver"}))
+    )
+    wrapped = app.wsgi_app
+
+    def with_tls(environ, start_response):
+        environ.update(tls)
+        return wrapped(environ, start_response)
+
+    app.wsgi_app = with_tls
+    got, _, data, _ = call(app, "POST", "/validate", BODY)
+    assert got == status
+    if reason:
+        assert orjson.loads(data)["error"] == reason and bad_requests(metrics, reason) == 1
+    assert call(app, "GET", "/healthz")[0] == "200 OK"

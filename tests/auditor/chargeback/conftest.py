@@ -1,4 +1,5 @@
-"""Shared fixtures: one real Prometheus holding every hand-checked scenario (``tests.fakes.chargeback_scenarios``)."""
+"""Shared fixtures: one real Prometheus holding every hand-checked scenario (``tests.fakes.chargeback_scenarios``)
+and what the chargeback recording rules recorded over them."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.chargeback_scenarios import PRICES_YAML, scenarios
+from gpu_fence.auditor.chargeback.rules import rules_file
+from tests.fakes.chargeback_scenarios import PRICES_YAML, RECORDED_RANGES, RULES_INTERVAL, scenarios
 from tests.fakes.prometheus import PrometheusServer
 
 
 @pytest.fixture(scope="session")
 def prometheus(tmp_path_factory: pytest.TempPathFactory):
     with PrometheusServer(tmp_path_factory.mktemp("prometheus"), openmetrics=scenarios()) as server:
+        server.record(rules_file(RULES_INTERVAL, pod_labels=["example.com/team"]), RECORDED_RANGES)
         yield server
 
 

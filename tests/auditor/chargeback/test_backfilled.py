@@ -180,7 +180,8 @@ def test_time_slicing_splits_by_unequal_memory(prometheus, prices_file):
 @pytest.mark.parametrize("method", ["holder", "usage"])
 def test_sm_activity_is_shown_per_group_beside_the_bill_and_never_billed(prometheus, prices_file, method):
     """The time-sliced card again, with the auditor's SM activity: a 50 % all hour, b 10 % for the first half hour,
-    c sampled at 0 all hour. SM-active GPU-hours: ml 0.5 × 1 h + 0.1 × 0.5 h = 0.55, research 0 (idle, known)."""
+    c sampled at 0 all hour. SM-active GPU-hours: ml 0.5 × 1 h + 0.1 × 0.5 h = 0.55, research 0 (idle, known).
+    (test_recorded checks that the recording rules' bill says the same, scenario by scenario.)"""
     by = groups(bill(prometheus, prices_file, "timeslice", "--method", method))
     assert by["ml"]["sm_active_gpu_hours"] == pytest.approx(0.55)
     assert by["research"]["sm_active_gpu_hours"] == 0.0

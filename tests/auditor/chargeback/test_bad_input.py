@@ -37,7 +37,7 @@ def not_prometheus() -> Iterator[str]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             body = b"<html>hello</html>"
-            self.send_response(200 if "query_range" in self.path else 404)
+            self.send_response(200 if "/api/v1/" in self.path else 404)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

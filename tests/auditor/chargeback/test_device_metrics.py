@@ -19,9 +19,16 @@ from tests.fakes.chargeback_scenarios import run_chargeback, window_args
 COMPARE = "--compare-device-metrics"
 
 
-def compared(prometheus, prices_file, window: str, *extra: str) -> dict:
+def compared(prometheus, prices_file, window: str, series: str = "raw") -> dict:
     result = run_chargeback(
-        "--prometheus", prometheus.url, *window_args(window), "--prices", str(prices_file), "--format", "json", COMPARE
+        "--prometheus",
+        prometheus.url,
+        *window_args(window, series),
+        "--prices",
+        str(prices_file),
+        "--format",
+        "json",
+        COMPARE,
     )
     assert result.code == 0, result.stderr
     return json.loads(result.stdout)["device_metrics"]
@@ -49,6 +56,16 @@ def test_virtual_gpu_mode_bills_a_time_sliced_card_three_times_and_this_bill_onc
     # The per-process GPU_UTIL of 4.5.3-4.8.2 adds up to the device's own 90 %: 0.9x the card, not 3x.
     assert totals["utilisation_cost"] == pytest.approx(2.70)
     assert comparison["other_cost"] == pytest.approx(0.0) and comparison["notes"] == []
+
+
+@pytest.mark.e2e
+def test_the_comparison_beside_a_bill_from_the_recording_rules_is_the_same(prometheus, prices_file):
+    """The recording rules evaluate at their own phase: that bill's instants are the rules', and the comparison
+    reads dcgm-exporter's series at those instants, for the same figures on a window constant all hour."""
+    recorded = compared(prometheus, prices_file, "dcgm-virtual", "recorded")
+    raw = by_group(compared(prometheus, prices_file, "dcgm-virtual"))
+    assert {group: pytest.approx(figures) for group, figures in by_group(recorded).items()} == raw
+    assert recorded["totals"]["device_hours_cost"] == pytest.approx(9.00)
 
 
 @pytest.mark.e2e
@@ -167,7 +184,7 @@ def compare(
         fb_used=fb_used,
         gpu_util=gpu_util,
         price_of=lambda node, model: ({A100: 3600.0} if prices is None else prices).get(model),  # 1.00 per second
-        group_of=lambda namespace, pod: namespace,
+        group_of=lambda namespace, pod, key: namespace,
         gpu_fence={"ml": 100.0},
         gpu_fence_rest=20.0,
         real_cost=120.0,

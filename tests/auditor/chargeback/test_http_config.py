@@ -24,11 +24,13 @@ def keys(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
-def protected(keys, tmp_path_factory: pytest.TempPathFactory):
-    """The same scenarios as the session's plain Prometheus, served over TLS with basic auth."""
+def protected(prometheus, keys, tmp_path_factory: pytest.TempPathFactory):
+    """The same scenarios as the session's plain Prometheus, and what its recording rules recorded, served over TLS
+    with basic auth."""
     server = PrometheusServer(
         tmp_path_factory.mktemp("protected"),
         openmetrics=scenarios(),
+        blocks=prometheus.recorded_blocks,
         web_config=web_config(keys),
         ca_file=keys.path("ca.pem"),
         basic_auth=(USER, PASSWORD),

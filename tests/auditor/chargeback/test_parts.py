@@ -13,7 +13,8 @@ from gpu_fence.auditor.chargeback.compute import ContainerRef, GroupCost, IdlePo
 from gpu_fence.auditor.chargeback.errors import ChargebackError
 from gpu_fence.auditor.chargeback.html import render_html
 from gpu_fence.auditor.chargeback.prices import Prices, prices_from_mapping
-from gpu_fence.auditor.chargeback.prometheus import Series, intervals_from_series, label_name, pod_groups
+from gpu_fence.auditor.chargeback.prometheus import Series
+from gpu_fence.auditor.chargeback.raw import RawNotes, intervals_from_series, label_name, pod_groups
 from gpu_fence.auditor.chargeback.render import render_json, render_markdown, render_table
 from gpu_fence.auditor.chargeback.times import parse_duration, parse_time
 from tests.fakes.chargeback_scenarios import made, validate_bill
@@ -94,13 +95,16 @@ def test_label_names_are_sanitised_like_prometheus():
     assert label_name("app.kubernetes.io/part-of") == "label_app_kubernetes_io_part_of"
 
 
-def test_pod_groups_take_the_latest_value():
+def test_pod_groups_are_the_label_at_each_instant():
     series = [
-        Series({"namespace": "n", "pod": "p", "label_team": "old"}, ((10.0, 1.0),)),
-        Series({"namespace": "n", "pod": "p", "label_team": "new"}, ((20.0, 1.0),)),
+        Series({"namespace": "n", "pod": "p", "label_team": "old"}, ((10.0, 1.0), (20.0, 1.0))),
+        Series({"namespace": "n", "pod": "p", "label_team": "new"}, ((20.0, 1.0), (30.0, 1.0))),
         Series({"namespace": "n", "pod": "q"}, ((20.0, 1.0),)),
     ]
-    assert pod_groups(series, "label_team") == {("n", "p"): "new"}
+    # At 20 s both series are within the lookback (the label just changed): the greater value, whatever the order.
+    expected = {(10_000, "n", "p"): "old", (20_000, "n", "p"): "old", (30_000, "n", "p"): "new"}
+    assert pod_groups(series, "label_team") == expected
+    assert pod_groups(series[::-1], "label_team") == expected
 
 
 def test_series_align_on_instants_and_mig_without_share_is_noted():
@@ -114,7 +118,8 @@ def test_series_align_on_instants_and_mig_without_share_is_noted():
             ((120.0, 5.0), (120.0, float("nan"))),
         ),
     ]
-    intervals, notes = intervals_from_series(
+    notes = RawNotes()
+    intervals = intervals_from_series(
         [60.0, 120.0],
         60.0,
         info=info,
@@ -122,14 +127,15 @@ def test_series_align_on_instants_and_mig_without_share_is_noted():
         memory=memory,
         allocated=[],
         unattributed=[],
-        group_of=lambda namespace, pod: f"{namespace}!",
+        group_of=lambda namespace, pod, instant: f"{namespace}!{instant}",
+        notes=notes,
     )
     assert [interval.end for interval in intervals] == [60.0, 120.0]
     assert [device.uuid for device in intervals[0].devices] == ["GPU-1"]  # the MIG device has no share ratio
     assert intervals[0].memory == ()
-    assert intervals[1].memory[0].owner == ContainerRef("a", "p", "c", "a!")
+    assert intervals[1].memory[0].owner == ContainerRef("a", "p", "c", "a!120000")  # the group at that instant
     assert intervals[1].memory[0].allocated is False
-    assert "MIG-1" in notes[0]
+    assert "MIG-1" in notes.notes()[0]
 
 
 def hostile_bill():
@@ -174,7 +180,7 @@ def test_series_renamed_by_a_scrape_without_honor_labels_are_refused():
     for field in ("memory", "allocated"):
         arguments = {"info": [], "share": [], "memory": [], "allocated": [], "unattributed": [], field: [renamed]}
         with pytest.raises(ChargebackError, match=r"exported_namespace='ml'.*honor_labels: true"):
-            intervals_from_series([60.0], 60.0, group_of=lambda namespace, pod: namespace, **arguments)
+            intervals_from_series([60.0], 60.0, group_of=lambda namespace, pod, instant: namespace, **arguments)
 
 
 def hour_bill():
@@ -222,3 +228,25 @@ def test_html_tables_and_charts_are_labelled_for_screen_readers():
             assert re.match(r'[^>]*><th scope="row"', row), row  # the group name heads its row
     for svg in re.findall(r"<svg.*?</svg>", page, flags=re.S):
         assert re.match(r'<svg[^>]*role="img"[^>]*>\s*<title>[^<]+</title>', svg)
+
+
+def test_memory_of_unknown_entitlement_is_billed_as_its_containers_usage_not_as_overreach():
+    """allocated="unknown" (beside a DRA device that could not be resolved): overreach is not known, so the bill
+    does not price it as overreach; the container's memory is still its usage."""
+    labels = {"node": "n", "gpu_uuid": "GPU-1", "namespace": "a", "pod": "p", "container": "c"}
+    memory = [
+        Series({**labels, "allocated": "unknown"}, ((60.0, 5.0),)),
+        Series({**labels, "container": "d", "allocated": "false"}, ((60.0, 7.0),)),
+    ]
+    info = [Series({"node": "n", "gpu_uuid": "GPU-1", "model": "m"}, ((60.0, 1.0),))]
+    intervals = intervals_from_series(
+        [60.0],
+        60.0,
+        info=info,
+        share=[],
+        memory=memory,
+        allocated=[],
+        unattributed=[],
+        group_of=lambda namespace, pod, instant: namespace,
+    )
+    assert {(m.owner.container, m.allocated) for m in intervals[0].memory} == {("c", True), ("d", False)}

@@ -1,0 +1,393 @@
+"""The bill from the chargeback recording rules' series (``rules.py``): a handful of ``sum_over_time`` queries.
+
+The rules book every evaluation's split in *card ratios*; each sample stands for the ``interval`` seconds before
+it, as an instant of ``raw.py`` stands for the step before it. So a bill over the evaluations ``e_1 .. e_n`` (each
+``interval`` after the last) sums each series over ``(e_1 - interval, e_n]`` with one instant query at ``e_n``,
+multiplies by ``interval / 3600`` to get card-hours and prices them per card with the price list: the same
+:class:`~.compute.Ledger` the raw path fills interval by interval, so the idle policies, the report and every
+format are the same code.
+
+The rules evaluate at a fixed phase (Prometheus offsets each group by a hash of its name and file): the bill covers
+the evaluations in ``(start, end]``, reported as the range they stand for. It equals the raw series' bill made at
+those very instants with ``--step`` = the rules' interval (docs/chargeback.md, "When the two paths agree"). An
+evaluation the rules did not record (Prometheus down, the rules deployed after the range began) is computed here
+from the raw series at that instant, so a gap costs time, never correctness.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..metrics import label_name
+from . import rules as r
+from .compute import (
+    GIB,
+    IDLE,
+    OVERREACH,
+    UNATTRIBUTED,
+    UNATTRIBUTED_PARTY,
+    Charge,
+    Ledger,
+    Method,
+    Party,
+    TimePoint,
+    nonzero,
+)
+from .errors import ChargebackError
+from .prices import Prices
+from .progress import Progress
+from .prometheus import InstantSource, PrometheusError, Series
+from .raw import NO_LABEL, RENAMED, RawNotes
+from .times import iso
+
+# At most this many timeline points: consecutive evaluations are merged into one point beyond it.
+TIMELINE_POINTS = 720
+SUMS = 13  # the instant queries of book(), before the timeline's one or two range queries
+
+
+class NotRecorded(ChargebackError):
+    """The recording rules cannot make this bill (the message says why and what to do instead)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The rules' evaluations in the range: which are recorded and which must be computed from raw series."""
+
+    interval: float  # seconds between evaluations
+    evaluations: tuple[float, ...]  # every evaluation time in (start, end], on the rules' phase
+    recorded: frozenset[int]  # indexes into evaluations that the rules recorded
+
+    @property
+    def first(self) -> float:
+        return self.evaluations[0]
+
+    @property
+    def last(self) -> float:
+        return self.evaluations[-1]
+
+    @property
+    def missing(self) -> list[float]:
+        return [time for index, time in enumerate(self.evaluations) if index not in self.recorded]
+
+    @property
+    def start(self) -> float:
+        """Where the range the evaluations stand for begins."""
+        return self.first - self.interval
+
+    @property
+    def queries(self) -> int:
+        """How many queries :func:`book` makes for this plan."""
+        if not self.recorded:
+            return 0
+        head, _merge = timeline_points(len(self.evaluations))
+        return SUMS + 1 + (head > 0)
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def _window(seconds: float) -> str:
+    """A range selector covering the evaluations of the last ``seconds`` and not the one exactly that long ago:
+    ``seconds`` less a millisecond (Prometheus 2 closes ranges at both ends, 3 only at the end)."""
+    return f"[{_ms(seconds) - 1}ms]"
+
+
+def plan(
+    source: InstantSource,
+    start: float,
+    end: float,
+    *,
+    step: float | None,
+    by: str,
+    progress: Progress | None = None,
+) -> Plan:
+    """Which evaluations of the rules make this bill; :class:`NotRecorded` when the rules cannot make it."""
+
+    def ask(query: str, at: float) -> list[Series]:
+        answer = source.query(query, at)
+        if progress is not None:
+            progress.advance()
+        return answer
+
+    found = ask(f"max_over_time({r.INTERVAL}{_window(end - start + 1)})", end)
+    values = [value for item in found for _, value in item.values if math.isfinite(value) and value > 0]
+    if not values:
+        raise NotRecorded(
+            f"no series of the chargeback recording rules ({r.INTERVAL}) at {source.name} between {iso(start)} "
+            f"and {iso(end)}: load them (manifests/overlays/prometheus, or gpu-fence-auditor chargeback --rules)"
+        )
+    interval = max(values)
+    if step is not None and _ms(step) != _ms(interval):
+        raise NotRecorded(
+            f"the chargeback recording rules at {source.name} evaluate every {interval:g} s: --step {step:g} s "
+            "needs the raw series (--series raw), or leave --step out"
+        )
+    if by != "namespace":
+        _check_rolled_up(ask, by, start, end, source.name)
+    count = int(_ms(end - start) // _ms(interval))
+    if count < 1:
+        raise NotRecorded(f"the range {iso(start)} .. {iso(end)} is shorter than the rules' interval ({interval:g} s)")
+    # Presence of an evaluation in each interval-long cell ending at start + k × interval, and one recorded
+    # timestamp to learn the rules' phase from.
+    cells = source.query_range(f"count_over_time({r.INTERVAL}{_window(interval)})", start + interval, end, interval)
+    if progress is not None:
+        progress.advance()
+    present = {_ms(ts) for item in cells for ts, value in item.values if value > 0}
+    phase = _phase(source, interval, sorted(present), progress)
+    if phase is None:  # no evaluation at all in the range: every instant comes from the raw series
+        phase = _ms(start) % _ms(interval)
+    offset = (phase - _ms(start)) % _ms(interval) or _ms(interval)  # first evaluation after start, in (0, interval]
+    evaluations = tuple((_ms(start) + offset + index * _ms(interval)) / 1000 for index in range(count))
+    recorded = frozenset(
+        index for index in range(count) if _ms(start) + (index + 1) * _ms(interval) in present
+    )  # cell k holds evaluation k
+    return Plan(interval, evaluations, recorded)
+
+
+def _phase(source: InstantSource, interval: float, present: Sequence[int], progress: Progress | None) -> int | None:
+    """The rules' evaluation times modulo the interval (ms), from one evaluation's own timestamp."""
+    if not present:
+        return None
+    cell_end = present[-1] / 1000
+    step = min(interval, 60.0)
+    found = source.query_range(f"timestamp({r.INTERVAL})", cell_end - interval + step, cell_end, step)
+    if progress is not None:
+        progress.advance()
+    stamps = [value for item in found for _, value in item.values if math.isfinite(value)]
+    inside = [stamp for stamp in stamps if cell_end - interval < stamp <= cell_end]
+    return _ms(max(inside)) % _ms(interval) if inside else None
+
+
+def _check_rolled_up(ask: Callable[[str, float], list[Series]], by: str, start: float, end: float, name: str) -> None:
+    key = by.removeprefix("label:")
+    label = label_name(key)
+    window = _window(end - start + 1)
+    if ask(f'group(last_over_time({r.GROUP_BOOKED}{{{label}!=""}}{window}))', end):
+        return
+    if ask(f'group(last_over_time(gpu_fence_pod_labels{{{label}!=""}}{window}))', end):
+        raise NotRecorded(
+            f"the chargeback recording rules at {name} do not carry pod label {key!r} ({label}): regenerate them "
+            f"with gpu-fence-auditor chargeback --rules --pod-label {key}, or bill from the raw series (--series raw)"
+        )
+    raise PrometheusError(
+        f"no gpu_fence_pod_labels series carries {label} (pod label {key!r}) between {iso(start)} and {iso(end)}: "
+        f"run the auditor with --pod-label {key}, or check the label key"
+    )
+
+
+class _Queries:
+    """The instant queries of one bill: at its last evaluation, over all of its evaluations (``sum_over_time``
+    skips the ones the rules did not record: they have no samples)."""
+
+    def __init__(self, source: InstantSource, schedule: Plan, progress: Progress | None) -> None:
+        self.source, self.progress = source, progress
+        self.at = schedule.last
+        self.window = _window(len(schedule.evaluations) * schedule.interval)
+
+    def sum(self, metric: str, matchers: str, by: str) -> list[Series]:
+        return self.ask(f"sum by ({by}) (sum_over_time({metric}{{{matchers}}}{self.window}))")
+
+    def ask(self, query: str) -> list[Series]:
+        answer = self.source.query(query, self.at)
+        if self.progress is not None:
+            self.progress.advance()
+        return answer
+
+
+def _value(item: Series) -> float:
+    value = item.values[0][1] if item.values else 0.0
+    return value if math.isfinite(value) else 0.0
+
+
+DEVICE = "node, gpu_uuid, card_uuid"
+
+
+def book(
+    source: InstantSource,
+    schedule: Plan,
+    ledger: Ledger,
+    prices: Prices,
+    by: str,
+    *,
+    notes: RawNotes,
+    progress: Progress | None = None,
+) -> list[TimePoint]:
+    """Book the recorded evaluations of ``schedule`` into ``ledger`` (the missing ones are the caller's, from the
+    raw series) and return the timeline's points, ready for :func:`merge_timeline`."""
+    ledger.cover(schedule.start, schedule.last)
+    if not schedule.recorded:
+        return []
+    hours = schedule.interval / 3600.0
+    label = None if by == "namespace" else label_name(by.removeprefix("label:"))
+    groups = "namespace" if label is None else f"namespace, {label}"
+
+    def group(item: Series) -> str:
+        return item.labels.get(label or "namespace", "") or NO_LABEL
+
+    method = f'method="{ledger.method.value}"'
+    q = _Queries(source, schedule, progress)
+    _refuse_renamed(q)
+    for item in q.ask(f"sum by (node, card_uuid, model) (count_over_time({r.CARD}{q.window}))"):
+        labels = item.labels
+        ledger.card(labels.get("node", ""), labels.get("card_uuid", ""), labels.get("model", ""), _value(item) * hours)
+    if ledger.unpriced:
+        return []  # the caller refuses the bill
+    usage_memory: dict[tuple, float] = defaultdict(float)
+    for item in q.sum(r.GROUP_MEMORY, f'charge="{Charge.USAGE.value}"', f"{DEVICE}, {groups}"):
+        usage_memory[_where(item), item.labels.get("namespace", ""), group(item)] += _value(item) / GIB * hours
+    for item in q.sum(r.GROUP_BOOKED, f'{method}, charge=~"usage|reserved"', f"{DEVICE}, charge, {groups}"):
+        charge, namespace = item.labels.get("charge", ""), item.labels.get("namespace", "")
+        gib = usage_memory.pop((_where(item), namespace, group(item)), 0.0) if charge == Charge.USAGE.value else 0.0
+        ledger.book(_where(item), Party(charge, group(item), namespace), _value(item) * hours, gib)
+    overreach_memory: dict[tuple, float] = defaultdict(float)
+    container = f"{DEVICE}, namespace, pod, container"
+    for item in q.sum(r.MEMORY, f'charge="{Charge.OVERREACH.value}"', f"{container}, {groups}"):
+        overreach_memory[_overreach_party(item, group(item)), _where(item)] += _value(item) / GIB * hours
+    for item in q.sum(r.BOOKED, f'{method}, charge="{Charge.OVERREACH.value}"', f"{container}, {groups}"):
+        party = _overreach_party(item, group(item))
+        ledger.book(_where(item), party, _value(item) * hours, overreach_memory.pop((party, _where(item)), 0.0))
+    unattributed_memory = {
+        _where(item): _value(item) / GIB * hours for item in q.sum(r.UNATTRIBUTED_MEMORY, "", DEVICE)
+    }
+    for item in q.sum(r.UNATTRIBUTED, method, DEVICE):
+        ledger.book(_where(item), UNATTRIBUTED_PARTY, _value(item) * hours, unattributed_memory.get(_where(item), 0.0))
+    for item in q.sum(r.IDLE, method, DEVICE):
+        ledger.book_idle(_where(item), _value(item) * hours)
+    for item in q.sum(r.GROUP_REQUESTED, "", f"node, card_uuid, {groups}"):
+        labels = item.labels
+        ledger.book_request(labels.get("node", ""), labels.get("card_uuid", ""), group(item), _value(item) * hours)
+    for item in q.sum(r.GROUP_ACTIVE, "", groups):  # not billed: shown beside the cost
+        ledger.book_active(group(item), _value(item) * hours)
+    _issues(q, ledger, notes)
+    return _timeline(q, schedule, prices, method, label)
+
+
+def _where(item: Series) -> tuple[str, str, str]:
+    labels = item.labels
+    return labels.get("node", ""), labels.get("gpu_uuid", ""), labels.get("card_uuid", "")
+
+
+def _overreach_party(item: Series, group: str) -> Party:
+    labels = item.labels
+    return Party(
+        Charge.OVERREACH.value, group, labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", "")
+    )
+
+
+def _refuse_renamed(q: _Queries) -> None:
+    for metric in ("gpu_fence_container_gpu_memory_bytes", "gpu_fence_container_allocated_gpus"):
+        found = q.ask(f'group by ({RENAMED}, namespace, pod) (last_over_time({metric}{{{RENAMED}!=""}}{q.window}))')
+        if found:
+            labels = found[0].labels
+            raise PrometheusError(
+                f"{metric} carries {RENAMED}={labels.get(RENAMED, '')!r}: Prometheus scraped the auditor without "
+                f"honor_labels and replaced the workload's namespace/pod/container with the auditor pod's own "
+                f"({labels.get('namespace', '')}/{labels.get('pod', '')}); scrape it with honor_labels: true "
+                "(honorLabels in a ServiceMonitor, see docs/metrics.md)"
+            )
+
+
+def _issues(q: _Queries, ledger: Ledger, notes: RawNotes) -> None:
+    """What the rules flagged per device, into the same sets the raw path fills (and so the same notes)."""
+    targets = {r.Issue.UNKNOWN_DEVICE: ledger.unknown_devices, r.Issue.OUTSIDE_SLICES: ledger.partitioned_cards}
+    if ledger.method is Method.HOLDER:
+        targets[r.Issue.OFFERED_MISSING] = ledger.offered_missing
+        targets[r.Issue.OVER_HELD] = ledger.over_held
+    for item in q.ask(f"group by (issue, node, gpu_uuid) (last_over_time({r.ISSUE}{q.window}))"):
+        issue, device = item.labels.get("issue", ""), (item.labels.get("node", ""), item.labels.get("gpu_uuid", ""))
+        if issue == r.Issue.SHARE_MISSING:
+            notes.missing_share.add(device[1])
+        elif issue in targets:
+            targets[issue].add(device)
+
+
+def _timeline(q: _Queries, schedule: Plan, prices: Prices, method: str, label: str | None) -> list[TimePoint]:
+    """Cost per layer, at most ``TIMELINE_POINTS`` points of ``merge`` evaluations each; the first point takes what
+    is left over, so that every point ends on an evaluation and none reaches before the range."""
+    head, merge = timeline_points(len(schedule.evaluations))
+    times = schedule.evaluations
+    layers = _Layers(q, schedule.interval, prices, method, label)
+    return (layers.points(times[head - 1 : head], head) if head else []) + layers.points(
+        times[head + merge - 1 :: merge], merge
+    )
+
+
+def timeline_points(evaluations: int, most: int = TIMELINE_POINTS) -> tuple[int, int]:
+    """How ``evaluations`` make at most ``most`` points: the first point's evaluations (0: it is like the others)
+    and every other point's."""
+    merge = max(1, math.ceil(evaluations / most))
+    return evaluations % merge, merge
+
+
+@dataclass(frozen=True)
+class _Layers:
+    """The timeline's layers (groups, overreach, unattributed, idle) as one range query, priced per card by the
+    price list written as PromQL (``rules.price_expr``)."""
+
+    q: _Queries
+    interval: float
+    prices: Prices
+    method: str  # the method's label matcher
+    label: str | None  # the pod label grouped by, or None for namespaces
+
+    def points(self, ends: Sequence[float], merge: int) -> list[TimePoint]:
+        """Every layer's cost over the ``merge`` evaluations up to each of ``ends``."""
+        if not ends:
+            return []
+        span = merge * self.interval
+        window = _window(span)
+
+        def cards(matchers: str) -> str:
+            return f"last_over_time({r.CARD}{{{matchers}}}{window})"
+
+        price = f"max by (node, card_uuid) ({r.price_expr(self.prices, cards)})"
+
+        def layer(metric: str, matchers: str, by: str, name: str | None) -> str:
+            summed = f"sum_over_time({metric}{{{matchers}}}{window})"
+            cost = f"sum by ({by}) ({summed} * on (node, card_uuid) group_left () {price})"
+            if name is None:
+                return f'label_replace({cost}, "layer", "$1", "{by}", "(.*)")'
+            return f'label_replace({cost}, "layer", {r.string(name)}, "", "")'
+
+        by = self.label or "namespace"
+        query = " or ".join(
+            [
+                layer(r.GROUP_BOOKED, f'{self.method}, charge=~"usage|reserved"', by, None),
+                layer(r.GROUP_BOOKED, f'{self.method}, charge="{Charge.OVERREACH.value}"', "", OVERREACH),
+                layer(r.UNATTRIBUTED, self.method, "", UNATTRIBUTED),
+                layer(r.IDLE, self.method, "", IDLE),
+            ]
+        )
+        answer = self.q.source.query_range(query, ends[0], ends[-1], span)
+        if self.q.progress is not None:
+            self.q.progress.advance()
+        hours = self.interval / 3600.0
+        costs: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for item in answer:
+            name = item.labels.get("layer", "") or NO_LABEL
+            for ts, value in item.values:
+                if math.isfinite(value):
+                    costs[_ms(ts)][name] += value * hours
+        return [TimePoint(end=end, costs=nonzero(costs.get(_ms(end), {})), start=end - span) for end in ends]
+
+
+def merge_timeline(points: Sequence[TimePoint], filled: Sequence[TimePoint]) -> list[TimePoint]:
+    """The recorded points with the raw series' points (the evaluations the rules missed) added to the point whose
+    span holds them; without recorded points, the raw ones as they are."""
+    if not points:
+        return list(filled)
+    merged = [dict(point.costs) for point in points]
+    ends = [_ms(point.end) for point in points]
+    for point in filled:
+        index = bisect.bisect_left(ends, _ms(point.end))
+        if index < len(points) and _ms(points[index].start) < _ms(point.end):
+            for name, cost in point.costs.items():
+                merged[index][name] = merged[index].get(name, 0.0) + cost
+    return [
+        TimePoint(end=point.end, costs=costs, start=point.start) for point, costs in zip(points, merged, strict=True)
+    ]

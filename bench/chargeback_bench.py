@@ -1,0 +1,409 @@
+"""The chargeback bill of a GPU fleet against a real Prometheus: time, peak RSS, series and samples, by fleet size.
+
+For each configuration (GPUs, days, resolution) the benchmark builds the synthetic fleet of
+``bench/chargeback_fleet.py`` (H100 nodes, exclusive, time-sliced and MIG; 16,000 pods a day at 2,048 GPUs), writes
+what the chargeback recording rules record over it (``bench/chargeback_recorded.py``, checked against the real
+rules by ``tests/bench/test_bench_chargeback.py``), backfills both into a fresh Prometheus with ``promtool tsdb
+create-blocks-from openmetrics`` (one 2-hour block at a time), starts it, and runs ``gpu-fence-auditor
+chargeback --format json`` as a child process, ``--repeats`` times per path:
+
+- ``recorded``: ``--series recorded``, the rules' series summed in Prometheus;
+- ``raw``: ``--series raw --step RESOLUTION``, the auditor's raw series split by the command, chunk by chunk;
+- ``baseline``: ``--baseline COMMAND`` (another installation's ``gpu-fence-auditor``, e.g. the one before these
+  changes) with the raw series' arguments it understands.
+
+Both paths bill the same instants (the rules are written at phase 0, the range starts on the grid), so the bench
+also checks that they bill the same total. Reported per bill: wall time and the child's peak RSS (``wait4``), and
+Prometheus' CPU seconds and peak RSS over the bill (``/proc``; the peak is reset before each bill). Per
+configuration: pods, series and samples (raw and recorded), the recorded series live at one evaluation per GPU
+and per container, and the set-up times. Across sizes at one resolution: the growth of the bill's time and the
+log-log slope of time over devices × intervals (1.0 = linear).
+
+Run: ``python -m bench.chargeback_bench`` (``--help``). Needs Debian's ``prometheus`` and ``promtool``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import machine
+from bench.chargeback_fleet import BLOCK, PRICES_YAML, Fleet, Series, build
+from bench.chargeback_recorded import record
+from bench.results import publish
+from bench.stats import loglog_slope
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND = Path(sys.executable).with_name("gpu-fence-auditor")
+PATHS = ("recorded", "raw")
+TARGET = {"gpus": 2048, "days": 30, "resolution": 300, "seconds": 60.0, "rss_mb": 1024.0}  # issue 16
+BILL_TIMEOUT = 3600
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run; the message says why."""
+
+
+@dataclass(frozen=True)
+class Config:
+    gpus: int
+    days: float
+    resolution: float  # seconds between samples, and between the rules' evaluations
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpus} GPUs, {self.days:g} d, {self.resolution:g} s"
+
+
+def start_of_range(days: float) -> int:
+    """A range that ends two whole blocks before the current one (backfilled blocks must be older than the head)
+    and starts on a day boundary minus ``days``."""
+    end = int(time.time()) // BLOCK * BLOCK - 2 * BLOCK
+    return int(end - days * 86400)
+
+
+def backfill(fleet: Fleet, recorded: Series | None, data: Path) -> dict[str, float]:
+    """Write the fleet's and the recorded series into TSDB blocks in ``data``: text for one block while promtool
+    turns the previous one into a block. Returns the seconds spent writing text and waiting for promtool."""
+    data.mkdir(parents=True, exist_ok=True)
+    spent = {"text_s": 0.0, "promtool_s": 0.0}
+    pending: list[subprocess.Popen[bytes]] = []
+    started = time.monotonic()
+    blocks = fleet.blocks(recorded) if recorded is not None else fleet.blocks()
+    for index in itertools.count():
+        begun = time.monotonic()
+        item = next(blocks, None)
+        spent["text_s"] += time.monotonic() - begun
+        if pending:
+            waited = time.monotonic()
+            _finish(pending.pop())
+            spent["promtool_s"] += time.monotonic() - waited
+        if item is None:
+            break
+        path = data.parent / f"block-{index % 2}.om"
+        path.write_text(item[1], encoding="utf-8")
+        promtool = shutil.which("promtool")
+        if promtool is None:
+            raise BenchError("promtool is not installed (apt-get install prometheus)")
+        pending.append(
+            subprocess.Popen(
+                [promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(path), str(data)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+        )
+    spent["total_s"] = time.monotonic() - started
+    for name in ("block-0.om", "block-1.om"):
+        (data.parent / name).unlink(missing_ok=True)
+    return spent
+
+
+def _finish(process: subprocess.Popen[bytes]) -> None:
+    _out, error = process.communicate(timeout=3600)
+    if process.returncode != 0:
+        raise BenchError(f"promtool backfill failed: {error.decode(errors='replace').strip()[-500:]}")
+
+
+def live_cardinality(series: Series, fleet: Fleet, at: float) -> dict[str, float]:
+    """Recorded series live at one evaluation (``at``), in all, per GPU and per container holding one."""
+    live: dict[str, int] = {}
+    for (metric, _labels), runs in series.runs.items():
+        if any(run.start <= at <= run.end for run in runs):
+            live[metric] = live.get(metric, 0) + 1
+    containers = sum(
+        1
+        for (metric, _labels), runs in fleet.series.runs.items()
+        if metric == "gpu_fence_container_allocated_gpus" and any(run.start <= at <= run.end for run in runs)
+    )
+    per_container = sum(count for metric, count in live.items() if metric.startswith("gpu_container:"))
+    per_gpu = sum(count for metric, count in live.items() if not metric.startswith("gpu_container:"))
+    return {
+        "by_metric": live,
+        "containers": containers,
+        "per_gpu": per_gpu / fleet.gpus,
+        "per_container": per_container / max(1, containers),
+    }
+
+
+def run_bill(command: Sequence[str], server_pid: int) -> dict[str, Any]:
+    """One bill as a child process: wall time, its peak RSS, and Prometheus' CPU and peak RSS while it ran.
+
+    The child's peak is its own ``VmHWM``, read every ``PEAK_POLL`` seconds until it exits: the ``ru_maxrss``
+    that ``wait4`` reports folds in the benchmark's own pages from before ``exec`` (Linux keeps the maximum
+    across it), which here hold the whole fleet."""
+    _reset_peak(server_pid)
+    cpu_before = _cpu_seconds(server_pid)
+    with tempfile.NamedTemporaryFile(suffix=".json") as output:
+        started = time.monotonic()
+        process = subprocess.Popen(
+            [*command, "--output", output.name], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        peak = _Peak(process.pid)
+        peak.start()
+        _out, stderr = process.communicate(timeout=BILL_TIMEOUT)
+        seconds = time.monotonic() - started
+        peak.join()
+        if process.returncode != 0:
+            raise BenchError(f"the bill failed ({process.returncode}): {stderr.decode(errors='replace')[-500:]}")
+        document = json.loads(Path(output.name).read_text(encoding="utf-8"))
+    return {
+        "seconds": seconds,
+        "peak_rss_mb": peak.bytes / 2**20,
+        "prometheus_cpu_s": _cpu_seconds(server_pid) - cpu_before,
+        "prometheus_peak_rss_mb": machine.peak_rss_bytes(server_pid) / 2**20,
+        "total_gpu_cost": document["total_gpu_cost"],
+        "series": document["range"].get("series", "raw"),
+    }
+
+
+PEAK_POLL = 0.02
+
+
+class _Peak(threading.Thread):
+    """The highest VmHWM a process reported while it ran."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.bytes = pid, 0
+
+    def run(self) -> None:
+        while Path(f"/proc/{self.pid}").exists():
+            self.bytes = max(self.bytes, machine.peak_rss_bytes(self.pid))
+            time.sleep(PEAK_POLL)  # a poll interval
+
+
+def _reset_peak(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5", encoding="ascii")  # VmHWM back to the current RSS
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[-1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@dataclass(frozen=True)
+class Bill:
+    """What every bill of a configuration asks."""
+
+    url: str
+    start: float
+    end: float
+    prices: Path
+    baseline: str | None
+
+
+def commands(config: Config, bill: Bill) -> Iterator[tuple[str, list[str]]]:
+    common = ["--prometheus", bill.url, "--start", f"{bill.start:.0f}", "--end", f"{bill.end:.0f}"]
+    common += ["--prices", str(bill.prices), "--format", "json", "--timeout", "900"]
+    step = ["--step", f"{config.resolution:g}"]
+    yield "recorded", [str(COMMAND), "chargeback", *common, "--series", "recorded", "--quiet"]
+    yield "raw", [str(COMMAND), "chargeback", *common, "--series", "raw", *step, "--quiet"]
+    if bill.baseline:
+        yield "baseline", [bill.baseline, "chargeback", *common, *step]
+
+
+def run_config(config: Config, paths: Sequence[str], repeats: int, workdir: Path, baseline: str | None) -> dict:
+    from tests.fakes.prometheus import PrometheusServer  # the fake lives with the tests (main puts them on the path)
+
+    result: dict[str, Any] = {"gpus": config.gpus, "days": config.days, "resolution_s": config.resolution}
+    start = start_of_range(config.days)
+    end = start + config.days * 86400
+    began = time.monotonic()
+    fleet = build(config.gpus, start, end, config.resolution)
+    result["build_s"] = time.monotonic() - began
+    began = time.monotonic()
+    recorded = record(fleet, config.resolution, workers=os.cpu_count() or 1) if "recorded" in paths else None
+    result["record_s"] = time.monotonic() - began
+    result["pods"] = fleet.pods
+    result["intervals"] = round(config.days * 86400 / config.resolution)
+    result["raw_series"], result["raw_samples"] = fleet.series.count(), fleet.series.samples(fleet.grid)
+    if recorded is not None:
+        result["recorded_series"], result["recorded_samples"] = recorded.count(), recorded.samples(fleet.grid)
+        result["cardinality"] = live_cardinality(recorded, fleet, end)
+    result["backfill"] = backfill(fleet, recorded, workdir / "data")
+    result["tsdb_mb"] = sum(path.stat().st_size for path in (workdir / "data").rglob("*") if path.is_file()) / 2**20
+    del fleet, recorded
+    prices = workdir / "prices.yaml"
+    prices.write_text(PRICES_YAML, encoding="utf-8")
+    # No compaction while bills run: the backfilled 2-hour blocks stay as they are (a month is 360 of them).
+    server = PrometheusServer(
+        workdir, retention=f"{int(config.days) + 10}d", flags=["--storage.tsdb.max-block-duration=2h"]
+    )
+    with server:
+        bills: dict[str, list[dict]] = {}
+        for _repeat in range(repeats):
+            for path, command in commands(config, Bill(server.url, start, end, prices, baseline)):
+                if path in paths or path == "baseline":
+                    bills.setdefault(path, []).append(run_bill(command, server.process.pid))
+    result["bills"] = {path: _median(runs) for path, runs in bills.items()}
+    totals = {round(runs[0]["total_gpu_cost"], 2) for runs in bills.values()}
+    result["same_total"] = len(totals) == 1
+    return result
+
+
+def _median(runs: list[dict]) -> dict[str, Any]:
+    summary = {key: statistics.median(run[key] for run in runs) for key in runs[0] if isinstance(runs[0][key], float)}
+    return {
+        **summary,
+        "repeats": len(runs),
+        "series": runs[0]["series"],
+        "all_seconds": [run["seconds"] for run in runs],
+    }
+
+
+def growth(results: list[dict]) -> list[dict]:
+    """Per resolution, days and path: how time and memory grew from one size to the next, and the log-log slope of
+    the bill's time over devices × intervals."""
+    rows = []
+    keyed: dict[tuple, list[dict]] = {}
+    for result in results:
+        for path, bill in result["bills"].items():
+            keyed.setdefault((result["resolution_s"], result["days"], path), []).append({**bill, **result})
+    for (resolution, days, path), items in sorted(keyed.items()):
+        items.sort(key=lambda item: item["gpus"])
+        if len(items) < 2:
+            continue
+        work = [item["gpus"] * item["intervals"] for item in items]
+        rows.append(
+            {
+                "resolution_s": resolution,
+                "days": days,
+                "path": path,
+                "sizes": [item["gpus"] for item in items],
+                "time_ratios": [b["seconds"] / a["seconds"] for a, b in itertools.pairwise(items)],
+                "rss_ratios": [b["peak_rss_mb"] / a["peak_rss_mb"] for a, b in itertools.pairwise(items)],
+                "slope": loglog_slope(work, [item["seconds"] for item in items]),
+            }
+        )
+    return rows
+
+
+def targets(results: list[dict]) -> list[dict]:
+    found = [
+        result
+        for result in results
+        if (result["gpus"], result["days"], result["resolution_s"])
+        == (TARGET["gpus"], TARGET["days"], TARGET["resolution"])
+        and "recorded" in result["bills"]
+    ]
+    if not found:
+        return []
+    bill = found[0]["bills"]["recorded"]
+    return [
+        {
+            "target": "a 30-day bill of 2,048 GPUs at 5 minutes in <= 60 s",
+            "value": bill["seconds"],
+            "met": bill["seconds"] <= TARGET["seconds"],
+        },
+        {
+            "target": "... in <= 1 GB peak RSS",
+            "value": bill["peak_rss_mb"],
+            "met": bill["peak_rss_mb"] <= TARGET["rss_mb"],
+        },
+    ]
+
+
+def markdown(report: dict) -> str:
+    out = [
+        "| configuration | pods | raw series | raw samples | recorded series | recorded samples | path "
+        "| bill (median) | peak RSS | Prometheus CPU | Prometheus peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for result in report["results"]:
+        config = Config(result["gpus"], result["days"], result["resolution_s"])
+        for path, bill in result["bills"].items():
+            out.append(
+                f"| {config.label} | {result['pods']:,} | {result['raw_series']:,} | {result['raw_samples']:,} | "
+                f"{result.get('recorded_series', 0):,} | {result.get('recorded_samples', 0):,} | {path} | "
+                f"{bill['seconds']:.1f} s | {bill['peak_rss_mb']:.0f} MB | {bill['prometheus_cpu_s']:.1f} s | "
+                f"{bill['prometheus_peak_rss_mb']:.0f} MB |"
+            )
+    if report["growth"]:
+        out += [
+            "",
+            "| resolution | days | path | sizes | time ratio per step | RSS ratio per step | log-log slope |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in report["growth"]:
+            ratios = ", ".join(f"{ratio:.2f}" for ratio in row["time_ratios"])
+            rss = ", ".join(f"{ratio:.2f}" for ratio in row["rss_ratios"])
+            sizes = " → ".join(str(size) for size in row["sizes"])
+            where = f"| {row['resolution_s']:g} s | {row['days']:g} | {row['path']} | {sizes} "
+            out.append(f"{where}| {ratios} | {rss} | {row['slope']:.2f} |")
+    for target in report["targets"]:
+        out.append(f"\n{target['target']}: {target['value']:.1f} ({'met' if target['met'] else 'NOT met'})")
+    return "\n".join(out) + "\n"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.chargeback_bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--sizes", default="512,1024,2048", help="fleet sizes in GPUs, multiples of 8 (default: 512,1024,2048)"
+    )
+    parser.add_argument(
+        "--resolutions", default="300,60", help="seconds between samples and evaluations (default: 300,60)"
+    )
+    parser.add_argument("--days", type=float, default=1.0, help="length of the range for the sizes above (default: 1)")
+    parser.add_argument(
+        "--month", action="store_true", help="also bill 30 days of 2,048 GPUs at 5 minutes (the issue's target; ~1 h)"
+    )
+    parser.add_argument("--month-paths", default="recorded", help="paths for the month (default: recorded)")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"bills to run (default: {','.join(PATHS)})")
+    parser.add_argument("--repeats", type=int, default=3, help="bills per path and configuration (default: 3)")
+    parser.add_argument("--baseline", metavar="COMMAND", help="another gpu-fence-auditor to bill the raw series with")
+    parser.add_argument("--workdir", metavar="DIR", help="where to build each Prometheus (default: a temp dir)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    args = parser.parse_args(argv)
+    try:
+        args.sizes = [int(size) for size in args.sizes.split(",")]
+        args.resolutions = [float(value) for value in args.resolutions.split(",")]
+    except ValueError:
+        parser.error("--sizes and --resolutions: numbers separated by commas")
+    args.paths = [path for path in args.paths.split(",") if path]
+    args.month_paths = [path for path in args.month_paths.split(",") if path]
+    if any(path not in PATHS for path in (*args.paths, *args.month_paths)) or args.repeats < 1:
+        parser.error(f"--paths: some of {', '.join(PATHS)}; --repeats >= 1")
+    if any(size <= 0 or size % 8 for size in args.sizes) or min(args.resolutions) <= 0 or args.days <= 0:
+        parser.error("--sizes: positive multiples of 8; --resolutions and --days: positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, str(ROOT))  # tests.fakes: the Prometheus wrapper lives with the tests
+    configs = [
+        (Config(size, args.days, resolution), args.paths) for resolution in args.resolutions for size in args.sizes
+    ]
+    if args.month:
+        configs.append((Config(TARGET["gpus"], TARGET["days"], TARGET["resolution"]), args.month_paths))
+    results = []
+    try:
+        for config, paths in configs:
+            print(f"chargeback_bench: {config.label} ...", file=sys.stderr, flush=True)
+            with tempfile.TemporaryDirectory(prefix="gpu-fence-chargeback-", dir=args.workdir) as directory:
+                results.append(run_config(config, paths, args.repeats, Path(directory), args.baseline))
+    except BenchError as error:
+        print(f"chargeback_bench: {error}", file=sys.stderr)
+        return 2
+    report = {"machine": machine.describe(), "results": results, "growth": growth(results), "targets": targets(results)}
+    publish(report, markdown(report), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

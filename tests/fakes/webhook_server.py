@@ -1,0 +1,184 @@
+"""``gpu-fence-webhook serve`` as a subprocess on a loopback port, with certificates from our own ``certs``, and an
+HTTPS client that connects as the API server does: to 127.0.0.1, verifying the certificate for the Service DNS
+name (SNI included), with ``TCP_NODELAY``.
+
+Shared by the end-to-end tests of the webhook over TLS (the admission contract, availability under slow clients,
+client certificates); starting a server is the slow part, so each test module starts one and reuses it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+
+SERVICE, NAMESPACE = "gpu-fence-webhook", "gpu-fence"
+HOSTNAME = f"{SERVICE}.{NAMESPACE}.svc"
+BIN = Path(sys.executable).parent
+STARTUP_DEADLINE_S = 30.0  # generous: a loaded CI machine; never asserted as a speed
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Connection(http.client.HTTPSConnection):
+    """HTTPS to 127.0.0.1, verifying the certificate for the Service DNS name (SNI included), TCP_NODELAY."""
+
+    def __init__(self, port: int, context: ssl.SSLContext, timeout: float = 10) -> None:
+        super().__init__(HOSTNAME, port, context=context, timeout=timeout)
+        self._port = port
+
+    def connect(self) -> None:
+        raw = socket.create_connection(("127.0.0.1", self._port), self.timeout)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)
+
+    def peer_serial(self) -> int:
+        return x509.load_der_x509_certificate(self.sock.getpeercert(binary_form=True)).serial_number
+
+
+@dataclass
+class Reply:
+    status: int
+    document: dict
+    headers: dict
+
+
+def send(
+    conn: Connection, method: str, path: str, body: bytes | None = None, content_type: str | None = "application/json"
+) -> Reply:
+    headers = {"Content-Type": content_type} if content_type and body is not None else {}
+    conn.request(method, path, body=body, headers=headers)
+    response = conn.getresponse()
+    data = response.read()
+    is_json = response.getheader("Content-Type", "").startswith("application/json")
+    return Reply(response.status, json.loads(data) if is_json else {"text": data.decode()}, dict(response.getheaders()))
+
+
+@dataclass
+class Server:
+    port: int
+    tls_dir: Path
+    context: ssl.SSLContext
+    process: subprocess.Popen
+    stderr_path: Path
+
+    def connect(self, context: ssl.SSLContext | None = None, timeout: float = 10) -> Connection:
+        return Connection(self.port, context or self.context, timeout)
+
+    def post(self, path: str, document: dict | bytes, *, timeout: float = 10, **kwargs) -> Reply:
+        body = document if isinstance(document, bytes) else json.dumps(document).encode()
+        conn = self.connect(timeout=timeout)
+        try:
+            return send(conn, "POST", path, body, **kwargs)
+        finally:
+            conn.close()
+
+    def get(self, path: str) -> Reply:
+        conn = self.connect()
+        try:
+            return send(conn, "GET", path)
+        finally:
+            conn.close()
+
+    def stderr_lines(self) -> list[str]:
+        return self.stderr_path.read_text(errors="replace").splitlines()
+
+    def events(self) -> list[dict]:
+        """The JSON-line events logged so far (import-time lines and other text left out)."""
+        return [json.loads(line) for line in self.stderr_lines() if line.startswith("{")]
+
+    def workers(self) -> list[int]:
+        """The pids of the gunicorn workers (children of the master) now."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        return [int(pid) for pid in children.read_text().split()] if children.exists() else []
+
+
+def run_certs(out_dir: Path) -> None:
+    subprocess.run(
+        [
+            str(BIN / "gpu-fence-webhook"),
+            "certs",
+            "--service",
+            SERVICE,
+            "--namespace",
+            NAMESPACE,
+            "--out-dir",
+            str(out_dir),
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+
+@contextmanager
+def serving(
+    tmp: Path, *extra: str, workers: int = 2, threads: int = 4, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """``serve`` with certificates for the Service name in ``tmp/tls``, ready (``/readyz`` answered 200)."""
+    tls = tmp / "tls"
+    run_certs(tls)
+    port = free_port()
+    stderr_path = tmp / "serve.stderr"
+    command = [
+        str(BIN / "gpu-fence-webhook"),
+        "serve",
+        "--cert-file",
+        str(tls / "tls.crt"),
+        "--key-file",
+        str(tls / "tls.key"),
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--threads",
+        str(threads),
+        "--namespace",
+        NAMESPACE,
+        *extra,
+    ]
+    with stderr_path.open("wb") as stderr:
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "TMPDIR": str(tmp), **(env or {})}
+        )
+    context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
+    started = Server(port, tls, context, process, stderr_path)
+    try:
+        wait_ready(started)
+        yield started
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_ready(server: Server, deadline_s: float = STARTUP_DEADLINE_S) -> None:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        assert server.process.poll() is None, "serve exited:\n" + "\n".join(server.stderr_lines()[-20:])
+        try:
+            if server.get("/readyz").status == 200:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "serve not ready:\n" + "\n".join(server.stderr_lines()[-20:])
+        time.sleep(0.05)  # polling interval of the readiness loop, not a wait for an event

@@ -1,0 +1,236 @@
+"""The serving worker (webhook.worker) over real TLS, with raw sockets where a normal client would hide what
+matters: requests pipelined on one connection, ``Expect: 100-continue``, chunked bodies, framing the worker
+answers itself, a body cut short, a client that does not read its answers, and a stop with connections open.
+
+``serve`` runs as a subprocess (``tests.fakes.webhook_server``) with one worker, so that every connection of a
+test meets the same event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import ssl
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpu_fence.webhook.worker import WEBHOOK_TIMEOUT_SECONDS, Limits
+from tests.fakes.webhook_server import HOSTNAME, Server, serving
+
+pytestmark = pytest.mark.e2e
+
+FIXTURES = Path(__file__).parent / "admissionreviews"
+
+
+def review_body() -> bytes:
+    document = json.loads((FIXTURES / "pod-create-kubectl.json").read_text())
+    document["request"]["uid"] = str(uuid.uuid4())
+    return json.dumps(document).encode()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    with serving(tmp_path_factory.mktemp("worker"), workers=1) as started:
+        yield started
+
+
+def tls(server: Server, *, receive_buffer: int | None = None) -> ssl.SSLSocket:
+    raw = socket.socket()
+    if receive_buffer is not None:
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    raw.settimeout(10)
+    raw.connect(("127.0.0.1", server.port))
+    return server.context.wrap_socket(raw, server_hostname=HOSTNAME)
+
+
+def post(path: str, body: bytes, *extra: str) -> bytes:
+    head = [f"POST {path} HTTP/1.1", f"Host: {HOSTNAME}", "Content-Type: application/json", *extra]
+    if not any(line.lower().startswith("transfer-encoding") for line in extra):
+        head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def responses(sock: ssl.SSLSocket, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """Read ``count`` responses (status, headers with lower-case names, body by Content-Length)."""
+    buffer = b""
+    found = []
+    while len(found) < count:
+        while b"\r\n\r\n" not in buffer:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(found)} responses"
+            buffer += chunk
+        head, _, buffer = buffer.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
+        length = int(headers.get("content-length", "0"))
+        while len(buffer) < length:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed within a body"
+            buffer += chunk
+        found.append((int(lines[0].split()[1]), headers, buffer[:length]))
+        buffer = buffer[length:]
+    return found
+
+
+def closed_by_server(sock: ssl.SSLSocket, within: float) -> bool:
+    sock.settimeout(within)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def metric(server: Server, name: str, labels: dict[str, str]) -> float:
+    for family in text_string_to_metric_families(server.get("/metrics").document["text"]):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
+
+
+def test_pipelined_requests_are_answered_in_order_on_one_connection(server):
+    sock = tls(server)
+    try:
+        sock.sendall(post("/validate", review_body()) + b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n")
+        (first, _, body), (second, _, health) = responses(sock, 2)
+        assert first == 200 and json.loads(body)["response"]["allowed"] is False
+        assert second == 200 and json.loads(health) == {"status": "ok"}
+    finally:
+        sock.close()
+
+
+def test_expect_100_continue_is_answered_before_the_body_is_sent(server):
+    sock = tls(server)
+    try:
+        body = review_body()
+        request = post("/validate", body, "Expect: 100-continue")
+        sock.sendall(request[: -len(body)])
+        assert sock.recv(1024) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        [(status, _, answer)] = responses(sock, 1)
+        assert status == 200 and json.loads(answer)["response"]["allowed"] is False
+    finally:
+        sock.close()
+
+
+def test_a_chunked_review_is_decoded_and_judged(server):
+    body = review_body()
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:100], body[100:]))
+    sock = tls(server)
+    try:
+        sock.sendall(post("/validate", chunks + b"0\r\n\r\n", "Transfer-Encoding: chunked"))
+        [(status, _, answer)] = responses(sock, 1)
+        assert status == 200 and json.loads(answer)["response"]["allowed"] is False
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "reason"),
+    [
+        (post("/validate", b"{}", "X-Padding: " + "a" * Limits().max_head_bytes), 431, "head-too-large"),
+        (post("/validate", b"zz\r\n{}\r\n0\r\n\r\n", "Transfer-Encoding: chunked"), 400, "bad-chunking"),
+    ],
+    ids=["head-too-large", "bad-chunking"],
+)
+def test_framing_beyond_reading_is_answered_by_the_worker_as_json_and_counted(server, request_bytes, status, reason):
+    before = metric(server, "gpu_fence_webhook_bad_requests_total", {"reason": reason})
+    sock = tls(server)
+    try:
+        sock.sendall(request_bytes)
+        [(got, headers, body)] = responses(sock, 1)
+        assert got == status and headers["connection"] == "close"
+        document = json.loads(body)
+        assert document["error"] == reason and document["message"]
+        assert closed_by_server(sock, 5)
+    finally:
+        sock.close()
+    assert metric(server, "gpu_fence_webhook_bad_requests_total", {"reason": reason}) == before + 1
+
+
+def test_ambiguous_framing_is_refused_by_gunicorn_and_the_connection_closed(server):
+    sock = tls(server)
+    try:
+        sock.sendall(post("/validate", b"2\r\n{}\r\n0\r\n\r\n", "Transfer-Encoding: chunked", "Content-Length: 13"))
+        [(status, _, _)] = responses(sock, 1)
+        assert status == 400
+        assert closed_by_server(sock, 5)
+    finally:
+        sock.close()
+
+
+def test_a_body_cut_short_by_the_client_is_a_400_truncated_body(server):
+    sock = tls(server)
+    try:
+        body = review_body()
+        request = post("/validate", body)
+        sock.sendall(request[:-10])
+        socket.socket.shutdown(sock, socket.SHUT_WR)  # TCP only (TLS stays up to read the answer): nothing more comes
+        [(status, _, answer)] = responses(sock, 1)
+        assert status == 400 and json.loads(answer)["error"] == "truncated-body"
+    finally:
+        sock.close()
+
+
+def test_a_client_that_stops_mid_request_is_closed_at_the_deadline_and_counted(server):
+    before = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": "request-deadline"})
+    sock = tls(server)
+    try:
+        request = post("/validate", review_body())
+        sock.sendall(request[:-10])
+        started = time.monotonic()
+        assert closed_by_server(sock, WEBHOOK_TIMEOUT_SECONDS + 5)
+        assert time.monotonic() - started < WEBHOOK_TIMEOUT_SECONDS + 5
+    finally:
+        sock.close()
+    after = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": "request-deadline"})
+    assert after == before + 1
+
+
+def test_a_client_that_does_not_read_its_answers_is_closed_and_counted(server):
+    """Pipelined requests and no reads: the answers fill the socket buffers, the worker stops reading the next
+    request, and once an answer is not taken within the response deadline the connection is closed."""
+    before = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": "response-deadline"})
+    sock = tls(server, receive_buffer=4096)
+    sock.setblocking(False)
+    request = b"GET /metrics HTTP/1.1\r\nHost: h\r\n\r\n"
+    deadline = time.monotonic() + 30
+    closed = False
+    while time.monotonic() < deadline and not closed:
+        try:
+            sock.send(request)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+            time.sleep(0.01)  # the server is not reading: keep offering, as an attacker would
+        except OSError:
+            closed = True
+    sock.close()
+    assert closed, "the server kept a connection whose client reads nothing"
+    after = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": "response-deadline"})
+    assert after >= before + 1
+
+
+def test_a_stopping_server_answers_on_kept_alive_connections_then_exits(tmp_path):
+    with serving(tmp_path, workers=1) as stopping:
+        idle = [tls(stopping) for _ in range(3)]
+        for sock in idle:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n")
+            [(status, headers, _)] = responses(sock, 1)
+            assert status == 200 and headers["connection"] == "keep-alive"
+        stopping.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # let the signal reach the worker before the request below is sent
+        idle[0].sendall(post("/validate", review_body()))
+        [(status, headers, _)] = responses(idle[0], 1)
+        assert status == 200 and headers["connection"] == "close"
+        assert stopping.process.wait(timeout=15) == 0
+        for sock in idle:
+            sock.close()
