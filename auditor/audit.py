@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from gpu_fence.vocabulary import DeviceIdForm, Visibility, classify_device_id, parse_visible_devices
 
 from .model import (
+    IDLE,
+    Activity,
     AuditPolicy,
     AuditResult,
     Container,
@@ -61,7 +63,7 @@ def audit(snapshot: NodeSnapshot, policy: AuditPolicy | None = None) -> AuditRes
         entitled = entitlement(container, reservations)
         processes = processes_by_container.get(container.container_id or "", []) if container.container_id else []
         exempt = container.namespace in policy.exempt_namespaces
-        rows.append(_row(container, entitled, processes, exempt))
+        rows.append(_row(container, entitled, processes, exempt, snapshot.activity_devices))
         if exempt:
             continue
         possible = entitled | container.unconfirmed_allocations
@@ -319,13 +321,26 @@ def _resolve_entry(entry: str, gpus: Mapping[str, Gpu]) -> frozenset[str]:
 # --- rows and helpers --------------------------------------------------------------------------------------
 
 
-def _row(container: Container, entitled: frozenset[str], processes: list[GpuProcess], exempt: bool) -> Row:
+def _row(
+    container: Container,
+    entitled: frozenset[str],
+    processes: list[GpuProcess],
+    exempt: bool,
+    activity_devices: frozenset[str],
+) -> Row:
     memory: Counter[str] = Counter()
     unknown: Counter[str] = Counter()
+    busy: dict[str, list[Activity]] = defaultdict(list)
     for process in processes:
         memory[process.gpu_uuid] += process.used_memory_bytes or 0
         if process.used_memory_bytes is None:
             unknown[process.gpu_uuid] += 1  # NVML gave no size: counted, so that a 0 is not read as "idle"
+        if process.activity is not None:
+            busy[process.gpu_uuid].append(process.activity)
+    # Activity where NVML samples it: on every device the container uses, and at 0 on one it holds without a
+    # process there (an idle reservation is the point of the signal).
+    activity = {uuid: IDLE for uuid in entitled if uuid in activity_devices}
+    activity.update((uuid, Activity.total(found)) for uuid, found in busy.items())
     return Row(
         namespace=container.namespace,
         pod=container.pod,
@@ -341,6 +356,7 @@ def _row(container: Container, entitled: frozenset[str], processes: list[GpuProc
         identity=container.identity,
         labels=container.labels,
         unknown_memory_processes=tuple(sorted(unknown.items())),
+        activity=tuple(sorted(activity.items())),
         unconfirmed_allocations=_sorted(container.unconfirmed_allocations - entitled),
         claimed_namespace=container.claimed_namespace,
         claimed_pod=container.claimed_pod,

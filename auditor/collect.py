@@ -95,6 +95,7 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Callable[[], f
         identity_source=identity_source,
         notes=notes,
         degraded=degraded,
+        activity_devices=nvml.activity_devices,
         unlisted=nvml.unlisted,
         slices=slices,
         offered=offered,
@@ -141,6 +142,7 @@ def identify_processes(
                 pod_uid=identity.pod_uid if identity else None,
                 container_id=identity.container_id if identity else None,
                 identity_error=error,
+                activity=process.activity,
             )
         )
     return found

@@ -30,10 +30,17 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .model import AuditResult, DraResolution, FailureReason, FindingKind, NodeSnapshot, SliceState
+from .model import Activity, AuditResult, DraResolution, FailureReason, FindingKind, NodeSnapshot, SliceState
 
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: The per-container activity gauges: name, what the engine is, and the ``Activity`` field it exports.
+ACTIVITY_GAUGES = (
+    ("gpu_fence_container_gpu_sm_activity_ratio", "SM (3D/compute)", "sm"),
+    ("gpu_fence_container_gpu_memory_controller_activity_ratio", "memory controller", "memory_controller"),
+    ("gpu_fence_container_gpu_encoder_activity_ratio", "video encoder", "encoder"),
+    ("gpu_fence_container_gpu_decoder_activity_ratio", "video decoder", "decoder"),
+)
 _LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
 
@@ -135,6 +142,23 @@ class _LatestAudit(Collector):
             "Share of the physical card this device stands for (1 for a full GPU).",
             labels=["node", "gpu_uuid"],
         )
+        activity = [
+            GaugeMetricFamily(
+                name,
+                f"Share of time (0-1) the {engine} of that GPU ran the container's processes since the previous cycle "
+                "(NVML per-process utilisation samples). Operational, not a billing basis; absent where NVML does "
+                "not sample (MIG).",
+                labels=[*container_labels, "gpu_uuid", "allocated"],
+            )
+            for name, engine, _ in ACTIVITY_GAUGES
+        ]
+        sampled = GaugeMetricFamily(
+            "gpu_fence_gpu_activity_sampled",
+            "1 when NVML reported per-process utilisation for the GPU in the latest cycle; 0 when it did not (a MIG "
+            "device or MIG-enabled card, a driver without the call, an error): the activity gauges are then absent, "
+            "not zero.",
+            labels=["node", "gpu_uuid"],
+        )
         unresolved_dra = GaugeMetricFamily(
             "gpu_fence_container_unresolved_dra_devices",
             "DRA devices of GPU drivers the container holds that could not be resolved to a UUID, by reason (they "
@@ -160,6 +184,7 @@ class _LatestAudit(Collector):
             unknown_values: Tally[tuple[str, ...]] = Tally()
             unresolved_values: Tally[tuple[str, ...]] = Tally()
             finding_values: Tally[tuple[str, ...]] = Tally()
+            activity_values: dict[tuple[str, ...], list[Activity]] = {}
             labelled_pods: dict[tuple[str, str], tuple[str, ...]] = {}
             unread = dict(snapshot.unlisted)
             for row in result.rows:
@@ -175,6 +200,8 @@ class _LatestAudit(Collector):
                     allocated_values[(*who, uuid)] += count
                 for uuid, count in row.unknown_memory_processes:
                     unknown_values[(*who, uuid)] += count
+                for uuid, busy in row.activity:
+                    activity_values.setdefault((*who, uuid, "true" if uuid in allowed else "false"), []).append(busy)
                 for device in row.dra_devices:
                     if device.resolution is not DraResolution.RESOLVED:
                         unresolved_values[(*who, device.driver, device.resolution.value)] += 1
@@ -201,6 +228,10 @@ class _LatestAudit(Collector):
                 unresolved_dra.add_metric(list(labels), value)
             for labels, value in finding_values.items():
                 findings.add_metric(list(labels), value)
+            for labels, found in activity_values.items():
+                busy = found[0] if len(found) == 1 else Activity.total(found)  # two rows, one label set: add them
+                for family, (_, _, field) in zip(activity, ACTIVITY_GAUGES, strict=True):
+                    family.add_metric(list(labels), getattr(busy, field))
             unattributed_bytes = dict(result.unattributed_memory_bytes)
             for gpu in snapshot.gpus:
                 # Unknown stays unknown: a device whose processes NVML could not list, whose memory or share it could
@@ -213,6 +244,7 @@ class _LatestAudit(Collector):
                     total.add_metric([self.node, gpu.uuid], gpu.memory_total_bytes)
                 if gpu.share is not None:
                     share.add_metric([self.node, gpu.uuid], gpu.share)
+                sampled.add_metric([self.node, gpu.uuid], 1 if gpu.uuid in snapshot.activity_devices else 0)
             for uuid, size in unattributed_bytes.items():  # a process on a device NVML did not list (lost mid-read)
                 if uuid not in unread:
                     unattributed.add_metric([self.node, uuid], size)
@@ -230,12 +262,14 @@ class _LatestAudit(Collector):
             unknown,
             unresolved_dra,
             findings,
+            *activity,
             unattributed,
             unattributed_unknown,
             unlisted,
             info,
             total,
             share,
+            sampled,
             offered,
         )
         yield pod_labels

@@ -7,6 +7,7 @@ Everything here is a frozen dataclass or an enum: ``auditor.collect`` reads the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -135,6 +136,37 @@ class Gpu:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """How busy a GPU's engines kept a process's work (or the sum over a container's processes): each a share of
+    time from 0 to 1, from NVML's per-process utilisation samples since the previous cycle (``docs/metrics.md``).
+
+    An operational signal, never a billing basis: samples, not accounting, and under MPS the shares of processes
+    whose kernels overlap add up to more than the device's time.
+    """
+
+    sm: float = 0.0
+    memory_controller: float = 0.0
+    encoder: float = 0.0
+    decoder: float = 0.0
+
+    @staticmethod
+    def total(activities: Iterable[Activity]) -> Activity:
+        """Their sum, each engine capped at 1: one container cannot keep an engine busier than all the time."""
+        sm = memory_controller = encoder = decoder = 0.0
+        for activity in activities:
+            sm += activity.sm
+            memory_controller += activity.memory_controller
+            encoder += activity.encoder
+            decoder += activity.decoder
+        return Activity(min(1.0, sm), min(1.0, memory_controller), min(1.0, encoder), min(1.0, decoder))
+
+
+#: A process NVML sampled no activity for on a device it does sample (nvml.h returns samples only for processes
+#: with "some non-zero utilization during the last sample period").
+IDLE = Activity()
+
+
 @dataclass(frozen=True)
 class GpuProcess:
     """A process NVML lists on a GPU or MIG device, with the cgroup identity read from host /proc.
@@ -149,6 +181,7 @@ class GpuProcess:
     pod_uid: str | None = None
     container_id: str | None = None
     identity_error: str | None = None
+    activity: Activity | None = None  # None: NVML does not sample this device's processes (MIG), or failed to
 
 
 @dataclass(frozen=True)
@@ -235,6 +268,8 @@ class NodeSnapshot:
     notes: tuple[str, ...] = ()  # degraded conditions worth saying in the report (GPU lost, API down, ...)
     #: the sources this cycle ran without in part (a GPU unreadable, the API down): each counts as a failure cause
     degraded: frozenset[FailureReason] = frozenset()
+    #: the devices whose per-process activity NVML reported this cycle; elsewhere activity is unknown, not zero
+    activity_devices: frozenset[str] = frozenset()
     #: (GPU or MIG device UUID, NVML's reason) for the devices whose processes NVML could not list this cycle:
     #: what runs there is unknown, so their unattributed memory is too
     unlisted: tuple[tuple[str, str], ...] = ()
@@ -274,6 +309,8 @@ class Row:
     labels: tuple[tuple[str, str], ...] = ()
     # UUID → processes whose memory NVML did not report: their bytes are missing from memory_bytes, not zero
     unknown_memory_processes: tuple[tuple[str, int], ...] = ()
+    # UUID → the activity of the container's processes there, on each device it uses or holds that NVML samples
+    activity: tuple[tuple[str, Activity], ...] = ()
     unconfirmed_allocations: tuple[str, ...] = ()  # see Container
     claimed_namespace: str | None = None
     claimed_pod: str | None = None

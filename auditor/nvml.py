@@ -16,11 +16,11 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType, TracebackType
 from typing import Any
 
-from .model import Gpu
+from .model import IDLE, Activity, Gpu
 
 #: ``gpuInstanceId`` / ``computeInstanceId`` of a process when its GPU is not in MIG mode (nvml.h).
 NO_INSTANCE = 0xFFFFFFFF
@@ -38,6 +38,7 @@ _DRIVER_NOT_LOADED = 9
 _LIBRARY_NOT_FOUND = 12
 _FUNCTION_NOT_FOUND = 13
 _GPU_IS_LOST = 15
+_ARGUMENT_VERSION_MISMATCH = 25
 
 _REASON_BY_CODE = {
     _LIBRARY_NOT_FOUND: "library-missing",
@@ -68,6 +69,12 @@ _PROCESS_CALLS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mps", ("nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2")),
 )
 _SIZE_RETRIES = 3  # the list can outgrow pynvml's 2n+5 buffer between its two calls; NVML says: ask again
+# Per-process utilisation, the versioned call first (NVML 12.4 on); the older one is in every driver since Maxwell.
+_ACTIVITY_CALLS = ("nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization")
+_PERCENT = 100  # nvml.h gives the values as "Util Value"; nvidia-smi pmon shows them as percent
+# pynvml's structs route every attribute read through a Python __getattribute__ (it decodes bytes fields); the sample
+# fields are integers, so they are read through ctypes' own, three times faster over a node's thousands of samples.
+_STRUCT_FIELD = ctypes.Structure.__getattribute__
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class NvmlProcess:
     device_uuid: str
     used_memory_bytes: int | None  # None: NVML_VALUE_NOT_AVAILABLE
     kind: str  # "compute" | "graphics" | "mps", or the lists it is in joined by "+" ("compute+graphics")
+    activity: Activity | None = None  # since the previous snapshot; None where the device's activity is unknown
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,8 @@ class NvmlSnapshot:
     processes: tuple[NvmlProcess, ...]
     problems: tuple[NvmlProblem, ...]
     driver_version: str | None = None
+    #: devices whose per-process utilisation NVML reported (their processes carry an ``activity``)
+    activity_devices: frozenset[str] = frozenset()
     #: (device UUID, reason) of the devices whose process lists NVML could not read: their processes are unknown
     unlisted: tuple[tuple[str, str], ...] = ()
 
@@ -223,15 +233,28 @@ class _Mig:
     handle: Any
 
 
+@dataclass
+class _Kept:
+    """What one open ``Nvml`` learns once and keeps across snapshots, by device UUID."""
+
+    max_slices: dict[str, int] = field(default_factory=dict)  # slices of a MIG card (a property of the hardware)
+    #: the newest utilisation sample read, so that the next snapshot asks NVML only for samples since then
+    activity_since: dict[str, int] = field(default_factory=dict)
+    #: the utilisation call that answered for the device (empty: neither does, such as on a MIG-enabled card)
+    activity_calls: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
 class _Reader:
     """One snapshot's worth of NVML calls. Knows the order of the walk; the values go into the dataclasses."""
 
-    def __init__(self, pynvml: ModuleType, max_slices_cache: dict[str, int]) -> None:
+    def __init__(self, pynvml: ModuleType, kept: _Kept) -> None:
         self.nv = pynvml
-        self.max_slices_cache = max_slices_cache
+        self.kept = kept
         self.devices: list[Gpu] = []
         self.problems: list[NvmlProblem] = []
         self.processes: dict[tuple[int, str], tuple[set[str], int | None]] = {}  # (pid, device) → kinds, bytes
+        self.totals: dict[str, int] = {}  # device → memory, to tell a process's size from garbage
+        self.activity: dict[str, dict[int, Activity]] = {}  # device NVML sampled → pid → its activity
         self.totals: dict[str, int | None] = {}  # device → memory, to tell a process's size from garbage
         self.unlisted: dict[str, str] = {}  # device → why a process list of it could not be read
 
@@ -250,7 +273,10 @@ class _Reader:
             raise NvmlError(first, f"none of the {count} GPUs could be read: {details}")
         order = {device.uuid: position for position, device in enumerate(self.devices)}
         processes = sorted(
-            (NvmlProcess(pid, uuid, used, _kind(kinds)) for (pid, uuid), (kinds, used) in self.processes.items()),
+            (
+                NvmlProcess(pid, uuid, used, _kind(kinds), self._activity_of(pid, uuid))
+                for (pid, uuid), (kinds, used) in self.processes.items()
+            ),
             key=lambda process: (order.get(process.device_uuid, len(order)), process.pid),
         )
         return NvmlSnapshot(
@@ -258,8 +284,13 @@ class _Reader:
             tuple(processes),
             tuple(self.problems),
             self._driver_version(),
+            frozenset(self.activity),
             tuple(self.unlisted.items()),
         )
+
+    def _activity_of(self, pid: int, uuid: str) -> Activity | None:
+        sampled = self.activity.get(uuid)
+        return None if sampled is None else sampled.get(pid, IDLE)
 
     # -- calls ----------------------------------------------------------------------------------------------
 
@@ -300,7 +331,7 @@ class _Reader:
 
     def _read_gpu(self, index: int) -> None:
         """Read GPU ``index`` with its MIG devices and processes, or record why not; all or nothing per GPU."""
-        reader = _Reader(self.nv, self.max_slices_cache)
+        reader = _Reader(self.nv, self.kept)
         uuid: str | None = None
         try:
             handle = reader._must("get its handle", self.nv.nvmlDeviceGetHandleByIndex, index)
@@ -311,6 +342,7 @@ class _Reader:
             return
         self.devices += reader.devices
         self.problems += reader.problems
+        self.activity.update(reader.activity)
         self.unlisted.update(reader.unlisted)
         for (pid, uuid), (kinds, used) in reader.processes.items():
             for kind in kinds:
@@ -333,7 +365,12 @@ class _Reader:
             for kind, functions in _PROCESS_CALLS:
                 for process in self._list(uuid, handle, kind, functions):
                     self._add_process(int(process.pid), uuid, kind, process.usedGpuMemory)
+            sampled = self._read_activity(uuid, handle)
+            if sampled is not None:
+                self.activity[uuid] = sampled
             return
+        # nvml.h: "On MIG-enabled GPUs, querying process utilization is not currently supported": not asked, so
+        # the card and its MIG devices have no activity (unknown), never a zero.
         migs = self._read_migs(gpu, handle)
         self.devices += [mig.device for mig in migs]
         self._read_mig_processes(gpu, handle, migs)
@@ -406,8 +443,8 @@ class _Reader:
 
         A property of the hardware, so it is asked once per card and kept for the life of the Nvml.
         """
-        if uuid in self.max_slices_cache:
-            return self.max_slices_cache[uuid]
+        if uuid in self.kept.max_slices:
+            return self.kept.max_slices[uuid]
         best = 0
         for profile in range(int(getattr(self.nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 8))):
             info = self._may(
@@ -421,7 +458,7 @@ class _Reader:
             if info is not None:
                 best = max(best, int(info.sliceCount))
         if best:
-            self.max_slices_cache[uuid] = best
+            self.kept.max_slices[uuid] = best
         return best or None
 
     # -- processes ------------------------------------------------------------------------------------------
@@ -456,6 +493,92 @@ class _Reader:
             self._problem(device, _reason(code), f"could not list {kind} processes: {last}")
             self.unlisted.setdefault(device, _reason(code))
         return []
+
+    def _read_activity(self, uuid: str, handle: Any) -> dict[int, Activity] | None:
+        """Each process's activity on the GPU since the previous snapshot (pid → activity; a process NVML has no
+        sample for was idle), or None when NVML cannot say (no such call, NOT_SUPPORTED, an error).
+
+        The newest call the driver has, through pynvml's size protocol, asked only for samples newer than the newest
+        one read before (``lastSeenTimeStamp``; 0 the first time: the driver's whole buffer). NOT_FOUND is NVML's
+        "no sample since then": every process idle. The call that answered is kept per device, and so is "neither".
+        """
+        calls = self.kept.activity_calls.get(uuid, _ACTIVITY_CALLS)
+        since = self.kept.activity_since.get(uuid, 0)
+        for name in calls:
+            function = getattr(self.nv, name, None)
+            if function is None:
+                continue
+            for _ in range(_SIZE_RETRIES):  # samples can appear between pynvml's probe and its read
+                try:
+                    samples = function(handle, since)
+                except self.nv.NVMLError as error:
+                    code = _code(error)
+                    if code == _INSUFFICIENT_SIZE:
+                        continue
+                    if code == _NOT_FOUND:
+                        self.kept.activity_calls[uuid] = (name,)
+                        return {}
+                    if code in (_FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH):
+                        break  # this driver lacks the call (or this version of its struct): the older call
+                    if code == _GPU_IS_LOST:
+                        raise _Failed("read per-process utilisation", error) from None
+                    if code == _NOT_SUPPORTED:
+                        self.kept.activity_calls[uuid] = ()
+                    else:
+                        self._problem(uuid, _reason(code), f"could not read per-process utilisation: {error}")
+                    return None
+                self.kept.activity_calls[uuid] = (name,)
+                return self._activity_by_pid(uuid, samples, since)
+            else:
+                self._problem(uuid, "unknown", "could not read per-process utilisation: the sample count kept changing")
+                return None
+        self.kept.activity_calls[uuid] = ()
+        return None
+
+    def _activity_by_pid(self, uuid: str, samples: Iterable[Any], since: int) -> dict[int, Activity] | None:
+        """pid → the mean of its samples newer than ``since`` (nvml.h returns one per process; a driver that returns
+        several is averaged), as shares of time. A value above 100% is garbage: the device's activity is unknown."""
+        field = _STRUCT_FIELD
+        sums: dict[int, list[int]] = {}
+        newest = since
+        garbage: tuple[int, tuple[int, ...]] | None = None
+        for sample in samples:
+            stamp = field(sample, "timeStamp")
+            if stamp <= since:
+                continue
+            newest = max(newest, stamp)
+            pid = field(sample, "pid")
+            values = (
+                field(sample, "smUtil"),
+                field(sample, "memUtil"),
+                field(sample, "encUtil"),
+                field(sample, "decUtil"),
+            )
+            if max(values) > _PERCENT:
+                garbage = (pid, values)
+            total = sums.get(pid)
+            if total is None:
+                sums[pid] = [*values, 1]
+            else:
+                for position, value in enumerate(values):
+                    total[position] += value
+                total[4] += 1
+        self.kept.activity_since[uuid] = newest  # past what was read, garbage too, so it is not read again
+        if garbage is not None:
+            pid, values = garbage
+            self._problem(
+                uuid,
+                "unknown",
+                f"process {pid} reported a utilisation above 100% (SM, memory, encoder, decoder: "
+                f"{', '.join(map(str, values))}); the device's per-process activity is unknown this cycle",
+            )
+            return None
+        return {
+            pid: Activity(
+                sm / count / _PERCENT, memory / count / _PERCENT, encoder / count / _PERCENT, decoder / count / _PERCENT
+            )
+            for pid, (sm, memory, encoder, decoder, count) in sums.items()
+        }
 
     def _read_mig_processes(self, gpu: Gpu, handle: Any, migs: list[_Mig]) -> None:
         """Processes of a MIG-mode GPU, each attributed to the MIG device it runs in.
@@ -533,7 +656,7 @@ class Nvml:
     def __init__(self, lib_path: str | None = None) -> None:
         self.lib_path = lib_path
         self._open = False
-        self._max_slices: dict[str, int] = {}
+        self._kept = _Kept()
 
     def open(self) -> None:
         """Initialise NVML. Raises NvmlError (library-missing, driver-not-loaded, no-permission, ...)."""
@@ -549,7 +672,7 @@ class Nvml:
         except BaseException:
             _unbind()
             raise
-        self._max_slices = {}
+        self._kept = _Kept()
         self._open = True
 
     def close(self) -> None:
@@ -572,7 +695,7 @@ class Nvml:
             raise NvmlError("unknown", "NVML is not open: call Nvml.open() (or use `with Nvml(...)`) first")
         pynvml = _pynvml()
         try:
-            return _Reader(pynvml, self._max_slices).read()
+            return _Reader(pynvml, self._kept).read()
         except NvmlError:
             raise
         except pynvml.NVMLError as error:  # a safety net: every call above is meant to be caught where it is made

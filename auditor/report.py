@@ -83,6 +83,15 @@ def _row_json(row: Row) -> dict[str, Any]:
         "identity": row.identity.value,
         "labels": dict(row.labels),
         "unknown_memory_processes": dict(row.unknown_memory_processes),
+        "gpu_activity": {
+            uuid: {
+                "sm": busy.sm,
+                "memory_controller": busy.memory_controller,
+                "encoder": busy.encoder,
+                "decoder": busy.decoder,
+            }
+            for uuid, busy in row.activity
+        },
         "unconfirmed_allocations": list(row.unconfirmed_allocations),
         "claims": _claims(row),
         "incomplete": [limit.value for limit in row.view_limits],

@@ -178,6 +178,7 @@ def assemble(
     identity_source: IdentitySource,
     notes: Sequence[str] = (),
     degraded: Iterable[FailureReason] = (),
+    activity_devices: Iterable[str] = (),
     unlisted: Sequence[tuple[str, str]] = (),
     slices: SliceView | None = None,
     offered: Sequence[DeviceAllocation] | None = None,
@@ -185,9 +186,10 @@ def assemble(
     """Join the sources into a ``NodeSnapshot``.
 
     ``processes`` are NVML's, each with the cgroup identity of its pid; ``pods`` the cached pod list by uid (None
-    when the API never answered); ``notes`` and ``degraded`` what the cycle read only in part; ``unlisted`` the
-    devices (UUID, reason) whose processes NVML could not list; ``slices`` the node's ResourceSlices (None: not
-    read); ``offered`` the latest GetAllocatableResources answer (None: unknown).
+    when the API never answered); ``notes`` and ``degraded`` what the cycle read only in part; ``activity_devices``
+    the devices whose per-process activity NVML reported; ``unlisted`` the devices (UUID, reason) whose processes
+    NVML could not list; ``slices`` the node's ResourceSlices (None: not read); ``offered`` the latest
+    GetAllocatableResources answer (None: unknown).
     """
     slices = slices or SliceView()
     notes, degraded = list(notes), set(degraded)
@@ -270,6 +272,7 @@ def assemble(
         identity_source,
         (*notes, *nested),
         frozenset(degraded),
+        activity_devices=frozenset(activity_devices),
         unlisted=tuple(unlisted),
         dra_slices=slices.state,
         offered_replicas=None if offered is None else count_offered(offered, devices.normalize),

@@ -38,6 +38,11 @@ The child measures the process the image runs: the packages of the test extra th
 when it finds them (``TEST_ONLY_MODULES``: the ``kubernetes`` package's dynamic client imports
 ``kubernetes_validate`` and with it ``jsonschema``, ~3 MB) are hidden from it, as the image does not install them;
 ``--with-test-extras`` keeps them.
+``--layout shared`` builds the same counts without MIG: whole GPUs time-sliced among the pods, every GPU process
+busy, so that NVML's per-process utilisation (which it does not report on MIG) is read every cycle, with a sample per
+process. ``--baseline DIR`` runs, beside this tree's auditor and interleaved with it in every round, another version
+installed in DIR (``pip install --no-deps --target DIR <checkout>``): a change measured before and after, side by side.
+
 Run: ``python -m bench.auditor_bench`` (``--help``). Needs root (device nodes via mknod), like the tests.
 """
 
@@ -71,6 +76,9 @@ CHILD_TIMEOUT_S = 300
 #: Modules of the test extra (pyproject ``[test]``) that runtime dependencies import only when installed: hidden from
 #: the auditor child so that its RSS is that of the image, which installs the runtime dependencies only.
 TEST_ONLY_MODULES = ("kubernetes_validate", "grpc_tools")
+#: The node's layout: DESIGN's dense node (every GPU in MIG mode), or the same counts on whole time-sliced GPUs.
+LAYOUTS = {"mig": 7, "shared": 0}
+SHARED_ACTIVITY = (5, 2, 0, 0)  # percent per GPU process (SM, memory, encoder, decoder) on the shared layout
 
 
 class BenchError(RuntimeError):
@@ -136,8 +144,15 @@ def hide_test_only_modules() -> list[str]:
     return hidden
 
 
-def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False) -> dict[str, Any]:
-    """Run ``cycles`` audit cycles with the real daemon code; per-cycle phase times, RSS and kubelet calls."""
+def child(
+    auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False, baseline: str | None = None
+) -> dict[str, Any]:
+    """Run ``cycles`` audit cycles with the real daemon code; per-cycle phase times, RSS and kubelet calls.
+
+    ``baseline``: a directory with another installed gpu_fence, put first on the path (before this checkout, which
+    ``-m`` puts there) so that this process audits with that version."""
+    if baseline:
+        sys.path.insert(0, baseline)
     hidden = [] if test_extras else hide_test_only_modules()
     # imported here, in the child only: the parent must not carry the auditor's libraries (nor its RSS)
     from gpu_fence.auditor import daemon
@@ -211,6 +226,7 @@ def child(auditor_args: Sequence[str], cycles: int, *, test_extras: bool = False
         auditor.close()
     hostproc = sources.hostproc
     return {
+        "auditor_module": daemon.__file__,
         "cycles": rows,
         "rss_before_cycles_bytes": rss_before_cycles,
         "rss_bytes": machine.rss_bytes(),
@@ -235,20 +251,27 @@ class Case:
         return f"{self.scale}x" + (f" + flooded /dev ({self.flooded_dev:,})" if self.flooded_dev else "")
 
 
-def build_node(case: Case, fraction: float, workdir: Path) -> tuple[Any, dict[str, int], float]:
+def build_node(case: Case, fraction: float, workdir: Path, layout: str = "mig") -> tuple[Any, dict[str, int], float]:
     """The case's node, started: (scenario, sizes, seconds it took to build)."""
     from tests.fakes.node_scenario import dense_node
 
     size = sizes(case.scale, fraction)
     built = time.perf_counter()
     name = f"node-{case.scale}x" + ("-flooded" if case.flooded_dev else "")
-    scenario = dense_node(workdir / name, slots=7, flooded_dev=case.flooded_dev, **size)
+    slots = LAYOUTS[layout]
+    activity = SHARED_ACTIVITY if not slots else None
+    scenario = dense_node(workdir / name, slots=slots, activity=activity, flooded_dev=case.flooded_dev, **size)
     scenario.start()
     return scenario, size, time.perf_counter() - built
 
 
-def run_child(scenario: Any, scale: int, cycles: int, *, test_extras: bool = False) -> dict[str, Any]:
-    """One auditor process on ``scenario`` for ``cycles`` cycles (the first cold); what the child reported."""
+def run_child(
+    scenario: Any, scale: int, cycles: int, *, test_extras: bool = False, baseline: str | None = None
+) -> dict[str, Any]:
+    """One auditor process on ``scenario`` for ``cycles`` cycles (the first cold); what the child reported.
+
+    ``baseline``: a directory holding another installed gpu_fence, put first on the child's path so that it runs
+    that version's auditor (this tree's benchmark code drives it)."""
     requests_before = len(scenario.api.requests) if scenario.api is not None else 0
     command = [
         sys.executable,
@@ -258,6 +281,7 @@ def run_child(scenario: Any, scale: int, cycles: int, *, test_extras: bool = Fal
         "--cycles",
         str(cycles),
         *(["--with-test-extras"] if test_extras else []),
+        *(["--baseline", baseline] if baseline else []),
         "--",
         *scenario.args("once"),
     ]
@@ -266,14 +290,21 @@ def run_child(scenario: Any, scale: int, cycles: int, *, test_extras: bool = Fal
         command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT, env=env, check=False
     )
     if result.returncode != 0:
-        raise BenchError(f"the auditor child failed at scale {scale}: {result.stderr.strip()[-2000:]}")
+        which = f" (baseline {baseline})" if baseline else ""
+        raise BenchError(f"the auditor child failed at scale {scale}{which}: {result.stderr.strip()[-2000:]}")
     report = orjson.loads(result.stdout.strip().splitlines()[-1])
     report["api_requests"] = (len(scenario.api.requests) if scenario.api is not None else 0) - requests_before
     return report
 
 
 def summarise(
-    case: Case, size: dict[str, int], runs: list[dict[str, Any]], served_calls: int, build_seconds: float
+    case: Case,
+    size: dict[str, int],
+    runs: list[dict[str, Any]],
+    served_calls: int,
+    build_seconds: float,
+    *,
+    layout: str = "mig",
 ) -> dict[str, Any]:
     """One case's figures over every child run: medians of the cold cycles and of all warm cycles; worst RSS."""
     scale = case.scale
@@ -286,7 +317,11 @@ def summarise(
         "scale": scale,
         "case": case.name,
         "flooded_dev": case.flooded_dev,
-        "sizes": {**size, "mig_slices": size["gpus"] * 7, "containers": size["pods"] * size["containers_per_pod"]},
+        "sizes": {
+            **size,
+            "mig_slices": size["gpus"] * LAYOUTS[layout],
+            "containers": size["pods"] * size["containers_per_pod"],
+        },
         "first_cycle_ms": statistics.median(c["cycle_ms"] for c in firsts),
         "first_phases_ms": {name: statistics.median(c["phases_ms"][name] for c in firsts) for name in PHASES},
         "warm_cycle_ms": statistics.median(c["cycle_ms"] for c in warm),
@@ -303,6 +338,7 @@ def summarise(
         ),
         "steady_cycles": len(steady),
         "hidden_modules": runs[0]["hidden_modules"],
+        "auditor_module": runs[0]["auditor_module"],
         "auditor_processes": len(runs),
         "kubelet_calls_per_cycle": max(c["kubelet_calls"] for c in cycles),
         "kubelet_calls_served": served_calls,
@@ -331,35 +367,51 @@ def run(
     *,
     test_extras: bool = False,
     flooded_dev: int = 0,
+    layout: str = "mig",
+    baseline: str | None = None,
 ) -> dict[str, Any]:
     """Build every case's node (each scale, and the flooded ``/dev`` one), then run ``rounds`` rounds of one auditor
-    process per case, interleaved, so that a busy spell of a shared machine lands on every case rather than on one."""
+    process per case (and per version, with a ``baseline``), interleaved, so that a busy spell of a shared machine
+    lands on every case and version rather than on one."""
     cases = [Case(scale) for scale in scales] + ([Case(1, flooded_dev)] if flooded_dev else [])
     nodes: dict[Case, tuple[Any, dict[str, int], float]] = {}
+    versions = [None, baseline] if baseline else [None]
     try:
         for case in cases:
-            nodes[case] = build_node(case, fraction, workdir)
-        runs: dict[Case, list[dict[str, Any]]] = {case: [] for case in cases}
+            nodes[case] = build_node(case, fraction, workdir, layout)
+        runs: dict[tuple[Case, str | None], list[dict[str, Any]]] = {(c, v): [] for c in cases for v in versions}
+        served: dict[tuple[Case, str | None], int] = dict.fromkeys(runs, 0)  # List calls the fake kubelet answered
         for _ in range(rounds):
             for case in cases:
-                runs[case].append(run_child(nodes[case][0], case.scale, cycles, test_extras=test_extras))
-        results = []
+                for version in versions:
+                    kubelet = nodes[case][0].kubelet
+                    before = kubelet.calls["List"]
+                    runs[(case, version)].append(
+                        run_child(nodes[case][0], case.scale, cycles, test_extras=test_extras, baseline=version)
+                    )
+                    served[(case, version)] += kubelet.calls["List"] - before
+        summaries: dict[str | None, list[dict[str, Any]]] = {version: [] for version in versions}
         for case in cases:
-            scenario, size, build_seconds = nodes[case]
-            served = scenario.kubelet.calls["List"]
-            results.append(summarise(case, size, runs[case], served, build_seconds))
+            _, size, build_seconds = nodes[case]
+            for version in versions:
+                key = (case, version)
+                summaries[version].append(summarise(case, size, runs[key], served[key], build_seconds, layout=layout))
     finally:
         for scenario, _, _ in nodes.values():
             scenario.stop()
     report: dict[str, Any] = {
         "benchmark": "auditor",
+        "layout": layout,
         "fraction": fraction,
         "cycles_per_process": cycles,
         "rounds": rounds,
         "test_extras": test_extras,
         "flooded_dev": flooded_dev,
-        "results": results,
+        "results": summaries[None],
     }
+    if baseline:
+        report["baseline"] = {"site": baseline, "results": summaries[baseline]}
+    results = report["results"]
     plain = [r for r in results if not r["flooded_dev"]]
     if len(plain) >= 2:
         report["scaling_exponent"] = loglog_slope(scales, [r["warm_cycle_ms"] for r in plain])
@@ -419,10 +471,11 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     return judged
 
 
-def markdown(report: dict[str, Any]) -> str:
+def phase_table(results: list[dict[str, Any]]) -> list[str]:
+    """Per node, the first, warm and steady cycles with their phases."""
     header = "| node | cycle | total ms | " + " | ".join(PHASES) + " |"
     lines = [header, "|---|---|---:|" + "---:|" * len(PHASES)]
-    for row in report["results"]:
+    for row in results:
         shown = [
             ("first", row["first_cycle_ms"], row["first_phases_ms"]),
             ("warm (median)", row["warm_cycle_ms"], row["warm_phases_ms"]),
@@ -432,6 +485,11 @@ def markdown(report: dict[str, Any]) -> str:
         for label, total, phases in shown:
             cells = " | ".join(f"{phases[name]:.1f}" for name in PHASES)
             lines.append(f"| {row['case']} | {label} | {total:.1f} | {cells} |")
+    return lines
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = phase_table(report["results"])
     lines += [
         "",
         "| node | containers | GPU processes | host processes | slowest warm ms | warm CPU ms | steady CPU ms "
@@ -455,9 +513,35 @@ def markdown(report: dict[str, Any]) -> str:
     if "scaling_exponent" in report:
         phases = ", ".join(f"{name} {value:.2f}" for name, value in report["phase_scaling_exponents"].items())
         lines += ["", f"scaling exponent (warm cycle): {report['scaling_exponent']:.2f}; per phase: {phases}"]
+    lines += ["", f"layout: {report.get('layout', 'mig')}"]
+    if "baseline" in report:
+        lines += ["", *side_by_side(report)]
     lines += ["", "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in report["targets"]]
     return "\n".join(lines) + "\n"
+
+
+def side_by_side(report: dict[str, Any]) -> list[str]:
+    """This tree against the baseline, per node: medians of the same rounds, and their ratio."""
+    lines = [
+        f"baseline: {report['baseline']['site']} (run interleaved with this tree, same node, same rounds)",
+        "",
+        "| node | cycle | baseline ms | this tree ms | ratio | nvml baseline | nvml this tree | peak RSS MB (baseline"
+        " / this tree) |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for mine, theirs in zip(report["results"], report["baseline"]["results"], strict=True):
+        shown = [("warm (median)", "warm_cycle_ms", "warm_phases_ms")]
+        if mine["steady_cycle_ms"] is not None and theirs["steady_cycle_ms"] is not None:
+            shown.append((f"steady (after {mine['settling_cycles']})", "steady_cycle_ms", "steady_phases_ms"))
+        for label, total, phases in shown:
+            lines.append(
+                f"| {mine['case']} | {label} | {theirs[total]:.1f} | {mine[total]:.1f} | "
+                f"{mine[total] / theirs[total]:.2f} | {theirs[phases]['nvml']:.1f} | {mine[phases]['nvml']:.1f} | "
+                f"{theirs['peak_rss_mb']:.1f} / {mine['peak_rss_mb']:.1f} |"
+            )
+    lines += ["", "the baseline's phases:", "", *phase_table(report["baseline"]["results"])]
+    return lines
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -498,6 +582,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="let the auditor import the test extra's packages (default: hidden, as in the image)",
     )
+    parser.add_argument(
+        "--layout",
+        choices=sorted(LAYOUTS),
+        default="mig",
+        help="mig: DESIGN's dense node, every GPU in MIG mode; shared: the same counts on whole time-sliced GPUs, "
+        "every GPU process busy (NVML samples per-process utilisation there, not on MIG) (default: mig)",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="also run, interleaved, the gpu_fence installed in DIR (pip install --no-deps --target DIR <checkout>)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
     args.auditor_args = [arg for arg in rest if arg != "--"]
@@ -513,6 +609,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--scales and --rounds must be >= 1, --cycles >= 2 (one cold, the rest warm), 0 < --fraction <= 1")
     if args.flooded_dev < 0:
         parser.error("--flooded-dev must be 0 or more")
+    if args.baseline is not None:
+        args.baseline = os.path.abspath(args.baseline)
+        if not os.path.isfile(os.path.join(args.baseline, "gpu_fence", "auditor", "daemon.py")):
+            parser.error(
+                f"--baseline {args.baseline}: no installed gpu_fence there (make it with pip install "
+                "--no-deps --target DIR <checkout>)"
+            )
     return args
 
 
@@ -520,7 +623,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         sys.stdout.write(
-            orjson.dumps(child(args.auditor_args, args.cycles, test_extras=args.test_extras)).decode() + "\n"
+            orjson.dumps(
+                child(args.auditor_args, args.cycles, test_extras=args.test_extras, baseline=args.baseline)
+            ).decode()
+            + "\n"
         )
         return 0
     if os.geteuid() != 0:
@@ -537,6 +643,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 Path(directory),
                 test_extras=args.test_extras,
                 flooded_dev=args.flooded_dev,
+                layout=args.layout,
+                baseline=args.baseline,
             )
         except BenchError as error:
             print(f"auditor_bench: {error}", file=sys.stderr)

@@ -26,6 +26,7 @@ from . import render as text
 from . import rules as recording_rules
 from .compute import Bill, IdlePolicy, Ledger, Method
 from .demo import SeriesSource, load_fleet
+from .devicemetrics import DeviceMetricBill, device_metric_bill, fetch_device_metrics
 from .errors import ChargebackError
 from .focus import render_focus
 from .html import render_html
@@ -51,6 +52,8 @@ examples:
   gpu-fence-auditor chargeback --prometheus https://mimir.example.com/prometheus --http-config prom-http.yaml \\
       --start 2026-01-01T00:00:00Z --end 2026-02-01T00:00:00Z --price-per-gpu-hour 2.50 --format focus
   gpu-fence-auditor chargeback --rules --step 5m --pod-label team --output gpu-fence-chargeback-rules.yaml
+  gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start -7d --prices prices.yaml \\
+      --compare-device-metrics      # beside it, what a bill from dcgm-exporter's per-pod series would say
 
 times: RFC 3339 (2026-01-31T00:00:00Z), unix seconds, now, or relative (-7d, -12h, -30m)
 prices file (YAML): currency: USD / default: 2.50 / models: {"NVIDIA H100 80GB HBM3": 4.00} / nodes: {"spot-*": 1.10}
@@ -120,6 +123,13 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
         "raw series); raw: split the auditor's series here, in bounded chunks; auto (default): recorded when the "
         "rules can make this bill (same --step, grouping label rolled up), else raw",
     )
+    parser.add_argument(
+        "--compare-device-metrics",
+        action="store_true",
+        help="also read dcgm-exporter's DCGM_FI_DEV_FB_USED and DCGM_FI_DEV_GPU_UTIL from the same Prometheus and "
+        "show, per group, the bill a device-metric method would make (device-hours and utilisation) beside this one, "
+        "with the sum over groups against what the cards cost; not with --demo or --format focus",
+    )
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format")
     parser.add_argument("--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="per Prometheus request")
@@ -177,6 +187,10 @@ def _inputs(args: argparse.Namespace, now: float) -> _Inputs:
         prices, named = Prices.flat(args.price_per_gpu_hour), "the price list"
     else:
         prices, named = None, "the demo fleet's price list"
+    if args.compare_device_metrics and args.demo:
+        raise ChargebackError(
+            "--compare-device-metrics reads dcgm-exporter's series from --prometheus: the demo fleet has none"
+        )
     if args.demo:
         if args.prometheus or args.http_config:
             raise ChargebackError("--demo bills the bundled sample fleet: leave out --prometheus and --http-config")
@@ -243,6 +257,11 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
     if step is not None and (end - start) // step < 1:
         raise ChargebackError(f"the range {iso(start)} .. {iso(end)} is shorter than one --step ({step:g} s)")
     by = _validate_by(args.by)
+    if args.compare_device_metrics and args.format == "focus":
+        raise ChargebackError(
+            "--compare-device-metrics with --format focus: FOCUS rows are charges, and a comparison is not one; "
+            "use another --format"
+        )
     prices, method = inputs.prices, Method(args.method)
     ledger = Ledger(prices.per_hour, method)
     found = raw.RawNotes()
@@ -253,6 +272,7 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
         timeline = recorded.book(inputs.source, schedule, ledger, prices, by, notes=found, progress=progress)  # type: ignore[arg-type]
         _refuse_unpriced(ledger, inputs.prices_source)
         step, instants = schedule.interval, schedule.missing
+        billed = list(schedule.evaluations)
         notes += _recorded_notes(schedule, start, end)
     else:
         step = step or default_step(end - start)
@@ -260,6 +280,7 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
         if count < 1:
             raise ChargebackError(f"the range {iso(start)} .. {iso(end)} is shorter than one --step ({step:g} s)")
         instants = [start + step * index for index in range(1, count + 1)]
+        billed = instants
         timeline = []
         if count * step < end - start:
             notes.append(f"the range was cut to {iso(start + count * step)}, a whole number of {step:g} s steps")
@@ -272,6 +293,10 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
         raise raw.no_label(by, start, end)
     ledger.timeline = recorded.merge_timeline(timeline, ledger.timeline)
     bill = ledger.bill(IdlePolicy(args.idle), prices.currency, notes=[*found.notes(), *notes])
+    if args.compare_device_metrics:
+        bill = dataclasses.replace(
+            bill, comparison=_compare(inputs.source, prices, by, bill, instants=billed, step=step)
+        )
     made = Provenance(
         generated_at=now,
         version=package_version(),
@@ -282,6 +307,24 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
         series=Series.RAW if schedule is None else Series.RECORDED,
     )
     return bill, made
+
+
+def _compare(
+    source: Source, prices: Prices, by: str, bill: Bill, *, instants: list[float], step: float
+) -> DeviceMetricBill:
+    """--compare-device-metrics: dcgm-exporter's series billed two device-metric ways at the bill's instants."""
+    fb_used, gpu_util, group_of = fetch_device_metrics(source, instants, step, by)
+    return device_metric_bill(
+        instants,
+        step,
+        fb_used=fb_used,
+        gpu_util=gpu_util,
+        price_of=prices.per_hour,
+        group_of=group_of,
+        gpu_fence={group.group: group.total for group in bill.groups},
+        gpu_fence_rest=max(0.0, bill.total_gpu_cost - sum(group.total for group in bill.groups)),
+        real_cost=bill.total_gpu_cost,
+    )
 
 
 def _recorded_notes(schedule: recorded.Plan, start: float, end: float) -> list[str]:

@@ -30,7 +30,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from .devicemetrics import DeviceMetricBill
 
 from .prices import card_model
 
@@ -123,6 +126,17 @@ class Offered:
 
 
 @dataclass(frozen=True)
+class SmActivity:
+    """A container's SM activity on a GPU at an instant (gpu_fence_container_gpu_sm_activity_ratio, 0-1): shown
+    beside the bill, never billed."""
+
+    node: str
+    gpu_uuid: str
+    owner: ContainerRef
+    ratio: float
+
+
+@dataclass(frozen=True)
 class Interval:
     """Everything the source returned for one evaluation instant ``end``, standing for ``seconds`` before it."""
 
@@ -133,6 +147,7 @@ class Interval:
     allocations: tuple[Allocation, ...] = ()
     unattributed: tuple[Unattributed, ...] = ()
     offered: tuple[Offered, ...] = ()
+    activity: tuple[SmActivity, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,6 +184,9 @@ class GroupCost:
     requested_gpu_hours: float = 0.0
     memory_gib_hours: float = 0.0
     overreach_gib_hours: float = 0.0
+    #: not billed: Σ over instants of its containers' SM activity ratios × hours, on every GPU they ran on; None
+    #: when no device it used was sampled (MIG, an auditor without the gauge): unknown, not idle
+    sm_active_gpu_hours: float | None = None
 
     @property
     def total(self) -> float:
@@ -239,6 +257,8 @@ class Bill:
     lines: tuple[Line, ...] = ()
     timeline: tuple[TimePoint, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    #: with --compare-device-metrics, the bills dcgm-exporter's per-pod series would make, beside this one
+    comparison: DeviceMetricBill | None = None
 
     @property
     def accounted(self) -> float:
@@ -472,6 +492,7 @@ class Ledger:
         self.partitioned_cards: set[tuple[str, str]] = set()  # memory on a MIG card's own UUID, outside its slices
         self.offered_missing: set[tuple[str, str]] = set()
         self.over_held: set[tuple[str, str]] = set()
+        self.active: dict[str, float] = defaultdict(float)  # group → SM-active GPU-hours (not billed)
         self.start: float | None = None
         self.end: float | None = None
         self._owners = _Owners()
@@ -518,10 +539,16 @@ class Ledger:
         self.requested_hours[group] += card_hours
         self.request[group] += card_hours * self.price_of(node, card)
 
+    def book_active(self, group: str, gpu_hours: float) -> None:
+        """SM-active GPU-hours of a group, shown beside its cost and never billed."""
+        self.active[group] += gpu_hours
+
     def add(self, interval: Interval) -> None:
         """Split one interval and book it."""
         self.cover(interval.end - interval.seconds, interval.end)
         hours = interval.seconds / 3600.0
+        for sample in interval.activity:
+            self.book_active(sample.owner.group, min(1.0, sample.ratio) * hours)
         split = split_interval(interval, self.method, self._owners)
         layer: dict[str, float] = defaultdict(float)
         for card, model in split.cards.items():
@@ -569,6 +596,7 @@ class Ledger:
             cards,
             request=self.request,
             requested_hours=self.requested_hours,
+            active=self.active,
             timeline=sorted(self.timeline, key=lambda point: point.end),
             method=self.method,
             idle_policy=idle_policy,
@@ -697,6 +725,7 @@ def _bill(
     idle_policy: IdlePolicy,
     currency: str,
     notes: list[str],
+    active: Mapping[str, float] | None = None,
 ) -> Bill:
     """Sum the ledger into the per-group figures, the overreach rows and the special rows."""
     by_group: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -722,8 +751,11 @@ def _bill(
     for name in request:
         by_group[name]["request"] += request[name]
         by_group[name]["requested_gpu_hours"] += requested_hours[name]
+    active = active or {}
+    for name in active:  # a group seen only in activity (an allocation-less container on a sampled GPU) is listed
+        by_group.setdefault(name, defaultdict(float))
     groups = sorted(
-        (GroupCost(group=name, **figures) for name, figures in by_group.items()),
+        (GroupCost(group=name, sm_active_gpu_hours=active.get(name), **figures) for name, figures in by_group.items()),
         key=lambda group: (-_rank(group.total), -_rank(group.request), group.group),
     )
     rows = sorted(

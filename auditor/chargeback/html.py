@@ -11,7 +11,18 @@ from collections import defaultdict
 
 from .compute import IDLE, OVERREACH, UNATTRIBUTED, Bill, Method, TimePoint
 from .provenance import Provenance
-from .render import CARD_COLUMNS, COLUMNS, PRICE_COLUMNS, Columns, card_rows, price_rows, rows
+from .render import (
+    CARD_COLUMNS,
+    COLUMNS,
+    COMPARISON_COLUMNS,
+    PRICE_COLUMNS,
+    Columns,
+    card_rows,
+    comparison_lines,
+    comparison_rows,
+    price_rows,
+    rows,
+)
 from .times import iso
 
 MAX_BARS = 96
@@ -291,6 +302,27 @@ def _overreach_table(bill: Bill) -> str:
     return "".join(lines)
 
 
+def _device_metrics_section(bill: Bill) -> str:
+    """With --compare-device-metrics: what dcgm-exporter's per-pod series would bill, beside this bill."""
+    if bill.comparison is None:
+        return ""
+    lines = comparison_lines(bill)
+    table = _simple_table(
+        "device-metrics",
+        f"This bill beside two device-metric methods, {bill.currency} (not billed)",
+        COMPARISON_COLUMNS,
+        comparison_rows(bill),
+    )
+    paragraphs = "".join(f'<p class="note">{html.escape(line)}</p>' for line in lines)
+    return f"""<h2>Device metrics against this bill</h2>
+<p>What a bill made from dcgm-exporter's per-pod series would charge for the same range and prices. On a shared
+GPU such series carry the device's value for a pod, or one copy per pod that shares it, so their bill does not add up
+to what the cards cost (docs/chargeback.md, Device metrics against this bill).</p>
+{table}
+{paragraphs}
+"""
+
+
 def method_paragraph(bill: Bill) -> str:
     idle = (
         "Idle capacity is charged to the platform row."
@@ -317,7 +349,8 @@ def method_paragraph(bill: Bill) -> str:
         f"{held} {idle} Memory of processes outside any container is the unattributed row. Memory a container "
         "held on a GPU it was not allocated is overreach: priced the same way, listed apart, and never added to "
         "anyone's total. The request-based column is what tools that bill allocations charge: allocated GPUs × "
-        "hours × price. Compute utilisation is an operational signal and is not billed."
+        "hours × price. Compute utilisation is an operational signal and is not billed: the SM-active GPU-hours "
+        "column shows it beside the cost (unknown, –, where the auditor does not sample it, as on MIG)."
     )
 
 
@@ -373,7 +406,7 @@ memory and idle capacity.</p>
 GPUs cost by the memory each group held, and charges holders for what they held without using. A shared
 (time-sliced) GPU is billed once per replica by requests, once in total here.</p>
 {_comparison_svg(bill)}
-<h2>Overreach: GPU use without an allocation</h2>
+{_device_metrics_section(bill)}<h2>Overreach: GPU use without an allocation</h2>
 {_overreach_table(bill)}
 <h2>How this was computed</h2>
 <p id="method">{html.escape(method_paragraph(bill))}</p>

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..metrics import label_name  # the name the auditor exports --pod-label KEY under
-from .compute import Allocation, ContainerRef, Device, Interval, Memory, Offered, Unattributed
+from .compute import Allocation, ContainerRef, Device, Interval, Memory, Offered, SmActivity, Unattributed
 from .progress import Progress
 from .prometheus import MAX_POINTS_PER_QUERY, PrometheusError, Series, Source
 from .times import iso
@@ -41,7 +41,10 @@ MEMORY = (
 )
 ALLOCATED = f"max by (node, namespace, pod, container, gpu_uuid, {RENAMED}) (gpu_fence_container_allocated_gpus)"
 UNATTRIBUTED = "max by (node, gpu_uuid) (gpu_fence_unattributed_gpu_memory_bytes)"
-QUERIES_PER_CHUNK = 6  # INFO, SHARE, MEMORY, ALLOCATED, UNATTRIBUTED, OFFERED (plus the labels with --by label:)
+# Not billed: shown beside the bill (absent on devices NVML does not sample, such as MIG).
+ACTIVITY = f"max by (node, namespace, pod, container, gpu_uuid, {RENAMED}) (gpu_fence_container_gpu_sm_activity_ratio)"
+# INFO, SHARE, MEMORY, ALLOCATED, UNATTRIBUTED, OFFERED, ACTIVITY (plus the labels with --by label:)
+QUERIES_PER_CHUNK = 7
 
 
 def pod_labels_query(name: str) -> str:
@@ -52,7 +55,8 @@ def pod_labels_query(name: str) -> str:
 GroupOf = Callable[[str, str, int], str]  # (namespace, pod, instant in ms) → group
 
 
-def _key(timestamp: float) -> int:
+def instant_key(timestamp: float) -> int:
+    """An instant as Prometheus keeps it, in whole milliseconds: samples of different queries match by it."""
     return round(timestamp * 1000)
 
 
@@ -84,6 +88,7 @@ def intervals_from_series(
     unattributed: list[Series],
     group_of: GroupOf,
     offered: Sequence[Series] = (),
+    activity: Sequence[Series] = (),
     notes: RawNotes | None = None,
 ) -> list[Interval]:
     """Regroup per-series samples into one :class:`Interval` per instant. Pure; what it notices goes to ``notes``."""
@@ -91,6 +96,7 @@ def intervals_from_series(
     for name, items in (
         ("gpu_fence_container_gpu_memory_bytes", memory),
         ("gpu_fence_container_allocated_gpus", allocated),
+        ("gpu_fence_container_gpu_sm_activity_ratio", activity),
     ):
         renamed = next((item.labels for item in items if item.labels.get(RENAMED)), None)
         if renamed is not None:
@@ -100,25 +106,25 @@ def intervals_from_series(
                 f"({renamed.get('namespace', '')}/{renamed.get('pod', '')}); scrape it with honor_labels: true "
                 "(honorLabels in a ServiceMonitor, see docs/metrics.md)"
             )
-    slots = {_key(instant): instant for instant in instants}
+    slots = {instant_key(instant): instant for instant in instants}
     devices: dict[int, list[Device]] = defaultdict(list)
     shares: dict[tuple[int, str, str], float] = {}
     for item in share:
         for ts, value in item.values:
             if math.isfinite(value) and value >= 0:
-                shares[(_key(ts), item.labels.get("node", ""), item.labels.get("gpu_uuid", ""))] = value
+                shares[(instant_key(ts), item.labels.get("node", ""), item.labels.get("gpu_uuid", ""))] = value
     for item in info:
         labels = item.labels
         node, uuid, parent = labels.get("node", ""), labels.get("gpu_uuid", ""), labels.get("parent_uuid", "")
         for ts, _ in item.values:
             ratio = 1.0
             if parent:
-                found = shares.get((_key(ts), node, uuid))
+                found = shares.get((instant_key(ts), node, uuid))
                 if found is None:
                     notes.missing_share.add(uuid)
                     continue
                 ratio = found
-            devices[_key(ts)].append(Device(node, uuid, parent, labels.get("model", ""), ratio))
+            devices[instant_key(ts)].append(Device(node, uuid, parent, labels.get("model", ""), ratio))
     notes.devices_seen = notes.devices_seen or bool(devices)
 
     def owner_at(labels: Mapping[str, str]) -> Callable[[int], ContainerRef]:
@@ -152,6 +158,14 @@ def intervals_from_series(
     allocations_at = _at(allocated, allocation_of)
     unattributed_at = _at(unattributed, lambda labels: lambda _key, value: Unattributed(*device(labels), value))
     offered_at = _at(offered, lambda labels: lambda _key, value: Offered(*device(labels), value))
+
+    def activity_of(labels: Mapping[str, str]) -> Callable[[int, float], SmActivity]:
+        node, gpu = device(labels)
+        owner = owner_at(labels)
+        return lambda key, value: SmActivity(node, gpu, owner(key), value)
+
+    # an idle container's 0 is kept: sampled and idle is not the same as not sampled
+    activity_at = _at(activity, activity_of, keep_zero=True)
     return [
         Interval(
             end=instant,
@@ -161,21 +175,26 @@ def intervals_from_series(
             allocations=tuple(allocations_at.get(key, ())),
             unattributed=tuple(unattributed_at.get(key, ())),
             offered=tuple(offered_at.get(key, ())),
+            activity=tuple(activity_at.get(key, ())),
         )
         for key, instant in sorted(slots.items())
     ]
 
 
 def _at(
-    series: Sequence[Series], sample_of: Callable[[Mapping[str, str]], Callable[[int, float], T]]
+    series: Sequence[Series],
+    sample_of: Callable[[Mapping[str, str]], Callable[[int, float], T]],
+    *,
+    keep_zero: bool = False,
 ) -> dict[int, list[T]]:
-    """Every finite, positive sample of ``series``, made by ``sample_of(labels)(instant, value)``, by instant."""
+    """Every finite, positive (with ``keep_zero``, non-negative) sample of ``series``, made by
+    ``sample_of(labels)(instant, value)``, by instant."""
     result: dict[int, list[T]] = defaultdict(list)
     for item in series:
         make = sample_of(item.labels)
         for ts, value in item.values:
-            if math.isfinite(value) and value > 0:
-                key = _key(ts)
+            if math.isfinite(value) and (value > 0 or (keep_zero and value == 0)):
+                key = instant_key(ts)
                 result[key].append(make(key, value))
     return result
 
@@ -192,7 +211,7 @@ def pod_groups(series: Sequence[Series], label: str) -> dict[tuple[int, str, str
             continue
         namespace, pod = item.labels.get("namespace", ""), item.labels.get("pod", "")
         for ts, _ in item.values:
-            key = (_key(ts), namespace, pod)
+            key = (instant_key(ts), namespace, pod)
             if value > groups.get(key, ""):
                 groups[key] = value
     return groups
@@ -202,7 +221,7 @@ def runs(instants: Sequence[float], step: float) -> list[list[float]]:
     """``instants`` (ascending) cut into runs ``step`` apart: each run is one range query's evaluation instants."""
     result: list[list[float]] = []
     for instant in instants:
-        if result and _key(instant) - _key(result[-1][-1]) == _key(step):
+        if result and instant_key(instant) - instant_key(result[-1][-1]) == instant_key(step):
             result[-1].append(instant)
         else:
             result.append([instant])
@@ -262,6 +281,7 @@ def stream_intervals(
             "allocated": ask(ALLOCATED),
             "unattributed": ask(UNATTRIBUTED),
             "offered": ask(OFFERED),
+            "activity": ask(ACTIVITY),
         }
         seen_samples += sum(len(item.values) for items in (info, *answers.values()) for item in items)
         seen_instants += len(chunk)

@@ -46,7 +46,7 @@ from .times import iso
 
 # At most this many timeline points: consecutive evaluations are merged into one point beyond it.
 TIMELINE_POINTS = 720
-SUMS = 12  # the instant queries of book(), before the timeline's one or two range queries
+SUMS = 13  # the instant queries of book(), before the timeline's one or two range queries
 
 
 class NotRecorded(ChargebackError):
@@ -261,6 +261,8 @@ def book(
     for item in q.sum(r.GROUP_REQUESTED, "", f"node, card_uuid, {groups}"):
         labels = item.labels
         ledger.book_request(labels.get("node", ""), labels.get("card_uuid", ""), group(item), _value(item) * hours)
+    for item in q.sum(r.GROUP_ACTIVE, "", groups):  # not billed: shown beside the cost
+        ledger.book_active(group(item), _value(item) * hours)
     _issues(q, ledger, notes)
     return _timeline(q, schedule, prices, method, label)
 

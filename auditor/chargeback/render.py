@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any
 
 from .compute import PLATFORM, UNATTRIBUTED, Bill
+from .devicemetrics import DeviceMetricBill
 from .provenance import Provenance
 from .times import iso
 
@@ -31,6 +32,7 @@ COLUMNS = (
     ("total_cost", "total"),
     ("difference", "total - request"),
     ("overreach_cost", "overreach (apart)"),
+    ("sm_active_gpu_hours", "SM-active GPU-h (not billed)"),
 )
 MONEY = {"request_cost", "usage_cost", "reserved_cost", "idle_cost", "total_cost", "difference", "overreach_cost"}
 CARD_COLUMNS = (
@@ -48,13 +50,20 @@ PRICE_COLUMNS = (
     ("price_per_gpu_hour", "price/h"),
     ("cards", "cards"),
 )
+COMPARISON_COLUMNS = (
+    ("group", "group"),
+    ("gpu_fence_cost", "this bill"),
+    ("device_hours_cost", "device-hours"),
+    ("utilisation_cost", "utilisation"),
+)
+OTHER = "(unattributed, platform, overreach)"
 SCHEMA = "bill.schema.json"
 
 
 @dataclass(frozen=True)
 class Row:
     kind: str  # group | unattributed | platform | total
-    values: dict[str, float | str]
+    values: dict[str, float | str | None]
 
 
 def rows(bill: Bill) -> list[Row]:
@@ -74,6 +83,7 @@ def rows(bill: Bill) -> list[Row]:
                     "total_cost": group.total,
                     "difference": group.difference,
                     "overreach_cost": group.overreach,
+                    "sm_active_gpu_hours": group.sm_active_gpu_hours,
                 },
             )
         )
@@ -88,9 +98,10 @@ def rows(bill: Bill) -> list[Row]:
     platform = dict(empty, group=PLATFORM, idle_cost=bill.platform, total_cost=bill.platform)
     result.append(Row("unattributed", unattributed))
     result.append(Row("platform", platform))
-    totals: dict[str, float | str] = {"group": "TOTAL"}
+    totals: dict[str, float | str | None] = {"group": "TOTAL"}
     for key, _ in COLUMNS[1:]:
-        totals[key] = sum(float(row.values[key] or 0.0) for row in result)
+        known = [float(row.values[key]) for row in result if row.values[key] is not None]
+        totals[key] = sum(known) if known or key != "sm_active_gpu_hours" else None  # unknown everywhere: unknown
     result.append(Row("total", totals))
     return result
 
@@ -114,6 +125,52 @@ def price_rows(made: Provenance) -> list[dict[str, float | str]]:
     return [
         {"rule": item.rule, "model": item.model, "price_per_gpu_hour": item.price, "cards": item.cards}
         for item in made.prices
+    ]
+
+
+def comparison_rows(bill: Bill) -> list[dict[str, float | str]]:
+    """With --compare-device-metrics: a row per group, this bill's other rows as one, and the total."""
+    found = bill.comparison
+    if found is None:
+        return []
+    records: list[dict[str, float | str]] = [
+        {
+            "group": group.group,
+            "gpu_fence_cost": group.gpu_fence,
+            "device_hours_cost": group.device_hours,
+            "utilisation_cost": group.utilisation,
+        }
+        for group in found.groups
+    ]
+    records.append(
+        {"group": OTHER, "gpu_fence_cost": found.gpu_fence_rest, "device_hours_cost": 0.0, "utilisation_cost": 0.0}
+    )
+    records.append(
+        {
+            "group": "TOTAL",
+            "gpu_fence_cost": found.gpu_fence_total,
+            "device_hours_cost": found.device_hours_total,
+            "utilisation_cost": found.utilisation_total,
+        }
+    )
+    return records
+
+
+def comparison_lines(bill: Bill) -> list[str]:
+    """What the comparison's totals come to against what the cards cost, and its notes."""
+    found = bill.comparison
+    if found is None:
+        return []
+
+    def times(value: float) -> str:
+        return f"{value / found.real_cost:.2f}x" if found.real_cost > 0 else "-"
+
+    return [
+        f"the cards cost {found.real_cost:,.2f} {bill.currency}: this bill adds up to {times(found.gpu_fence_total)} "
+        f"that, device-hours to {times(found.device_hours_total)}, utilisation to {times(found.utilisation_total)}",
+        "device-hours: each pod a device's DCGM_FI_DEV_FB_USED series names pays the device for the interval; "
+        "utilisation: the device x DCGM_FI_DEV_GPU_UTIL / 100 of that series. Neither is how this bill is made.",
+        *(f"note: {note}" for note in found.notes),
     ]
 
 
@@ -184,6 +241,10 @@ def render_table(bill: Bill, made: Provenance) -> str:
                 f"{item.gib_hours:,.1f} GiB-h, {item.cost:,.2f}"
             )
         out.append("")
+    if bill.comparison is not None:
+        out.append("Device metrics (dcgm-exporter's per-pod series) against this bill, not billed:")
+        out += _aligned(COMPARISON_COLUMNS, comparison_rows(bill), total_last=True)
+        out += [*comparison_lines(bill), ""]
     out += ["Prices as applied (per card-hour):", *_aligned(PRICE_COLUMNS, price_rows(made)), ""]
     out += ["Cards:", *_aligned(CARD_COLUMNS, card_rows(bill)), ""]
     out += _footer(bill)
@@ -224,6 +285,10 @@ def render_markdown(bill: Bill, made: Provenance) -> str:
                 f"{item.gpu_uuid} | {item.gib_hours:,.1f} | {item.cost:,.2f} |"
             )
         out.append("")
+    if bill.comparison is not None:
+        out += ["### Device metrics (dcgm-exporter's per-pod series) against this bill, not billed", ""]
+        out += [*_markdown_table(COMPARISON_COLUMNS, comparison_rows(bill)), ""]
+        out += [*(f"{line}  " for line in comparison_lines(bill)), ""]
     out += ["### Prices as applied (per card-hour)", "", *_markdown_table(PRICE_COLUMNS, price_rows(made)), ""]
     out += ["### Cards", "", *_markdown_table(CARD_COLUMNS, card_rows(bill)), ""]
     out += [f"{line}  " for line in _footer(bill)]
@@ -258,10 +323,14 @@ CSV_MADE = (
 )
 
 
+# With --compare-device-metrics: rows of kind "device-metrics" (and "device-metrics-total") in these columns.
+CSV_COMPARISON = ("gpu_fence_cost", "device_hours_cost", "utilisation_cost", "real_cost")
+
+
 def render_csv(bill: Bill, made: Provenance) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    body = [*(key for key, _ in COLUMNS), *CSV_EXTRA]
+    body = [*(key for key, _ in COLUMNS), *CSV_EXTRA, *(CSV_COMPARISON if bill.comparison is not None else ())]
     writer.writerow(["kind", *body, *CSV_MADE])
     made_values = [
         bill.currency,
@@ -287,6 +356,11 @@ def render_csv(bill: Bill, made: Provenance) -> str:
         write("price", {**price, "price_rule": price["rule"]})
     for card in card_rows(bill):
         write("card", {**card, "card_hours": card["hours"], "card_cost": card["cost"]})
+    if bill.comparison is not None:
+        *groups, total = comparison_rows(bill)
+        for record in groups:
+            write("device-metrics", record)
+        write("device-metrics-total", {**total, "real_cost": bill.comparison.real_cost})
     return buffer.getvalue()
 
 
@@ -344,6 +418,22 @@ def bill_document(bill: Bill, made: Provenance) -> dict:
             for point in bill.timeline
         ],
         "notes": list(bill.notes),
+        **({"device_metrics": _comparison_document(bill, bill.comparison)} if bill.comparison is not None else {}),
+    }
+
+
+def _comparison_document(bill: Bill, found: DeviceMetricBill) -> dict[str, Any]:
+    *groups, other, _ = comparison_rows(bill)
+    return {
+        "groups": [{key: round(v, 6) if isinstance(v, float) else v for key, v in g.items()} for g in groups],
+        "other_cost": round(float(other["gpu_fence_cost"]), 6),
+        "totals": {
+            "gpu_fence_cost": round(found.gpu_fence_total, 6),
+            "device_hours_cost": round(found.device_hours_total, 6),
+            "utilisation_cost": round(found.utilisation_total, 6),
+            "real_cost": round(found.real_cost, 6),
+        },
+        "notes": list(found.notes),
     }
 
 

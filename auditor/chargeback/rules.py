@@ -44,6 +44,8 @@ UNATTRIBUTED_MEMORY = "gpu:gpu_fence_chargeback_unattributed_memory:bytes"
 IDLE = "gpu:gpu_fence_chargeback_idle:card_ratio"
 ISSUE = "gpu:gpu_fence_chargeback_issue:info"
 PRICE = "card:gpu_fence_chargeback_price:per_hour"
+# Not billed: the SM activity ratios of each namespace's containers (each capped at 1), summed per evaluation.
+GROUP_ACTIVE = "namespace:gpu_fence_chargeback_sm_active:ratio"
 # The pod labels the gpu_namespace rollups carry by default (the auditor's --pod-label KEY; label_<KEY> here).
 DEFAULT_POD_LABELS = ("team",)
 
@@ -269,6 +271,8 @@ def recording_rules(interval: float = DEFAULT_INTERVAL, pod_labels: Sequence[str
     memory = _labelled(f"({P.charged_memory} * on (node, gpu_uuid) group_left (card_uuid) {P.unit_ids})", names)
     requested = _labelled(f"({P.allocated} * on (node, gpu_uuid) group_left (card_uuid) {P.devices})", names)
     unattributed_memory = f"({P.unattributed} * on (node, gpu_uuid) group_left (card_uuid) {P.unit_ids})"
+    sm = "max by (node, namespace, pod, container, gpu_uuid) (gpu_fence_container_gpu_sm_activity_ratio)"
+    active = _labelled(f"clamp_max({sm}, 1)", names)
     rules: list[dict] = [
         {"record": INTERVAL, "expr": f"vector({_seconds(interval)})"},
         {"record": CARD, "expr": P.cards},
@@ -279,6 +283,7 @@ def recording_rules(interval: float = DEFAULT_INTERVAL, pod_labels: Sequence[str
         {"record": UNATTRIBUTED_MEMORY, "expr": unattributed_memory},
         {"record": REQUESTED, "expr": requested},
         {"record": GROUP_REQUESTED, "expr": f"sum by ({_by(names, *DEVICE, 'namespace')}) ({requested})"},
+        {"record": GROUP_ACTIVE, "expr": f"sum by ({_by(names, 'namespace')}) ({active})"},
         *issue_rules(),
     ]
     return {"name": GROUP, "interval": duration(interval), "rules": rules}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from gpu_fence.auditor.audit import audit, named_devices
 from gpu_fence.auditor.model import (
+    IDLE,
+    Activity,
     AuditPolicy,
     ClaimedDevice,
     Container,
@@ -260,3 +262,55 @@ def test_process_in_a_pods_cgroup_but_in_no_container_is_said_so_naming_the_pod(
 def test_process_with_a_container_id_but_no_pod_names_the_container():
     (finding,) = audit(node([], [GpuProcess(5, G0, GIB, None, "f" * 64)])).findings
     assert "None" not in finding.message and "container " + "f" * 64 in finding.message
+
+
+# --- activity (operational, not billed) ---------------------------------------------------------------------
+
+
+def sampled_node(containers, processes, gpus=GPUS, sampled=(G0, G1, G2)) -> NodeSnapshot:
+    return NodeSnapshot(
+        "node-a", 0.0, tuple(gpus), tuple(containers), tuple(processes), activity_devices=frozenset(sampled)
+    )
+
+
+def test_activity_sums_a_containers_processes_per_gpu_and_caps_each_engine_at_one():
+    busy = Activity(sm=0.7, memory_controller=0.2, encoder=0.1)
+    result = audit(
+        sampled_node(
+            [container("a", "c1", allocated=(G0,))],
+            [
+                GpuProcess(10, G0, GIB, "uid-a", "c1", activity=busy),
+                GpuProcess(11, G0, GIB, "uid-a", "c1", activity=Activity(sm=0.6, decoder=0.3)),
+                GpuProcess(12, G1, GIB, "uid-a", "c1", activity=Activity(sm=0.25)),
+            ],
+        )
+    )
+    assert dict(result.rows[0].activity) == {
+        G0: Activity(sm=1.0, memory_controller=0.2, encoder=0.1, decoder=0.3),
+        G1: Activity(sm=0.25),  # overreach is measured too; the metrics say allocated="false"
+    }
+
+
+def test_a_held_gpu_without_processes_is_idle_where_sampled_and_unknown_where_not():
+    result = audit(
+        sampled_node(
+            [container("waiting", "c1", allocated=(G0, G1)), container("other", "c2")],
+            [GpuProcess(20, G2, GIB, "uid-other", "c2", activity=Activity(sm=0.5))],
+            sampled=(G0, G2),
+        )
+    )
+    rows = {row.container: row for row in result.rows}
+    assert dict(rows["waiting"].activity) == {G0: IDLE}  # G1 is not sampled: no figure, not a zero
+    assert dict(rows["other"].activity) == {G2: Activity(sm=0.5)}
+
+
+def test_processes_on_a_device_nvml_does_not_sample_give_no_activity():
+    result = audit(
+        sampled_node(
+            [container("slice", "c1", allocated=(MIG_A,))],
+            [GpuProcess(30, MIG_A, GIB, "uid-slice", "c1")],
+            gpus=MIG_GPUS,
+            sampled=(),
+        )
+    )
+    assert result.rows[0].activity == ()

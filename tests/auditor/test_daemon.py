@@ -110,10 +110,10 @@ class Daemon:
 
 @pytest.fixture
 def scenario(tmp_path):
-    node = NodeScenario(tmp_path / "node", gpus=2)
-    node.add_pod(
-        "ml", "train", Ctr("main", allocated=[0], visible=[0], processes=[(0, 4 * GIB)]), labels={"team": "vision"}
-    )
+    # A sampling period well under --interval, so that every cycle finds a sample newer than the last one read.
+    node = NodeScenario(tmp_path / "node", gpus=2, util_period_us=20_000)
+    train = Ctr("main", allocated=[0], visible=[0], processes=[(0, 4 * GIB)], activity=[(40, 10, 0, 5)])
+    node.add_pod("ml", "train", train, labels={"team": "vision"})
     node.add_pod("web", "cuda", Ctr("app", visible=[1], processes=[(1, 2 * GIB)]))
     node.add_host_gpu_process(1, 100 << 20)
     with node:
@@ -134,6 +134,12 @@ def test_run_serves_metrics_health_and_deduplicated_events_then_stops_on_sigterm
         assert value(metrics, "gpu_fence_overreach_findings", **app, kind="used-unallocated") == 1
         assert value(metrics, "gpu_fence_unattributed_gpu_memory_bytes", gpu_uuid=uuid_of(1)) == 100 << 20
         assert value(metrics, "gpu_fence_pod_labels", pod="train", label_team="vision") == 1
+        train = {"pod": "train", "gpu_uuid": uuid_of(0), "allocated": "true"}
+        assert value(metrics, "gpu_fence_container_gpu_sm_activity_ratio", **train) == 0.4
+        assert value(metrics, "gpu_fence_container_gpu_memory_controller_activity_ratio", **train) == 0.1
+        assert value(metrics, "gpu_fence_container_gpu_decoder_activity_ratio", **train) == 0.05
+        assert value(metrics, "gpu_fence_container_gpu_sm_activity_ratio", **app, allocated="false") == 0
+        assert value(metrics, "gpu_fence_gpu_activity_sampled", gpu_uuid=uuid_of(1)) == 1
         assert value(metrics, "gpu_fence_audit_cycle_duration_seconds_count") >= 3
         assert value(metrics, "gpu_fence_audit_last_success_timestamp_seconds") > 0
         assert value(metrics, "gpu_fence_audit_kubelet_calls_total", method="List") == daemon.cycles()

@@ -5,8 +5,9 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_fence.auditor.audit import audit
-from gpu_fence.auditor.metrics import AuditorMetrics, label_name
+from gpu_fence.auditor.metrics import ACTIVITY_GAUGES, AuditorMetrics, label_name
 from gpu_fence.auditor.model import (
+    Activity,
     ClaimedDevice,
     Container,
     DraResolution,
@@ -29,9 +30,11 @@ ATTRIBUTION = (
     "gpu_fence_gpu_info",
     "gpu_fence_gpu_memory_total_bytes",
     "gpu_fence_gpu_share_ratio",
+    "gpu_fence_gpu_activity_sampled",
     "gpu_fence_gpu_offered_replicas",
     "gpu_fence_container_unresolved_dra_devices",
     "gpu_fence_pod_labels",
+    *(name for name, _, _ in ACTIVITY_GAUGES),
 )
 UNRESOLVED = ClaimedDevice(
     "ml", "big", "gpu.nvidia.com", "n", "gpu-9", ("k8s.gpu.nvidia.com/claim=u-gpu-9",), DraResolution.NO_SLICE
@@ -78,11 +81,12 @@ def busy_node() -> NodeSnapshot:
         GPUS,
         (train, Container("web", "cuda", "app", "uid-2", "c2"), claimed),
         (
-            GpuProcess(1, G0, GIB, "uid-1", "c1"),
-            GpuProcess(2, G1, GIB, "uid-2", "c2"),
+            GpuProcess(1, G0, GIB, "uid-1", "c1", activity=Activity(sm=0.5)),
+            GpuProcess(2, G1, GIB, "uid-2", "c2", activity=Activity(sm=0.25, decoder=0.5)),
             GpuProcess(3, G1, GIB),
-            GpuProcess(4, G0, None, "uid-1", "c1"),
+            GpuProcess(4, G0, None, "uid-1", "c1", activity=Activity(sm=0.25, memory_controller=0.125)),
         ),
+        activity_devices=frozenset({G0, G1}),
         dra_slices=SliceState.FRESH,
         offered_replicas=((G0, 1), (G1, 4)),
     )
@@ -205,6 +209,52 @@ def test_every_failure_reason_is_exported_from_the_start_and_counted_by_its_own_
     metrics.failed(FailureReason.PROC)
     assert total(metrics, failures, reason="kubernetes-api") == 2 and total(metrics, failures, reason="proc") == 1
     assert total(metrics, failures) == 3
+
+
+def test_activity_gauges_per_container_and_gpu_with_the_allocated_label():
+    metrics = AuditorMetrics("n")
+    snapshot = busy_node()
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+    found = samples(metrics)
+
+    def key(name: str, who: tuple[str, str, str], **labels: str) -> tuple:
+        namespace, pod, container = who
+        base = {"node": "n", "namespace": namespace, "pod": pod, "container": container}
+        return (name, tuple(sorted((base | labels).items())))
+
+    train, cuda = ("ml", "train", "main"), ("web", "cuda", "app")
+    sm, memory, encoder, decoder = (name for name, _, _ in ACTIVITY_GAUGES)
+    assert found[key(sm, train, gpu_uuid=G0, allocated="true")] == 0.75  # two processes summed
+    assert found[key(memory, train, gpu_uuid=G0, allocated="true")] == 0.125
+    assert found[key(encoder, train, gpu_uuid=G0, allocated="true")] == 0
+    assert found[key(sm, cuda, gpu_uuid=G1, allocated="false")] == 0.25  # overreach keeps its label
+    assert found[key(decoder, cuda, gpu_uuid=G1, allocated="false")] == 0.5
+    assert found[("gpu_fence_gpu_activity_sampled", (("gpu_uuid", G0), ("node", "n")))] == 1
+
+
+def test_a_device_nvml_does_not_sample_has_no_activity_series_and_says_so():
+    snapshot = NodeSnapshot(
+        "n",
+        0.0,
+        GPUS,
+        (Container("ml", "train", "main", "uid-1", "c1", allocated=(G0, G1)),),
+        (GpuProcess(1, G1, GIB, "uid-1", "c1"),),
+        activity_devices=frozenset({G0}),
+    )
+    metrics = AuditorMetrics("n")
+    metrics.observe(snapshot, audit(snapshot), 0.01)
+
+    for name, _, _ in ACTIVITY_GAUGES:
+        assert total(metrics, name, gpu_uuid=G0) == 0 and (name, G0) in series_of(metrics, name)  # held, idle
+        assert (name, G1) not in series_of(metrics, name)  # unknown: absent, not 0
+    assert total(metrics, "gpu_fence_gpu_activity_sampled", gpu_uuid=G0) == 1
+    assert ("gpu_fence_gpu_activity_sampled", G1) in series_of(metrics, "gpu_fence_gpu_activity_sampled")
+    assert total(metrics, "gpu_fence_gpu_activity_sampled", gpu_uuid=G1) == 0
+
+
+def series_of(metrics: AuditorMetrics, name: str) -> set[tuple[str, str]]:
+    """(name, gpu_uuid) of each series of ``name`` in one scrape."""
+    return {(n, dict(labels)["gpu_uuid"]) for (n, labels) in samples(metrics) if n == name}
 
 
 def test_unknown_stays_unknown_a_device_nvml_could_not_list_or_measure_has_no_series_for_it():

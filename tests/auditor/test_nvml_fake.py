@@ -7,6 +7,7 @@ argument shapes nvml.h documents (not only the ones pynvml happens to use), and 
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from tests.fakes.nvml import (
     FakeNvmlConfig,
     FakeNvmlCounters,
     FakeProcess,
+    FakeUtilSample,
     fake_gpu_uuid,
     fake_mig_uuid,
     mig_node,
@@ -144,6 +146,179 @@ def test_mig_processes_carry_instance_ids_on_the_parent_and_on_the_mig_handle(nv
         count = ctypes.c_uint(4)
         assert nvml_c.nvmlDeviceGetComputeRunningProcesses_v2(device, ctypes.byref(count), buffer) == SUCCESS
         assert [(p.pid, p.gpuInstanceId, p.computeInstanceId) for p in buffer[: count.value]] == [(21, 5, 1)]
+
+
+# ---- per-process utilisation: lastSeenTimeStamp and the size protocol (nvml.h) ------------------------------
+
+
+class UtilizationSample(ctypes.Structure):
+    """nvml.h nvmlProcessUtilizationSample_t, written out here rather than taken from pynvml."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("timeStamp", ctypes.c_ulonglong),
+        ("smUtil", ctypes.c_uint),
+        ("memUtil", ctypes.c_uint),
+        ("encUtil", ctypes.c_uint),
+        ("decUtil", ctypes.c_uint),
+    ]
+
+
+class UtilizationInfo(ctypes.Structure):
+    """nvml.h nvmlProcessUtilizationInfo_v1_t."""
+
+    _fields_ = [
+        ("timeStamp", ctypes.c_ulonglong),
+        *((name, ctypes.c_uint) for name in ("pid", "smUtil", "memUtil", "encUtil", "decUtil", "jpgUtil", "ofaUtil")),
+    ]
+
+
+class UtilizationInfos(ctypes.Structure):
+    """nvml.h nvmlProcessesUtilizationInfo_v1_t; its version is NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1)."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("processSamplesCount", ctypes.c_uint),
+        ("lastSeenTimeStamp", ctypes.c_ulonglong),
+        ("procUtilArray", ctypes.POINTER(UtilizationInfo)),
+    ]
+
+
+UTILIZATION_INFOS_V1 = ctypes.sizeof(UtilizationInfos) | 1 << 24
+SAMPLED = FakeNvmlConfig(
+    gpus=(FakeGpu(0), FakeGpu(1, mig=True)),
+    migs=(FakeMig(1, 0, gpu_instance_id=5),),
+    samples=(
+        FakeUtilSample(0, pid=11, sm=40, memory=10, encoder=1, decoder=2, jpeg=3, ofa=4, at=1_000),
+        FakeUtilSample(0, pid=12, sm=90, at=2_000),
+        FakeUtilSample(0, pid=11, sm=60, at=3_000),
+        FakeUtilSample(1, pid=21, sm=50, at=1_000),
+        FakeUtilSample(fake_mig_uuid(1, 0), pid=21, sm=50, at=1_000),
+    ),
+)
+
+
+@pytest.fixture
+def sampled_c(fake_lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ctypes.CDLL]:
+    monkeypatch.setenv(CONFIG_ENV, str(SAMPLED.write(tmp_path / "nvml.conf")))
+    lib = ctypes.CDLL(str(fake_lib))
+    assert lib.nvmlInit_v2() == SUCCESS
+    yield lib
+    assert lib.nvmlShutdown() == SUCCESS
+
+
+def process_utilization(lib: ctypes.CDLL, device: ctypes.c_void_p, room: int | None, last_seen: int) -> tuple:
+    """(code, count, samples written) of one nvmlDeviceGetProcessUtilization call with a buffer of ``room``."""
+    buffer = (UtilizationSample * room)() if room is not None else None
+    count = ctypes.c_uint(room or 0)
+    code = lib.nvmlDeviceGetProcessUtilization(device, buffer, ctypes.byref(count), ctypes.c_ulonglong(last_seen))
+    written = [(s.pid, s.timeStamp, s.smUtil, s.memUtil, s.encUtil, s.decUtil) for s in (buffer or [])]
+    return code, count.value, written
+
+
+def test_process_utilization_probe_answers_insufficient_size_with_the_count(sampled_c: ctypes.CDLL) -> None:
+    assert process_utilization(sampled_c, handle(sampled_c, 0), None, 0)[:2] == (INSUFFICIENT_SIZE, 3)
+
+
+def test_process_utilization_too_small_a_buffer_writes_nothing(sampled_c: ctypes.CDLL) -> None:
+    code, count, written = process_utilization(sampled_c, handle(sampled_c, 0), 2, 0)
+
+    assert (code, count) == (INSUFFICIENT_SIZE, 3)
+    assert [row[0] for row in written] == [0, 0]
+
+
+def test_process_utilization_returns_only_samples_newer_than_last_seen(sampled_c: ctypes.CDLL) -> None:
+    code, count, written = process_utilization(sampled_c, handle(sampled_c, 0), 4, 1_000)
+
+    assert (code, count) == (SUCCESS, 2)
+    assert written[:2] == [(12, 2_000, 90, 0, 0, 0), (11, 3_000, 60, 0, 0, 0)]
+    assert process_utilization(sampled_c, handle(sampled_c, 0), 4, 0)[2][0] == (11, 1_000, 40, 10, 1, 2)
+
+
+def test_process_utilization_answers_not_found_when_no_sample_is_newer(sampled_c: ctypes.CDLL) -> None:
+    assert process_utilization(sampled_c, handle(sampled_c, 0), None, 3_000)[:2] == (NOT_FOUND, 0)
+    assert process_utilization(sampled_c, handle(sampled_c, 0), 4, 3_000)[:2] == (NOT_FOUND, 0)
+
+
+def test_process_utilization_is_not_supported_on_a_mig_enabled_gpu(sampled_c: ctypes.CDLL) -> None:
+    """nvml.h: "On MIG-enabled GPUs, querying process utilization is not currently supported"."""
+    for device in (handle(sampled_c, 1), mig_handle(sampled_c, 1, 0)):
+        assert process_utilization(sampled_c, device, 4, 0)[0] == NOT_SUPPORTED
+        infos = UtilizationInfos(version=UTILIZATION_INFOS_V1)
+        assert sampled_c.nvmlDeviceGetProcessesUtilizationInfo(device, ctypes.byref(infos)) == NOT_SUPPORTED
+
+
+def test_processes_utilization_info_size_protocol_and_last_seen(sampled_c: ctypes.CDLL) -> None:
+    device = handle(sampled_c, 0)
+    infos = UtilizationInfos(version=UTILIZATION_INFOS_V1, processSamplesCount=0, lastSeenTimeStamp=0)
+    assert sampled_c.nvmlDeviceGetProcessesUtilizationInfo(device, ctypes.byref(infos)) == INSUFFICIENT_SIZE
+    assert infos.processSamplesCount == 3
+
+    array = (UtilizationInfo * 2)()
+    infos.procUtilArray, infos.processSamplesCount = array, 2
+    assert sampled_c.nvmlDeviceGetProcessesUtilizationInfo(device, ctypes.byref(infos)) == INSUFFICIENT_SIZE
+    assert (infos.processSamplesCount, array[0].pid) == (3, 0)
+
+    array = (UtilizationInfo * 3)()
+    infos.procUtilArray, infos.processSamplesCount = array, 3
+    assert sampled_c.nvmlDeviceGetProcessesUtilizationInfo(device, ctypes.byref(infos)) == SUCCESS
+    first = array[0]
+    assert (first.timeStamp, first.pid, first.smUtil, first.memUtil, first.encUtil, first.decUtil) == (
+        1_000,
+        11,
+        40,
+        10,
+        1,
+        2,
+    )
+    assert (first.jpgUtil, first.ofaUtil) == (3, 4)
+    assert (infos.processSamplesCount, infos.lastSeenTimeStamp) == (3, 3_000)  # NVML advances the cursor
+
+    assert sampled_c.nvmlDeviceGetProcessesUtilizationInfo(device, ctypes.byref(infos)) == NOT_FOUND
+
+
+def test_processes_utilization_info_checks_its_version(sampled_c: ctypes.CDLL) -> None:
+    infos = UtilizationInfos(version=ctypes.sizeof(UtilizationInfos) | 2 << 24)
+
+    assert sampled_c.nvmlDeviceGetProcessesUtilizationInfo(handle(sampled_c, 0), ctypes.byref(infos)) == (
+        VERSION_MISMATCH
+    )
+    assert sampled_c.nvmlDeviceGetProcessesUtilizationInfo(handle(sampled_c, 0), None) == INVALID_ARGUMENT
+
+
+def test_live_samples_are_stamped_at_the_latest_period_before_now(fake_lib: Path, init_with) -> None:
+    assert init_with("util_period 250000\ngpu 0 GPU-a 0 1 A\nutil 0 7 30 0 0 0\n") == SUCCESS
+    lib = ctypes.CDLL(str(fake_lib))
+    before = int(time.time() * 1e6)
+    code, count, written = process_utilization(lib, handle(lib, 0), 1, 0)
+    after = int(time.time() * 1e6)
+
+    assert (code, count) == (SUCCESS, 1)
+    stamp = written[0][1]
+    assert stamp % 250_000 == 0 and before - 250_000 < stamp <= after
+    assert process_utilization(lib, handle(lib, 0), 1, stamp)[0] in (NOT_FOUND, SUCCESS)  # SUCCESS: a new period
+
+
+@pytest.mark.usefixtures("bound_sampled")
+def test_pynvml_reads_both_calls_and_raises_not_found_when_idle() -> None:
+    gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+    old = pynvml.nvmlDeviceGetProcessUtilization(gpu, 1_000)
+    new = pynvml.nvmlDeviceGetProcessesUtilizationInfo(gpu, 1_000)
+    assert [(s.pid, s.timeStamp, s.smUtil) for s in old] == [(12, 2_000, 90), (11, 3_000, 60)]
+    assert [(s.pid, s.timeStamp, s.smUtil) for s in new] == [(12, 2_000, 90), (11, 3_000, 60)]
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetProcessUtilization(gpu, 3_000)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetProcessesUtilizationInfo(gpu, 3_000)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetProcessesUtilizationInfo(pynvml.nvmlDeviceGetHandleByIndex(1), 0)
+
+
+@pytest.fixture
+def bound_sampled(fake_lib: Path, sampled_c: ctypes.CDLL) -> Iterator[None]:
+    with Nvml(str(fake_lib)):
+        yield
 
 
 # ---- handles, MIG and versioned structs ---------------------------------------------------------------------
@@ -315,6 +490,10 @@ def test_counters_count_calls_and_results(fake_lib: Path, init_with) -> None:
         ("gpu 0 GPU-a 0 1 A\nproc 0 cuda 1 1\n", "expected: proc"),
         ("gpu 0 GPU-a 0 1 A\nproc 0 compute 1 lots\n", "bytes or na, not lots"),
         ("error nvmlDeviceGetFoo 3\n", "known NVML function"),
+        ("gpu 0 GPU-a 0 1 A\nutil 0 7 30 0 0\n", "expected: util"),
+        ("gpu 0 GPU-a 0 1 A\nutil 4 7 30 0 0 0\n", "expected: util"),
+        ("gpu 0 GPU-a 0 1 A\nutil 0 7 30 0 0 0 at=0\n", "unknown util option at=0"),
+        ("util_period 0\n", "util_period needs microseconds"),
         ("frobnicate\n", "unknown keyword frobnicate"),
     ],
 )
@@ -350,14 +529,19 @@ def test_writer_renders_the_documented_format() -> None:
         migs=(FakeMig(0, 1, gpu_instance_id=2, slices=2, memory_total_bytes=12 * GIB, uuid="MIG-b"),),
         processes=(FakeProcess("MIG-b", pid=9, used_memory_bytes=None, kind="mps", gpu_instance_id=2),),
         errors=(FakeError("nvmlDeviceGetUUID", "GPU_IS_LOST", device="GPU-a", times=2),),
+        samples=(FakeUtilSample("GPU-a", pid=9, sm=12, memory=3, ofa=1, at=5), FakeUtilSample(0, pid=8)),
+        util_period_us=50_000,
     )
 
     assert config.render().splitlines() == [
         "driver 550.163.01",
         "max_slices 7",
+        "util_period 50000",
         "gpu 0 GPU-a 4 25769803776 mig=1 max_slices=4 NVIDIA A30",
         "mig 0 1 MIG-b 2 0 2 12884901888 NVIDIA A30 MIG 2g.12gb",
         "proc MIG-b mps 9 na gi=2",
+        "util GPU-a 9 12 3 0 0 ofa=1 at=5",
+        "util 0 8 0 0 0 0",
         "error nvmlDeviceGetUUID 15 device=GPU-a times=2",
     ]
 
@@ -368,6 +552,8 @@ def test_writer_renders_the_documented_format() -> None:
         FakeNvmlConfig(gpus=(FakeGpu(0, uuid="GPU with spaces"),)),
         FakeNvmlConfig(gpus=(FakeGpu(0, name="two\nlines"),)),
         FakeNvmlConfig(processes=(FakeProcess(0, pid=1, kind="cuda"),)),
+        FakeNvmlConfig(samples=(FakeUtilSample(0, pid=1, sm=-1),)),
+        FakeNvmlConfig(samples=(FakeUtilSample(0, pid=1, at=0),)),
     ],
 )
 def test_writer_refuses_what_the_format_cannot_hold(config: FakeNvmlConfig) -> None:

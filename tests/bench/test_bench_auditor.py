@@ -83,6 +83,46 @@ def test_steady_cycles_follow_the_settling_window_and_test_extras_can_be_kept(
     assert "| 1x | steady (after 10) |" in out and "none (--with-test-extras)" in out
 
 
+def installed_copy(site: Path) -> Path:
+    """A stand-in for ``pip install --target site``: the installed layout of this checkout, by symlinks."""
+    root = Path(auditor_bench.ROOT)
+    package = site / "gpu_fence"
+    package.mkdir(parents=True)
+    for module in (root / "gpu_fence").glob("*.py"):
+        (package / module.name).symlink_to(module)
+    for deployable in ("auditor", "webhook"):
+        (package / deployable).symlink_to(root / deployable, target_is_directory=True)
+    return site
+
+
+def test_shared_layout_and_a_baseline_side_by_side(short_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The time-sliced layout, where NVML samples every process, run beside a baseline installed elsewhere."""
+    site = installed_copy(short_dir / "site")
+    output = short_dir / "auditor.json"
+    flags = ["--scales", "1", "--fraction", "0.02", "--cycles", "3", "--rounds", "1", "--layout", "shared"]
+    assert run_bench(short_dir, output, *flags, "--flooded-dev", "0", "--baseline", str(site)) == 0
+    report = json.loads(output.read_text())
+
+    (mine,), (theirs,) = report["results"], report["baseline"]["results"]
+    assert report["layout"] == "shared" and mine["sizes"]["mig_slices"] == 0
+    assert mine["auditor_module"].startswith(str(auditor_bench.ROOT))
+    assert theirs["auditor_module"].startswith(str(site))  # that run audited with the baseline's code
+    for row in (mine, theirs):
+        assert row["kubelet_calls_per_cycle"] == 1 and row["kubelet_calls_served"] == row["cycles_run"] == 3
+        assert row["gpu_processes_seen"] == row["sizes"]["gpu_processes"]
+    out = capsys.readouterr().out
+    assert f"baseline: {site}" in out and "| 1x | warm (median) |" in out and "layout: shared" in out
+
+
+def test_a_baseline_without_an_installed_gpu_fence_is_a_usage_error(
+    short_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        auditor_bench.main(["--baseline", str(short_dir)])
+    assert exit_.value.code == 2
+    assert "no installed gpu_fence there" in capsys.readouterr().err
+
+
 def test_hidden_test_only_modules_cannot_be_imported(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the image lacks must fail to import in the child, as the libraries that try it expect."""
     import sys

@@ -120,6 +120,32 @@ def test_time_sliced_sharing_is_legitimate(node, monkeypatch, capsys):
     assert all(r["allocation_counts"] == {uuid_of(0): 1} for r in report["containers"])
 
 
+def test_activity_per_container_on_a_time_sliced_card_and_none_on_mig(node, monkeypatch, capsys):
+    """Three pods share a time-sliced card, each busy its own share; a MIG slice beside it has no activity figure
+    (NVML does not sample MIG), and a pod holding a replica without a process is idle, not unknown."""
+    scenario = node(gpus=2, mig_slots={1: 2})
+    for replica, (sm, memory) in enumerate([(50, 20), (30, 5), (0, 0)]):
+        holder = replica_holder(0, replica, GIB, activity=(sm, memory, 0, 0) if sm else None)
+        scenario.add_pod("ml", f"infer-{replica}", holder)
+    scenario.add_pod("ml", "waiting", Ctr("main", allocated=[0], device_ids=[f"{uuid_of(0)}::3"], visible=[0]))
+    scenario.add_pod(
+        "ml",
+        "slice",
+        Ctr("main", allocated=["1:0"], resource="nvidia.com/mig-1g.10gb", visible=["1:0"], processes=[("1:0", GIB)]),
+    )
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+    assert code == 0, report["findings"]
+
+    def sm(pod: str) -> dict[str, float]:
+        return {uuid: busy["sm"] for uuid, busy in row(report, pod)["gpu_activity"].items()}
+
+    assert sm("infer-0") == {uuid_of(0): 0.5}
+    assert row(report, "infer-0")["gpu_activity"][uuid_of(0)]["memory_controller"] == 0.2
+    assert sm("infer-1") == {uuid_of(0): 0.3}
+    assert sm("infer-2") == sm("waiting") == {uuid_of(0): 0.0}  # a process that did nothing; a replica unused
+    assert sm("slice") == {}  # unknown on MIG, never 0
+
+
 def test_mig_process_on_a_sibling_slice(node, monkeypatch, capsys):
     scenario = node(gpus=1, mig_slots={0: 3})
     scenario.add_pod(

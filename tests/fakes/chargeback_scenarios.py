@@ -42,8 +42,11 @@ nodes:
   "cheap-*": 1.00
 """
 
-# Two days ago, aligned to the 2-hour TSDB block boundary.
-BASE = int(time.time()) // 7200 * 7200 - 48 * HOUR
+# dcgm-exporter beside the auditor, one window per way it labels a shared card (see dcgm_scenarios).
+DCGM_WINDOWS = ("dcgm-default", "dcgm-virtual", "dcgm-virtual-copies", "dcgm-mps", "dcgm-mig")
+
+# Two and a half days ago (the last window still hours before now), aligned to the 2-hour TSDB block boundary.
+BASE = int(time.time()) // 7200 * 7200 - 60 * HOUR
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ WINDOWS = {
             "mig-idle",
             "relabelled",
             "unrecorded",
+            *DCGM_WINDOWS,
         ]
     )
 }
@@ -77,7 +81,7 @@ RULES_INTERVAL = 600
 UNRECORDED = (WINDOWS["unrecorded"].start + 30 * 60, WINDOWS["unrecorded"].start + 60 * 60)
 RECORDED_RANGES = (
     (BASE - HOUR, UNRECORDED[0]),
-    (UNRECORDED[1], WINDOWS["unrecorded"].end + 2 * HOUR),
+    (UNRECORDED[1], WINDOWS[DCGM_WINDOWS[-1]].end + 2 * HOUR),
 )
 
 
@@ -171,6 +175,14 @@ def scenarios() -> str:
     container(om, w, "ts", "GPU-t", namespace="ml", pod="a", gib=6)
     container(om, w, "ts", "GPU-t", namespace="ml", pod="b", gib=2)
     container(om, w, "ts", "GPU-t", namespace="research", pod="c", gib=4)
+    # SM activity, never billed: a at 50 % all hour, b at 10 % for the first half hour, c sampled and idle.
+    for pod, namespace, ratio, until in (
+        ("a", "ml", 0.5, w.end),
+        ("b", "ml", 0.1, w.start + 29 * 60),
+        ("c", "research", 0.0, w.end),
+    ):
+        who = {"node": "ts", "namespace": namespace, "pod": pod, "container": "main", "gpu_uuid": "GPU-t"}
+        om.series("gpu_fence_container_gpu_sm_activity_ratio", {**who, "allocated": "true"}, ratio, w.start, until)
     # The auditor also exports label app (--pod-label app), which the recording rules do not roll up.
     for pod, team in (("a", "alpha"), ("b", "beta")):
         labels = {"namespace": "ml", "pod": pod, "label_example_com_team": team, "label_app": "trainer"}
@@ -215,6 +227,7 @@ def scenarios() -> str:
     )
     held_idle_scenarios(om)
     recorded_scenarios(om)
+    dcgm_scenarios(om)
     return om.text()
 
 
@@ -260,6 +273,133 @@ def held_idle_scenarios(om: OpenMetrics) -> None:
     container(om, w, "mig-idle", "MIG-i3", namespace="infer", pod="serve", gib=8)
     container(om, w, "mig-idle", "MIG-i2a", namespace="hold", pod="reserve-a", gib=0)
     container(om, w, "mig-idle", "MIG-i2b", namespace="hold", pod="reserve-b", gib=0)
+
+
+def dcgm(
+    om: OpenMetrics,
+    window: Window,
+    field: str,
+    value: float,
+    *,
+    hostname: str,
+    uuid: str,
+    model: str,
+    who: dict[str, str] | None = None,
+    mig: tuple[str, int] | None = None,
+    old_namespace: bool = False,
+    node_label: str = "Hostname",
+) -> None:
+    """One dcgm-exporter series, labelled as its GPU template writes them (dcgm-exporter 4.5.3-4.8.2,
+    internal/pkg/rendermetrics/render_metrics.go:47): gpu, UUID (uuid with --use-old-namespace), pci_bus_id, device,
+    modelName, GPU_I_PROFILE and GPU_I_ID on a MIG instance, Hostname ("hostname" from commit d5e5f51 on), the
+    default label counter DCGM_FI_DRIVER_VERSION, then the pod mapping's labels (``who``)."""
+    labels = {
+        "gpu": "0",
+        "uuid" if old_namespace else "UUID": uuid,
+        "pci_bus_id": "00000000:07:00.0",
+        "device": "nvidia0",
+        "modelName": model,
+    }
+    if mig is not None:
+        labels |= {"GPU_I_PROFILE": mig[0], "GPU_I_ID": str(mig[1])}
+    labels |= {node_label: hostname, "DCGM_FI_DRIVER_VERSION": "570.133.20", **(who or {})}
+    om.series(field, labels, value, window.start, window.end)
+
+
+def pod_of(namespace: str, pod: str, *, vgpu: int | None = None, old_namespace: bool = False) -> dict[str, str]:
+    """The labels dcgm-exporter's pod mapping adds (transformation/kubernetes.go): pod, namespace, container (or
+    pod_name, pod_namespace, container_name); in --kubernetes-virtual-gpus mode the replica as vgpu, and on the
+    per-process series pod_uid."""
+    if old_namespace:
+        labels = {"pod_name": pod, "pod_namespace": namespace, "container_name": "main"}
+    else:
+        labels = {"pod": pod, "namespace": namespace, "container": "main"}
+    if vgpu is not None:
+        labels |= {"pod_uid": f"uid-{namespace}-{pod}", "vgpu": str(vgpu)}
+    return labels
+
+
+THREE_PODS = (("ml", "a", 6), ("ml", "b", 2), ("research", "c", 4))  # GiB each on one time-sliced A100 80GB
+SM_PERCENT = {"a": 50, "b": 10, "c": 30}  # each pod's processes' SM utilisation; the device's is 90 %
+
+
+def dcgm_scenarios(om: OpenMetrics) -> None:
+    """dcgm-exporter's series beside the auditor's, for the comparison (--compare-device-metrics).
+
+    Three time-sliced windows hold the same card as "timeslice" (an A100 80GB at 3.00/h, three replicas, pods of
+    6, 2 and 4 GiB: this bill ml 2.00, research 1.00), each labelled as one dcgm-exporter mode labels it."""
+    for name, node in (("dcgm-default", "ts-d"), ("dcgm-virtual", "ts-v"), ("dcgm-virtual-copies", "ts-c")):
+        w = WINDOWS[name]
+        card(om, w, node, "GPU-t", A100_80, offered=3)
+        for namespace, pod, gib in THREE_PODS:
+            container(om, w, node, "GPU-t", namespace=namespace, pod=pod, gib=gib)
+    device = {"uuid": "GPU-t", "model": A100_80}
+
+    # Default mode: every replica maps the card to a pod, and the last one wins (kubernetes.go, toDeviceToPod):
+    # each series carries one pod, research/c here, with the device's whole value.
+    w = WINDOWS["dcgm-default"]
+    dcgm(om, w, "DCGM_FI_DEV_FB_USED", 12 * 1024, hostname="ts-d", **device, who=pod_of("research", "c"))
+    dcgm(om, w, "DCGM_FI_DEV_GPU_UTIL", 90, hostname="ts-d", **device, who=pod_of("research", "c"))
+
+    # --kubernetes-virtual-gpus, 4.5.3-4.8.2 on: FB_USED and GPU_UTIL are per-process values summed per pod
+    # (process_metrics.go, isPerProcessMetric), beside the original device series; every other field is copied
+    # once per sharing pod (kubernetes.go, Process).
+    w = WINDOWS["dcgm-virtual"]
+    dcgm(om, w, "DCGM_FI_DEV_FB_USED", 12 * 1024, hostname="ts-v", **device)
+    dcgm(om, w, "DCGM_FI_DEV_GPU_UTIL", 90, hostname="ts-v", **device)
+    for replica, (namespace, pod, gib) in enumerate(THREE_PODS):
+        who = pod_of(namespace, pod, vgpu=replica)
+        dcgm(om, w, "DCGM_FI_DEV_FB_USED", gib * 1024, hostname="ts-v", **device, who=who)
+        dcgm(om, w, "DCGM_FI_DEV_GPU_UTIL", SM_PERCENT[pod], hostname="ts-v", **device, who=who)
+        dcgm(om, w, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.9, hostname="ts-v", **device, who=who)
+        dcgm(om, w, "DCGM_FI_DEV_POWER_USAGE", 310.5, hostname="ts-v", **device, who=who)
+
+    # --kubernetes-virtual-gpus before 4.5.3-4.8.2: every field, FB_USED and GPU_UTIL too, copied once per pod.
+    w = WINDOWS["dcgm-virtual-copies"]
+    for replica, (namespace, pod, _) in enumerate(THREE_PODS):
+        who = pod_of(namespace, pod, vgpu=replica)
+        dcgm(om, w, "DCGM_FI_DEV_FB_USED", 12 * 1024, hostname="ts-c", **device, who=who)
+        dcgm(om, w, "DCGM_FI_DEV_GPU_UTIL", 90, hostname="ts-c", **device, who=who)
+
+    # MPS: an H100 (4.00/h) offered as two replicas, train/x 20 GiB and infer/y 10 GiB (this bill: 2.67 and 1.33).
+    # dcgm-exporter after d5e5f51 ("hostname"), virtual mode: under MPS both clients' kernels run at once, so
+    # their SM values (70 % and 60 %) add up to more than the device's 80 %.
+    w = WINDOWS["dcgm-mps"]
+    card(om, w, "mps", "GPU-p", H100, offered=2)
+    mps = {"uuid": "GPU-p", "model": H100, "hostname": "mps", "node_label": "hostname"}
+    dcgm(om, w, "DCGM_FI_DEV_GPU_UTIL", 80, **mps)
+    for replica, (namespace, pod, gib, sm) in enumerate((("train", "x", 20, 70), ("infer", "y", 10, 60))):
+        container(om, w, "mps", "GPU-p", namespace=namespace, pod=pod, gib=gib)
+        who = pod_of(namespace, pod, vgpu=replica)
+        dcgm(om, w, "DCGM_FI_DEV_FB_USED", gib * 1024, **mps, who=who)
+        dcgm(om, w, "DCGM_FI_DEV_GPU_UTIL", sm, **mps, who=who)
+
+    # MIG: the "mig" window's card (an A100 40GB at 7.00/h, 3g / 2g / 2g; vision on the 3g, nlp on both 2g, one
+    # of them used for the first half hour only), with --use-old-namespace labels. One series per GPU instance,
+    # labelled with the pod that holds it; no GPU_UTIL, which dcgm-exporter does not export for MIG instances.
+    w = WINDOWS["dcgm-mig"]
+    mig_3_2_2(om, w, "mig-d", "GPU-md", ("MIG-d3", "MIG-d2a", "MIG-d2b"))
+    container(om, w, "mig-d", "MIG-d3", namespace="vision", pod="p3", gib=10)
+    container(om, w, "mig-d", "MIG-d2a", namespace="nlp", pod="p2a", gib=5)
+    container(om, w, "mig-d", "MIG-d2b", namespace="nlp", pod="p2b", gib=1, until=w.start + 29 * 60)
+    for namespace, pod, profile, instance, mib in (
+        ("vision", "p3", "3g.20gb", 1, 10 * 1024),
+        ("nlp", "p2a", "2g.10gb", 5, 5 * 1024),
+        ("nlp", "p2b", "2g.10gb", 6, 1024),
+    ):
+        who = pod_of(namespace, pod, old_namespace=True)
+        dcgm(
+            om,
+            w,
+            "DCGM_FI_DEV_FB_USED",
+            mib,
+            hostname="mig-d",
+            uuid="GPU-md",
+            model=A100_40,
+            who=who,
+            mig=(profile, instance),
+            old_namespace=True,
+        )
 
 
 @dataclass(frozen=True)

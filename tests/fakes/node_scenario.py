@@ -46,6 +46,7 @@ from tests.fakes.nvml import (
     FakeMig,
     FakeNvmlConfig,
     FakeProcess,
+    FakeUtilSample,
     build_fake_nvml,
     fake_gpu_uuid,
     fake_mig_uuid,
@@ -103,6 +104,8 @@ class Ctr:
     containers naming the same claim share it): a node device, named as the scenario's driver release names it in
     pool ``<node>``, or a :class:`DraRef`. ``share_id``: the kubelet's share id of every device of the claim.
     ``running=False``: listed by the kubelet but no process on the host (not started yet).
+    ``activity``: ``(sm, memory, encoder, decoder)`` percent per GPU process, in the order of ``processes`` (fewer
+    entries leave the last processes idle): live utilisation samples in the fake NVML, new every sampling period.
 
     What a hostile container does: ``namespace_file`` is what it wrote in its service-account namespace file (else
     the pod's namespace); ``plant`` plants more in its root (called with the root's path); ``dev_flood`` adds that
@@ -132,6 +135,7 @@ class Ctr:
     nested_pod: str | None = None
     container_id: str = ""
     pids: list[int] = field(default_factory=list)
+    activity: Sequence[tuple[int, int, int, int]] = ()
 
     @property
     def gpu_pids(self) -> list[int]:
@@ -147,10 +151,11 @@ def replica_holder(
     processes: int = 1,
     name: str = "main",
     resource: str = "nvidia.com/gpu.shared",
+    activity: tuple[int, int, int, int] | None = None,
 ) -> Ctr:
     """A container holding replica ``replica`` of a shared (time-sliced or MPS) device, as NVIDIA's device plugin
     allocates it (``<uuid>::<replica>``): it sees the device, names it in ``NVIDIA_VISIBLE_DEVICES`` and runs
-    ``processes`` processes of ``used_bytes`` each on it."""
+    ``processes`` processes of ``used_bytes`` each on it (each busy as ``activity`` says, when given)."""
     return Ctr(
         name,
         allocated=[device],
@@ -159,6 +164,7 @@ def replica_holder(
         visible=[device],
         processes=[(device, used_bytes)] * processes,
         env={"NVIDIA_VISIBLE_DEVICES": uuid_of(device)},
+        activity=[activity] * processes if activity is not None else (),
     )
 
 
@@ -188,14 +194,17 @@ class NodeScenario:
         gpu_name: str = "NVIDIA H100 80GB HBM3",
         host_processes: int = 0,
         kubernetes: bool = True,
+        util_period_us: int | None = None,
         minors: Mapping[int, int] | None = None,
         dra_release: str | None = None,
         slice_versions: Sequence[str] | None = None,
     ) -> None:
         """``minors``: GPU index → minor (``/dev/nvidia<minor>``), default the index. ``dra_release``: publish the
         slices NVIDIA's DRA driver of that release publishes (``kubeapi_resourceslices.RELEASES``; None: none);
-        ``slice_versions``: the resource.k8s.io versions the API serves (default all three)."""
+        ``slice_versions``: the resource.k8s.io versions the API serves (default all three). ``util_period_us``:
+        the fake driver's sampling period for live utilisation samples."""
         self.root = Path(root)
+        self.util_period_us = util_period_us
         self.node = node
         self.gpu_count = gpus
         self.mig_slots = dict(mig_slots or {})
@@ -253,7 +262,20 @@ class NodeScenario:
             FakeProcess(device=uuid_of(device), pid=pid, used_memory_bytes=size)
             for pid, device, size in self.host_gpu_processes
         ]
-        return FakeNvmlConfig(gpus=gpus, migs=migs, processes=tuple(processes), errors=tuple(self.nvml_errors))
+        samples = tuple(
+            FakeUtilSample(uuid_of(device), pid, *busy)
+            for p in self.pods
+            for ctr in p.containers
+            for pid, (device, _), busy in zip(ctr.pids[1:], ctr.processes, ctr.activity, strict=False)
+        )
+        return FakeNvmlConfig(
+            gpus=gpus,
+            migs=migs,
+            processes=tuple(processes),
+            errors=tuple(self.nvml_errors),
+            samples=samples,
+            util_period_us=self.util_period_us,
+        )
 
     def _minor(self, device: Device) -> int:
         uuid = uuid_of(device)
@@ -479,21 +501,26 @@ def dense_node(
     gpu_processes: int = 2000,
     host_processes: int = 30_000,
     kubernetes: bool = True,
+    activity: tuple[int, int, int, int] | None = None,
     flooded_dev: int = 0,
 ) -> NodeScenario:
     """The benchmark's node, clean: every MIG slice shared (as replicas ``MIG-x::n``) by the pods in turn, each
     pod's first container running its share of the GPU processes, the other containers pinned to ``void``.
-    ``flooded_dev``: that many more entries (character devices) in the ``/dev`` of the first pod's first sidecar."""
-    scenario = NodeScenario(
-        root, gpus=gpus, mig_slots={g: slots for g in range(gpus)}, host_processes=host_processes, kubernetes=kubernetes
-    )
-    slices = [f"{g}:{s}" for g in range(gpus) for s in range(slots)]
+    ``flooded_dev``: that many more entries (character devices) in the ``/dev`` of the first pod's first sidecar.
+
+    ``slots=0`` is the same node without MIG: whole GPUs time-sliced (replicas ``GPU-x::n``), where NVML samples
+    each process's utilisation; ``activity`` (percent: SM, memory, encoder, decoder) makes every GPU process busy.
+    """
+    mig_slots = {g: slots for g in range(gpus)} if slots else {}
+    scenario = NodeScenario(root, gpus=gpus, mig_slots=mig_slots, host_processes=host_processes, kubernetes=kubernetes)
+    devices: list[Device] = [f"{g}:{s}" for g in range(gpus) for s in range(slots)] if slots else list(range(gpus))
+    resource = "nvidia.com/mig-1g.10gb" if slots else "nvidia.com/gpu.shared"
     per_pod, extra = divmod(gpu_processes, pods)
     for number in range(pods):
-        device = slices[number % len(slices)]
+        device = devices[number % len(devices)]
         count = per_pod + (1 if number < extra else 0)
-        replica = number // len(slices)
-        first = replica_holder(device, replica, 64 << 20, processes=count, resource="nvidia.com/mig-1g.10gb")
+        replica = number // len(devices)
+        first = replica_holder(device, replica, 64 << 20, processes=count, resource=resource, activity=activity)
         sidecars = [Ctr(f"side{n}", env={"NVIDIA_VISIBLE_DEVICES": "void"}) for n in range(1, containers_per_pod)]
         if number == 0 and sidecars:
             sidecars[0].dev_flood = flooded_dev

@@ -54,6 +54,8 @@ def test_it_covers_both_deployables_and_the_chargeback_rules() -> None:
         "Review latency",
         "Audit cycle duration",
         "Time since the last successful cycle",
+        "SM activity per container",
+        "Held GPUs without SM activity, last hour",
     ):
         assert wanted in titles
     expressions = " ".join(target["expr"] for panel in panels() for target in panel["targets"])
@@ -85,9 +87,8 @@ def test_per_gpu_tables_use_dcgm_exporter_label_names() -> None:
     Hostname (dcgm-exporter's chart sets it from the node name, as gpu-fence's node); namespace, pod and container
     are spelled alike already."""
     tables = [p for p in panels() if p["type"] == "table" and "gpu_uuid" in p["targets"][0]["expr"]]
-    assert len(tables) == 3
-    for panel in tables:
-        expr = panel["targets"][0]["expr"]
+    assert len(tables) == 5
+    for title, expr in ((table["title"], target["expr"]) for table in tables for target in table["targets"]):
         for label, source in (
             ("UUID", "gpu_uuid"),
             ("UUID", "parent_uuid"),
@@ -95,4 +96,17 @@ def test_per_gpu_tables_use_dcgm_exporter_label_names() -> None:
             ("GPU_I_PROFILE", "mig_profile"),
             ("Hostname", "node"),
         ):
-            assert f'"{label}", "$1", "{source}"' in expr, (panel["title"], label)
+            assert f'"{label}", "$1", "{source}"' in expr, (title, label)
+
+
+def test_activity_panels_sit_in_a_row_that_says_they_are_not_billed() -> None:
+    """Compute activity is an operational signal (docs/metrics.md): a panel that reads it must not pass for a bill."""
+    row = None
+    readers = []
+    for panel in dashboard()["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+        elif any("_activity_" in target["expr"] for target in panel["targets"]):
+            readers.append((row, panel["title"]))
+    assert len(readers) >= 4
+    assert {row for row, _ in readers} == {"GPU activity (operational, not billed)"}, readers

@@ -177,6 +177,36 @@ def test_time_slicing_splits_by_unequal_memory(prometheus, prices_file):
     assert document["platform"]["cost"] == pytest.approx(0.0)
 
 
+@pytest.mark.parametrize("method", ["holder", "usage"])
+def test_sm_activity_is_shown_per_group_beside_the_bill_and_never_billed(prometheus, prices_file, method):
+    """The time-sliced card again, with the auditor's SM activity: a 50 % all hour, b 10 % for the first half hour,
+    c sampled at 0 all hour. SM-active GPU-hours: ml 0.5 × 1 h + 0.1 × 0.5 h = 0.55, research 0 (idle, known).
+    (test_recorded checks that the recording rules' bill says the same, scenario by scenario.)"""
+    by = groups(bill(prometheus, prices_file, "timeslice", "--method", method))
+    assert by["ml"]["sm_active_gpu_hours"] == pytest.approx(0.55)
+    assert by["research"]["sm_active_gpu_hours"] == 0.0
+    # the costs are those of the memory split, as without activity (test_time_slicing_splits_by_unequal_memory)
+    assert by["ml"]["total_cost"] == pytest.approx(2.00) and by["research"]["total_cost"] == pytest.approx(1.00)
+    # MIG: NVML samples no per-process activity there; the figure is unknown (null), not 0
+    mig = groups(bill(prometheus, prices_file, "mig", "--method", method))
+    assert mig["vision"]["sm_active_gpu_hours"] is None and mig["nlp"]["sm_active_gpu_hours"] is None
+
+    common = ["--prometheus", prometheus.url, *window_args("timeslice"), "--prices", str(prices_file)]
+    table = run_chargeback(*common, "--method", method).stdout
+    assert "SM-active GPU-h (not billed)" in table
+    [ml_line] = [line for line in table.splitlines() if line.startswith("ml ")]
+    assert ml_line.split()[-1] == "0.55"
+    rows = {row["group"]: row for row in csv.DictReader(io.StringIO(run_chargeback(*common, "--format", "csv").stdout))}
+    assert float(rows["ml"]["sm_active_gpu_hours"]) == pytest.approx(0.55)
+    assert float(rows["TOTAL"]["sm_active_gpu_hours"]) == pytest.approx(0.55)
+    assert rows["(platform)"]["sm_active_gpu_hours"] == ""
+    assert "| ml | 2.00 | 6.00 | 8.00 | 2.00 | 0.00 | 0.00 | 2.00 | -4.00 | 0.00 | 0.55 |" in (
+        run_chargeback(*common, "--format", "markdown").stdout
+    )
+    page = run_chargeback(*common, "--format", "html").stdout
+    assert '<td data-key="sm_active_gpu_hours">0.55</td>' in page
+
+
 def test_group_by_sanitised_pod_label(prometheus, prices_file):
     document = bill(prometheus, prices_file, "timeslice", "--by", "label:example.com/team")
     by = groups(document)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from gpu_fence.auditor.chargeback.compute import (
     Memory,
     Method,
     Offered,
+    SmActivity,
     Unattributed,
     compute_bill,
 )
@@ -374,3 +376,38 @@ def test_memory_on_a_mig_partitioned_card_itself_is_noted_as_such():
     assert not any("no gpu_fence_gpu_info" in note for note in bill.notes), bill.notes
     [note] = bill.notes
     assert "n1/GPU-m" in note and "MIG" in note and "outside any slice" in note
+
+
+@settings(max_examples=100, deadline=None)
+@given(clusters(), st.floats(min_value=0.0, max_value=1.0))
+def test_sm_activity_is_shown_and_never_moves_a_cost(intervals, ratio):
+    """Every memory holder gets an activity sample: each group's figure is Σ ratio × hours of its samples, and every
+    cost is what it is without them."""
+    busy = [
+        dataclasses.replace(
+            interval,
+            activity=tuple(SmActivity(m.node, m.gpu_uuid, m.owner, ratio) for m in interval.memory),
+        )
+        for interval in intervals
+    ]
+    for method in Method:
+        plain, shown = (
+            compute_bill(given_, price, IdlePolicy.PROPORTIONAL, method=method) for given_ in (intervals, busy)
+        )
+        costs = {g.group: (g.usage, g.reserved, g.idle, g.overreach, g.request) for g in plain.groups}
+        # a group seen only in activity is listed, at no cost
+        assert {g.group: (g.usage, g.reserved, g.idle, g.overreach, g.request) for g in shown.groups} == {
+            **dict.fromkeys((g.group for g in shown.groups), (0.0,) * 5),
+            **costs,
+        }
+        assert shown.lines == plain.lines and shown.platform == plain.platform
+        assert all(group.sm_active_gpu_hours is None for group in plain.groups)
+        for group in shown.groups:
+            samples = [
+                interval.seconds / HOUR
+                for interval in busy
+                for sample in interval.activity
+                if sample.owner.group == group.group
+            ]
+            expected = ratio * sum(samples) if samples else None
+            assert group.sm_active_gpu_hours == (None if expected is None else pytest.approx(expected))

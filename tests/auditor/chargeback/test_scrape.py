@@ -2,8 +2,9 @@
 every second, and ``chargeback`` bills what Prometheus stored.
 
 Timing decides how many intervals the range holds, not how they split, so the checks are ratios and sums worked
-out from the node: GPU 0 is time-sliced by two pods holding 3 GiB and 1 GiB, GPU 1 is used by a pod with no
-allocation (2 GiB) and a host process (2 GiB). At 3600/h a card costs 1 per second.
+out from the node: GPU 0 is time-sliced by two pods holding 3 GiB and 1 GiB (the first keeps the SMs 60 % busy, the
+second is idle), GPU 1 is used by a pod with no allocation (2 GiB) and a host process (2 GiB). At 3600/h a card costs
+1 per second.
 """
 
 from __future__ import annotations
@@ -120,8 +121,10 @@ def bill(auditor: str, tmp_path: Path, pod: str) -> tuple[dict, int]:
 @pytest.fixture
 def auditor(tmp_path: Path):
     scenario = NodeScenario(tmp_path / "node", node="gpu-node-1", gpus=2)
-    for name, team, replica, gib in (("a", "alpha", 0, 3), ("b", "beta", 1, 1)):
-        scenario.add_pod("ml", name, replica_holder(0, replica, gib * GIB), labels={"team": team})
+    # a keeps the SMs 60 % busy; b holds its memory and runs nothing NVML samples (an idle holder for the dashboard)
+    for name, team, replica, gib, busy in (("a", "alpha", 0, 3, (60, 20, 0, 0)), ("b", "beta", 1, 1, None)):
+        holder = replica_holder(0, replica, gib * GIB, activity=busy)
+        scenario.add_pod("ml", name, holder, labels={"team": team})
     scenario.add_pod(
         "web", "notebook", Ctr("jupyter", visible=[1], processes=[(1, 2 * GIB)], env={"NVIDIA_VISIBLE_DEVICES": "all"})
     )
@@ -140,6 +143,9 @@ def test_prometheus_scrapes_the_auditor_and_chargeback_bills_it(auditor: str, tm
     # Each replica is billed as a whole GPU by requests: 1 per second each.
     assert by["alpha"]["request_cost"] == pytest.approx(seconds)
     assert by["beta"]["request_cost"] == pytest.approx(seconds)
+    # Not billed, beside it: alpha's processes keep the SMs 60 % busy, beta's hold memory and run nothing.
+    assert by["alpha"]["sm_active_gpu_hours"] == pytest.approx(0.6 * seconds / 3600, rel=0.2)
+    assert by["beta"]["sm_active_gpu_hours"] == 0.0
     # GPU 1: the notebook (no allocation, no team label) and the host process hold 2 GiB each → half a card each.
     assert by["(none)"]["overreach_cost"] == pytest.approx(0.5 * seconds)
     assert by["(none)"]["total_cost"] == pytest.approx(0.0)
@@ -321,6 +327,12 @@ def test_every_dashboard_query_parses_and_returns_data(auditor: str, webhook, tm
         assert {row["metric"]["UUID"] for row in rows} == {uuid_of(0), uuid_of(1)}
         assert all(row["metric"].get("modelName") for row in rows)
         assert {row["metric"]["Hostname"] for row in rows} == {"gpu-node-1"}
+        # activity: what NVML sampled, per container, and the idle holder found as one
+        [sm_panel] = [expr for title, expr in queries if title == "SM activity per container"]
+        sm = {row["metric"]["pod"]: float(row["value"][1]) for row in prometheus.query(sm_panel)}
+        assert sm["a"] == pytest.approx(0.6) and sm["b"] == 0.0
+        [idle_panel] = [expr for title, expr in queries if title == "Held GPUs without SM activity, last hour"]
+        assert {row["metric"]["pod"] for row in prometheus.query(idle_panel)} == {"b"}
 
 
 def test_dra_holders_are_billed_as_device_plugin_holders_are(tmp_path: Path):

@@ -174,6 +174,39 @@ class FakeProcess:
 
 
 @dataclass(frozen=True)
+class FakeUtilSample:
+    """One per-process utilisation sample NVML keeps for ``device`` (a GPU index or UUID): percentages as the
+    driver reports them (``nvmlProcessUtilizationSample_t``; ``jpeg`` and ``ofa`` only in the versioned call).
+
+    ``at`` is the sample's CPU timestamp in microseconds; None makes it *live*: stamped, at every query, with the
+    latest multiple of ``FakeNvmlConfig.util_period_us`` (a driver that keeps sampling a busy process).
+    """
+
+    device: int | str
+    pid: int
+    sm: int = 0
+    memory: int = 0
+    encoder: int = 0
+    decoder: int = 0
+    jpeg: int = 0
+    ofa: int = 0
+    at: int | None = None
+
+    def line(self) -> str:
+        values = (self.pid, self.sm, self.memory, self.encoder, self.decoder)
+        if any(value < 0 for value in (*values, self.jpeg, self.ofa)) or (self.at is not None and self.at <= 0):
+            raise ValueError(f"utilisation sample values must be >= 0 and at= > 0, got {self!r}")
+        text = f"util {_token(str(self.device), 'sample device')} " + " ".join(str(value) for value in values)
+        if self.jpeg:
+            text += f" jpg={self.jpeg}"
+        if self.ofa:
+            text += f" ofa={self.ofa}"
+        if self.at is not None:
+            text += f" at={self.at}"
+        return text
+
+
+@dataclass(frozen=True)
 class FakeError:
     """Make ``function`` return ``code`` (a name from NVML_RETURN_CODES or a number).
 
@@ -206,15 +239,20 @@ class FakeNvmlConfig:
     driver_version: str = "550.163.01"
     max_slices: int = 7
     log_path: str | None = None  # the fake appends "<function> <return code>" per call
+    samples: tuple[FakeUtilSample, ...] = ()
+    util_period_us: int | None = None  # live samples' period (the fake's default: 100,000 µs)
 
     def render(self) -> str:
         names = {gpu.index: gpu.name for gpu in self.gpus}
         lines = [f"driver {_token(self.driver_version, 'driver version')}", f"max_slices {self.max_slices}"]
         if self.log_path is not None:
             lines.append(f"log {_text(self.log_path, 'log path')}")
+        if self.util_period_us is not None:
+            lines.append(f"util_period {self.util_period_us}")
         lines += [gpu.line() for gpu in sorted(self.gpus, key=lambda gpu: gpu.index)]
         lines += [mig.line(names.get(mig.gpu_index, "NVIDIA GPU")) for mig in self.migs]
         lines += [process.line() for process in self.processes]
+        lines += [sample.line() for sample in self.samples]
         lines += [error.line() for error in self.errors]
         return "\n".join(lines) + "\n"
 
@@ -229,6 +267,10 @@ class FakeNvmlConfig:
     def running(self, *processes: FakeProcess) -> FakeNvmlConfig:
         """The same devices, running ``processes`` (instead of any this config had)."""
         return replace(self, processes=processes)
+
+    def sampling(self, *samples: FakeUtilSample) -> FakeNvmlConfig:
+        """The same node, with ``samples`` as the driver's utilisation buffer (instead of any this config had)."""
+        return replace(self, samples=samples)
 
 
 def mig_node(

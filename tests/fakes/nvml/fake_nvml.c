@@ -13,6 +13,8 @@
  *   mig <parent_index> <slot> <uuid> <gpu_instance_id> <compute_instance_id> <slices> <total_bytes> [<name...>]
  *   proc <device> <compute|graphics|mps> <pid> <used_bytes|na> [gi=<n>] [ci=<n>]
  *   error <function> <nvml_return_code> [device=<uuid|gpu_index>] [times=<n>]
+ *   util <device> <pid> <sm> <mem> <enc> <dec> [jpg=<n>] [ofa=<n>] [at=<cpu_us>]
+ *   util_period <us>
  *   log <path>
  *
  * The file named by FAKE_NVML_CONFIG is read when the init reference count goes from 0 to 1, so a test can
@@ -29,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 
 typedef int nvmlReturn_t;
 
@@ -65,6 +68,28 @@ typedef struct {
     unsigned long long total, free, used;
 } nvmlMemory_t;
 
+/* nvml.h: nvmlProcessUtilizationSample_t (nvmlDeviceGetProcessUtilization). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp; /* CPU timestamp in microseconds */
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+/* nvml.h: nvmlProcessUtilizationInfo_v1_t and nvmlProcessesUtilizationInfo_v1_t
+ * (nvmlDeviceGetProcessesUtilizationInfo), with the struct's version as NVML_STRUCT_VERSION makes it. */
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_v1_t;
+#define nvmlProcessesUtilizationInfo_v1 (unsigned int)(sizeof(nvmlProcessesUtilizationInfo_v1_t) | (1 << 24))
+
 typedef struct {
     unsigned int version;
     unsigned long long total, reserved, free, used;
@@ -92,6 +117,18 @@ struct proc_list {
     unsigned int count;
 };
 
+/* One "util" line: a process's utilisation sample. `at` 0 is a live sample, stamped at the latest multiple of
+ * util_period not after the query (a driver that keeps sampling); otherwise the fixed CPU timestamp given. */
+struct util_sample {
+    unsigned int pid, sm, mem, enc, dec, jpg, ofa;
+    unsigned long long at;
+};
+
+struct util_list {
+    struct util_sample *items;
+    unsigned int count, capacity;
+};
+
 struct device {
     int in_use;
     int is_mig;
@@ -106,6 +143,7 @@ struct device {
     struct device *mig[MAX_MIG];
     unsigned int gi, ci, slices;
     struct proc_list procs[K_COUNT];
+    struct util_list samples;
 };
 typedef struct device *nvmlDevice_t;
 
@@ -134,6 +172,7 @@ static unsigned int default_max_slices;
 static struct error_rule errors[MAX_ERRORS];
 static int error_count;
 static FILE *log_file;
+static unsigned long long util_period_us;
 
 /* ---- call accounting: lets tests assert that pynvml's size-probe path really ran ---- */
 
@@ -147,13 +186,15 @@ static const char *const function_names[] = {
     "nvmlDeviceGetGpuInstanceProfileInfoV", "nvmlDeviceGetComputeRunningProcesses_v3",
     "nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v3",
     "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetMPSComputeRunningProcesses_v3",
-    "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v2", "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetProcessesUtilizationInfo",
 };
 enum {
     F_INIT_V2, F_INIT_FLAGS, F_SHUTDOWN, F_DRIVER_VERSION, F_NVML_VERSION, F_COUNT, F_HANDLE_BY_INDEX,
     F_HANDLE_BY_UUID, F_UUID, F_NAME, F_MINOR, F_INDEX, F_MEMORY, F_MEMORY_V2, F_MIG_MODE, F_MAX_MIG,
     F_MIG_HANDLE, F_GI, F_CI, F_PARENT, F_IS_MIG, F_ATTRIBUTES, F_PROFILE, F_COMPUTE_V3, F_COMPUTE_V2,
-    F_GRAPHICS_V3, F_GRAPHICS_V2, F_MPS_V3, F_MPS_V2, F_FUNCTIONS
+    F_GRAPHICS_V3, F_GRAPHICS_V2, F_MPS_V3, F_MPS_V2, F_PROCESS_UTIL,
+    F_PROCESSES_UTIL_INFO, F_FUNCTIONS
 };
 #define RESULT_SLOTS 33 /* return codes 0..31, and one slot for everything else (999 = unknown) */
 static unsigned int call_counts[F_FUNCTIONS];
@@ -243,8 +284,11 @@ static nvmlReturn_t begin(int f, const struct device *d) {
 static void clear_state(void) {
     for (unsigned int g = 0; g < MAX_GPUS; g++) {
         for (int k = 0; k < K_COUNT; k++) free(gpus[g].procs[k].items);
-        for (unsigned int m = 0; m < MAX_MIG; m++)
+        free(gpus[g].samples.items);
+        for (unsigned int m = 0; m < MAX_MIG; m++) {
             for (int k = 0; k < K_COUNT; k++) free(migs[g][m].procs[k].items);
+            free(migs[g][m].samples.items);
+        }
     }
     memset(gpus, 0, sizeof gpus);
     memset(migs, 0, sizeof migs);
@@ -252,6 +296,7 @@ static void clear_state(void) {
     memset(errors, 0, sizeof errors);
     error_count = 0;
     default_max_slices = 7;
+    util_period_us = 100000;
     snprintf(driver_version, sizeof driver_version, "%s", "550.163.01");
     if (log_file) fclose(log_file);
     log_file = NULL;
@@ -473,6 +518,41 @@ static int parse_line(const char *path, int number, const char *keyword, char *c
         if (!line.gpu->mig_enabled) line.mig = NULL;
         if (!add_proc_line(procs, proc_count, proc_capacity, line))
             return config_error(path, number, "out of memory"), 0;
+    } else if (strcmp(keyword, "util_period") == 0) {
+        if (!parse_uint(next_token(&cursor), 3600000000ull, &a) || a == 0)
+            return config_error(path, number, "util_period needs microseconds from 1 to 3600000000"), 0;
+        util_period_us = a;
+    } else if (strcmp(keyword, "util") == 0) {
+        char *device_text = next_token(&cursor);
+        struct device *device = device_text ? find_device(device_text) : NULL;
+        struct util_sample sample = {0};
+        unsigned long long values[5];
+        int ok = device != NULL;
+        for (int i = 0; ok && i < 5; i++) ok = parse_uint(next_token(&cursor), 0xFFFFFFFFu, &values[i]);
+        if (!ok)
+            return config_error(path, number, "expected: util <gpu index|uuid> <pid> <sm> <mem> <enc> <dec> "
+                                              "[jpg=<n>] [ofa=<n>] [at=<cpu_us>] (devices must come first)"), 0;
+        sample.pid = (unsigned int)values[0];
+        sample.sm = (unsigned int)values[1];
+        sample.mem = (unsigned int)values[2];
+        sample.enc = (unsigned int)values[3];
+        sample.dec = (unsigned int)values[4];
+        for (char *option; (option = next_token(&cursor));) {
+            if (strncmp(option, "jpg=", 4) == 0 && parse_uint(option + 4, 0xFFFFFFFFu, &c)) sample.jpg = (unsigned int)c;
+            else if (strncmp(option, "ofa=", 4) == 0 && parse_uint(option + 4, 0xFFFFFFFFu, &c))
+                sample.ofa = (unsigned int)c;
+            else if (strncmp(option, "at=", 3) == 0 && parse_uint(option + 3, ~0ull, &c) && c > 0) sample.at = c;
+            else return config_error(path, number, "unknown util option %s", option), 0;
+        }
+        struct util_list *list = &device->samples;
+        if (list->count == list->capacity) {
+            unsigned int grown = list->capacity ? list->capacity * 2 : 64;
+            struct util_sample *more = realloc(list->items, grown * sizeof *more);
+            if (!more) return config_error(path, number, "out of memory"), 0;
+            list->items = more;
+            list->capacity = grown;
+        }
+        list->items[list->count++] = sample;
     } else if (strcmp(keyword, "error") == 0) {
         char *function = next_token(&cursor);
         long long code;
@@ -823,3 +903,103 @@ PROCESS_CALL(nvmlDeviceGetGraphicsRunningProcesses_v3, F_GRAPHICS_V3, K_GRAPHICS
 PROCESS_CALL(nvmlDeviceGetGraphicsRunningProcesses_v2, F_GRAPHICS_V2, K_GRAPHICS)
 PROCESS_CALL(nvmlDeviceGetMPSComputeRunningProcesses_v3, F_MPS_V3, K_MPS)
 PROCESS_CALL(nvmlDeviceGetMPSComputeRunningProcesses_v2, F_MPS_V2, K_MPS)
+
+/* ---- per-process utilisation: nvml.h's lastSeenTimeStamp and size protocol ---- */
+
+static unsigned long long now_us(void) {
+    struct timeval now;
+    gettimeofday(&now, NULL);
+    return (unsigned long long)now.tv_sec * 1000000ull + (unsigned long long)now.tv_usec;
+}
+
+static unsigned long long sample_time(const struct util_sample *sample, unsigned long long now) {
+    return sample->at ? sample->at : now - now % util_period_us;
+}
+
+/* nvml.h: "On MIG-enabled GPUs, querying process utilization is not currently supported." */
+static int utilisation_supported(const struct device *d) { return !d->is_mig && !d->mig_enabled; }
+
+/* How many samples are newer than `last_seen`; `*newest` is raised to the newest one's timestamp. */
+static unsigned int samples_since(const struct device *d, unsigned long long last_seen, unsigned long long now,
+                                  unsigned long long *newest) {
+    unsigned int found = 0;
+    for (unsigned int i = 0; i < d->samples.count; i++) {
+        unsigned long long stamp = sample_time(&d->samples.items[i], now);
+        if (stamp <= last_seen) continue;
+        found++;
+        if (stamp > *newest) *newest = stamp;
+    }
+    return found;
+}
+
+/* "If no valid sample entries are found since the lastSeenTimeStamp, NVML_ERROR_NOT_FOUND is returned"; a NULL
+ * buffer or one too small answers INSUFFICIENT_SIZE with the needed count, and writes nothing. */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp) {
+    BEGIN(F_PROCESS_UTIL, d);
+    if (!processSamplesCount) return finish(F_PROCESS_UTIL, NVML_ERROR_INVALID_ARGUMENT);
+    if (!utilisation_supported(d)) return finish(F_PROCESS_UTIL, NVML_ERROR_NOT_SUPPORTED);
+    unsigned long long now = now_us(), newest = 0;
+    unsigned int found = samples_since(d, lastSeenTimeStamp, now, &newest);
+    if (found == 0) {
+        *processSamplesCount = 0;
+        return finish(F_PROCESS_UTIL, NVML_ERROR_NOT_FOUND);
+    }
+    if (!utilization || *processSamplesCount < found) {
+        *processSamplesCount = found;
+        return finish(F_PROCESS_UTIL, NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    unsigned int written = 0;
+    for (unsigned int i = 0; i < d->samples.count; i++) {
+        const struct util_sample *sample = &d->samples.items[i];
+        unsigned long long stamp = sample_time(sample, now);
+        if (stamp <= lastSeenTimeStamp) continue;
+        nvmlProcessUtilizationSample_t *out = &utilization[written++];
+        out->pid = sample->pid;
+        out->timeStamp = stamp;
+        out->smUtil = sample->sm;
+        out->memUtil = sample->mem;
+        out->encUtil = sample->enc;
+        out->decUtil = sample->dec;
+    }
+    *processSamplesCount = written;
+    return finish(F_PROCESS_UTIL, NVML_SUCCESS);
+}
+
+/* The versioned call: the same samples, the size protocol through processSamplesCount, and lastSeenTimeStamp
+ * advanced to the newest sample written (nvml.h: "a timeStamp retrieved from a previous query"). */
+nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d, nvmlProcessesUtilizationInfo_v1_t *info) {
+    BEGIN(F_PROCESSES_UTIL_INFO, d);
+    if (!info) return finish(F_PROCESSES_UTIL_INFO, NVML_ERROR_INVALID_ARGUMENT);
+    if (info->version != nvmlProcessesUtilizationInfo_v1)
+        return finish(F_PROCESSES_UTIL_INFO, NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (!utilisation_supported(d)) return finish(F_PROCESSES_UTIL_INFO, NVML_ERROR_NOT_SUPPORTED);
+    unsigned long long now = now_us(), newest = 0, last_seen = info->lastSeenTimeStamp;
+    unsigned int found = samples_since(d, last_seen, now, &newest);
+    if (found == 0) {
+        info->processSamplesCount = 0;
+        return finish(F_PROCESSES_UTIL_INFO, NVML_ERROR_NOT_FOUND);
+    }
+    if (!info->procUtilArray || info->processSamplesCount < found) {
+        info->processSamplesCount = found;
+        return finish(F_PROCESSES_UTIL_INFO, NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    unsigned int written = 0;
+    for (unsigned int i = 0; i < d->samples.count; i++) {
+        const struct util_sample *sample = &d->samples.items[i];
+        unsigned long long stamp = sample_time(sample, now);
+        if (stamp <= last_seen) continue;
+        nvmlProcessUtilizationInfo_v1_t *out = &info->procUtilArray[written++];
+        out->timeStamp = stamp;
+        out->pid = sample->pid;
+        out->smUtil = sample->sm;
+        out->memUtil = sample->mem;
+        out->encUtil = sample->enc;
+        out->decUtil = sample->dec;
+        out->jpgUtil = sample->jpg;
+        out->ofaUtil = sample->ofa;
+    }
+    info->processSamplesCount = written;
+    info->lastSeenTimeStamp = newest;
+    return finish(F_PROCESSES_UTIL_INFO, NVML_SUCCESS);
+}
