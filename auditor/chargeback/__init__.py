@@ -250,7 +250,7 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
     schedule = _schedule(args, inputs, (start, end), step=step, progress=progress)
     if schedule is not None:
         progress.expect(progress.done + schedule.queries)
-        timeline = recorded.book(inputs.source, schedule, ledger, prices, by, notes=found, progress=progress)  # type: ignore[arg-type]
+        timeline = recorded.book(inputs.source, schedule, ledger, by, notes=found, progress=progress)  # type: ignore[arg-type]
         _refuse_unpriced(ledger, inputs.prices_source)
         step, instants = schedule.interval, schedule.missing
         notes += _recorded_notes(schedule, start, end)

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..metrics import label_name
@@ -38,7 +39,6 @@ from .compute import (
     nonzero,
 )
 from .errors import ChargebackError
-from .prices import Prices
 from .progress import Progress
 from .prometheus import InstantSource, PrometheusError, Series
 from .raw import NO_LABEL, RENAMED, RawNotes
@@ -211,7 +211,6 @@ def book(
     source: InstantSource,
     schedule: Plan,
     ledger: Ledger,
-    prices: Prices,
     by: str,
     *,
     notes: RawNotes,
@@ -262,7 +261,7 @@ def book(
         labels = item.labels
         ledger.book_request(labels.get("node", ""), labels.get("card_uuid", ""), group(item), _value(item) * hours)
     _issues(q, ledger, notes)
-    return _timeline(q, schedule, prices, method, label)
+    return _timeline(q, schedule, ledger, method, label)
 
 
 def _where(item: Series) -> tuple[str, str, str]:
@@ -304,12 +303,13 @@ def _issues(q: _Queries, ledger: Ledger, notes: RawNotes) -> None:
             targets[issue].add(device)
 
 
-def _timeline(q: _Queries, schedule: Plan, prices: Prices, method: str, label: str | None) -> list[TimePoint]:
+def _timeline(q: _Queries, schedule: Plan, ledger: Ledger, method: str, label: str | None) -> list[TimePoint]:
     """Cost per layer, at most ``TIMELINE_POINTS`` points of ``merge`` evaluations each; the first point takes what
     is left over, so that every point ends on an evaluation and none reaches before the range."""
     head, merge = timeline_points(len(schedule.evaluations))
     times = schedule.evaluations
-    layers = _Layers(q, schedule.interval, prices, method, label)
+    prices = {card: ledger.price_of(*card) for card in ledger.cards}
+    layers = _Layers(q, schedule.interval, price_classes(prices), method, label)
     return (layers.points(times[head - 1 : head], head) if head else []) + layers.points(
         times[head + merge - 1 :: merge], merge
     )
@@ -322,14 +322,50 @@ def timeline_points(evaluations: int, most: int = TIMELINE_POINTS) -> tuple[int,
     return evaluations % merge, merge
 
 
+def price_classes(prices: Mapping[tuple[str, str], float]) -> list[tuple[float, str]]:
+    """The cards (node, card UUID) grouped by their price per hour, each group as label matchers selecting its
+    cards' series: none when one price covers every card; else its nodes by name where every card of a node has
+    that price, and card by card on a node of mixed prices. Cards at no cost are left out (they add nothing)."""
+    cards_at: dict[float, list[tuple[str, str]]] = defaultdict(list)
+    prices_on: dict[str, set[float]] = defaultdict(set)
+    for (node, card), price in sorted(prices.items()):
+        cards_at[price].append((node, card))
+        prices_on[node].add(price)
+    if len(cards_at) == 1:
+        return [(price, "") for price in cards_at if price]
+    classes = []
+    for price, cards in sorted(cards_at.items()):
+        if not price:
+            continue
+        whole = sorted({node for node, _card in cards if len(prices_on[node]) == 1})
+        if whole:
+            classes.append((price, f"node=~{r.string(_alternatives(whole))}"))
+        mixed: dict[str, list[str]] = defaultdict(list)
+        for node, card in cards:
+            if len(prices_on[node]) > 1:
+                mixed[node].append(card)
+        classes += [
+            (price, f"node={r.string(node)}, card_uuid=~{r.string(_alternatives(uuids))}")
+            for node, uuids in mixed.items()
+        ]
+    return classes
+
+
+def _alternatives(values: Sequence[str]) -> str:
+    """A regex (anchored by PromQL's ``=~``) matching exactly ``values``; Prometheus looks such a set up in its
+    index value by value instead of running the regex over every label value."""
+    return "|".join(re.escape(value) for value in values)
+
+
 @dataclass(frozen=True)
 class _Layers:
-    """The timeline's layers (groups, overreach, unattributed, idle) as one range query, priced per card by the
-    price list written as PromQL (``rules.price_expr``)."""
+    """The timeline's layers (groups, overreach, unattributed, idle) as one range query of card ratios summed per
+    price class, priced here by the ledger's prices. Nothing is joined in Prometheus: a join with the cards' prices
+    at every point cost more than all of the bill's sums together, and grew with the cards and the price list."""
 
     q: _Queries
     interval: float
-    prices: Prices
+    classes: Sequence[tuple[float, str]]  # (price per hour, matchers selecting the cards at that price)
     method: str  # the method's label matcher
     label: str | None  # the pod label grouped by, or None for namespaces
 
@@ -340,37 +376,35 @@ class _Layers:
         span = merge * self.interval
         window = _window(span)
 
-        def cards(matchers: str) -> str:
-            return f"last_over_time({r.CARD}{{{matchers}}}{window})"
-
-        price = f"max by (node, card_uuid) ({r.price_expr(self.prices, cards)})"
-
-        def layer(metric: str, matchers: str, by: str, name: str | None) -> str:
-            summed = f"sum_over_time({metric}{{{matchers}}}{window})"
-            cost = f"sum by ({by}) ({summed} * on (node, card_uuid) group_left () {price})"
-            if name is None:
-                return f'label_replace({cost}, "layer", "$1", "{by}", "(.*)")'
-            return f'label_replace({cost}, "layer", {r.string(name)}, "", "")'
+        def layer(term: int, metric: str, matchers: str, by: str, name: str | None) -> str:
+            cards = self.classes[term][1]
+            summed = f"sum by ({by}) (sum_over_time({metric}{{{matchers}{', ' + cards if cards else ''}}}{window}))"
+            named = (
+                f'label_replace({summed}, "layer", "$1", "{by}", "(.*)")'
+                if name is None
+                else f'label_replace({summed}, "layer", {r.string(name)}, "", "")'
+            )
+            return f'label_replace({named}, "price_class", "{term}", "", "")'
 
         by = self.label or "namespace"
-        query = " or ".join(
-            [
-                layer(r.GROUP_BOOKED, f'{self.method}, charge=~"usage|reserved"', by, None),
-                layer(r.GROUP_BOOKED, f'{self.method}, charge="{Charge.OVERREACH.value}"', "", OVERREACH),
-                layer(r.UNATTRIBUTED, self.method, "", UNATTRIBUTED),
-                layer(r.IDLE, self.method, "", IDLE),
-            ]
-        )
-        answer = self.q.source.query_range(query, ends[0], ends[-1], span)
+        layers = [
+            (r.GROUP_BOOKED, f'{self.method}, charge=~"usage|reserved"', by, None),
+            (r.GROUP_BOOKED, f'{self.method}, charge="{Charge.OVERREACH.value}"', "", OVERREACH),
+            (r.UNATTRIBUTED, self.method, "", UNATTRIBUTED),
+            (r.IDLE, self.method, "", IDLE),
+        ]
+        terms = [layer(term, *each) for term in range(len(self.classes)) for each in layers]
+        answer = self.q.source.query_range(" or ".join(terms), ends[0], ends[-1], span) if terms else []
         if self.q.progress is not None:
             self.q.progress.advance()
         hours = self.interval / 3600.0
         costs: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         for item in answer:
             name = item.labels.get("layer", "") or NO_LABEL
+            price = self.classes[int(item.labels.get("price_class", "0"))][0]
             for ts, value in item.values:
                 if math.isfinite(value):
-                    costs[_ms(ts)][name] += value * hours
+                    costs[_ms(ts)][name] += value * price * hours
         return [TimePoint(end=end, costs=nonzero(costs.get(_ms(end), {})), start=end - span) for end in ends]
 
 
