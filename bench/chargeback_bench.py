@@ -10,7 +10,10 @@ chargeback --format json`` as a child process, ``--repeats`` times per path:
 - ``recorded``: ``--series recorded``, the rules' series summed in Prometheus;
 - ``raw``: ``--series raw --step RESOLUTION``, the auditor's raw series split by the command, chunk by chunk;
 - ``baseline``: ``--baseline COMMAND`` (another installation's ``gpu-fence-auditor``, e.g. the one before these
-  changes) with the raw series' arguments it understands.
+  changes) with the raw series' arguments it understands;
+- ``before-recorded``, ``before-raw``: ``--before COMMAND`` (another installation of a version with both paths,
+  e.g. the one before a change to either) with the same arguments as ``recorded`` and ``raw``, bill for bill
+  beside them.
 
 Both paths bill the same instants (the rules are written at phase 0, the range starts on the grid), so the bench
 also checks that they bill the same total. Reported per bill: wall time and the child's peak RSS (``wait4``), and
@@ -205,19 +208,24 @@ class Bill:
     end: float
     prices: Path
     baseline: str | None
+    before: str | None = None
 
 
 def commands(config: Config, bill: Bill) -> Iterator[tuple[str, list[str]]]:
     common = ["--prometheus", bill.url, "--start", f"{bill.start:.0f}", "--end", f"{bill.end:.0f}"]
     common += ["--prices", str(bill.prices), "--format", "json", "--timeout", "900"]
     step = ["--step", f"{config.resolution:g}"]
-    yield "recorded", [str(COMMAND), "chargeback", *common, "--series", "recorded", "--quiet"]
-    yield "raw", [str(COMMAND), "chargeback", *common, "--series", "raw", *step, "--quiet"]
+    for name, command in (("", str(COMMAND)), ("before-", bill.before)):
+        if command:
+            yield f"{name}recorded", [command, "chargeback", *common, "--series", "recorded", "--quiet"]
+            yield f"{name}raw", [command, "chargeback", *common, "--series", "raw", *step, "--quiet"]
     if bill.baseline:
         yield "baseline", [bill.baseline, "chargeback", *common, *step]
 
 
-def run_config(config: Config, paths: Sequence[str], repeats: int, workdir: Path, baseline: str | None) -> dict:
+def run_config(  # noqa: PLR0917
+    config: Config, paths: Sequence[str], repeats: int, workdir: Path, baseline: str | None, before: str | None = None
+) -> dict:
     from tests.fakes.prometheus import PrometheusServer  # the fake lives with the tests (main puts them on the path)
 
     result: dict[str, Any] = {"gpus": config.gpus, "days": config.days, "resolution_s": config.resolution}
@@ -247,8 +255,8 @@ def run_config(config: Config, paths: Sequence[str], repeats: int, workdir: Path
     with server:
         bills: dict[str, list[dict]] = {}
         for _repeat in range(repeats):
-            for path, command in commands(config, Bill(server.url, start, end, prices, baseline)):
-                if path in paths or path == "baseline":
+            for path, command in commands(config, Bill(server.url, start, end, prices, baseline, before)):
+                if path.removeprefix("before-") in paths or path == "baseline":
                     bills.setdefault(path, []).append(run_bill(command, server.process.pid))
     result["bills"] = {path: _median(runs) for path, runs in bills.items()}
     totals = {round(runs[0]["total_gpu_cost"], 2) for runs in bills.values()}
@@ -366,6 +374,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--paths", default=",".join(PATHS), help=f"bills to run (default: {','.join(PATHS)})")
     parser.add_argument("--repeats", type=int, default=3, help="bills per path and configuration (default: 3)")
     parser.add_argument("--baseline", metavar="COMMAND", help="another gpu-fence-auditor to bill the raw series with")
+    parser.add_argument(
+        "--before", metavar="COMMAND", help="another gpu-fence-auditor with both paths, to run each path beside"
+    )
     parser.add_argument("--workdir", metavar="DIR", help="where to build each Prometheus (default: a temp dir)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)
@@ -396,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for config, paths in configs:
             print(f"chargeback_bench: {config.label} ...", file=sys.stderr, flush=True)
             with tempfile.TemporaryDirectory(prefix="gpu-fence-chargeback-", dir=args.workdir) as directory:
-                results.append(run_config(config, paths, args.repeats, Path(directory), args.baseline))
+                results.append(run_config(config, paths, args.repeats, Path(directory), args.baseline, args.before))
     except BenchError as error:
         print(f"chargeback_bench: {error}", file=sys.stderr)
         return 2

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..metrics import label_name
@@ -38,7 +40,6 @@ from .compute import (
     nonzero,
 )
 from .errors import ChargebackError
-from .prices import Prices
 from .progress import Progress
 from .prometheus import InstantSource, PrometheusError, Series
 from .raw import NO_LABEL, RENAMED, RawNotes
@@ -47,6 +48,9 @@ from .times import iso
 # At most this many timeline points: consecutive evaluations are merged into one point beyond it.
 TIMELINE_POINTS = 720
 SUMS = 13  # the instant queries of book(), before the timeline's one or two range queries
+# Queries in flight at once: Prometheus evaluates each on one core (Thanos and Mimir spread them over queriers),
+# so a bill's dozen sums and its timeline take the longest one's time, not their total, where cores are free.
+PARALLEL = 4
 
 
 class NotRecorded(ChargebackError):
@@ -180,22 +184,46 @@ def _check_rolled_up(ask: Callable[[str, float], list[Series]], by: str, start: 
     )
 
 
-class _Queries:
-    """The instant queries of one bill: at its last evaluation, over all of its evaluations (``sum_over_time``
-    skips the ones the rules did not record: they have no samples)."""
+Answer = Callable[[], list[Series]]
 
-    def __init__(self, source: InstantSource, schedule: Plan, progress: Progress | None) -> None:
-        self.source, self.progress = source, progress
+
+class _Queries:
+    """The queries of one bill: instant queries at its last evaluation, over all of its evaluations
+    (``sum_over_time`` skips the ones the rules did not record: they have no samples), and the timeline's range
+    queries. Each is sent at once, up to ``PARALLEL`` at a time, and answered when its :data:`Answer` is called, in
+    the caller's thread: the caller books the answers in a fixed order, so the sums add up in the same order
+    whatever order Prometheus answers in."""
+
+    def __init__(self, source: InstantSource, schedule: Plan, progress: Progress | None, pool: Executor) -> None:
+        self.source, self.progress, self.pool = source, progress, pool
         self.at = schedule.last
         self.window = _window(len(schedule.evaluations) * schedule.interval)
 
-    def sum(self, metric: str, matchers: str, by: str) -> list[Series]:
-        return self.ask(f"sum by ({by}) (sum_over_time({metric}{{{matchers}}}{self.window}))")
+    def sum(self, metric: str, matchers: str, by: str) -> Answer:
+        return self.send(f"sum by ({by}) (sum_over_time({metric}{{{matchers}}}{self.window}))")
 
     def ask(self, query: str) -> list[Series]:
-        answer = self.source.query(query, self.at)
-        if self.progress is not None:
-            self.progress.advance()
+        return self.send(query)()
+
+    def send(self, query: str) -> Answer:
+        return self._sent(self.pool.submit(self.source.query, query, self.at))
+
+    def send_range(self, query: str, start: float, end: float, step: float) -> Answer:
+        return self._sent(self.pool.submit(self.source.query_range, query, start, end, step))
+
+    def answered(self, found: list[Series]) -> Answer:
+        """An answer known without asking (it still counts as a query done)."""
+        future: Future[list[Series]] = Future()
+        future.set_result(found)
+        return self._sent(future)
+
+    def _sent(self, future: Future[list[Series]]) -> Answer:
+        def answer() -> list[Series]:
+            found = future.result()
+            if self.progress is not None:
+                self.progress.advance()
+            return found
+
         return answer
 
 
@@ -211,7 +239,6 @@ def book(
     source: InstantSource,
     schedule: Plan,
     ledger: Ledger,
-    prices: Prices,
     by: str,
     *,
     notes: RawNotes,
@@ -222,6 +249,14 @@ def book(
     ledger.cover(schedule.start, schedule.last)
     if not schedule.recorded:
         return []
+    with ThreadPoolExecutor(PARALLEL, thread_name_prefix="chargeback-query") as pool:
+        try:
+            return _book(_Queries(source, schedule, progress, pool), schedule, ledger, by, notes)
+        finally:
+            pool.shutdown(cancel_futures=True)  # after a refusal or an error, send nothing more
+
+
+def _book(q: _Queries, schedule: Plan, ledger: Ledger, by: str, notes: RawNotes) -> list[TimePoint]:
     hours = schedule.interval / 3600.0
     label = None if by == "namespace" else label_name(by.removeprefix("label:"))
     groups = "namespace" if label is None else f"namespace, {label}"
@@ -230,41 +265,51 @@ def book(
         return item.labels.get(label or "namespace", "") or NO_LABEL
 
     method = f'method="{ledger.method.value}"'
-    q = _Queries(source, schedule, progress)
     _refuse_renamed(q)
     for item in q.ask(f"sum by (node, card_uuid, model) (count_over_time({r.CARD}{q.window}))"):
         labels = item.labels
         ledger.card(labels.get("node", ""), labels.get("card_uuid", ""), labels.get("model", ""), _value(item) * hours)
     if ledger.unpriced:
         return []  # the caller refuses the bill
+    # Everything else at once, the longest first; booked below in this order.
+    timeline = _timeline(q, schedule, ledger, method, label)
+    container = f"{DEVICE}, namespace, pod, container"
+    booked = q.sum(r.GROUP_BOOKED, f'{method}, charge=~"usage|reserved"', f"{DEVICE}, charge, {groups}")
+    requested = q.sum(r.GROUP_REQUESTED, "", f"node, card_uuid, {groups}")
+    usage = q.sum(r.GROUP_MEMORY, f'charge="{Charge.USAGE.value}"', f"{DEVICE}, {groups}")
+    idle = q.sum(r.IDLE, method, DEVICE)
+    overreach_gib = q.sum(r.MEMORY, f'charge="{Charge.OVERREACH.value}"', f"{container}, {groups}")
+    overreach = q.sum(r.BOOKED, f'{method}, charge="{Charge.OVERREACH.value}"', f"{container}, {groups}")
+    unattributed_gib = q.sum(r.UNATTRIBUTED_MEMORY, "", DEVICE)
+    unattributed = q.sum(r.UNATTRIBUTED, method, DEVICE)
+    active = q.sum(r.GROUP_ACTIVE, "", groups)
+    issues = q.send(f"group by (issue, node, gpu_uuid) (last_over_time({r.ISSUE}{q.window}))")
+
     usage_memory: dict[tuple, float] = defaultdict(float)
-    for item in q.sum(r.GROUP_MEMORY, f'charge="{Charge.USAGE.value}"', f"{DEVICE}, {groups}"):
+    for item in usage():
         usage_memory[_where(item), item.labels.get("namespace", ""), group(item)] += _value(item) / GIB * hours
-    for item in q.sum(r.GROUP_BOOKED, f'{method}, charge=~"usage|reserved"', f"{DEVICE}, charge, {groups}"):
+    for item in booked():
         charge, namespace = item.labels.get("charge", ""), item.labels.get("namespace", "")
         gib = usage_memory.pop((_where(item), namespace, group(item)), 0.0) if charge == Charge.USAGE.value else 0.0
         ledger.book(_where(item), Party(charge, group(item), namespace), _value(item) * hours, gib)
     overreach_memory: dict[tuple, float] = defaultdict(float)
-    container = f"{DEVICE}, namespace, pod, container"
-    for item in q.sum(r.MEMORY, f'charge="{Charge.OVERREACH.value}"', f"{container}, {groups}"):
+    for item in overreach_gib():
         overreach_memory[_overreach_party(item, group(item)), _where(item)] += _value(item) / GIB * hours
-    for item in q.sum(r.BOOKED, f'{method}, charge="{Charge.OVERREACH.value}"', f"{container}, {groups}"):
+    for item in overreach():
         party = _overreach_party(item, group(item))
         ledger.book(_where(item), party, _value(item) * hours, overreach_memory.pop((party, _where(item)), 0.0))
-    unattributed_memory = {
-        _where(item): _value(item) / GIB * hours for item in q.sum(r.UNATTRIBUTED_MEMORY, "", DEVICE)
-    }
-    for item in q.sum(r.UNATTRIBUTED, method, DEVICE):
+    unattributed_memory = {_where(item): _value(item) / GIB * hours for item in unattributed_gib()}
+    for item in unattributed():
         ledger.book(_where(item), UNATTRIBUTED_PARTY, _value(item) * hours, unattributed_memory.get(_where(item), 0.0))
-    for item in q.sum(r.IDLE, method, DEVICE):
+    for item in idle():
         ledger.book_idle(_where(item), _value(item) * hours)
-    for item in q.sum(r.GROUP_REQUESTED, "", f"node, card_uuid, {groups}"):
+    for item in requested():
         labels = item.labels
         ledger.book_request(labels.get("node", ""), labels.get("card_uuid", ""), group(item), _value(item) * hours)
-    for item in q.sum(r.GROUP_ACTIVE, "", groups):  # not billed: shown beside the cost
+    for item in active():  # not billed: shown beside the cost
         ledger.book_active(group(item), _value(item) * hours)
-    _issues(q, ledger, notes)
-    return _timeline(q, schedule, prices, method, label)
+    _issues(issues(), ledger, notes)
+    return timeline()
 
 
 def _where(item: Series) -> tuple[str, str, str]:
@@ -292,13 +337,13 @@ def _refuse_renamed(q: _Queries) -> None:
             )
 
 
-def _issues(q: _Queries, ledger: Ledger, notes: RawNotes) -> None:
+def _issues(found: list[Series], ledger: Ledger, notes: RawNotes) -> None:
     """What the rules flagged per device, into the same sets the raw path fills (and so the same notes)."""
     targets = {r.Issue.UNKNOWN_DEVICE: ledger.unknown_devices, r.Issue.OUTSIDE_SLICES: ledger.partitioned_cards}
     if ledger.method is Method.HOLDER:
         targets[r.Issue.OFFERED_MISSING] = ledger.offered_missing
         targets[r.Issue.OVER_HELD] = ledger.over_held
-    for item in q.ask(f"group by (issue, node, gpu_uuid) (last_over_time({r.ISSUE}{q.window}))"):
+    for item in found:
         issue, device = item.labels.get("issue", ""), (item.labels.get("node", ""), item.labels.get("gpu_uuid", ""))
         if issue == r.Issue.SHARE_MISSING:
             notes.missing_share.add(device[1])
@@ -306,15 +351,19 @@ def _issues(q: _Queries, ledger: Ledger, notes: RawNotes) -> None:
             targets[issue].add(device)
 
 
-def _timeline(q: _Queries, schedule: Plan, prices: Prices, method: str, label: str | None) -> list[TimePoint]:
+def _timeline(
+    q: _Queries, schedule: Plan, ledger: Ledger, method: str, label: str | None
+) -> Callable[[], list[TimePoint]]:
     """Cost per layer, at most ``TIMELINE_POINTS`` points of ``merge`` evaluations each; the first point takes what
-    is left over, so that every point ends on an evaluation and none reaches before the range."""
+    is left over, so that every point ends on an evaluation and none reaches before the range. The queries are
+    sent now; the points are made when the result is called."""
     head, merge = timeline_points(len(schedule.evaluations))
     times = schedule.evaluations
-    layers = _Layers(q, schedule.interval, prices, method, label)
-    return (layers.points(times[head - 1 : head], head) if head else []) + layers.points(
-        times[head + merge - 1 :: merge], merge
-    )
+    prices = {card: ledger.price_of(*card) for card in ledger.cards}
+    layers = _Layers(q, schedule.interval, price_classes(prices), method, label)
+    first = layers.points(times[head - 1 : head], head) if head else list
+    rest = layers.points(times[head + merge - 1 :: merge], merge)
+    return lambda: first() + rest()
 
 
 def timeline_points(evaluations: int, most: int = TIMELINE_POINTS) -> tuple[int, int]:
@@ -324,56 +373,93 @@ def timeline_points(evaluations: int, most: int = TIMELINE_POINTS) -> tuple[int,
     return evaluations % merge, merge
 
 
+def price_classes(prices: Mapping[tuple[str, str], float]) -> list[tuple[float, str]]:
+    """The cards (node, card UUID) grouped by their price per hour, each group as label matchers selecting its
+    cards' series: none when one price covers every card; else its nodes by name where every card of a node has
+    that price, and card by card on a node of mixed prices. Cards at no cost are left out (they add nothing)."""
+    cards_at: dict[float, list[tuple[str, str]]] = defaultdict(list)
+    prices_on: dict[str, set[float]] = defaultdict(set)
+    for (node, card), price in sorted(prices.items()):
+        cards_at[price].append((node, card))
+        prices_on[node].add(price)
+    if len(cards_at) == 1:
+        return [(price, "") for price in cards_at if price]
+    classes = []
+    for price, cards in sorted(cards_at.items()):
+        if not price:
+            continue
+        whole = sorted({node for node, _card in cards if len(prices_on[node]) == 1})
+        if whole:
+            classes.append((price, f"node=~{r.string(_alternatives(whole))}"))
+        mixed: dict[str, list[str]] = defaultdict(list)
+        for node, card in cards:
+            if len(prices_on[node]) > 1:
+                mixed[node].append(card)
+        classes += [
+            (price, f"node={r.string(node)}, card_uuid=~{r.string(_alternatives(uuids))}")
+            for node, uuids in mixed.items()
+        ]
+    return classes
+
+
+def _alternatives(values: Sequence[str]) -> str:
+    """A regex (anchored by PromQL's ``=~``) matching exactly ``values``; Prometheus looks such a set up in its
+    index value by value instead of running the regex over every label value."""
+    return "|".join(re.escape(value) for value in values)
+
+
 @dataclass(frozen=True)
 class _Layers:
-    """The timeline's layers (groups, overreach, unattributed, idle) as one range query, priced per card by the
-    price list written as PromQL (``rules.price_expr``)."""
+    """The timeline's layers (groups, overreach, unattributed, idle) as one range query of card ratios summed per
+    price class, priced here by the ledger's prices. Nothing is joined in Prometheus: a join with the cards' prices
+    at every point cost more than all of the bill's sums together, and grew with the cards and the price list."""
 
     q: _Queries
     interval: float
-    prices: Prices
+    classes: Sequence[tuple[float, str]]  # (price per hour, matchers selecting the cards at that price)
     method: str  # the method's label matcher
     label: str | None  # the pod label grouped by, or None for namespaces
 
-    def points(self, ends: Sequence[float], merge: int) -> list[TimePoint]:
-        """Every layer's cost over the ``merge`` evaluations up to each of ``ends``."""
+    def points(self, ends: Sequence[float], merge: int) -> Callable[[], list[TimePoint]]:
+        """Every layer's cost over the ``merge`` evaluations up to each of ``ends``: asked now, made when called."""
         if not ends:
-            return []
+            return list
         span = merge * self.interval
         window = _window(span)
 
-        def cards(matchers: str) -> str:
-            return f"last_over_time({r.CARD}{{{matchers}}}{window})"
-
-        price = f"max by (node, card_uuid) ({r.price_expr(self.prices, cards)})"
-
-        def layer(metric: str, matchers: str, by: str, name: str | None) -> str:
-            summed = f"sum_over_time({metric}{{{matchers}}}{window})"
-            cost = f"sum by ({by}) ({summed} * on (node, card_uuid) group_left () {price})"
-            if name is None:
-                return f'label_replace({cost}, "layer", "$1", "{by}", "(.*)")'
-            return f'label_replace({cost}, "layer", {r.string(name)}, "", "")'
+        def layer(term: int, metric: str, matchers: str, by: str, name: str | None) -> str:
+            cards = self.classes[term][1]
+            summed = f"sum by ({by}) (sum_over_time({metric}{{{matchers}{', ' + cards if cards else ''}}}{window}))"
+            named = (
+                f'label_replace({summed}, "layer", "$1", "{by}", "(.*)")'
+                if name is None
+                else f'label_replace({summed}, "layer", {r.string(name)}, "", "")'
+            )
+            return f'label_replace({named}, "price_class", "{term}", "", "")'
 
         by = self.label or "namespace"
-        query = " or ".join(
-            [
-                layer(r.GROUP_BOOKED, f'{self.method}, charge=~"usage|reserved"', by, None),
-                layer(r.GROUP_BOOKED, f'{self.method}, charge="{Charge.OVERREACH.value}"', "", OVERREACH),
-                layer(r.UNATTRIBUTED, self.method, "", UNATTRIBUTED),
-                layer(r.IDLE, self.method, "", IDLE),
-            ]
-        )
-        answer = self.q.source.query_range(query, ends[0], ends[-1], span)
-        if self.q.progress is not None:
-            self.q.progress.advance()
+        layers = [
+            (r.GROUP_BOOKED, f'{self.method}, charge=~"usage|reserved"', by, None),
+            (r.GROUP_BOOKED, f'{self.method}, charge="{Charge.OVERREACH.value}"', "", OVERREACH),
+            (r.UNATTRIBUTED, self.method, "", UNATTRIBUTED),
+            (r.IDLE, self.method, "", IDLE),
+        ]
+        terms = [layer(term, *each) for term in range(len(self.classes)) for each in layers]
+        # Every card free: nothing to ask, and no cost to chart.
+        answer = self.q.send_range(" or ".join(terms), ends[0], ends[-1], span) if terms else self.q.answered([])
         hours = self.interval / 3600.0
-        costs: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        for item in answer:
-            name = item.labels.get("layer", "") or NO_LABEL
-            for ts, value in item.values:
-                if math.isfinite(value):
-                    costs[_ms(ts)][name] += value * hours
-        return [TimePoint(end=end, costs=nonzero(costs.get(_ms(end), {})), start=end - span) for end in ends]
+
+        def made() -> list[TimePoint]:
+            costs: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+            for item in answer():
+                name = item.labels.get("layer", "") or NO_LABEL
+                price = self.classes[int(item.labels.get("price_class", "0"))][0]
+                for ts, value in item.values:
+                    if math.isfinite(value):
+                        costs[_ms(ts)][name] += value * price * hours
+            return [TimePoint(end=end, costs=nonzero(costs.get(_ms(end), {})), start=end - span) for end in ends]
+
+        return made
 
 
 def merge_timeline(points: Sequence[TimePoint], filled: Sequence[TimePoint]) -> list[TimePoint]:

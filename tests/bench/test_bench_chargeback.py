@@ -151,3 +151,13 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]):
             chargeback_bench.main(argv)
         assert raised.value.code == 2
     assert "multiples of 8" in capsys.readouterr().err
+
+
+def test_before_bills_each_path_beside_with_another_installation(tmp_path: Path):
+    output = tmp_path / "chargeback.json"
+    argv = ["--sizes", "16", "--resolutions", "300", "--days", "0.1", "--repeats", "1", "--paths", "recorded"]
+    before = str(chargeback_bench.COMMAND)  # this installation stands in for another one
+    assert chargeback_bench.main([*argv, "--before", before, "--workdir", str(tmp_path), "--json", str(output)]) == 0
+    [result] = json.loads(output.read_text())["results"]
+    assert set(result["bills"]) == {"recorded", "before-recorded"}
+    assert result["bills"]["before-recorded"]["series"] == "recorded" and result["same_total"] is True

@@ -69,6 +69,7 @@ WINDOWS = {
             "replicas-unknown",
             "mig-idle",
             "relabelled",
+            "dra-unknown",
             "unrecorded",
             *DCGM_WINDOWS,
         ]
@@ -242,11 +243,38 @@ def recorded_scenarios(om: OpenMetrics) -> None:
     label = "label_example_com_team"
     om.series("gpu_fence_pod_labels", {"namespace": "ml", "pod": "x", label: "alpha"}, 1, w.start, w.start + 31 * 60)
     om.series("gpu_fence_pod_labels", {"namespace": "ml", "pod": "x", label: "beta"}, 1, w.start + 32 * 60, w.end)
+    dra_unknown_scenario(om)
     # The replicas scenario again, on its own node: the rules recorded its first half hour only.
     w = WINDOWS["unrecorded"]
     card(om, w, "ts4-gap", "GPU-g4", A100_80, offered=4)
     container(om, w, "ts4-gap", "GPU-g4", namespace="lab", pod="active", gib=4, until=w.start + 29 * 60)
     container(om, w, "ts4-gap", "GPU-g4", namespace="queue", pod="waiting", gib=0, replicas=2)
+
+
+def dra_unknown_scenario(om: OpenMetrics) -> None:
+    """Memory beside a DRA device the auditor could not resolve (``allocated="unknown"``): the container's usage,
+    never overreach. Node ``dra`` has two cards at two prices, an H100 (4.00/h) and a T4 (default 2.50/h)."""
+    w = WINDOWS["dra-unknown"]
+    card(om, w, "dra", "GPU-d1", H100)
+    card(om, w, "dra", "GPU-d2", T4)
+    # infer/claim holds a DRA device whose UUID no ResourceSlice gives; its 6 GiB on GPU-d1 may be that device.
+    who = {"node": "dra", "namespace": "infer", "pod": "claim", "container": "main"}
+    om.series(
+        "gpu_fence_container_unresolved_dra_devices",
+        {**who, "driver": "gpu.nvidia.com", "reason": "no-uuid"},
+        1,
+        w.start,
+        w.end,
+    )
+    om.series(
+        "gpu_fence_container_gpu_memory_bytes",
+        {**who, "gpu_uuid": "GPU-d1", "allocated": "unknown"},
+        6 * GIB,
+        w.start,
+        w.end,
+    )
+    # lab/train holds GPU-d1 by the kubelet and uses 2 GiB there: the card splits 6 : 2. Nobody touches GPU-d2.
+    container(om, w, "dra", "GPU-d1", namespace="lab", pod="train", gib=2)
 
 
 def held_idle_scenarios(om: OpenMetrics) -> None:

@@ -372,3 +372,22 @@ def test_console_script(prometheus, prices_file):
     # Parsed, queried, and nothing there 29 days ago: the one-line "no data" error, not an argparse complaint.
     assert relative.returncode == 2
     assert "no gpu_fence_gpu_info samples" in relative.stderr
+
+
+@pytest.mark.parametrize("method", ["holder", "usage"])
+@pytest.mark.parametrize("idle", ["proportional", "platform"])
+def test_memory_beside_an_unresolved_dra_device_is_usage_never_overreach(prometheus, prices_file, method, idle):
+    document = bill(prometheus, prices_file, "dra-unknown", "--method", method, "--idle", idle)
+    by = groups(document)
+    # GPU-d1, an H100 at 4.00/h: infer/claim's 6 GiB (allocated="unknown") and lab/train's 2 GiB split it 6 : 2.
+    assert by["infer"]["usage_cost"] == pytest.approx(4.00 * 6 / 8)  # 3.00
+    assert by["infer"]["memory_gib_hours"] == pytest.approx(6.0)
+    assert by["infer"]["total_cost"] == pytest.approx(3.00)
+    assert by["infer"]["overreach_cost"] == 0.0
+    assert document["overreach"] == []
+    assert by["lab"]["total_cost"] == pytest.approx(1.00)
+    # It holds nothing the kubelet knows of, so it requests nothing; lab requested the card-hour.
+    assert by["infer"]["request_cost"] == 0.0 and by["lab"]["request_cost"] == pytest.approx(4.00)
+    # GPU-d2, a T4 on the same node at the default 2.50/h, nobody booked: the platform's under both policies.
+    assert document["platform"]["cost"] == pytest.approx(2.50)
+    assert document["total_gpu_cost"] == pytest.approx(6.50)

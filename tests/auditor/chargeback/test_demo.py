@@ -187,3 +187,20 @@ def test_the_demo_works_from_an_installed_wheel(installed: Path, tmp_path: Path,
             del item["generated_at"]
         assert document == reference
     assert "546.00" in done.stdout or output_format in ("csv", "focus", "json")
+
+
+def test_the_bill_is_made_with_the_cyclic_collector_paused(monkeypatch):
+    import gc
+
+    from gpu_fence.auditor import chargeback
+
+    seen = []
+    make_bill = chargeback.make_bill
+
+    def watched(*arguments, **options):
+        seen.append(gc.isenabled())
+        return make_bill(*arguments, **options)
+
+    monkeypatch.setattr(chargeback, "make_bill", watched)
+    assert run_chargeback("--demo", "--format", "json").code == 0
+    assert seen == [False] and gc.isenabled()

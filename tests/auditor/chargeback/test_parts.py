@@ -250,3 +250,22 @@ def test_memory_of_unknown_entitlement_is_billed_as_its_containers_usage_not_as_
         group_of=lambda namespace, pod, instant: namespace,
     )
     assert {(m.owner.container, m.allocated) for m in intervals[0].memory} == {("c", True), ("d", False)}
+
+
+def test_a_bill_runs_without_the_cyclic_collector_and_leaves_it_as_it_was():
+    import gc
+
+    from gpu_fence.auditor.chargeback import paused_collector
+
+    assert gc.isenabled()
+    with pytest.raises(ChargebackError), paused_collector():
+        assert not gc.isenabled()
+        raise ChargebackError("a bill that fails")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused_collector():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # off before, off after
+    finally:
+        gc.enable()

@@ -16,7 +16,7 @@ from datetime import datetime
 
 import pytest
 
-from gpu_fence.auditor.chargeback.recorded import timeline_points
+from gpu_fence.auditor.chargeback.recorded import price_classes, timeline_points
 from tests.fakes.chargeback_scenarios import RULES_INTERVAL, UNRECORDED, WINDOWS, run_chargeback, window_args
 
 pytestmark = pytest.mark.e2e
@@ -211,3 +211,25 @@ def test_long_ranges_merge_evaluations_into_at_most_720_points(evaluations: int,
     assert (head, merge) == expected
     points = (1 if head else 0) + (evaluations - head) // merge
     assert points <= 720 and head + merge * (points - (1 if head else 0)) == evaluations
+
+
+def test_the_timeline_sums_cards_per_price_and_selects_each_price_by_its_nodes_or_cards():
+    # One price for every card: nothing to select.
+    assert price_classes({("n1", "GPU-a"): 4.0, ("n2", "GPU-b"): 4.0}) == [(4.0, "")]
+    # Whole nodes by name where all their cards cost the same; a node of mixed prices card by card; free cards
+    # add nothing to the timeline and are left out.
+    classes = price_classes(
+        {
+            ("spot-1", "GPU-s1"): 1.1,
+            ("spot-2", "GPU-s2"): 1.1,
+            ("mixed.example", "GPU-h"): 4.0,
+            ("mixed.example", "GPU-t"): 1.1,
+            ("lab", "GPU-f"): 0.0,
+        }
+    )
+    assert classes == [
+        (1.1, 'node=~"spot\\\\-1|spot\\\\-2"'),
+        (1.1, 'node="mixed.example", card_uuid=~"GPU\\\\-t"'),
+        (4.0, 'node="mixed.example", card_uuid=~"GPU\\\\-h"'),
+    ]
+    assert price_classes({("lab", "GPU-f"): 0.0}) == []
