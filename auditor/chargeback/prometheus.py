@@ -185,7 +185,10 @@ class PrometheusClient:
         except ssl.SSLError as error:  # raised past urllib when TLS 1.3 refuses the client after the handshake
             raise PrometheusError(self._tls_error(error)) from None
         except TimeoutError:
-            raise PrometheusError(f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s") from None
+            raise PrometheusError(
+                f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s: a long range can need a "
+                "larger --timeout, and the server a larger --query.timeout"
+            ) from None
         except (OSError, http.client.HTTPException) as error:
             reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
             raise PrometheusError(f"cannot reach Prometheus at {self.base_url}: {reason}") from None

@@ -111,3 +111,10 @@ def test_quiet_or_not_a_terminal_prints_no_progress(slow, prices_file):
     assert code == 0 and "GPU chargeback" in stdout and stderr == ""
     code, stdout, stderr = run_bill(slow, prices_file, terminal=False)
     assert code == 0 and "GPU chargeback" in stdout and stderr == ""
+
+
+def test_a_prometheus_slower_than_the_timeout_is_one_line_that_names_the_knob(slow, prices_file):
+    code, stdout, stderr = run_bill(slow, prices_file, "--timeout", str(DELAY / 4), terminal=False)
+    assert code == 2 and stdout == ""
+    [line] = stderr.splitlines()
+    assert f"did not answer within {DELAY / 4:g} s" in line and "--timeout" in line and "Traceback" not in stderr
