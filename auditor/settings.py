@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_fence import kai
+from gpu_fence.command_line import positive
 from gpu_fence.kubeconfig import ORDER as KUBECONFIG_ORDER
 
 from .dra import DEFAULT_GPU_DRIVERS
 from .offered import DEFAULT_INTERVAL as DEFAULT_ALLOCATABLE_INTERVAL
 from .podresources import DEFAULT_SOCKET
 from .report import FORMATS
+
+_positive = positive(float, "number")
 
 ONCE_EXAMPLES = """\
 examples:
@@ -114,7 +117,6 @@ def add_once_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="audit this node once and print the report",
         description="Audit every container on this node once: allocated vs visible vs used GPUs.",
         epilog=ONCE_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_audit_arguments(once)
     once.add_argument("--format", choices=FORMATS, default="text", help="report format (default: text)")
@@ -129,7 +131,6 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="audit this node in a loop; serve /metrics and /healthz; post Events",
         description="Audit this node every --interval seconds, export metrics and post GPUOverreach Events.",
         epilog=RUN_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_audit_arguments(run)
     run.add_argument(
@@ -260,16 +261,6 @@ def _add_audit_arguments(parser: argparse.ArgumentParser) -> None:
         help="ask the kubelet which device ids its device plugins offer (GetAllocatableResources) at start and then "
         f"every S seconds (default: {AuditSettings.allocatable_interval:g})",
     )
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
 
 
 def _port(text: str) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 from .exit_status import ExitStatus
 from .version import package_version
@@ -52,6 +53,24 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         ):
             return action.help
         return f"{help_text} (default: %(default)s)".lstrip()
+
+
+Number = TypeVar("Number", int, float)
+
+
+def positive(convert: Callable[[str], Number], noun: str, least: str = "greater than 0") -> Callable[[str], Number]:
+    """An argparse ``type`` for a number above zero: ``convert`` reads it, ``noun`` says in the error what it is."""
+
+    def parse(text: str) -> Number:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {noun}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be {least}")
+        return value
+
+    return parse
 
 
 def build_parser(

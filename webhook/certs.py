@@ -37,9 +37,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gpu_fence.command_line import positive
 from gpu_fence.exit_status import ExitStatus
 from gpu_fence.kubeconfig import ORDER as KUBECONFIG_ORDER
 from gpu_fence.kubeconfig import KubeConfigError, load_configuration
+
+_positive_int = positive(int, "whole number of days", least="at least 1")
 
 DEFAULT_DAYS = 365
 DEFAULT_CA_DAYS = 3650
@@ -459,7 +462,6 @@ def add_arguments(subparsers: Any) -> None:
         help="create the webhook's CA and serving certificate (files, or a Secret + caBundle in the cluster)",
         description="Create a private CA and a serving certificate for the webhook Service.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--service", required=True, help="the webhook Service name")
     parser.add_argument("--namespace", required=True, help="the namespace of the Service (and of --secret)")
@@ -526,13 +528,3 @@ def run(args: argparse.Namespace) -> ExitStatus:
         file=sys.stdout,
     )
     return ExitStatus.SUCCESS
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of days") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value

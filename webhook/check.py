@@ -108,7 +108,6 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
             "(mutate, then validate) and report allowed / mutated / rejected / exempt for each."
         ),
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "paths",

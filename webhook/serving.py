@@ -308,7 +308,6 @@ def add_arguments(subparsers: Any) -> None:
         help="serve the admission webhook over HTTPS",
         description="Serve POST /mutate, /validate, /validate/warn and GET /healthz, /readyz, /metrics over TLS.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--cert-file", required=True, help="PEM serving certificate (reloaded when it changes)")
     parser.add_argument("--key-file", required=True, help="PEM private key of --cert-file")

@@ -75,7 +75,6 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
         "what they reserved, memory splits what is in use; idle capacity, overreach and unattributed memory are "
         "shown apart, next to the request-based cost. --demo bills a bundled sample fleet without a cluster.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # Let "--start -7d" through: argparse only lets plain negative numbers stand as values, not durations.
     parser._negative_number_matcher = re.compile(r"^-(\d+(\.\d+)?[smhdw]?)+$")

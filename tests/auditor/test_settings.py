@@ -129,3 +129,10 @@ def test_pod_labels_that_become_one_metric_label_are_refused(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "team.name" in err and "team_name" in err and "label_team_name" in err
+
+
+def test_an_auditor_interval_of_zero_is_a_usage_error_naming_the_option(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["run", "--interval", "0"])
+    assert stopped.value.code == 2
+    assert "--interval: '0' must be greater than 0" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from gpu_fence.command_line import build_parser, run_subcommand
+from gpu_fence.command_line import build_parser, positive, run_subcommand
 from gpu_fence.exit_status import ExitStatus
 
 
@@ -112,3 +112,22 @@ def test_help_says_each_default_once(capsys):
     assert "--colour COLOUR paint it (default: blue)" in out
     assert "--size SIZE how big (default: 3, the usual)" in out and "(default: 3)" not in out
     assert "--loud shout --name NAME who --debug" in out  # no (default: False), no (default: None)
+
+
+@pytest.mark.parametrize(
+    ("convert", "noun", "text", "error"),
+    [
+        (float, "number", "soon", "'soon' is not a number"),
+        (float, "number", "0", "'0' must be greater than 0"),
+        (float, "number", "-1.5", "'-1.5' must be greater than 0"),
+        (int, "whole number of days", "1.5", "'1.5' is not a whole number of days"),
+    ],
+)
+def test_positive_names_what_it_wanted(convert, noun, text, error):
+    with pytest.raises(argparse.ArgumentTypeError, match=f"^{error}$"):
+        positive(convert, noun)(text)
+
+
+def test_positive_passes_a_positive_number_through_its_converter():
+    assert positive(float, "number")("0.25") == 0.25
+    assert positive(int, "whole number of days")("7") == 7
