@@ -12,5 +12,7 @@ import orjson
 
 def publish(report: dict[str, Any], markdown: str, json_path: str | None) -> None:
     sys.stdout.write(markdown)
-    if json_path:
-        Path(json_path).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    if json_path:  # after minutes of measuring, a missing folder is made rather than the figures lost
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))

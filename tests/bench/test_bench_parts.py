@@ -4,12 +4,14 @@ errors that name what to fix (a missing tool, no root for the fake node, bad loa
 from __future__ import annotations
 
 import io
+import json
 import os
 from typing import Any
 
 import pytest
 
 from bench import auditor_bench, https_bench, loadgen
+from bench.results import publish
 from bench.server import NOOP_RESPONSE, noop_app, with_noop
 
 TARGET = loadgen.Target("127.0.0.1", 8443, "gpu-fence-webhook.gpu-fence.svc", "ca.crt")
@@ -78,3 +80,10 @@ def test_the_auditor_benchmark_says_it_needs_root(
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert auditor_bench.main(["--scales", "1", "--fraction", "0.01"]) == 2
     assert "needs root" in capsys.readouterr().err
+
+
+def test_publish_makes_the_folder_of_its_json_file(tmp_path, capsys):
+    target = tmp_path / "results" / "run.json"  # bench/results/ is git-ignored, so a fresh clone lacks it
+    publish({"figure": 1.5}, "| a |\n", str(target))
+    assert json.loads(target.read_text()) == {"figure": 1.5}
+    assert capsys.readouterr().out == "| a |\n"
