@@ -168,10 +168,14 @@ class FakeKubeApi:
         body = handler.rfile.read(length) if length else b""
         with self._lock:
             self.requests.append((method, parts.path, query))
-        hangs = self.hanging or (self.hanging_events and method != "GET" and "/events" in parts.path)
-        while hangs and not self._unhang.wait(0.05):
-            hangs = self.hanging or (self.hanging_events and method != "GET" and "/events" in parts.path)
-        if self.down or hangs:
+        event_write = method != "GET" and "/events" in parts.path
+
+        def hangs() -> bool:  # read afresh while held: a test clears the flags to let the request through
+            return self.hanging or (self.hanging_events and event_write)
+
+        while hangs() and not self._unhang.wait(0.05):
+            pass
+        if self.down or hangs():
             return self._send(handler, 503, _status(503, "ServiceUnavailable", "the API server is down (fake)"))
         segments = [s for s in parts.path.split("/") if s]
         if method == "GET" and parts.path.startswith(f"/apis/{GROUP}"):
