@@ -64,7 +64,7 @@ from typing import Any
 import orjson
 
 from bench import machine
-from bench.results import publish
+from bench.results import publish, target, target_table
 from bench.stats import loglog_slope
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -428,46 +428,37 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     if dense is not None and report["fraction"] == 1.0:
         steady = f", steady {dense['steady_cycle_ms']:.0f} ms" if dense["steady_cycle_ms"] is not None else ""
         judged.append(
-            {
-                "target": f"warm cycle <= {TARGET_CYCLE_MS:.0f} ms on the dense node",
-                "measured": f"{dense['warm_cycle_ms']:.0f} ms median, {dense['warm_cycle_max_ms']:.0f} ms "
-                f"slowest{steady}",
-                "met": dense["warm_cycle_ms"] <= TARGET_CYCLE_MS,
-            }
+            target(
+                f"warm cycle <= {TARGET_CYCLE_MS:.0f} ms on the dense node",
+                f"{dense['warm_cycle_ms']:.0f} ms median, {dense['warm_cycle_max_ms']:.0f} ms slowest{steady}",
+                dense["warm_cycle_ms"] <= TARGET_CYCLE_MS,
+            )
         )
         judged.append(
-            {
-                "target": f"RSS <= {TARGET_RSS_MB:.0f} MB on the dense node",
-                "measured": f"{dense['peak_rss_mb']:.0f} MB peak",
-                "met": dense["peak_rss_mb"] <= TARGET_RSS_MB,
-            }
+            target(
+                f"RSS <= {TARGET_RSS_MB:.0f} MB on the dense node",
+                f"{dense['peak_rss_mb']:.0f} MB peak",
+                dense["peak_rss_mb"] <= TARGET_RSS_MB,
+            )
         )
+    calls = ", ".join(
+        f"{r['kubelet_calls_per_cycle']} List, {r['allocatable_calls_per_process']} GetAllocatableResources "
+        f"per process at {r['case']}"
+        for r in report["results"]
+    )
+    one_list = all(
+        r["kubelet_calls_per_cycle"] == 1
+        and r["kubelet_calls_served"] == r["cycles_run"]
+        and r["allocatable_calls_per_process"] == 1
+        and r["allocatable_calls_warm"] == 0
+        for r in report["results"]
+    )
     judged.append(
-        {
-            "target": "one kubelet List per cycle (GetAllocatableResources at start only, at this length)",
-            "measured": ", ".join(
-                f"{r['kubelet_calls_per_cycle']} List, {r['allocatable_calls_per_process']} GetAllocatableResources "
-                f"per process at {r['case']}"
-                for r in report["results"]
-            ),
-            "met": all(
-                r["kubelet_calls_per_cycle"] == 1
-                and r["kubelet_calls_served"] == r["cycles_run"]
-                and r["allocatable_calls_per_process"] == 1
-                and r["allocatable_calls_warm"] == 0
-                for r in report["results"]
-            ),
-        }
+        target("one kubelet List per cycle (GetAllocatableResources at start only, at this length)", calls, one_list)
     )
     if "scaling_exponent" in report:
         slope = report["scaling_exponent"]
-        judged.append(
-            {
-                "target": "linear in the input (log-log slope ~1, <= 1.15)",
-                "measured": f"{slope:.2f}",
-                "met": slope <= 1.15,
-            }
-        )
+        judged.append(target("linear in the input (log-log slope ~1, <= 1.15)", f"{slope:.2f}", slope <= 1.15))
     return judged
 
 
@@ -516,8 +507,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", f"layout: {report.get('layout', 'mig')}"]
     if "baseline" in report:
         lines += ["", *side_by_side(report)]
-    lines += ["", "| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in report["targets"]]
+    lines += target_table(report["targets"])
     return "\n".join(lines) + "\n"
 
 

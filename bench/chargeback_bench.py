@@ -47,7 +47,7 @@ from typing import Any
 from bench import machine
 from bench.chargeback_fleet import BLOCK, PRICES_YAML, Fleet, Series, build
 from bench.chargeback_recorded import record
-from bench.results import publish
+from bench.results import publish, target, target_table
 from bench.stats import loglog_slope
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -313,16 +313,12 @@ def targets(results: list[dict]) -> list[dict]:
         return []
     bill = found[0]["bills"]["recorded"]
     return [
-        {
-            "target": "a 30-day bill of 2,048 GPUs at 5 minutes in <= 60 s",
-            "value": bill["seconds"],
-            "met": bill["seconds"] <= TARGET["seconds"],
-        },
-        {
-            "target": "... in <= 1 GB peak RSS",
-            "value": bill["peak_rss_mb"],
-            "met": bill["peak_rss_mb"] <= TARGET["rss_mb"],
-        },
+        target(
+            "a 30-day bill of 2,048 GPUs at 5 minutes in <= 60 s",
+            f"{bill['seconds']:.1f} s",
+            bill["seconds"] <= TARGET["seconds"],
+        ),
+        target("... in <= 1 GB peak RSS", f"{bill['peak_rss_mb']:.0f} MB", bill["peak_rss_mb"] <= TARGET["rss_mb"]),
     ]
 
 
@@ -353,8 +349,8 @@ def markdown(report: dict) -> str:
             sizes = " → ".join(str(size) for size in row["sizes"])
             where = f"| {row['resolution_s']:g} s | {row['days']:g} | {row['path']} | {sizes} "
             out.append(f"{where}| {ratios} | {rss} | {row['slope']:.2f} |")
-    for target in report["targets"]:
-        out.append(f"\n{target['target']}: {target['value']:.1f} ({'met' if target['met'] else 'NOT met'})")
+    if report["targets"]:
+        out += target_table(report["targets"])
     return "\n".join(out) + "\n"
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import loadgen, machine, reviews
-from bench.results import publish
+from bench.results import publish, target, target_table
 from bench.server import NOOP_PATH
 from bench.stats import median_of_runs
 
@@ -369,20 +369,20 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         if row["mode"] == "keep-alive" and row["offered_per_s"] == TARGET_RATE:
             judged.append(
-                {
-                    "target": f"p99 <= {TARGET_P99_MS} ms at {TARGET_RATE} reviews/s, keep-alive ({row['endpoint']})",
-                    "measured": f"{row['p99_ms']:.2f} ms",
-                    "met": row["p99_ms"] <= TARGET_P99_MS,
-                }
+                target(
+                    f"p99 <= {TARGET_P99_MS} ms at {TARGET_RATE} reviews/s, keep-alive ({row['endpoint']})",
+                    f"{row['p99_ms']:.2f} ms",
+                    row["p99_ms"] <= TARGET_P99_MS,
+                )
             )
         if row["mode"] == "saturation" and "throughput_vs_noop" in row:
             ratio = row["throughput_vs_noop"]
             judged.append(
-                {
-                    "target": f"throughput >= {TARGET_RATIO}x no-op, same stack ({row['endpoint']})",
-                    "measured": f"{ratio:.2f}x ({row['reviews_per_s']:,.0f}/s)",
-                    "met": ratio >= TARGET_RATIO,
-                }
+                target(
+                    f"throughput >= {TARGET_RATIO}x no-op, same stack ({row['endpoint']})",
+                    f"{ratio:.2f}x ({row['reviews_per_s']:,.0f}/s)",
+                    ratio >= TARGET_RATIO,
+                )
             )
     return judged
 
@@ -413,8 +413,7 @@ def markdown(report: dict[str, Any]) -> str:
     for name, workers in report["worker_rss"].items():
         sizes = ", ".join(f"{worker['rss_bytes'] / 2**20:.1f}" for worker in workers)
         lines.append(f"| {name} | {sizes} |")
-    lines += ["", "| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in report["targets"]]
+    lines += target_table(report["targets"])
     return "\n".join(lines) + "\n"
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from bench import machine, reviews
-from bench.results import publish
+from bench.results import publish, target, target_table
 from bench.stats import latency_summary, median_of_runs, percentile
 
 TARGET_PODS_PER_SECOND = 20_000  # DESIGN: policy evaluation, typical pods, one core
@@ -148,11 +148,11 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if (1, "evaluate") in by_key:
         rate = by_key[(1, "evaluate")]["reviews_per_s"]
         judged.append(
-            {
-                "target": f"policy evaluation >= {TARGET_PODS_PER_SECOND} typical pods/s on one core",
-                "measured": f"{rate:,.0f} pods/s (1-container pod)",
-                "met": rate >= TARGET_PODS_PER_SECOND,
-            }
+            target(
+                f"policy evaluation >= {TARGET_PODS_PER_SECOND} typical pods/s on one core",
+                f"{rate:,.0f} pods/s (1-container pod)",
+                rate >= TARGET_PODS_PER_SECOND,
+            )
         )
     for path in ("mutate", "validate", "evaluate"):
         if (10, path) in by_key:
@@ -160,11 +160,11 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             what = "policy only" if path == "evaluate" else f"/{path}, full review"
             cpu_p99 = by_key[(10, path)]["cpu_p99_ms"]
             judged.append(
-                {
-                    "target": f"p99 <= {TARGET_P99_MS} ms for a 10-container pod ({what})",
-                    "measured": f"{p99:.3f} ms (CPU time p99 {cpu_p99:.3f} ms)",
-                    "met": p99 <= TARGET_P99_MS,
-                }
+                target(
+                    f"p99 <= {TARGET_P99_MS} ms for a 10-container pod ({what})",
+                    f"{p99:.3f} ms (CPU time p99 {cpu_p99:.3f} ms)",
+                    p99 <= TARGET_P99_MS,
+                )
             )
     return judged
 
@@ -179,8 +179,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {row['containers']} | {row['path']} | {row['reviews_per_s']:,.0f} | {row['p50_ms']:.3f} "
             f"| {row['p99_ms']:.3f} | {row['cpu_p99_ms']:.3f} | {row['throughput_vs_floor']:.2f} |"
         )
-    lines += ["", "| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in report["targets"]]
+    lines += target_table(report["targets"])
     return "\n".join(lines) + "\n"
 
 

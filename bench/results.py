@@ -16,3 +16,14 @@ def publish(report: dict[str, Any], markdown: str, json_path: str | None) -> Non
         path = Path(json_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+
+
+def target(goal: str, measured: str, met: bool) -> dict[str, Any]:
+    """One of DESIGN's targets next to what this run measured (``met`` is a bool, for the JSON's readers)."""
+    return {"target": goal, "measured": measured, "met": bool(met)}
+
+
+def target_table(targets: list[dict[str, Any]]) -> list[str]:
+    """The markdown lines every benchmark ends with: its targets, measured, met or not."""
+    rows = [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in targets]
+    return ["", "| target | measured | met |", "|---|---|---|", *rows]

@@ -282,7 +282,7 @@ def test_a_gpu_process_behind_a_pid_reused_since_the_last_cycle_is_placed_by_thi
     pods = Pods(pods={POD: make_pod("ml", "train", POD, "node-a", [("main", MAIN), ("side", SIDE)])})
     collect(sources(hostproc, pods=pods), OPTIONS)
     other = "99999999-2222-4333-8444-555555555555"
-    tree.reuse_pid(10, cgroup=cgroup_text(other, "c3" * 32))
+    tree.add_process(10, cgroup=cgroup_text(other, "c3" * 32), reusing=True)
     by_pid = {p.pid: p for p in collect(sources(hostproc, pods=pods), OPTIONS).processes}
     assert (by_pid[10].pod_uid, by_pid[10].container_id) == (other, "c3" * 32)
 

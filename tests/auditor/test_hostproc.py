@@ -199,7 +199,7 @@ def test_a_reused_pid_is_read_again(tree: HostProcTree) -> None:
     tree.add_container_process(100, POD_A, C1)
     proc = HostProc(str(tree), recheck_scans=0)
     assert lowest(proc) == {C1: 100}
-    tree.reuse_pid(100, cgroup=cgroup_text(POD_B, C2))
+    tree.add_process(100, cgroup=cgroup_text(POD_B, C2), reusing=True)
     scan = proc.scan()
     assert dict(scan.containers) == {C2: [100]}
     assert scan.placed[100] == CgroupIdentity(POD_B, C2, CONTAINERD)
@@ -235,7 +235,7 @@ def test_a_host_process_is_read_only_during_its_window(tree: HostProcTree) -> No
     tree.write_cgroup(8, cgroup_text(POD_A, C2))
     assert lowest(proc) == {C2: 8}
     # a pid reused by a new process starts a new window too
-    tree.reuse_pid(7, cgroup="0::/system.slice/containerd.service\n")
+    tree.add_process(7, cgroup="0::/system.slice/containerd.service\n", reusing=True)
     lowest(proc)
     tree.write_cgroup(7, cgroup_text(POD_B, C3))
     assert lowest(proc) == {C2: 8, C3: 7}
@@ -499,10 +499,10 @@ def test_incremental_scan_matches_a_full_scan(steps: list[tuple], recheck_scans:
                 late.discard(pid)
                 opens.pop(pid, None)
                 if kind == "reuse":
-                    tree.reuse_pid(pid, cgroup=cgroup_text(POD_B, step[2]))
+                    tree.add_process(pid, cgroup=cgroup_text(POD_B, step[2]), reusing=True)
                     outside.pop(pid, None)
                 else:
-                    tree.reuse_pid(pid, cgroup=_HOST_CGROUP)
+                    tree.add_process(pid, cgroup=_HOST_CGROUP, reusing=True)
                     outside[pid] = None
             elif kind == "join" and outside:
                 pid = sorted(outside)[step[1] % len(outside)]
@@ -733,7 +733,7 @@ def test_env_is_judged_over_every_process_and_read_once_each(
         sight = proc.inspect(proc.scan().containers[C1])
         assert sight.visible_devices == ("all", "void") and sight.env_read
     assert reads == [10, 11, 12]
-    tree.reuse_pid(11, cgroup=cgroup_text(POD_A, C1), environ={"NVIDIA_VISIBLE_DEVICES": "0"})
+    tree.add_process(11, cgroup=cgroup_text(POD_A, C1), environ={"NVIDIA_VISIBLE_DEVICES": "0"}, reusing=True)
     assert proc.inspect(proc.scan().containers[C1]).visible_devices == ("0", "void")
     assert reads == [10, 11, 12, 11]  # a new process behind a reused pid is read anew
 

@@ -179,11 +179,19 @@ class HostProcTree:
         environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes = (),
         rootfs: Path | None = None,
         mount_namespace: str = HOST_MOUNT_NAMESPACE,
+        reusing: bool = False,
     ) -> Path:
-        """Add ``/proc/<pid>``; ``environ`` pairs are written in order (duplicates allowed), bytes as given."""
+        """Add ``/proc/<pid>``; ``environ`` pairs are written in order (duplicates allowed), bytes as given.
+
+        ``reusing``: a new process takes over an exited one's pid. The new directory exists before the old one
+        goes, so it cannot get the old inode number back, as a real new process gets a new inode in procfs."""
         directory = self.root / str(pid)
-        directory.mkdir()
-        self._fill(directory, cgroup, environ, rootfs, mount_namespace)
+        staging = self.root / f"_new_{pid}" if reusing else directory
+        staging.mkdir()
+        self._fill(staging, cgroup, environ, rootfs, mount_namespace)
+        if reusing:
+            self.remove(pid)
+            staging.rename(directory)
         return directory
 
     def add_container_process(
@@ -219,23 +227,6 @@ class HostProcTree:
         link = self.root / str(pid) / "ns" / "mnt"
         link.unlink()
         link.symlink_to(new_mount_namespace())
-
-    def reuse_pid(
-        self,
-        pid: int,
-        *,
-        cgroup: str = "0::/\n",
-        environ: Mapping[str, str] | Sequence[tuple[str, str]] | bytes = (),
-        rootfs: Path | None = None,
-    ) -> Path:
-        """A new process takes over an exited one's pid. The new directory exists before the old one goes, so
-        it cannot get the old inode number back, as a real new process gets a new inode in procfs."""
-        staging = self.root / f"_new_{pid}"
-        staging.mkdir()
-        self._fill(staging, cgroup, environ, rootfs, HOST_MOUNT_NAMESPACE)
-        self.remove(pid)
-        staging.rename(self.root / str(pid))
-        return self.root / str(pid)
 
     def remove(self, pid: int) -> None:
         """The process exits.

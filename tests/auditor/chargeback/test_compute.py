@@ -43,13 +43,16 @@ def by_group(bill):
     return {group.group: group for group in bill.groups}
 
 
+def first_hour(*devices: Device, **parts) -> Interval:
+    """The interval of the first hour over ``devices``; ``parts`` are its memory, allocations and offers."""
+    return Interval(end=HOUR, seconds=HOUR, devices=devices, **parts)
+
+
 def test_time_sliced_gpu_split_by_memory_and_request_cost_beside_it():
     gpu = Device("n1", "GPU-a", "", "H100")
     a, b = owner("team-a"), owner("team-b")
-    interval = Interval(
-        end=HOUR,
-        seconds=HOUR,
-        devices=(gpu,),
+    interval = first_hour(
+        gpu,
         memory=(Memory("n1", "GPU-a", a, True, 3 * GIB), Memory("n1", "GPU-a", b, True, 1 * GIB)),
         allocations=(Allocation("n1", "GPU-a", a, 1), Allocation("n1", "GPU-a", b, 1)),
     )
@@ -66,15 +69,17 @@ def test_time_sliced_gpu_split_by_memory_and_request_cost_beside_it():
     assert bill.platform == 0.0
 
 
-def test_mig_slices_priced_by_share_and_uncovered_share_is_idle():
+def a100_split(**parts) -> Interval:
+    """An hour of an A100 split into a 3g slice (MIG-3) and a 2g slice (MIG-2): 2/7 of the card is in no slice."""
     card = Device("n1", "GPU-m", "", "A100")
     s3 = Device("n1", "MIG-3", "GPU-m", "A100 MIG 3g.40gb", 3 / 7)
     s2 = Device("n1", "MIG-2", "GPU-m", "A100 MIG 2g.20gb", 2 / 7)
+    return first_hour(card, s3, s2, **parts)
+
+
+def test_mig_slices_priced_by_share_and_uncovered_share_is_idle():
     x, y = owner("x"), owner("y")
-    interval = Interval(
-        end=HOUR,
-        seconds=HOUR,
-        devices=(card, s3, s2),
+    interval = a100_split(
         memory=(Memory("n1", "MIG-3", x, True, 1 * GIB), Memory("n1", "MIG-2", y, True, 5 * GIB)),
         allocations=(Allocation("n1", "MIG-3", x, 1),),
     )
@@ -96,10 +101,8 @@ def test_mig_slices_priced_by_share_and_uncovered_share_is_idle():
 def test_overreach_is_carved_out_not_billed_to_the_allocated_user():
     gpu = Device("n1", "GPU-a", "", "H100")
     legit, rogue = owner("legit"), owner("rogue", pod="miner")
-    interval = Interval(
-        end=HOUR,
-        seconds=HOUR,
-        devices=(gpu,),
+    interval = first_hour(
+        gpu,
         memory=(Memory("n1", "GPU-a", legit, True, 1 * GIB), Memory("n1", "GPU-a", rogue, False, 1 * GIB)),
     )
     bill = compute_bill([interval], flat(2.0), IdlePolicy.PLATFORM)
@@ -116,10 +119,9 @@ def test_unused_card_goes_to_platform_under_both_policies_and_unattributed_has_i
     unused = Device("n1", "GPU-b", "", "H100")
     a = owner("a")
     intervals = [
-        Interval(
-            end=HOUR,
-            seconds=HOUR,
-            devices=(used, unused),
+        first_hour(
+            used,
+            unused,
             memory=(Memory("n1", "GPU-a", a, True, GIB),),
             unattributed=(Unattributed("n1", "GPU-a", GIB),),
         ),
@@ -165,10 +167,8 @@ def test_holder_with_memory_shares_by_bytes_idle_holder_pays_its_replicas():
     # uses none. c pays its replica (1/4 of the card); a and b split the rest 3:1 by memory; nothing is idle.
     gpu = Device("n1", "GPU-a", "", "H100")
     a, b, c = owner("a"), owner("b"), owner("c")
-    interval = Interval(
-        end=HOUR,
-        seconds=HOUR,
-        devices=(gpu,),
+    interval = first_hour(
+        gpu,
         memory=(Memory("n1", "GPU-a", a, True, 3 * GIB), Memory("n1", "GPU-a", b, True, 1 * GIB)),
         allocations=tuple(Allocation("n1", "GPU-a", who, 1) for who in (a, b, c)),
         offered=(Offered("n1", "GPU-a", 4),),
@@ -187,7 +187,7 @@ def test_holder_with_memory_shares_by_bytes_idle_holder_pays_its_replicas():
 def test_idle_holders_leave_unheld_replicas_idle_and_a_missing_offer_counts_them_all_held():
     gpu = Device("n1", "GPU-a", "", "H100")
     a = owner("a")
-    held = Interval(end=HOUR, seconds=HOUR, devices=(gpu,), allocations=(Allocation("n1", "GPU-a", a, 2),))
+    held = first_hour(gpu, allocations=(Allocation("n1", "GPU-a", a, 2),))
     offered = dataclasses.replace(held, offered=(Offered("n1", "GPU-a", 8),))
     bill = compute_bill([offered], flat(4.0), IdlePolicy.PLATFORM)
     assert math.isclose(by_group(bill)["a"].reserved, 1.0)  # 2 of 8 replicas
@@ -209,10 +209,8 @@ def test_overreach_on_a_device_its_holder_reserved_costs_nothing_more():
     # listed as overreach with its GiB-hours, at no extra cost (the card was paid for once).
     gpu = Device("n1", "GPU-a", "", "H100")
     holder, rogue = owner("holder"), owner("rogue", pod="miner")
-    interval = Interval(
-        end=HOUR,
-        seconds=HOUR,
-        devices=(gpu,),
+    interval = first_hour(
+        gpu,
         memory=(Memory("n1", "GPU-a", rogue, False, 2 * GIB),),
         allocations=(Allocation("n1", "GPU-a", holder, 1),),
         offered=(Offered("n1", "GPU-a", 1),),
@@ -226,14 +224,8 @@ def test_overreach_on_a_device_its_holder_reserved_costs_nothing_more():
 
 
 def test_ledger_lines_name_the_device_and_add_up():
-    card = Device("n1", "GPU-m", "", "A100")
-    s3 = Device("n1", "MIG-3", "GPU-m", "A100 MIG 3g.40gb", 3 / 7)
-    s2 = Device("n1", "MIG-2", "GPU-m", "A100 MIG 2g.20gb", 2 / 7)
     x, y = owner("x"), owner("y")
-    interval = Interval(
-        end=HOUR,
-        seconds=HOUR,
-        devices=(card, s3, s2),
+    interval = a100_split(
         memory=(Memory("n1", "MIG-3", x, True, GIB),),
         allocations=(Allocation("n1", "MIG-3", x, 1), Allocation("n1", "MIG-2", y, 1)),
         offered=(Offered("n1", "MIG-3", 1), Offered("n1", "MIG-2", 1)),
@@ -365,10 +357,9 @@ def test_memory_on_a_mig_partitioned_card_itself_is_noted_as_such():
     card = Device("n1", "GPU-m", "", "A100")
     s3 = Device("n1", "MIG-3", "GPU-m", "A100 MIG 3g.40gb", 3 / 7)
     x = owner("x")
-    interval = Interval(
-        end=HOUR,
-        seconds=HOUR,
-        devices=(card, s3),
+    interval = first_hour(
+        card,
+        s3,
         memory=(Memory("n1", "MIG-3", x, True, GIB), Memory("n1", "GPU-m", x, True, GIB)),
     )
     bill = compute_bill([interval], flat(7.0), IdlePolicy.PLATFORM)

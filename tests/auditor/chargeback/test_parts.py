@@ -107,6 +107,13 @@ def test_pod_groups_are_the_label_at_each_instant():
     assert pod_groups(series[::-1], "label_team") == expected
 
 
+def one_minute_intervals(instants: list[float], *, group_of=None, notes=None, **series: list[Series]):
+    """``intervals_from_series`` at a 60 s step, every series list empty but those given, grouped by namespace."""
+    lists = {"info": [], "share": [], "memory": [], "allocated": [], "unattributed": [], **series}
+    group_of = group_of or (lambda namespace, pod, instant: namespace)
+    return intervals_from_series(instants, 60.0, group_of=group_of, notes=notes, **lists)
+
+
 def test_series_align_on_instants_and_mig_without_share_is_noted():
     info = [
         Series({"node": "n", "gpu_uuid": "GPU-1", "model": "m"}, ((60.0, 1.0), (120.0, 1.0))),
@@ -119,14 +126,10 @@ def test_series_align_on_instants_and_mig_without_share_is_noted():
         ),
     ]
     notes = RawNotes()
-    intervals = intervals_from_series(
+    intervals = one_minute_intervals(
         [60.0, 120.0],
-        60.0,
         info=info,
-        share=[],
         memory=memory,
-        allocated=[],
-        unattributed=[],
         group_of=lambda namespace, pod, instant: f"{namespace}!{instant}",
         notes=notes,
     )
@@ -178,9 +181,8 @@ def test_series_renamed_by_a_scrape_without_honor_labels_are_refused():
         ((60.0, 1.0),),
     )
     for field in ("memory", "allocated"):
-        arguments = {"info": [], "share": [], "memory": [], "allocated": [], "unattributed": [], field: [renamed]}
         with pytest.raises(ChargebackError, match=r"exported_namespace='ml'.*honor_labels: true"):
-            intervals_from_series([60.0], 60.0, group_of=lambda namespace, pod, instant: namespace, **arguments)
+            one_minute_intervals([60.0], **{field: [renamed]})
 
 
 def hour_bill():
@@ -239,16 +241,7 @@ def test_memory_of_unknown_entitlement_is_billed_as_its_containers_usage_not_as_
         Series({**labels, "container": "d", "allocated": "false"}, ((60.0, 7.0),)),
     ]
     info = [Series({"node": "n", "gpu_uuid": "GPU-1", "model": "m"}, ((60.0, 1.0),))]
-    intervals = intervals_from_series(
-        [60.0],
-        60.0,
-        info=info,
-        share=[],
-        memory=memory,
-        allocated=[],
-        unattributed=[],
-        group_of=lambda namespace, pod, instant: namespace,
-    )
+    intervals = one_minute_intervals([60.0], info=info, memory=memory)
     assert {(m.owner.container, m.allocated) for m in intervals[0].memory} == {("c", True), ("d", False)}
 
 

@@ -94,6 +94,11 @@ def _token(value: str, what: str) -> str:
     return value
 
 
+def _options(**given: object) -> str:
+    """A config line's trailing ``key=value`` options; those given as None are left out (the C side's default)."""
+    return "".join(f" {key}={value}" for key, value in given.items() if value is not None)
+
+
 def _text(value: str, what: str) -> str:
     if "\n" in value or "\r" in value:
         raise ValueError(f"{what} must be on one line, got {value!r}")
@@ -115,9 +120,7 @@ class FakeGpu:
     def line(self) -> str:
         uuid = _token(self.uuid or fake_gpu_uuid(self.index), "GPU uuid")
         minor = self.index if self.minor is None else self.minor
-        options = f" mig={int(self.mig)}"
-        if self.max_slices is not None:
-            options += f" max_slices={self.max_slices}"
+        options = _options(mig=int(self.mig), max_slices=self.max_slices)
         return f"gpu {self.index} {uuid} {minor} {self.memory_total_bytes}{options} {_text(self.name, 'GPU name')}"
 
 
@@ -166,11 +169,7 @@ class FakeProcess:
             raise ValueError(f"process kind must be one of {', '.join(PROCESS_KINDS)}, got {self.kind!r}")
         used = "na" if self.used_memory_bytes is None else str(self.used_memory_bytes)
         text = f"proc {_token(str(self.device), 'process device')} {self.kind} {self.pid} {used}"
-        if self.gpu_instance_id is not None:
-            text += f" gi={self.gpu_instance_id}"
-        if self.compute_instance_id is not None:
-            text += f" ci={self.compute_instance_id}"
-        return text
+        return text + _options(gi=self.gpu_instance_id, ci=self.compute_instance_id)
 
 
 @dataclass(frozen=True)
@@ -197,13 +196,7 @@ class FakeUtilSample:
         if any(value < 0 for value in (*values, self.jpeg, self.ofa)) or (self.at is not None and self.at <= 0):
             raise ValueError(f"utilisation sample values must be >= 0 and at= > 0, got {self!r}")
         text = f"util {_token(str(self.device), 'sample device')} " + " ".join(str(value) for value in values)
-        if self.jpeg:
-            text += f" jpg={self.jpeg}"
-        if self.ofa:
-            text += f" ofa={self.ofa}"
-        if self.at is not None:
-            text += f" at={self.at}"
-        return text
+        return text + _options(jpg=self.jpeg or None, ofa=self.ofa or None, at=self.at)
 
 
 @dataclass(frozen=True)
@@ -220,12 +213,8 @@ class FakeError:
 
     def line(self) -> str:
         code = self.code if isinstance(self.code, int) else NVML_RETURN_CODES[self.code]
-        text = f"error {_token(self.function, 'function')} {code}"
-        if self.device is not None:
-            text += f" device={_token(str(self.device), 'error device')}"
-        if self.times is not None:
-            text += f" times={self.times}"
-        return text
+        device = None if self.device is None else _token(str(self.device), "error device")
+        return f"error {_token(self.function, 'function')} {code}" + _options(device=device, times=self.times)
 
 
 @dataclass(frozen=True)

@@ -919,13 +919,23 @@ static unsigned long long sample_time(const struct util_sample *sample, unsigned
 /* nvml.h: "On MIG-enabled GPUs, querying process utilization is not currently supported." */
 static int utilisation_supported(const struct device *d) { return !d->is_mig && !d->mig_enabled; }
 
+/* The next sample from index `*i` on that is newer than `last_seen`, its timestamp in `*stamp`; NULL past the last. */
+static const struct util_sample *next_since(const struct device *d, unsigned int *i, unsigned long long last_seen,
+                                            unsigned long long now, unsigned long long *stamp) {
+    while (*i < d->samples.count) {
+        const struct util_sample *sample = &d->samples.items[(*i)++];
+        *stamp = sample_time(sample, now);
+        if (*stamp > last_seen) return sample;
+    }
+    return NULL;
+}
+
 /* How many samples are newer than `last_seen`; `*newest` is raised to the newest one's timestamp. */
 static unsigned int samples_since(const struct device *d, unsigned long long last_seen, unsigned long long now,
                                   unsigned long long *newest) {
-    unsigned int found = 0;
-    for (unsigned int i = 0; i < d->samples.count; i++) {
-        unsigned long long stamp = sample_time(&d->samples.items[i], now);
-        if (stamp <= last_seen) continue;
+    unsigned int found = 0, i = 0;
+    unsigned long long stamp;
+    while (next_since(d, &i, last_seen, now, &stamp)) {
         found++;
         if (stamp > *newest) *newest = stamp;
     }
@@ -949,11 +959,9 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizat
         *processSamplesCount = found;
         return finish(F_PROCESS_UTIL, NVML_ERROR_INSUFFICIENT_SIZE);
     }
-    unsigned int written = 0;
-    for (unsigned int i = 0; i < d->samples.count; i++) {
-        const struct util_sample *sample = &d->samples.items[i];
-        unsigned long long stamp = sample_time(sample, now);
-        if (stamp <= lastSeenTimeStamp) continue;
+    unsigned int written = 0, i = 0;
+    unsigned long long stamp;
+    for (const struct util_sample *sample; (sample = next_since(d, &i, lastSeenTimeStamp, now, &stamp));) {
         nvmlProcessUtilizationSample_t *out = &utilization[written++];
         out->pid = sample->pid;
         out->timeStamp = stamp;
@@ -984,11 +992,9 @@ nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d, nvmlProcesses
         info->processSamplesCount = found;
         return finish(F_PROCESSES_UTIL_INFO, NVML_ERROR_INSUFFICIENT_SIZE);
     }
-    unsigned int written = 0;
-    for (unsigned int i = 0; i < d->samples.count; i++) {
-        const struct util_sample *sample = &d->samples.items[i];
-        unsigned long long stamp = sample_time(sample, now);
-        if (stamp <= last_seen) continue;
+    unsigned int written = 0, i = 0;
+    unsigned long long stamp;
+    for (const struct util_sample *sample; (sample = next_since(d, &i, last_seen, now, &stamp));) {
         nvmlProcessUtilizationInfo_v1_t *out = &info->procUtilArray[written++];
         out->timeStamp = stamp;
         out->pid = sample->pid;
