@@ -7,28 +7,21 @@ import inspect
 
 import pytest
 
+from gpu_fence.auditor import sources
 from gpu_fence.auditor.hostproc import HostProc
 from gpu_fence.auditor.kube import PodCache
 from gpu_fence.auditor.nvml import Nvml
 from gpu_fence.auditor.offered import OfferedReplicas
 from gpu_fence.auditor.podresources.client import PodResourcesClient
 from gpu_fence.auditor.resourceslices import ResourceSliceCache
-from gpu_fence.auditor.sources import (
-    HostProcSource,
-    NvmlSource,
-    OfferedSource,
-    PodResourcesSource,
-    PodSource,
-    SliceSource,
-)
 
 ADAPTERS = [
-    (PodResourcesSource, PodResourcesClient("/nonexistent/kubelet.sock")),  # constructing one opens nothing
-    (NvmlSource, Nvml("/nonexistent/libnvidia-ml.so.1")),
-    (HostProcSource, HostProc("/nonexistent/proc")),
-    (PodSource, PodCache(object(), "node-a")),
-    (SliceSource, ResourceSliceCache(object(), "node-a")),  # nor does this one: it lists on sync() or start()
-    (OfferedSource, OfferedReplicas()),
+    (sources.PodResourcesSource, PodResourcesClient("/nonexistent/kubelet.sock")),  # constructing one opens nothing
+    (sources.NvmlSource, Nvml("/nonexistent/libnvidia-ml.so.1")),
+    (sources.HostProcSource, HostProc("/nonexistent/proc")),
+    (sources.PodSource, PodCache(object(), "node-a")),
+    (sources.SliceSource, ResourceSliceCache(object(), "node-a")),  # nor does this one: it lists on sync() or start()
+    (sources.OfferedSource, OfferedReplicas()),
 ]
 
 
@@ -67,5 +60,5 @@ def test_an_object_lacking_a_member_is_no_source() -> None:
         def list(self) -> list:
             return []
 
-    assert not isinstance(Partial(), PodResourcesSource)  # no close()
-    assert not isinstance(Partial(), NvmlSource)
+    assert not isinstance(Partial(), sources.PodResourcesSource)  # no close()
+    assert not isinstance(Partial(), sources.NvmlSource)

@@ -1,6 +1,7 @@
 """pytest fixtures for the fake NVML: the library built once per session, and opening it with a config.
 
-Import them into a test module (`from tests.fakes.nvml.fixtures import fake_lib, open_nvml`)."""
+A test module asks for them with ``pytest_plugins = ["tests.fakes.nvml.fixtures"]``, and imports ``OpenNvml``, the
+type of ``open_nvml``, from here."""
 
 from __future__ import annotations
 
