@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -16,6 +15,7 @@ from gpu_fence.auditor import cli as auditor_cli
 from gpu_fence.command_line import HelpFormatter
 from gpu_fence.kubeconfig import ORDER
 from gpu_fence.webhook import cli as webhook_cli
+from tests.fakes.processes import run_captured
 
 PARSERS = {"gpu-fence-webhook": webhook_cli.build_parser(), "gpu-fence-auditor": auditor_cli.build_parser()}
 
@@ -50,13 +50,7 @@ def test_every_subcommand_is_covered() -> None:
 
 @pytest.mark.parametrize("prog", sorted(PARSERS))
 def test_version_is_the_package_version(prog: str) -> None:
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name(prog)), "--version"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_captured([str(Path(sys.executable).with_name(prog)), "--version"], timeout=60)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == f"{prog} {metadata.version('gpu-fence')}\n"
 
@@ -112,7 +106,7 @@ def test_the_client_is_configured_in_one_place_only() -> None:
 
 def test_chargeback_writes_its_report_with_o(tmp_path: Path) -> None:
     target = tmp_path / "bill.csv"
-    done = subprocess.run(
+    done = run_captured(
         [
             str(Path(sys.executable).with_name("gpu-fence-auditor")),
             "chargeback",
@@ -122,10 +116,7 @@ def test_chargeback_writes_its_report_with_o(tmp_path: Path) -> None:
             "-o",
             str(target),
         ],
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
     )
     assert (done.returncode, done.stdout) == (0, ""), done.stderr
     assert target.read_text(encoding="utf-8").startswith("kind,group,")

@@ -8,7 +8,7 @@ with an error naming the key instead of silently weakening the policy. The deriv
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from difflib import get_close_matches
 from enum import Enum
@@ -107,6 +107,11 @@ def capability_name(name: str) -> str:
     return name.upper().removeprefix("CAP_")
 
 
+def _set_of(field_name: str) -> cached_property[frozenset[str]]:
+    """A tuple field of the config as a frozenset, built once, on first use."""
+    return cached_property(lambda config: frozenset(getattr(config, field_name)))
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """What the admission policy needs to know about the cluster. Defaults suit a stock GPU Operator install."""
@@ -150,6 +155,13 @@ class PolicyConfig:
             elif not isinstance(value, tuple):
                 object.__setattr__(self, field.name, tuple(value))
 
+    # The lists the policy tests membership in for every pod, as sets built on first use.
+    kai_scheduler_set = _set_of("kai_scheduler_names")
+    nvidia_runtime_class_set = _set_of("nvidia_runtime_classes")
+    exempt_namespace_set = _set_of("exempt_namespaces")
+    exempt_service_account_set = _set_of("exempt_service_accounts")
+    allowed_capability_set = _set_of("allowed_capabilities")
+
     @cached_property
     def gpu_resource_set(self) -> GpuResources:
         return GpuResources.from_patterns(self.gpu_resources)
@@ -165,22 +177,6 @@ class PolicyConfig:
         return frozenset(self.pin_names)
 
     @cached_property
-    def kai_scheduler_set(self) -> frozenset[str]:
-        return frozenset(self.kai_scheduler_names)
-
-    @cached_property
-    def nvidia_runtime_class_set(self) -> frozenset[str]:
-        return frozenset(self.nvidia_runtime_classes)
-
-    @cached_property
-    def exempt_namespace_set(self) -> frozenset[str]:
-        return frozenset(self.exempt_namespaces)
-
-    @cached_property
-    def exempt_service_account_set(self) -> frozenset[str]:
-        return frozenset(self.exempt_service_accounts)
-
-    @cached_property
     def host_device_paths(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys((*DEFAULT_HOST_DEVICE_PATHS, *self.extra_host_device_paths)))
 
@@ -188,10 +184,6 @@ class PolicyConfig:
     def host_path_writable(self) -> Mapping[str, bool]:
         """The allowlist as a lookup: cleaned host path → whether writable mounts of it are allowed."""
         return {entry.path: entry.writable for entry in self.host_path_allowlist}
-
-    @cached_property
-    def allowed_capability_set(self) -> frozenset[str]:
-        return frozenset(self.allowed_capabilities)
 
     @cached_property
     def device_annotation_prefixes(self) -> Mapping[str, tuple[str, ...]]:
@@ -207,6 +199,22 @@ _SWITCHES = frozenset({"env_from_on_gpu_containers", "visible_devices_none"})
 _ALLOWLIST = "host_path_allowlist"
 
 
+def _matching(pattern: re.Pattern[str], what: str) -> Callable[[str, str], None]:
+    """The check of an entry that must match ``pattern``; the error calls the entry not ``what``."""
+
+    def check(key: str, value: str) -> None:
+        if not pattern.match(value):
+            raise ConfigError(f"{key}: {value!r} is not {what}")
+
+    return check
+
+
+_check_namespace = _matching(_DNS_LABEL, "a namespace name (lowercase RFC 1123 label)")
+_check_env_name = _matching(_ENV_NAME, "an environment variable name")
+_check_subdomain = _matching(_DNS_SUBDOMAIN, "a valid name (lowercase RFC 1123 subdomain)")
+_check_annotation_prefix = _matching(_ANNOTATION_PREFIX, "an annotation key prefix such as 'devices.crio.io'")
+
+
 def _check_gpu_resource(key: str, value: str) -> None:
     name = value[:-1] if value.endswith("*") else value
     if "*" in name:
@@ -218,27 +226,12 @@ def _check_gpu_resource(key: str, value: str) -> None:
         )
 
 
-def _check_namespace(key: str, value: str) -> None:
-    if not _DNS_LABEL.match(value):
-        raise ConfigError(f"{key}: {value!r} is not a namespace name (lowercase RFC 1123 label)")
-
-
 def _check_service_account(key: str, value: str) -> None:
     namespace, slash, name = value.partition("/")
     if not slash or not _DNS_LABEL.match(namespace) or not _DNS_SUBDOMAIN.match(name):
         raise ConfigError(
             f"{key}: {value!r} must be 'namespace/serviceaccount', e.g. 'gpu-operator/nvidia-device-plugin'"
         )
-
-
-def _check_env_name(key: str, value: str) -> None:
-    if not _ENV_NAME.match(value):
-        raise ConfigError(f"{key}: {value!r} is not an environment variable name")
-
-
-def _check_subdomain(key: str, value: str) -> None:
-    if not _DNS_SUBDOMAIN.match(value):
-        raise ConfigError(f"{key}: {value!r} is not a valid name (lowercase RFC 1123 subdomain)")
 
 
 def _check_scheduler(key: str, value: str) -> None:
@@ -262,11 +255,6 @@ def _check_capability(key: str, value: str) -> None:
             f"{key}: {value!r} cannot be allowed: the NVIDIA toolkit treats it as privileged "
             "(rule sys-admin-capability); exempt the pod's service account instead"
         )
-
-
-def _check_annotation_prefix(key: str, value: str) -> None:
-    if not _ANNOTATION_PREFIX.match(value):
-        raise ConfigError(f"{key}: {value!r} is not an annotation key prefix such as 'devices.crio.io'")
 
 
 _CHECKS = {

@@ -26,7 +26,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -84,25 +84,17 @@ class ClientAuth:
         return None
 
 
+@dataclass(eq=False)
 class ReviewEndpoints:
     """WSGI middleware: answers the three review endpoints, hands every other request to ``app``."""
 
-    def __init__(
-        self,
-        app: WSGIApp,
-        config: PolicyConfig,
-        policy: Policy,
-        metrics: WebhookMetrics,
-        review_log: ReviewLog,
-        *,
-        client_auth: ClientAuth | None = None,
-    ) -> None:
-        self.app = app
-        self.config = config
-        self.policy = policy
-        self.metrics = metrics
-        self.review_log = review_log
-        self.client_auth = client_auth
+    app: WSGIApp
+    config: PolicyConfig
+    policy: Policy
+    metrics: WebhookMetrics
+    review_log: ReviewLog
+    _: KW_ONLY
+    client_auth: ClientAuth | None = None
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         endpoint = ROUTES.get(environ.get("PATH_INFO", ""))

@@ -9,28 +9,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TextIO
 
 AFTER = 2.0  # seconds before the line appears
 
 
+@dataclass(eq=False)
 class Progress:
-    def __init__(
-        self,
-        stream: TextIO,
-        *,
-        enabled: bool,
-        after: float = AFTER,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.stream = stream
-        self.enabled = enabled
-        self.after = after
-        self.clock = clock
-        self.started = clock()
-        self.done = 0
-        self.total = 0
-        self.shown = False
+    """How many of the bill's queries are done, on one line of ``stream`` once the bill has run ``after`` seconds."""
+
+    stream: TextIO
+    _: KW_ONLY
+    enabled: bool
+    after: float = AFTER
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(init=False)
+    done: int = field(default=0, init=False)
+    total: int = field(default=0, init=False)
+    shown: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
 
     @classmethod
     def for_terminal(cls, stream: TextIO, quiet: bool) -> Progress:

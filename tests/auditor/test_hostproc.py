@@ -32,6 +32,7 @@ from tests.fakes.hostproc_tree import (
     plant_symlink,
     plant_text,
 )
+from tests.fakes.processes import run_captured
 
 POD_A = "11111111-2222-4333-8444-555555555555"
 POD_B = "66666666-7777-4888-9999-aaaaaaaaaaaa"
@@ -146,9 +147,7 @@ def test_permission_denied_reads_are_skipped(tree: HostProcTree) -> None:
     command = [sys.executable, "-c", UNPRIVILEGED_PROBE, str(tree)]
     if os.geteuid() == 0:  # root reads mode-0 files through CAP_DAC_OVERRIDE: run the probe without it
         command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *command]
-    result = subprocess.run(
-        command, capture_output=True, text=True, check=False, env={"PYTHONPATH": str(REPO)}, timeout=60
-    )
+    result = run_captured(command, timeout=60, env={"PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
         "identity": "None",

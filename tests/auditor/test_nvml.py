@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes.util
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from tests.fakes.nvml import (
     fake_mig_uuid,
     mig_node,
 )
+from tests.fakes.processes import run_captured
 
 if TYPE_CHECKING:  # imported by pytest_plugins, as a plugin, before anything else may import it
     from tests.fakes.nvml.fixtures import OpenNvml
@@ -669,15 +669,7 @@ except NvmlError as error:
 
 
 def _run_default(env: dict[str, str]) -> str:
-    result = subprocess.run(
-        [sys.executable, "-c", _DEFAULT_OPEN],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_captured([sys.executable, "-c", _DEFAULT_OPEN], timeout=60, cwd=REPO, env=env)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 

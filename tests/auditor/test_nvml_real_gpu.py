@@ -10,11 +10,12 @@ from __future__ import annotations
 import ctypes.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fakes.processes import run_captured
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,9 +35,7 @@ json.dump(asdict(snapshot), sys.stdout)
 
 
 def real_snapshot() -> dict:
-    result = subprocess.run(
-        [sys.executable, "-c", _SNAPSHOT], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
-    )
+    result = run_captured([sys.executable, "-c", _SNAPSHOT], timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 

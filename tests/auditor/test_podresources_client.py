@@ -6,7 +6,6 @@ import collections
 import json
 import os
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent import futures
@@ -41,6 +40,7 @@ from tests.fakes.podresources_server import (
     offered,
     pod,
 )
+from tests.fakes.processes import run_captured
 
 GPU0 = "GPU-8f2c1d3e-0000-4a5b-9c8d-111111111111"
 GPU1 = "GPU-8f2c1d3e-0000-4a5b-9c8d-222222222222"
@@ -316,7 +316,7 @@ def test_permission_denied_on_the_socket(kubelet: FakeKubelet, socket_path: Path
     if os.geteuid() == 0:  # root connects regardless of mode through CAP_DAC_OVERRIDE: run without it
         command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *command]
     env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "GRPC_VERBOSITY": "NONE"}
-    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env, timeout=60)
+    result = run_captured(command, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     outcome = json.loads(result.stdout)
     assert outcome["reason"] == PERMISSION_DENIED

@@ -14,6 +14,7 @@ from gpu_fence.auditor.cli import main
 from tests.fakes.hostproc_tree import plant_fifo, plant_symlink
 from tests.fakes.node_scenario import Ctr, DraRef, NodeScenario, cgroup_layouts, replica_holder, uuid_of
 from tests.fakes.nvml import GIB, FakeError
+from tests.fakes.processes import run_captured
 
 pytestmark = pytest.mark.e2e
 CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
@@ -47,14 +48,7 @@ def audit_json(scenario: NodeScenario, monkeypatch, capsys, *extra: str, kuberne
 
 def console_script(scenario: NodeScenario, *extra: str) -> subprocess.CompletedProcess[str]:
     """``gpu-fence-auditor once`` as the image runs it, a process of its own with a deadline: one that hangs fails."""
-    return subprocess.run(
-        [str(CONSOLE_SCRIPT), *scenario.args("once", *extra)],
-        check=False,
-        env=scenario.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_captured([str(CONSOLE_SCRIPT), *scenario.args("once", *extra)], timeout=60, env=scenario.env())
 
 
 def kinds(report) -> list[tuple[str, str | None, str | None]]:

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import ssl
-import subprocess
 import threading
 import time
 import uuid
@@ -31,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes import pods
 from tests.fakes.pods import as_kai_leaves_it, kai_fraction_pod, kai_reference
+from tests.fakes.processes import run_captured
 from tests.fakes.webhook_server import BIN, NAMESPACE, Reply, Server, free_port, run_certs, send, serving
 
 pytestmark = pytest.mark.e2e
@@ -505,13 +505,7 @@ def test_logs_are_json_lines_and_the_kubernetes_client_is_never_imported(server)
 
 
 def _serve_fails(tmp_path: Path, *extra: str) -> str:
-    result = subprocess.run(
-        [str(BIN / "gpu-fence-webhook"), "serve", "--port", str(free_port()), *extra],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_captured([str(BIN / "gpu-fence-webhook"), "serve", "--port", str(free_port()), *extra], timeout=60)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     return result.stderr

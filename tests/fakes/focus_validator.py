@@ -15,9 +15,10 @@ import csv
 import importlib.util
 import io
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.fakes.processes import run_captured
 
 RELEASE_NAMES = {
     "ProviderName": "Provider",
@@ -53,13 +54,10 @@ def validate_focus(focus_csv: str, workdir: Path) -> str:
     data = workdir / "focus-for-validator.csv"
     data.write_text(as_release_reads_it(focus_csv), encoding="utf-8")
     script = shutil.which("focus-validator") or str(Path(sys.executable).with_name("focus-validator"))
-    done = subprocess.run(
+    done = run_captured(
         [script, "--data-file", str(data), "--validate-version", FOCUS_VERSION],
-        cwd=_site_of("focus_validator"),
-        capture_output=True,
-        text=True,
         timeout=300,
-        check=False,
+        cwd=_site_of("focus_validator"),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout

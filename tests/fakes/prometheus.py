@@ -36,12 +36,14 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tests.fakes.http_listener import Listener, forward
+from tests.fakes.processes import run_captured
 
 JOB = "gpu-fence-auditor"
 
@@ -64,12 +66,8 @@ def backfill(openmetrics: str, data_dir: Path) -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     source = data_dir.parent / "backfill.om"
     source.write_text(openmetrics if openmetrics.endswith("# EOF\n") else openmetrics + "# EOF\n", encoding="utf-8")
-    result = subprocess.run(
-        [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(data_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    result = run_captured(
+        [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(data_dir)], timeout=120
     )
     if result.returncode != 0:
         raise RuntimeError(f"promtool backfill failed: {result.stderr.strip() or result.stdout.strip()}")
@@ -108,38 +106,30 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
     raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}" + (f" ({last_error})" if last_error else ""))
 
 
+@dataclass(eq=False)
 class PrometheusServer:
-    def __init__(
-        self,
-        workdir: Path,
-        openmetrics: str | None = None,
-        scrape_targets: Sequence[str] = (),
-        scrape_interval: str = "1s",
-        *,
-        retention: str = "30d",
-        web_config: dict[str, Any] | None = None,
-        ca_file: Path | None = None,
-        basic_auth: tuple[str, str] | None = None,
-        scrape_configs: Sequence[dict[str, Any]] = (),
-        rule_files: Sequence[Path] = (),
-        blocks: Path | None = None,
-        flags: Sequence[str] = (),
-    ) -> None:
-        self.extra_scrape_configs = list(scrape_configs)
-        self.rule_files = list(rule_files)
-        self.blocks = blocks
-        self.flags = list(flags)
-        self.retention = retention
-        self.web_config = web_config
-        self.ca_file = ca_file
-        self.basic_auth = basic_auth
-        self.workdir = workdir
-        self.data_dir = workdir / "data"
-        self.openmetrics = openmetrics
-        self.scrape_targets = list(scrape_targets)
-        self.scrape_interval = scrape_interval
-        self.process: subprocess.Popen[bytes] | None = None
-        self.port = 0
+    """A real Prometheus in ``workdir``: backfilled with ``openmetrics`` or given TSDB ``blocks``, scraping
+    ``scrape_targets`` (and any ``scrape_configs``), evaluating ``rule_files``; served behind ``web_config``."""
+
+    workdir: Path
+    openmetrics: str | None = None
+    scrape_targets: Sequence[str] = ()
+    scrape_interval: str = "1s"
+    _: KW_ONLY
+    retention: str = "30d"
+    web_config: dict[str, Any] | None = None
+    ca_file: Path | None = None
+    basic_auth: tuple[str, str] | None = None
+    scrape_configs: Sequence[dict[str, Any]] = ()
+    rule_files: Sequence[Path] = ()
+    blocks: Path | None = None
+    flags: Sequence[str] = ()
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    port: int = field(default=0, init=False)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.workdir / "data"
 
     @property
     def url(self) -> str:
@@ -148,7 +138,7 @@ class PrometheusServer:
 
     def _config(self) -> Path:
         config: dict[str, Any] = {"global": {"scrape_interval": self.scrape_interval, "evaluation_interval": "1s"}}
-        jobs = list(self.extra_scrape_configs)
+        jobs = list(self.scrape_configs)
         if self.scrape_targets:
             jobs.insert(
                 0,
@@ -156,7 +146,7 @@ class PrometheusServer:
                     "job_name": JOB,
                     "scrape_interval": self.scrape_interval,
                     "scrape_timeout": self.scrape_interval,
-                    "static_configs": [{"targets": self.scrape_targets}],
+                    "static_configs": [{"targets": list(self.scrape_targets)}],
                 },
             )
         if jobs:
@@ -257,7 +247,7 @@ class PrometheusServer:
         (directory / "rules.yaml").write_text(rules_yaml, encoding="utf-8")
         output = self.workdir / "rule-blocks"
         for start, end in ranges:
-            result = subprocess.run(
+            result = run_captured(
                 [
                     binary("promtool"),
                     "tsdb",
@@ -270,10 +260,7 @@ class PrometheusServer:
                     f"--output-dir={output}",
                     "rules.yaml",
                 ],
-                capture_output=True,
-                text=True,
                 timeout=timeout,
-                check=False,
                 cwd=directory,
             )
             if result.returncode != 0:

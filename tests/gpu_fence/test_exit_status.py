@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
 from gpu_fence.exit_status import ExitStatus
+from tests.fakes.processes import run_captured
 
 
 def test_the_statuses_are_the_documented_numbers():
@@ -32,8 +32,6 @@ def test_the_statuses_are_the_documented_numbers():
 )
 def test_both_command_lines_exit_with_these_statuses(program, args, status):
     """The real console entry points, as a shell sees them: ``sys.exit(main())`` of an ``ExitStatus``."""
-    result = subprocess.run(
-        [sys.executable, "-m", program, *args], capture_output=True, text=True, timeout=60, check=False
-    )
+    result = run_captured([sys.executable, "-m", program, *args], timeout=60)
     assert result.returncode == status, result.stderr
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1

@@ -7,13 +7,14 @@ skip: a manifest that was never rendered was never tested.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.fakes.processes import run_captured
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
@@ -41,9 +42,7 @@ def kubectl() -> str:
 
 @cache
 def render_text(target: str) -> str:
-    result = subprocess.run(
-        [kubectl(), "kustomize", str(MANIFESTS / target)], capture_output=True, text=True, timeout=120, check=False
-    )
+    result = run_captured([kubectl(), "kustomize", str(MANIFESTS / target)], timeout=120)
     if result.returncode != 0:
         pytest.fail(f"kubectl kustomize manifests/{target} failed:\n{result.stderr}")
     return result.stdout

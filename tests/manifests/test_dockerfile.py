@@ -22,6 +22,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.fakes.processes import run_captured
+
 from .conftest import REPO, pod_spec, render, workloads
 
 DOCKERFILE = REPO / "Dockerfile"
@@ -149,15 +151,7 @@ def test_dockerfile_build_steps_install_both_entry_points(tmp_path: Path) -> Non
                     shutil.copy2(origin, destination / origin.name)
         elif keyword == "RUN":
             command = _relocate(rest, root, created)
-            result = subprocess.run(
-                ["bash", "-euo", "pipefail", "-c", command],
-                cwd=workdir,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=800,
-                check=False,
-            )
+            result = run_captured(["bash", "-euo", "pipefail", "-c", command], timeout=800, cwd=workdir, env=env)
             assert result.returncode == 0, f"RUN {rest}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     (copy_step,) = [rest for keyword, rest in final if keyword == "COPY"]
     _, source, target = copy_step.split()
@@ -167,13 +161,8 @@ def test_dockerfile_build_steps_install_both_entry_points(tmp_path: Path) -> Non
     assert not (environment / "bin" / "pip").exists(), "no installer in the final environment"
     assert not list(environment.rglob("*.whl")), "no wheel cache in the final environment"
     for program in ("gpu-fence-webhook", "gpu-fence-auditor"):
-        result = subprocess.run(
-            [str(environment / "bin" / program), "--help"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-            env={"PATH": "/usr/bin:/bin"},
+        result = run_captured(
+            [str(environment / "bin" / program), "--help"], timeout=120, env={"PATH": "/usr/bin:/bin"}
         )
         assert result.returncode == 0, result.stderr
         assert "usage:" in result.stdout and "examples:" in result.stdout

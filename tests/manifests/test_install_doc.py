@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import yaml
+
+from tests.fakes.processes import run_captured
 
 from .conftest import MANIFESTS, REPO, kubectl, pod_spec, workloads
 
@@ -27,9 +28,7 @@ def test_the_install_overlay_with_the_team_label_patch_builds(tmp_path: Path) ->
         "<path-or-git-url-to-gpu-fence>/manifests", os.path.relpath(MANIFESTS, directory)
     )
     (directory / "kustomization.yaml").write_text(kustomization, encoding="utf-8")
-    result = subprocess.run(
-        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=False
-    )
+    result = run_captured([kubectl(), "kustomize", str(directory)], timeout=120)
     assert result.returncode == 0, result.stderr
     objects = [o for o in yaml.safe_load_all(result.stdout) if o]
     images = {c["image"] for w in workloads(objects) for c in pod_spec(w)["containers"]}

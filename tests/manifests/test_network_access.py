@@ -6,7 +6,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 import yaml
 
 from gpu_fence.webhook.cli import build_parser
+from tests.fakes.processes import run_captured
 
 from .conftest import MANIFESTS, REPO, kubectl, one, render
 from .selectors import selector_matches
@@ -64,9 +64,7 @@ def test_the_install_guides_kustomization_sets_the_range(tmp_path: Path) -> None
     directory.mkdir()
     text = block.group(1).replace("<path-or-git-url-to-gpu-fence>/manifests", os.path.relpath(MANIFESTS, directory))
     (directory / "kustomization.yaml").write_text(text, encoding="utf-8")
-    result = subprocess.run(
-        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=False
-    )
+    result = run_captured([kubectl(), "kustomize", str(directory)], timeout=120)
     assert result.returncode == 0, result.stderr
     objects = [o for o in yaml.safe_load_all(result.stdout) if o]
     policy = one(objects, "NetworkPolicy", "gpu-fence-webhook")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import subprocess
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -27,6 +26,7 @@ from hypothesis import strategies as st
 from gpu_fence.webhook.config import DEFAULT_ALLOWED_CAPABILITIES, HostPathEntry, PolicyConfig, Switch
 from gpu_fence.webhook.policy import RULES
 from tests.fakes.pods import KAI_PREFIX, as_kai_leaves_it, kai_reference
+from tests.fakes.processes import run_captured
 
 from .cel import CONFIG_VARIABLES, cel_denials, cel_variables_for, compiled, policy_spec
 from .conftest import kubectl, one, render
@@ -815,12 +815,8 @@ def test_the_documented_patch_renders_and_admits_the_rdma_devices(tmp_path: Path
     overlay = Path(__file__).resolve().parents[2] / "manifests" / "overlays" / "vap"
     kustomization["resources"] = [os.path.relpath(overlay, tmp_path)]
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization), encoding="utf-8")
-    result = subprocess.run(
-        [kubectl(), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    result = run_captured(
+        [kubectl(), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(tmp_path)], timeout=120
     )
     assert result.returncode == 0, result.stderr
     [policy] = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "ValidatingAdmissionPolicy"]

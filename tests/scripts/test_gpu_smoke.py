@@ -26,6 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fakes.nvml import CONFIG_ENV, FakeGpu, FakeNvmlConfig, build_fake_nvml, fake_gpu_uuid
+from tests.fakes.processes import run_captured
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-smoke.py"
@@ -86,15 +87,7 @@ def base_env() -> dict[str, str]:
 
 
 def run_smoke(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env=env or base_env(),
-        check=False,
-    )
+    return run_captured([sys.executable, str(SCRIPT), *args], timeout=timeout, cwd=REPO, env=env or base_env())
 
 
 def results(out: Path) -> dict:

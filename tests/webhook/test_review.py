@@ -48,6 +48,12 @@ def load(name: str) -> dict:
     return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
+@pytest.fixture
+def gpu_mix() -> dict:
+    """A ReplicaSet's pod create review: a GPU trainer beside a log shipper and an init container that get none."""
+    return load("pod-create-replicaset-gpu-mix")
+
+
 def mutated(body: dict, policy: StandInPolicy | None = None) -> dict:
     """The pod after applying what /mutate returned."""
     outcome = review(body, Endpoint.MUTATE, None, policy or StandInPolicy())
@@ -130,32 +136,29 @@ def test_every_answer_has_the_shape_its_type_names(name, policy, endpoint):
     assert response.get("patchType", "JSONPatch") in get_args(get_type_hints(AdmissionResponse)["patchType"])
 
 
-def test_mutate_pins_non_gpu_containers_with_a_patch_that_applies():
-    body = load("pod-create-replicaset-gpu-mix")
-    outcome = review(body, Endpoint.MUTATE, None, StandInPolicy())
+def test_mutate_pins_non_gpu_containers_with_a_patch_that_applies(gpu_mix):
+    outcome = review(gpu_mix, Endpoint.MUTATE, None, StandInPolicy())
     response = outcome.response["response"]
     assert outcome.verdict is ReviewVerdict.PATCHED
     assert response["allowed"] is True
     assert response["patchType"] == "JSONPatch"
     assert response["auditAnnotations"] == {"pinned": "fetch-weights,log-shipper"}
-    pod = mutated(body)
+    pod = mutated(gpu_mix)
     env = {c["name"]: c.get("env") for c in pod["spec"]["containers"] + pod["spec"]["initContainers"]}
     assert env["trainer"] is None
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in env["log-shipper"]
     assert env["fetch-weights"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
 
 
-def test_mutate_returns_no_patch_when_nothing_changes():
-    body = load("pod-create-replicaset-gpu-mix")
-    body["request"]["object"] = mutated(body)
-    outcome = review(body, Endpoint.MUTATE, None, StandInPolicy())
+def test_mutate_returns_no_patch_when_nothing_changes(gpu_mix):
+    gpu_mix["request"]["object"] = mutated(gpu_mix)
+    outcome = review(gpu_mix, Endpoint.MUTATE, None, StandInPolicy())
     assert outcome.verdict is ReviewVerdict.ALLOWED
-    assert outcome.response["response"] == {"uid": body["request"]["uid"], "allowed": True}
+    assert outcome.response["response"] == {"uid": gpu_mix["request"]["uid"], "allowed": True}
 
 
-def test_validate_denies_with_403_naming_rule_container_and_fix():
-    body = load("pod-create-replicaset-gpu-mix")
-    outcome = review(body, Endpoint.VALIDATE, None, StandInPolicy())
+def test_validate_denies_with_403_naming_rule_container_and_fix(gpu_mix):
+    outcome = review(gpu_mix, Endpoint.VALIDATE, None, StandInPolicy())
     response = outcome.response["response"]
     assert outcome.verdict is ReviewVerdict.DENIED
     assert response["allowed"] is False
@@ -168,20 +171,18 @@ def test_validate_denies_with_403_naming_rule_container_and_fix():
     assert response["auditAnnotations"] == {"rules": "unpinned-container"}
 
 
-def test_validate_allows_the_mutated_pod():
-    body = load("pod-create-replicaset-gpu-mix")
-    body["request"]["object"] = mutated(body)
-    outcome = review(body, Endpoint.VALIDATE, None, StandInPolicy())
+def test_validate_allows_the_mutated_pod(gpu_mix):
+    gpu_mix["request"]["object"] = mutated(gpu_mix)
+    outcome = review(gpu_mix, Endpoint.VALIDATE, None, StandInPolicy())
     assert outcome.verdict is ReviewVerdict.ALLOWED
     assert outcome.response["response"]["allowed"] is True
 
 
-def test_warn_mode_allows_and_returns_each_violation_as_a_short_warning():
-    body = load("pod-create-replicaset-gpu-mix")
-    containers = body["request"]["object"]["spec"]["containers"]
+def test_warn_mode_allows_and_returns_each_violation_as_a_short_warning(gpu_mix):
+    containers = gpu_mix["request"]["object"]["spec"]["containers"]
     containers[1]["securityContext"] = {"privileged": True}
     containers[1]["name"] = "log-shipper-with-a-very-long-name-" + "x" * 120
-    outcome = review(body, Endpoint.VALIDATE_WARN, None, StandInPolicy(warnings=("envFrom cannot be seen into",)))
+    outcome = review(gpu_mix, Endpoint.VALIDATE_WARN, None, StandInPolicy(warnings=("envFrom cannot be seen into",)))
     response = outcome.response["response"]
     assert outcome.verdict is ReviewVerdict.WARNED
     assert response["allowed"] is True and "status" not in response
@@ -402,17 +403,16 @@ def test_exempt_pods_are_allowed_untouched_with_an_audit_annotation():
     assert outcome.verdict is ReviewVerdict.EXEMPT and outcome.response["response"]["allowed"] is True
 
 
-def test_namespace_comes_from_the_request_not_the_object():
-    body = load("pod-create-replicaset-gpu-mix")
-    body["request"]["namespace"] = "kube-system"
-    body["request"]["object"]["metadata"]["namespace"] = ""
+def test_namespace_comes_from_the_request_not_the_object(gpu_mix):
+    gpu_mix["request"]["namespace"] = "kube-system"
+    gpu_mix["request"]["object"]["metadata"]["namespace"] = ""
     policy = StandInPolicy()
-    review(body, Endpoint.VALIDATE, None, policy)
+    review(gpu_mix, Endpoint.VALIDATE, None, policy)
     assert policy.calls[0] == ("exemption", "kube-system")
     # an older API server may send an empty request.namespace: the object's is the fallback
-    body["request"]["namespace"] = ""
-    body["request"]["object"]["metadata"]["namespace"] = "team-a"
-    assert parse(body).namespace == "team-a"
+    gpu_mix["request"]["namespace"] = ""
+    gpu_mix["request"]["object"]["metadata"]["namespace"] = "team-a"
+    assert parse(gpu_mix).namespace == "team-a"
 
 
 def test_name_for_logs_falls_back_to_generate_name():

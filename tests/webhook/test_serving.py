@@ -16,7 +16,6 @@ import logging
 import os
 import socket
 import ssl
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from gpu_fence.webhook import serving
 from gpu_fence.webhook.certs import new_ca, new_serving_cert, service_dns_names
 from gpu_fence.webhook.config import PolicyConfig
 from gpu_fence.webhook.wsgi import ReviewEndpoints
+from tests.fakes.processes import run_captured
 
 
 @pytest.fixture
@@ -177,7 +177,7 @@ def test_a_port_in_use_fails_at_once_in_one_line(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run(
+        done = run_captured(
             [
                 str(Path(sys.executable).with_name("gpu-fence-webhook")),
                 "serve",
@@ -190,10 +190,7 @@ def test_a_port_in_use_fails_at_once_in_one_line(tmp_path):
                 "--port",
                 str(port),
             ],
-            capture_output=True,
-            text=True,
             timeout=60,
-            check=False,
         )
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.splitlines() == [

@@ -8,13 +8,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.fakes.chargeback_scenarios import run_chargeback, window_args
+from tests.fakes.processes import run_captured
 
 pytestmark = pytest.mark.e2e
 
@@ -331,7 +331,7 @@ def test_step_with_sub_millisecond_digits_keeps_every_sample(prometheus):
 def test_console_script(prometheus, prices_file):
     """The installed entry point, as an operator runs it (``--start -30d`` style values reach the subcommand)."""
     script = Path(sys.executable).with_name("gpu-fence-auditor")
-    done = subprocess.run(
+    done = run_captured(
         [
             str(script),
             "chargeback",
@@ -343,15 +343,12 @@ def test_console_script(prometheus, prices_file):
             "--format",
             "csv",
         ],
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
     )
     assert done.returncode == 0, done.stderr
     rows = {row["group"]: row for row in csv.DictReader(io.StringIO(done.stdout))}
     assert float(rows["ml"]["usage_cost"]) == pytest.approx(2.00)
-    relative = subprocess.run(
+    relative = run_captured(
         [
             str(script),
             "chargeback",
@@ -364,10 +361,7 @@ def test_console_script(prometheus, prices_file):
             "--price-per-gpu-hour",
             "1",
         ],
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
     )
     # Parsed, queried, and nothing there 29 days ago: the one-line "no data" error, not an argparse complaint.
     assert relative.returncode == 2

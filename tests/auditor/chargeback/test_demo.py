@@ -17,6 +17,7 @@ from gpu_fence.auditor.chargeback.errors import ChargebackError
 from gpu_fence.auditor.chargeback.times import iso
 from tests.fakes.chargeback_scenarios import run_chargeback
 from tests.fakes.focus_validator import validate_focus
+from tests.fakes.processes import run_captured
 from tests.fakes.prometheus import PrometheusServer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -169,14 +170,7 @@ def test_the_demo_works_from_an_installed_wheel(installed: Path, tmp_path: Path,
         "import sys; sys.path.insert(0, sys.argv[1]); import gpu_fence; from gpu_fence.auditor.cli import main;"
         "print(gpu_fence.__file__, file=sys.stderr); sys.exit(main(['chargeback', '--demo', '--format', sys.argv[2]]))"
     )
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", program, str(installed), output_format],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_captured([sys.executable, "-I", "-c", program, str(installed), output_format], timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == str(installed / "gpu_fence" / "__init__.py")  # not the source tree
     if output_format == "json":

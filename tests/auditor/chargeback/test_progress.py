@@ -16,6 +16,7 @@ import pytest
 
 from gpu_fence.auditor.chargeback.progress import AFTER, Progress
 from tests.fakes.chargeback_scenarios import window_args
+from tests.fakes.processes import run_captured
 from tests.fakes.prometheus import SlowProxy
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
@@ -65,7 +66,7 @@ def run_bill(slow, prices_file: Path, *extra: str, terminal: bool) -> tuple[int,
     arguments = [str(CONSOLE_SCRIPT), "chargeback", "--prometheus", slow.url, "--prices", str(prices_file)]
     arguments += [*window_args("timeslice", "auto")[:4], *extra]  # no --step: the rules' series, ~14 queries
     if not terminal:
-        done = subprocess.run(arguments, capture_output=True, text=True, timeout=120, check=False)
+        done = run_captured(arguments, timeout=120)
         return done.returncode, done.stdout, done.stderr
     leader, follower = pty.openpty()
     with subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=follower) as process:

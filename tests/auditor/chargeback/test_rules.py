@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from gpu_fence.auditor.chargeback.prices import prices_from_mapping
 from gpu_fence.auditor.chargeback.rules import glob_re2, rules_file
+from tests.fakes.processes import run_captured
 
 ROOT = Path(__file__).resolve().parents[3]
 OVERLAY = ROOT / "manifests" / "overlays" / "prometheus"
@@ -59,7 +60,7 @@ def expected_prometheus_rule(rules: Path = RULES, name: str = "gpu-fence") -> di
 def promtool(*arguments: str) -> subprocess.CompletedProcess[str]:
     binary = shutil.which("promtool")
     assert binary, "promtool is not installed (apt-get install prometheus; CI's .ci/run does)"
-    return subprocess.run([binary, *arguments], capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
+    return run_captured([binary, *arguments], timeout=120, cwd=ROOT)
 
 
 @pytest.mark.parametrize("rules", [RULES, CHARGEBACK_RULES], ids=["alerts-and-memory", "chargeback-split"])
@@ -120,9 +121,7 @@ def test_each_prometheus_rule_is_its_rules_file(rules: Path, wrapped: Path, name
 def test_overlay_renders_with_kustomize():
     kubectl = shutil.which("kubectl")
     assert kubectl, "kubectl is not installed (CI's .ci/run installs it)"
-    result = subprocess.run(
-        [kubectl, "kustomize", str(OVERLAY)], capture_output=True, text=True, timeout=120, check=False
-    )
+    result = run_captured([kubectl, "kustomize", str(OVERLAY)], timeout=120)
     assert result.returncode == 0, result.stderr
     documents = [document for document in yaml.safe_load_all(result.stdout) if document]
     kinds = {(document["kind"], document["metadata"]["name"]) for document in documents}
