@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_fence import logs
+from gpu_fence.command_line import positive
 from gpu_fence.exit_status import ExitStatus
 
 EXAMPLES = """\
@@ -334,6 +335,14 @@ def add_arguments(subparsers: Any) -> None:
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default: 2)")
     parser.add_argument("--threads", type=int, default=4, help="threads per worker (default: 4)")
     parser.add_argument(
+        "--max-connection-age",
+        type=positive(float, "number of seconds"),
+        metavar="S",
+        help="a kept-alive connection older than S seconds answers with Connection: close, so that the API server "
+        "reconnects and a new pod of the webhook gets its share (default: 60; a restarted worker of this pod gets "
+        "its share at once)",
+    )
+    parser.add_argument(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -439,7 +448,7 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> Ex
             pid=os.getpid(),
         )
 
-    limits = Limits()
+    limits = Limits() if args.max_connection_age is None else Limits(connection_seconds=args.max_connection_age)
     options = {
         "bind": [f"{host}:{args.port}"],
         "workers": args.workers,

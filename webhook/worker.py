@@ -13,8 +13,11 @@ all the waiting, without blocking and without a thread:
   connection is closed and counted;
 * past ``Limits.max_connections`` the loop stops accepting: new connections wait in the listen backlog, since
   the API server does not retry a refused call;
-* a connection older than ``Limits.connection_seconds`` (or past ``Limits.connection_requests``) answers with
-  ``Connection: close``, so that the API server reconnects and a replaced worker gets its share back;
+* the workers of one master keep their shares of the connections even (``webhook.roster``): a worker well over
+  its least-loaded sibling stops accepting and answers some of its connections' next requests with
+  ``Connection: close``, so that a killed worker's replacement gets its share at once; a connection older than
+  ``Limits.connection_seconds`` (or past ``Limits.connection_requests``) closes the same way, so that a new pod
+  of the webhook gets its share too;
 * a body over ``Limits.small_body_bytes`` is read only once it has reserved its size from the worker's
   ``Limits.large_body_budget``, held until its answer is built: a review's parsed form is many times its size.
 
@@ -53,6 +56,7 @@ from gunicorn.workers import base
 
 from .framing import Frame, FrameKind, RequestReader
 from .metrics import WebhookMetrics
+from .roster import Roster, Share, share
 from .wsgi import CLIENT_CN, CLIENT_VERIFIED, CLIENT_VERIFY, MAX_BODY_BYTES, MAX_DISCARD_BYTES, error_body
 
 #: The webhooks' ``timeoutSeconds`` (every entry of manifests/base/webhook-configurations.yaml; a manifest test
@@ -66,6 +70,10 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LINGER_DRAIN_BYTES = 64 * 1024
 #: how long idle kept-alive connections stay open once the worker is stopping (gthread's value)
 _STOP_LINGER_SECONDS = 2.0
+#: how often a worker publishes its connections to the roster and reconsiders its share
+_BALANCE_SECONDS = 0.05
+#: after retiring connections, how long a worker waits for the siblings' counts to show them before retiring more
+_SETTLE_SECONDS = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +87,10 @@ class Limits:
     #: an idle kept-alive connection: longer than the API server's idle timeout (Go's http.Transport: 90 s), so
     #: the client closes first and never reuses a connection the server has just dropped
     idle_seconds: int = 120
-    #: a connection answers with ``Connection: close`` once it is this old ...
-    connection_seconds: float = 5.0
+    #: a connection answers with ``Connection: close`` once it is this old (``serve --max-connection-age``): how
+    #: soon a new pod of the webhook gets its share of the API server's connections. The workers of one pod even
+    #: out their shares without waiting for it (``webhook.roster``).
+    connection_seconds: float = 60.0
     #: ... or has carried this many requests
     connection_requests: int = 1000
     #: open connections per worker; past it new ones wait in the listen backlog
@@ -131,6 +141,7 @@ class _Connection:
         "reader",
         "requests",
         "reserved",
+        "retire",
         "server",
         "sock",
         "state",
@@ -153,6 +164,7 @@ class _Connection:
         self.output = memoryview(b"")
         self.keep_alive = False
         self.discard = 0
+        self.retire = False  # answer the next request with Connection: close, for the workers' shares
         self.tls_environ: dict[str, str] = {}
         self.events = 0
 
@@ -185,6 +197,8 @@ class AdmissionWorker(base.Worker):
     count_dropped: Callable[[str], None] = staticmethod(lambda reason: None)
     #: counts a request the worker answers itself (431, 400 for bad chunking), by reason
     count_refused: Callable[[str], None] = staticmethod(lambda reason: None)
+    #: the connections each worker of this master holds (``worker_class`` makes one per master)
+    roster: Roster | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -199,6 +213,10 @@ class AdmissionWorker(base.Worker):
         self._wake_read = self._wake_write = -1
         self._budget = self.limits.large_body_budget
         self._waiting: deque[_Connection] = deque()
+        self._slot: int | None = None  # this worker's place in the roster
+        self._share = Share(accept=True, retire=0)
+        self._balance_at = 0.0
+        self._settled_at = 0.0  # no connection is retired before this (the last ones are reconnecting)
 
     # -- gunicorn's Worker interface ----------------------------------------------------------------------------
 
@@ -220,10 +238,14 @@ class AdmissionWorker(base.Worker):
         self.poller.register(self.PIPE[0], selectors.EVENT_READ, None)  # signals wake the loop too
         for listener in self.sockets:
             listener.setblocking(False)
+        if self.roster is not None:
+            self._slot = self.roster.join(time.monotonic())
         while self.alive:
             self.notify()
-            self._set_accepting(len(self._open) < self.limits.max_connections)
-            self._turn()
+            self._balance()
+            self._set_accepting(len(self._open) < self.limits.max_connections and self._share.accept)
+            # a worker holding back for its siblings looks again soon, not after a second without events
+            self._turn(1.0 if self._share.accept else _BALANCE_SECONDS)
             if self.ppid != os.getppid():
                 self.log.info("Parent changed, shutting down: %s", self)
                 break
@@ -535,10 +557,34 @@ class AdmissionWorker(base.Worker):
             except Exception:
                 self.log.exception("Exception in post_request hook")
 
+    def _balance(self) -> None:
+        """Publish the connections this worker keeps and act on its share of them (``webhook.roster``)."""
+        now = time.monotonic()
+        if self.roster is None or now < self._balance_at:
+            return
+        self._balance_at = now + _BALANCE_SECONDS
+        if self._slot is None or not self.roster.holds(self._slot):  # none was free, or lost while wedged
+            self._slot = self.roster.join(now)
+            if self._slot is None:
+                self._share = Share(accept=True, retire=0)
+                return
+        keeping = [conn for conn in self._open if not conn.retire and conn.state is not _State.LINGER]
+        self.roster.publish(self._slot, len(keeping), now)
+        self._share = share(len(keeping), self.roster.others(self._slot, now))
+        # the ones retired last may still be open or reconnecting elsewhere, and the siblings' counts lag: wait
+        if self._share.retire and (len(keeping) < len(self._open) or now < self._settled_at):
+            self._share = Share(accept=self._share.accept, retire=0)
+        if self._share.retire:
+            self._settled_at = now + _SETTLE_SECONDS
+            keeping.sort(key=lambda conn: conn.accepted)
+            for conn in keeping[: self._share.retire]:
+                conn.retire = True
+            self.log.info("Evening out the workers' connections: %d close after their next answer", self._share.retire)
+
     def _retiring(self, conn: _Connection) -> bool:
         limits = self.limits
         too_old = time.monotonic() - conn.accepted >= limits.connection_seconds
-        return too_old or conn.requests + 1 >= limits.connection_requests
+        return conn.retire or too_old or conn.requests + 1 >= limits.connection_requests
 
     def _finish_done(self) -> None:
         while True:
@@ -618,6 +664,8 @@ class AdmissionWorker(base.Worker):
         """
         assert self.pool is not None and self.poller is not None
         self._set_accepting(False)
+        if self.roster is not None and self._slot is not None:
+            self.roster.leave(self._slot)  # the siblings stop counting on this worker at once
         now = time.monotonic()
         for conn in list(self._open):
             if conn.state is _State.IDLE:
@@ -636,7 +684,8 @@ class AdmissionWorker(base.Worker):
 
 
 def worker_class(limits: Limits, metrics: WebhookMetrics) -> type[AdmissionWorker]:
-    """The worker ``serve`` hands gunicorn: these limits, counting in these metrics."""
+    """The worker ``serve`` hands gunicorn: these limits, counting in these metrics, and one roster for the workers
+    of this master (made here, in the master, before it forks them)."""
     return type(
         "AdmissionWorker",
         (AdmissionWorker,),
@@ -644,6 +693,7 @@ def worker_class(limits: Limits, metrics: WebhookMetrics) -> type[AdmissionWorke
             "limits": limits,
             "count_dropped": staticmethod(metrics.count_dropped_connection),
             "count_refused": staticmethod(metrics.count_bad_request),
+            "roster": Roster(),
         },
     )
 

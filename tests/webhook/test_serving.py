@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import values
 
-from gpu_fence.webhook import serving
+from gpu_fence.webhook import cli, serving
 from gpu_fence.webhook.certs import new_ca, new_serving_cert, service_dns_names
 from gpu_fence.webhook.config import PolicyConfig
+from gpu_fence.webhook.worker import Limits
 from gpu_fence.webhook.wsgi import ReviewEndpoints
 from tests.fakes.processes import run_captured
 
@@ -72,6 +73,7 @@ def _serve_args(tmp_path: Path, *, good: bool = True) -> argparse.Namespace:
         log_level="INFO",
         client_ca_file=None,
         client_cn=[],
+        max_connection_age=None,
     )
 
 
@@ -160,6 +162,20 @@ def test_the_client_ca_is_asked_for_verified_and_reloaded_like_the_serving_pair(
         serving.CertificateStore(
             str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), client_ca_file=str(client_ca)
         ).load()
+
+
+def test_max_connection_age_is_checked_and_its_help_states_the_workers_default(capsys):
+    parser = cli.build_parser()
+    required = ["serve", "--cert-file", "c", "--key-file", "k"]
+    assert parser.parse_args([*required, "--max-connection-age", "2.5"]).max_connection_age == 2.5
+    assert parser.parse_args(required).max_connection_age is None  # the worker's own default applies
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args([*required, "--max-connection-age", "0"])
+    assert exited.value.code == 2
+    assert "--max-connection-age: '0' must be greater than 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--help"])
+    assert f"(default: {Limits().connection_seconds:g};" in " ".join(capsys.readouterr().out.split())
 
 
 def test_client_cn_without_a_client_ca_is_a_usage_error(tmp_path):
