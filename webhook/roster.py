@@ -6,7 +6,8 @@ running, so one worker can end up holding every kept-alive connection of the API
 same happens when a worker is killed and replaced: the API server reconnects at once, before the replacement
 accepts, and Go's HTTP client then keeps a connection for as long as it is used. A connection's age limit
 (``Limits.connection_seconds``) would even this out only as fast as connections age. Instead, every loop turn a
-worker publishes how many connections it holds, and reads what its live siblings publish (:func:`share`):
+worker publishes how many connections it holds (those open for a second or more: shorter-lived ones go by
+themselves), and reads what its live siblings publish (:func:`share`):
 
 * a worker holding ``RETIRE_AT`` or more connections over its least-loaded sibling retires half the difference:
   those connections answer their next request with ``Connection: close``;

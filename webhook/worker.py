@@ -74,6 +74,9 @@ _STOP_LINGER_SECONDS = 2.0
 _BALANCE_SECONDS = 0.05
 #: after retiring connections, how long a worker waits for the siblings' counts to show them before retiring more
 _SETTLE_SECONDS = 1.0
+#: a connection counts toward its worker's share once it is this old: shorter-lived ones (a client that opens one
+#: per request, a handshake that fails) go by themselves, and counting them would retire the long-lived ones
+_KEPT_SECONDS = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -568,11 +571,17 @@ class AdmissionWorker(base.Worker):
             if self._slot is None:
                 self._share = Share(accept=True, retire=0)
                 return
-        keeping = [conn for conn in self._open if not conn.retire and conn.state is not _State.LINGER]
+        kept_since = now - _KEPT_SECONDS
+        keeping = [
+            conn
+            for conn in self._open
+            if conn.accepted <= kept_since and not conn.retire and conn.state is not _State.LINGER
+        ]
         self.roster.publish(self._slot, len(keeping), now)
         self._share = share(len(keeping), self.roster.others(self._slot, now))
         # the ones retired last may still be open or reconnecting elsewhere, and the siblings' counts lag: wait
-        if self._share.retire and (len(keeping) < len(self._open) or now < self._settled_at):
+        pending = any(conn.retire for conn in self._open)
+        if self._share.retire and (pending or now < self._settled_at):
             self._share = Share(accept=self._share.accept, retire=0)
         if self._share.retire:
             self._settled_at = now + _SETTLE_SECONDS

@@ -141,7 +141,6 @@ class KeepAliveClients:
         self.stop = threading.Event()
         self.answered = [0] * count
         self.failures: list[str] = []
-        self.closes: list[float] = []  # when an answer carried Connection: close
         self.body = json.dumps(fixture("pod-create-kubectl")).encode()
         self.threads = [threading.Thread(target=self._client, args=(lane,)) for lane in range(count)]
 
@@ -152,8 +151,6 @@ class KeepAliveClients:
                 reply = send(conn, "POST", "/validate", self.body)
                 if reply.status == 200:
                     self.answered[lane] += 1
-                if reply.headers.get("Connection", "").lower() == "close":
-                    self.closes.append(time.monotonic())
             except (OSError, http.client.HTTPException) as error:  # a killed worker's connections
                 self.failures.append(repr(error))
                 conn.close()
@@ -191,8 +188,8 @@ def test_the_workers_even_out_their_kept_alive_connections(tmp_path):
 
 
 def test_a_replaced_worker_gets_kept_alive_traffic_back_at_once(tmp_path):
-    """The survivor retires some of its connections as soon as the replacement starts, long before any connection
-    reaches its age (here ten minutes) or its request limit."""
+    """The replacement holds its share within seconds, long before any connection reaches its age (here ten
+    minutes) or its request limit: whichever worker the killed one's clients reconnect to, the roster evens it."""
     with serving(tmp_path, "--max-connection-age", "600") as server, KeepAliveClients(server) as clients:
         wait_for(lambda: min(clients.held().values()) >= 3, 15, f"uneven before the kill: {clients.held()}")
         [victim, survivor] = server.workers()
@@ -206,15 +203,13 @@ def test_a_replaced_worker_gets_kept_alive_traffic_back_at_once(tmp_path):
 
         wait_for(replaced, 30, "no replacement")
         [replacement] = newcomers
-        forked = time.monotonic()  # no later than the replacement's start: it is in the master's children
-        # the survivor holds all eight now (the killed worker's clients reconnected to it at once) and retires
-        # half of them on their next answers; it accepts none until even, so they reconnect to the replacement
+        # the killed worker's clients reconnect at once, to the survivor if the replacement is not accepting yet;
+        # the survivor, then 3 or more over, accepts no more and retires half the difference on their next answers
         wait_for(
             lambda: machine.established_connections(replacement, server.port) >= 3,
             15,
             f"the replacement got no share back: {clients.held()}",
         )
-        assert any(when > forked for when in clients.closes), "no connection was retired"
         served = sum(clients.answered)
         wait_for(lambda: sum(clients.answered) >= served + 100, 30, "traffic stalled after the replacement")
     assert len(clients.failures) <= 8  # at most the requests in flight on the killed worker's connections
