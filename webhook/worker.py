@@ -56,7 +56,7 @@ from gunicorn.workers import base
 
 from .framing import Frame, FrameKind, RequestReader
 from .metrics import WebhookMetrics
-from .roster import Roster, Share, share
+from .roster import Roster, share
 from .wsgi import CLIENT_CN, CLIENT_VERIFIED, CLIENT_VERIFY, MAX_BODY_BYTES, MAX_DISCARD_BYTES, error_body
 
 #: The webhooks' ``timeoutSeconds`` (every entry of manifests/base/webhook-configurations.yaml; a manifest test
@@ -217,7 +217,7 @@ class AdmissionWorker(base.Worker):
         self._budget = self.limits.large_body_budget
         self._waiting: deque[_Connection] = deque()
         self._slot: int | None = None  # this worker's place in the roster
-        self._share = Share(accept=True, retire=0)
+        self._holding_back = False  # over its share: new connections are left to the siblings
         self._balance_at = 0.0
         self._settled_at = 0.0  # no connection is retired before this (the last ones are reconnecting)
 
@@ -246,9 +246,9 @@ class AdmissionWorker(base.Worker):
         while self.alive:
             self.notify()
             self._balance()
-            self._set_accepting(len(self._open) < self.limits.max_connections and self._share.accept)
+            self._set_accepting(len(self._open) < self.limits.max_connections and not self._holding_back)
             # a worker holding back for its siblings looks again soon, not after a second without events
-            self._turn(1.0 if self._share.accept else _BALANCE_SECONDS)
+            self._turn(_BALANCE_SECONDS if self._holding_back else 1.0)
             if self.ppid != os.getppid():
                 self.log.info("Parent changed, shutting down: %s", self)
                 break
@@ -569,7 +569,7 @@ class AdmissionWorker(base.Worker):
         if self._slot is None or not self.roster.holds(self._slot):  # none was free, or lost while wedged
             self._slot = self.roster.join(now)
             if self._slot is None:
-                self._share = Share(accept=True, retire=0)
+                self._holding_back = False
                 return
         kept_since = now - _KEPT_SECONDS
         keeping = [
@@ -578,17 +578,16 @@ class AdmissionWorker(base.Worker):
             if conn.accepted <= kept_since and not conn.retire and conn.state is not _State.LINGER
         ]
         self.roster.publish(self._slot, len(keeping), now)
-        self._share = share(len(keeping), self.roster.others(self._slot, now))
+        found = share(len(keeping), self.roster.others(self._slot, now))
+        self._holding_back = not found.accept
         # the ones retired last may still be open or reconnecting elsewhere, and the siblings' counts lag: wait
-        pending = any(conn.retire for conn in self._open)
-        if self._share.retire and (pending or now < self._settled_at):
-            self._share = Share(accept=self._share.accept, retire=0)
-        if self._share.retire:
-            self._settled_at = now + _SETTLE_SECONDS
-            keeping.sort(key=lambda conn: conn.accepted)
-            for conn in keeping[: self._share.retire]:
-                conn.retire = True
-            self.log.info("Evening out the workers' connections: %d close after their next answer", self._share.retire)
+        if not found.retire or now < self._settled_at or any(conn.retire for conn in self._open):
+            return
+        self._settled_at = now + _SETTLE_SECONDS
+        keeping.sort(key=lambda conn: conn.accepted)
+        for conn in keeping[: found.retire]:
+            conn.retire = True
+        self.log.info("Evening out the workers' connections: %d close after their next answer", found.retire)
 
     def _retiring(self, conn: _Connection) -> bool:
         limits = self.limits

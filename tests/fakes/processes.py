@@ -29,11 +29,8 @@ def run_captured(
     timeout: float,
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
-    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run a command to its end, its stdout and stderr captured as text; a non-zero exit is returned, not raised,
     for the test to assert on with the output in its message, and a command still running after ``timeout``
     seconds raises ``subprocess.TimeoutExpired``."""
-    return subprocess.run(
-        args, cwd=cwd, env=env, input=input, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
