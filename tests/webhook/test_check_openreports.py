@@ -156,8 +156,8 @@ def test_examples_one_report_per_namespace_results_per_rule_and_pod(capsys: pyte
     ]
     default, kube_system = objects
     rule_ids = [rule.id for rule in RULES]
-    # 28 pod specs in default, each judged by every rule
-    assert len(default["results"]) == 28 * len(rule_ids)
+    # 28 pod specs in default, each judged by every rule; and the one warning that is no rule's
+    assert len(default["results"]) == 28 * len(rule_ids) + 1
     assert {result["policy"] for result in default["results"]} == {"gpu-fence"}
     failed = {(r["resources"][0]["name"], r["rule"]) for r in default["results"] if r["result"] == "fail"}
     assert failed == {
@@ -178,6 +178,17 @@ def test_examples_one_report_per_namespace_results_per_rule_and_pod(capsys: pyte
         ("bypass-host-path", "host-path"),
         ("bypass-imex-channels-env", "imex-channels-env"),
     }
+    # a warning is a warn result, counted in summary.warn, never a pass
+    warned = {(r["resources"][0]["name"], r["rule"]) for r in default["results"] if r["result"] == "warn"}
+    assert warned == {
+        ("bypass-visible-devices-none", "visible-devices-none"),
+        ("bypass-gpu-env-from", "gpu-env-from"),
+        ("nvidia-runtime-no-gpu", "nvidia-runtime-class"),
+    }
+    assert default["summary"]["warn"] == 3 and default["summary"]["fail"] == len(failed)
+    assert default["summary"]["pass"] == len(default["results"]) - 3 - len(failed)
+    [none] = [r for r in default["results"] if r["result"] == "warn" and r["rule"] == "visible-devices-none"]
+    assert none["message"].startswith('visible-devices-none: container "app" sets NVIDIA_VISIBLE_DEVICES=none')
     [privileged] = [
         r for r in default["results"] if r["result"] == "fail" and r["resources"][0]["name"] == "bypass-privileged"
     ]
