@@ -23,7 +23,14 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_fence.webhook.config import DEFAULT_ALLOWED_CAPABILITIES, HostPathEntry, PolicyConfig, Switch
+from gpu_fence.webhook.config import (
+    DEFAULT_ALLOWED_CAPABILITIES,
+    GpuTaint,
+    HostPathEntry,
+    PolicyConfig,
+    Switch,
+    TaintEffect,
+)
 from gpu_fence.webhook.policy import RULES
 from tests.fakes.pods import KAI_PREFIX, as_kai_leaves_it, kai_reference
 from tests.fakes.processes import run_captured
@@ -171,7 +178,61 @@ CAPABILITY_CASES = [
     ("SYS_ADMIN", "SYS_PTRACE"),
     ("IPC_LOCKX",),
     ("XIPC_LOCK",),
+    ("SYS_TIME",),
+    ("PERFMON",),
+    ("NET_ADMIN", "NET_RAW"),
+    ("SYS_NICE", "SYS_RESOURCE", "IPC_LOCK"),
+    ("CAP_SYS_PTRACE",),
+    ("checkpoint_restore",),
 ]
+
+
+def ptrace(name: str = "dbg", **fields: Any) -> dict[str, Any]:
+    return container(name, VOID, securityContext={"capabilities": {"add": ["SYS_PTRACE"]}}, **fields)
+
+
+def net(capability: str, name: str = "app") -> dict[str, Any]:
+    return container(name, VOID, securityContext={"capabilities": {"add": [capability]}})
+
+
+#: A pod that breaks every rule that guards the node (and one GPU rule, visible-devices-env), to be scoped by
+#: gpu_node_taints through its tolerations and scheduling fields.
+def taint_pod(tolerations: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
+    body = pod(
+        container(
+            "app",
+            nvd("all"),
+            securityContext={"privileged": True, "capabilities": {"add": ["SYS_ADMIN", "SYS_TIME"]}},
+            volumeMounts=[{"name": "dev", "mountPath": "/dev-host"}, {"name": "data", "mountPath": "/data"}],
+        ),
+        annotations={"devices.crio.io": "/dev/nvidia0"},
+        hostPID=True,
+        volumes=[{"name": "dev", "hostPath": {"path": "/dev"}}, {"name": "data", "hostPath": {"path": "/data"}}],
+        **spec,
+    )
+    if tolerations is not None:
+        body["spec"]["tolerations"] = tolerations
+    return body
+
+
+GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}
+TAINT_FIXTURES: dict[str, dict[str, Any]] = {
+    "taint none": taint_pod(),
+    "taint empty list": taint_pod([]),
+    "taint exact": taint_pod([GPU_TAINT_TOLERATION]),
+    "taint no operator": taint_pod([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
+    "taint exists no key": taint_pod([{"operator": "Exists"}]),
+    "taint exists no key NoSchedule": taint_pod([{"operator": "Exists", "effect": "NoSchedule"}]),
+    "taint exists key": taint_pod([{"key": "nvidia.com/gpu", "operator": "Exists"}]),
+    "taint other effect": taint_pod([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}]),
+    "taint wrong value": taint_pod([{"key": "nvidia.com/gpu", "operator": "Equal", "value": "absent"}]),
+    "taint other key": taint_pod([{"key": "dedicated", "operator": "Exists"}]),
+    "taint operator Gt": taint_pod([{"key": "nvidia.com/gpu", "operator": "Gt", "value": "1"}]),
+    "taint node name": taint_pod(nodeName="gpu-node-1"),
+    "taint runtime class": taint_pod(runtimeClassName="gvisor"),
+    "taint other scheduler": taint_pod(schedulerName="my-scheduler"),
+    "taint default scheduler": taint_pod(schedulerName="default-scheduler"),
+}
 ANNOTATION_CASES = [
     "io.kubernetes.cri-o.Devices",
     "devices.crio.io/app",
@@ -295,6 +356,27 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "nri-annotation": pod(container("app", VOID), annotations={"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=0"}),
     "harmless-annotation": pod(container("app", VOID), annotations={"example.com/cdi.k8s.io": "x"}),
     "mirror-pod": pod(container(), annotations={"kubernetes.io/config.mirror": "abc"}),
+    "host-network-net-admin": pod(
+        gpu("cuda", securityContext={"capabilities": {"add": ["NET_ADMIN"]}}), hostNetwork=True
+    ),
+    "host-network-init-net-raw": pod(gpu(), initContainers=[net("cap_net_raw", "i")], hostNetwork=True),
+    "host-network-false-net-admin": pod(net("NET_ADMIN"), hostNetwork=False),
+    "shared-ptrace-gpu-sibling": pod(gpu("trainer"), ptrace(), shareProcessNamespace=True),
+    "shared-ptrace-init-debugger": pod(gpu("trainer"), initContainers=[ptrace()], shareProcessNamespace=True),
+    "shared-ptrace-no-gpu": pod(container("web", VOID), ptrace(), shareProcessNamespace=True),
+    "shared-ptrace-in-the-gpu-container": pod(
+        gpu("trainer", securityContext={"capabilities": {"add": ["SYS_PTRACE"]}}),
+        container("log", VOID),
+        shareProcessNamespace=True,
+    ),
+    "shared-ptrace-claims-sibling": pod(
+        container("claims", VOID, resources={"claims": [{"name": "g"}]}),
+        ptrace(),
+        shareProcessNamespace=True,
+        resourceClaims=[{"name": "g", "resourceClaimTemplateName": "t"}],
+    ),
+    "unshared-ptrace": pod(gpu("trainer"), ptrace()),
+    **TAINT_FIXTURES,
     "mig-config": pod(container("app", VOID, {"name": "NVIDIA_MIG_CONFIG_DEVICES", "value": "all"})),
     "mig-monitor": pod(container("app", VOID, {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})),
     "init-unpinned": pod(container("app", VOID), initContainers=[container("init")]),
@@ -419,10 +501,14 @@ CONFIGS: dict[str, PolicyConfig] = {
             HostPathEntry("/data"),
         )
     ),
-    "capabilities": PolicyConfig(allowed_capabilities=(*DEFAULT_ALLOWED_CAPABILITIES, "SYS_PTRACE", "NET_RAW")),
+    "capabilities": PolicyConfig(allowed_capabilities=(*DEFAULT_ALLOWED_CAPABILITIES, "SYS_TIME", "PERFMON")),
     "no-capabilities": PolicyConfig(allowed_capabilities=()),
     "prefixes": PolicyConfig(forbidden_annotation_prefixes=("example.com/devices", "sysctl.noderesource.dev")),
     "switches": PolicyConfig(env_from_on_gpu_containers=Switch.REJECT, visible_devices_none=Switch.REJECT),
+    "taints": PolicyConfig(
+        gpu_node_taints=(GpuTaint("nvidia.com/gpu", "present", TaintEffect.NO_SCHEDULE),),
+        taint_aware_schedulers=("default-scheduler", "kai-scheduler"),
+    ),
 }
 #: Fixtures built to meet the configured keys, judged under every configuration.
 CONFIGURED_FIXTURES: dict[str, dict[str, Any]] = {
@@ -457,15 +543,18 @@ CONFIGURED_FIXTURES["ib read-only, a debug container writable"]["spec"]["ephemer
 #: default-configuration parity test above at the price of a CEL evaluation each.
 RELEVANT = {
     "allowlist": ("host-path",),
-    "capabilities": ("caps", "init-caps", "nccl", "sys-admin", "cap-", "net-admin", "ephemeral-sys-admin"),
+    "capabilities": ("caps", "init-caps", "nccl", "sys-admin", "cap-", "net-admin", "ephemeral-sys-admin", "host-n"),
     "no-capabilities": ("caps", "init-caps", "nccl"),
     "prefixes": ("annotation", "cdi", "nri", "harmless", "mirror"),
     "switches": ("none", "env-from", "kai", "dra", "pinned", "void", "all", "gpu", "init", "ephemeral", "upper"),
+    "taints": ("taint", "privileged", "host-pid", "nccl", "shared-ptrace"),
 }
 #: (configuration, fixture) pairs that the configuration changes from the default (each asserted to change).
 CONFIGURED = [
     ("allowlist", "host-path /tmp/nvidia-mps"),
-    ("capabilities", "caps SYS_PTRACE"),
+    ("capabilities", "caps SYS_TIME"),
+    ("taints", "taint none"),
+    ("taints", "taint other effect"),
     ("prefixes", "annotation sysctl.noderesource.dev/pod"),
     ("switches", "none-on-sidecar"),
     ("switches", "env-from-on-gpu"),
@@ -599,7 +688,7 @@ UPDATES: dict[str, tuple[dict[str, str] | None, dict[str, str] | None]] = {
         {"kubernetes.io/config.mirror": "a", NRI: "nvidia.com/gpu=all"},
     ),
 }
-#: Unpinned, privileged, SYS_ADMIN and SYS_PTRACE, hostPID, a device-list mount, a protected and an unlisted
+#: Unpinned, privileged, SYS_ADMIN and SYS_TIME, hostPID, a device-list mount, a protected and an unlisted
 #: hostPath, MIG and IMEX env: everything but the annotation rules (and the two that only warn by default).
 EVERYTHING_ELSE_WRONG = pod(
     container(
@@ -607,7 +696,7 @@ EVERYTHING_ELSE_WRONG = pod(
         nvd("all"),
         {"name": "NVIDIA_MIG_CONFIG_DEVICES", "value": "all"},
         {"name": "NVIDIA_IMEX_CHANNELS", "value": "0"},
-        securityContext={"privileged": True, "capabilities": {"add": ["SYS_ADMIN", "SYS_PTRACE"]}},
+        securityContext={"privileged": True, "capabilities": {"add": ["SYS_ADMIN", "SYS_TIME"]}},
         volumeMounts=[
             {"name": "host", "mountPath": "/var/run/nvidia-container-devices/all"},
             {"name": "data", "mountPath": "/data"},
@@ -652,6 +741,63 @@ def test_update_fixtures_deny_and_allow() -> None:
     assert outcomes["runtime annotation kept"] == set()
 
 
+# With gpu_node_taints, a plain UPDATE that adds a toleration bringing the pod into the node rules' scope is judged
+# by them (validate_update); one that does not, or a pod already in scope, is judged on its annotations alone.
+
+TAINTS = CONFIGS["taints"]
+
+
+def tolerating(document: dict[str, Any], *tolerations: dict[str, Any]) -> dict[str, Any]:
+    changed = copy.deepcopy(document)
+    changed["spec"]["tolerations"] = [*changed["spec"].get("tolerations", []), *tolerations]
+    return changed
+
+
+def python_scoped_update_violations(pod: dict[str, Any], old: dict[str, Any]) -> set[str]:
+    from gpu_fence.webhook.policy import validate_update
+
+    return {violation.rule for violation in validate_update(pod, old, TAINTS).violations}
+
+
+OUT_OF_SCOPE = taint_pod()
+TOLERATION_UPDATES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "gpu toleration added": (OUT_OF_SCOPE, tolerating(OUT_OF_SCOPE, GPU_TAINT_TOLERATION)),
+    "tolerate-everything added": (OUT_OF_SCOPE, tolerating(OUT_OF_SCOPE, {"operator": "Exists"})),
+    "unrelated toleration added": (OUT_OF_SCOPE, tolerating(OUT_OF_SCOPE, {"key": "dedicated", "operator": "Exists"})),
+    "second gpu toleration": (
+        tolerating(OUT_OF_SCOPE, GPU_TAINT_TOLERATION),
+        tolerating(OUT_OF_SCOPE, GPU_TAINT_TOLERATION, {"operator": "Exists"}),
+    ),
+    "runtime annotation added out of scope": (
+        OUT_OF_SCOPE,
+        annotated(OUT_OF_SCOPE, {"devices.crio.io": "/dev/nvidia0", "mounts.nri.io/pod": "x"}),
+    ),
+    "cdi annotation added out of scope": (
+        OUT_OF_SCOPE,
+        annotated(OUT_OF_SCOPE, {"devices.crio.io": "/dev/nvidia0", NRI: "nvidia.com/gpu=all"}),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOLERATION_UPDATES))
+def test_cel_judges_a_toleration_update_as_validate_update_does(name: str) -> None:
+    old, new = TOLERATION_UPDATES[name]
+    assert cel_denials(new, old, operation="UPDATE", config=TAINTS) == python_scoped_update_violations(new, old)
+
+
+def test_toleration_updates_deny_and_allow() -> None:
+    node_rules = {"privileged", "sys-admin-capability", "added-capability", "host-pid", "runtime-annotation"}
+    node_rules |= {"host-device-path", "host-path"}
+    outcomes = {name: python_scoped_update_violations(new, old) for name, (old, new) in TOLERATION_UPDATES.items()}
+    assert outcomes["gpu toleration added"] == outcomes["tolerate-everything added"] == node_rules
+    assert outcomes["unrelated toleration added"] == outcomes["second gpu toleration"] == set()
+    assert outcomes["runtime annotation added out of scope"] == set()
+    assert outcomes["cdi annotation added out of scope"] == {"cdi-annotation"}  # a GPU path: judged on every pod
+    # without a taint configured, an added toleration changes nothing
+    old, new = TOLERATION_UPDATES["gpu toleration added"]
+    assert cel_denials(new, old, operation="UPDATE") == set()
+
+
 # kubectl debug: an UPDATE of pods/ephemeralcontainers is judged on the ephemeral containers it adds (and the
 # hostPath volumes they mount), as the webhook judges it (webhook.review.new_container_names + validate(only=)).
 
@@ -677,6 +823,9 @@ def debugged(base: dict[str, Any], *ephemeral: dict[str, Any], volumes: list[dic
     return pod_copy
 
 
+TWO_CONTAINERS = pod(gpu("trainer"), container("web", VOID))
+SHARED_TWO = pod(gpu("trainer"), container("web", VOID), shareProcessNamespace=True)
+HOST_NETWORK_POD = pod(gpu("trainer"), hostNetwork=True)
 BROKEN_POD = annotated(EVERYTHING_ELSE_WRONG, {NRI: "nvidia.com/gpu=all", "devices.crio.io": "/dev/nvidia0"})
 OLD_DEBUG = container("old-debug", nvd("all"), securityContext={"privileged": True})
 HOST_DEV = {"name": "host-dev", "hostPath": {"path": "/dev/nvidia0"}}
@@ -720,6 +869,20 @@ DEBUG_UPDATES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             volumes=[HOST_DEV],
         ),
     ),
+    "ptrace debugger targets the GPU container": (
+        TWO_CONTAINERS,
+        debugged(TWO_CONTAINERS, ptrace("debug", targetContainerName="trainer")),
+    ),
+    "ptrace debugger targets the CPU container": (
+        TWO_CONTAINERS,
+        debugged(TWO_CONTAINERS, ptrace("debug", targetContainerName="web")),
+    ),
+    "ptrace debugger without a target": (TWO_CONTAINERS, debugged(TWO_CONTAINERS, ptrace("debug"))),
+    "ptrace debugger in a shared pod": (SHARED_TWO, debugged(SHARED_TWO, ptrace("debug"))),
+    "net-admin debugger in a host-network pod": (
+        HOST_NETWORK_POD,
+        debugged(HOST_NETWORK_POD, net("NET_ADMIN", "debug")),
+    ),
     "clean pod, device hostPath not mounted by the debugger": (
         debugged(pod(container("app", VOID)), volumes=[HOST_DEV]),
         debugged(pod(container("app", VOID)), container("debug", VOID), volumes=[HOST_DEV]),
@@ -746,6 +909,12 @@ def test_debug_fixtures_deny_and_allow() -> None:
     assert outcomes["debugger mounts the pod's /dev hostPath"] == {"host-device-path"}
     assert outcomes["clean pod, debugger mounts a device hostPath"] == {"host-device-path"}
     assert outcomes["clean pod, device hostPath not mounted by the debugger"] == set()
+    assert outcomes["ptrace debugger targets the GPU container"] == {"added-capability"}
+    assert outcomes["ptrace debugger in a shared pod"] == {"added-capability"}
+    assert outcomes["net-admin debugger in a host-network pod"] == {"added-capability"}
+    assert (
+        outcomes["ptrace debugger targets the CPU container"] == outcomes["ptrace debugger without a target"] == set()
+    )
     # the same pods as a CREATE are judged whole
     assert cel_denials(DEBUG_UPDATES["clean pinned debugger on a broken pod"][1]) == set(RULE_IDS) - WARN_BY_DEFAULT
 
