@@ -106,14 +106,13 @@ class Violation:
 
     @property
     def advice(self) -> str:
-        """The violation as a warning reads it, led by the rule id and what to do (warnings are short, and that is
-        what a reader acts on): ``rule: container "x": fix`` (the way out instead, where it replaces the fix), or
-        the whole message where there is neither."""
-        action = self.fix or self.way_out
-        if not action:
-            return self.message
+        """The violation as a warning reads it, led by the rule id and the fix (warnings are short, and the fix is
+        what a reader acts on): ``rule: container "x": fix``; where there is no fix of the workload's own (the way
+        out replaces it, and the envelope says each way out once), the finding."""
+        if not self.fix:
+            return self.finding
         subject = f"container {_quote(self.container)}: " if self.container is not None else ""
-        return f"{self.rule}: {subject}{action}"
+        return f"{self.rule}: {subject}{self.fix}"
 
 
 @dataclass(frozen=True)

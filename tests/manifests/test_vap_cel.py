@@ -34,6 +34,7 @@ from gpu_fence.webhook.config import (
 from gpu_fence.webhook.policy import RULES
 from tests.fakes.pods import KAI_PREFIX, as_kai_leaves_it, kai_reference
 from tests.fakes.processes import run_captured
+from tests.fakes.stacks import StackPod, stack_pods
 
 from .cel import CONFIG_VARIABLES, cel_denials, cel_variables_for, compiled, policy_spec
 from .conftest import kubectl, one, render
@@ -997,3 +998,20 @@ def test_the_documented_patch_renders_and_admits_the_rdma_devices(tmp_path: Path
     ib = read_only(host_path_pod("/dev/infiniband"))
     assert python_violations(ib, rdma) == cel_denials(ib, config=rdma) == set()
     assert "host-path" in cel_denials(ib)
+
+
+# The manifests of common stacks (tests/webhook/data/stacks/), pinned as the mutating webhook leaves them (a policy
+# cannot mutate): the ordinary workloads pass the policy, what reaches the node is denied by the same rules as the
+# webhook denies it with.
+
+STACK_PODS = stack_pods()
+
+
+@pytest.mark.parametrize("stack", STACK_PODS, ids=lambda stack: stack.id)
+def test_cel_admits_the_stacks_workloads_and_denies_what_reaches_the_node(stack: StackPod) -> None:
+    from gpu_fence.webhook.config import load_config
+    from gpu_fence.webhook.policy import apply_patch, mutate
+
+    pinned = apply_patch(stack.pod, mutate(stack.pod, load_config(None)).patch)
+    denied = cel_denials(pinned)
+    assert denied == set(stack.expected.rules) == python_violations(pinned)
