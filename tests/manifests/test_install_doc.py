@@ -39,3 +39,51 @@ def test_the_install_overlay_with_the_team_label_patch_builds(tmp_path: Path) ->
 
     args = build_parser().parse_args([a.replace("$(", "").replace(")", "") for a in container["args"]])
     assert args.pod_label == ["team"]
+
+
+def before_you_enforce() -> str:
+    text = INSTALL.read_text(encoding="utf-8")
+    return text[text.index("## Before you enforce") : text.index("## Roll back")]
+
+
+def test_before_you_enforce_exempts_exactly_the_agents_the_stacks_rejections_name() -> None:
+    from gpu_fence.webhook.config import config_from_mapping
+    from gpu_fence.webhook.policy import evaluate
+    from tests.fakes.stacks import stack_pods
+
+    [policy] = [
+        yaml.safe_load(block) for block in re.findall(r"```yaml\n(# policy.yaml\n.*?)```", before_you_enforce(), re.S)
+    ]
+    config = config_from_mapping(policy)
+    for stack in stack_pods():
+        decision = evaluate(stack.pod, config, namespace=stack.namespace)
+        if stack.file in ("node-exporter.yaml", "dcgm-exporter.yaml"):
+            assert decision.verdict == "exempt", stack.id
+            assert f'"{stack.namespace}/{stack.pod["spec"]["serviceAccountName"]}"' in stack.expected.way_out
+        else:
+            assert decision.verdict == stack.expected.verdict, stack.id
+
+
+def test_before_you_enforce_names_the_setting_and_the_switch_that_exist(tmp_path: Path) -> None:
+    section = before_you_enforce()
+    [values] = [
+        yaml.safe_load(b) for b in re.findall(r"```yaml\n(# zero-to-jupyterhub values.yaml\n.*?)```", section, re.S)
+    ]
+    assert values == {"singleuser": {"cloudMetadata": {"blockWithIptables": False}}}
+    switch = re.search(r"```yaml\n(components:\n.*?)```", section, re.S)
+    assert switch, "the one-line switch"
+    site = tmp_path / "site"
+    site.mkdir()
+    relative = os.path.relpath(MANIFESTS, site)
+    text = "resources:\n  - <path-or-git-url-to-gpu-fence>/manifests/overlays/gpu-operator\n" + switch.group(1)
+    (site / "kustomization.yaml").write_text(text.replace("<path-or-git-url-to-gpu-fence>/manifests", relative))
+    result = run_captured([kubectl(), "kustomize", str(site)], timeout=120)
+    assert result.returncode == 0, result.stderr
+    hooks = [
+        h
+        for o in yaml.safe_load_all(result.stdout)
+        if o and o["kind"].endswith("WebhookConfiguration")
+        for h in o["webhooks"]
+    ]
+    modes = {h["name"]: h["namespaceSelector"]["matchExpressions"][1] for h in hooks}
+    assert modes["enforce.gpu-fence.io"] == {"key": "gpu-fence.io/mode", "operator": "NotIn", "values": ["warn", "off"]}
