@@ -150,15 +150,14 @@ class Reach(Enum):
 
 @dataclass(frozen=True)
 class Rule:
+    """One row of the rule table. A rule that guards the node declares ``Reach.NODE``: ``gpu_node_taints`` then
+    scopes it, and its violations name the exemption for trusted node agents (``webhook.ways_out``) without code of
+    its own; a violation whose ``fix`` is empty is told its way out all the same."""
+
     id: str
     summary: str
     vectors: tuple[str, ...]
     reach: Reach = Reach.GPU
-
-    @property
-    def doc(self) -> str:
-        """Where the rule is explained: its section of docs/policy.md (a warning may point there)."""
-        return f"docs/policy.md#{self.id}"
 
 
 NO_MUTATION = Mutation(patch=(), pinned=())
