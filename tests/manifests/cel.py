@@ -101,14 +101,19 @@ def cel_denials(
     operation: str = "CREATE",
     sub_resource: str = "",
     config: PolicyConfig | None = None,
+    mode: str | None = "enforce",
+    overrides: tuple[tuple[str, str], ...] = (),
 ) -> set[str]:
     """The rule ids whose validation evaluates to false (a CEL error fails the test: failurePolicy is Fail).
 
     ``oldObject`` is null on CREATE; ``request.subResource`` is omitted when empty, as the API server sends it.
     A request that a matchCondition excludes is not evaluated at all: no denials. With ``config``, the
-    configuration variables hold its values instead of the shipped defaults.
+    configuration variables hold its values instead of the shipped defaults; ``overrides`` replace other variables'
+    expressions, as a component's patch would. ``mode`` is the namespace's ``gpu-fence.io/mode`` label (None: no
+    label); the default, an enforced namespace, is where every rule is judged.
     """
-    variables, validations, conditions = compiled(() if config is None else cel_variables_for(config))
+    replaced = (() if config is None else cel_variables_for(config)) + overrides
+    variables, validations, conditions = compiled(replaced)
     request: dict[str, Any] = {"operation": operation, "namespace": "team-a"}
     if sub_resource:
         request["subResource"] = sub_resource
@@ -116,7 +121,19 @@ def cel_denials(
         "object": celpy.json_to_cel(as_api_server_sends(pod)),
         "oldObject": None if old is None else celpy.json_to_cel(as_api_server_sends(old)),
         "request": celpy.json_to_cel(request),
+        "namespaceObject": celpy.json_to_cel(
+            {"metadata": {"name": "team-a", "labels": {"kubernetes.io/metadata.name": "team-a"}}}
+        ),
     }
+    if mode is not None:
+        activation["namespaceObject"] = celpy.json_to_cel(
+            {
+                "metadata": {
+                    "name": "team-a",
+                    "labels": {"kubernetes.io/metadata.name": "team-a", "gpu-fence.io/mode": mode},
+                }
+            }
+        )
     matched = [condition.evaluate(activation) for condition in conditions]
     assert all(isinstance(result, celtypes.BoolType) for result in matched), f"matchCondition error: {matched}"
     if not all(matched):

@@ -1015,3 +1015,46 @@ def test_cel_admits_the_stacks_workloads_and_denies_what_reaches_the_node(stack:
     pinned = apply_patch(stack.pod, mutate(stack.pod, load_config(None)).patch)
     denied = cel_denials(pinned)
     assert denied == set(stack.expected.rules) == python_violations(pinned)
+
+
+# Where nothing pins (a warn namespace: no mutating webhook runs there), a container without the pin is no
+# violation of its own: the webhook says once what enforcing would pin, and the policy's Warn binding must not
+# warn once per container instead. Where the webhook pins (enforce, by label or by default), it is one.
+
+UNPINNED = pod(gpu("cuda"), container("sidecar"), container("logger"))
+ENFORCE_BY_DEFAULT = (("enforceByDefault", "true"),)
+
+
+@pytest.mark.parametrize(
+    ("mode", "overrides", "judged"),
+    [
+        ("enforce", (), True),
+        ("warn", (), False),
+        (None, (), False),  # the shipped default: warn
+        ("typo", (), False),
+        (None, ENFORCE_BY_DEFAULT, True),  # components/enforce
+        ("typo", ENFORCE_BY_DEFAULT, True),
+        ("warn", ENFORCE_BY_DEFAULT, False),
+    ],
+)
+def test_unpinned_containers_are_judged_only_where_the_webhook_pins(mode, overrides, judged) -> None:
+    denied = cel_denials(UNPINNED, mode=mode, overrides=overrides)
+    assert denied == ({"unpinned-container"} if judged else set())
+    broken = pod(gpu("cuda"), container("sidecar", nvd("all")))  # every other rule is judged in every mode
+    assert cel_denials(broken, mode=mode, overrides=overrides) == {"visible-devices-env"}
+
+
+def test_the_enforce_component_sets_enforce_by_default_in_the_policy(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    relative = os.path.relpath(Path(__file__).resolve().parents[2] / "manifests", site)
+    (site / "kustomization.yaml").write_text(
+        f"resources:\n  - {relative}/overlays/vap\ncomponents:\n  - {relative}/components/enforce\n"
+    )
+    result = run_captured([kubectl(), "kustomize", str(site)], timeout=120)
+    assert result.returncode == 0, result.stderr
+    [policy] = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "ValidatingAdmissionPolicy"]
+    variables = {v["name"]: v["expression"].strip() for v in policy["spec"]["variables"]}
+    assert variables["enforceByDefault"] == "true"
+    shipped = {v["name"]: v["expression"].strip() for v in policy_spec()["variables"]}
+    assert shipped["enforceByDefault"] == "false"
