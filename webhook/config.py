@@ -223,11 +223,16 @@ class PolicyConfig:
     exempt_namespace_set = _set_of("exempt_namespaces")
     exempt_service_account_set = _set_of("exempt_service_accounts")
     allowed_capability_set = _set_of("allowed_capabilities")
-    allowed_volume_type_set = _set_of("allowed_volume_types")
 
     @cached_property
     def gpu_resource_set(self) -> GpuResources:
         return GpuResources.from_patterns(self.gpu_resources)
+
+    @cached_property
+    def allowed_volume_keys(self) -> frozenset[str]:
+        """The keys of a volume ``volume-type`` passes without a look: ``name`` and the allowed types (``hostPath`` is
+        never one: its own rules judge it)."""
+        return frozenset((*self.allowed_volume_types, "name"))
 
     @cached_property
     def pin_names(self) -> tuple[str, ...]:

@@ -713,6 +713,7 @@ def gpu_env_from(pod: _Pod) -> list[Violation]:
 def privileged(pod: _Pod) -> list[Violation]:
     found: list[Violation] = []
     additions: list[tuple[_Container, list[str]]] = []  # for the capability rules, read in the same pass
+    host_processes: list[_Container] = _NO_CONTAINERS  # for host-process, likewise
     for container in pod.containers:
         security = container.body.get("securityContext")
         if not isinstance(security, dict):
@@ -732,8 +733,15 @@ def privileged(pod: _Pod) -> list[Violation]:
             added = _mapping(capabilities).get("add")
             if isinstance(added, list) and added:
                 additions.append((container, [name for name in added if isinstance(name, str)]))
+        options = security.get("windowsOptions")
+        if options and _mapping(options).get("hostProcess") is True:
+            host_processes = [*host_processes, container]
     pod.memo["capabilities"] = additions
+    pod.memo["host process"] = host_processes
     return found
+
+
+_NO_CONTAINERS: list[_Container] = []  # shared, never appended to: the usual answer
 
 
 def _capability_additions(pod: _Pod) -> list[tuple[_Container, list[str]]]:
@@ -885,6 +893,21 @@ def runtime_annotation(pod: _Pod) -> list[Violation]:
     )
 
 
+def _other_volumes(pod: _Pod) -> list[dict[str, Any]]:
+    """The volumes that have a key but ``name`` and the allowed volume types: hostPath volumes (never an allowed
+    type) and those ``volume-type`` rejects. One pass over the volumes for the three rules that read them; nearly
+    every pod has none."""
+    others = pod.memo.get("other volumes")
+    if others is None:
+        volumes = pod.spec.get("volumes")
+        allowed = pod.config.allowed_volume_keys
+        others = (
+            [v for v in volumes if isinstance(v, dict) and not v.keys() <= allowed] if isinstance(volumes, list) else []
+        )
+        pod.memo["other volumes"] = others
+    return others
+
+
 def _host_path_volumes(pod: _Pod) -> list[tuple[Any, str, str, str | None]]:
     """``(name, path, cleaned path, the protected path it reaches or None)`` of each hostPath volume under
     judgement: all of them, or with ``only`` those the new ephemeral containers mount (the rest were judged when
@@ -893,8 +916,7 @@ def _host_path_volumes(pod: _Pod) -> list[tuple[Any, str, str, str | None]]:
     if found is not None:
         return found
     found = []
-    volumes = pod.spec.get("volumes")
-    hosts = [v for v in volumes if isinstance(v, dict) and "hostPath" in v] if isinstance(volumes, list) else []
+    hosts = [volume for volume in _other_volumes(pod) if "hostPath" in volume]
     if hosts:
         mounted: set[str] | None = None
         if not pod.whole_pod:
@@ -1016,7 +1038,8 @@ def bound_gpu_pod(pod: _Pod) -> list[Violation]:
     node does not advertise before its own fit, and no device plugin allocates them, so such a "GPU container" gets
     no allocation and keeps the image's ``NVIDIA_VISIBLE_DEVICES`` (docs/threat-model.md). Judged at creation only:
     ``spec.nodeName`` cannot be changed by an update, only set by a binding, which is the scheduler's."""
-    if not pod.whole_pod or not _bound_at_creation(pod.spec):
+    node = pod.spec.get("nodeName")
+    if node is None or node == "" or not pod.whole_pod:  # _bound_at_creation, inline: once per pod admitted
         return []
     gpus = [container.name for container in pod.containers if container.gpu]
     if not gpus:
@@ -1052,7 +1075,9 @@ _NO_CHANGES: list[tuple[str, str]] = []
 
 
 def gated_device_env(pod: _Pod) -> list[Violation]:
-    settings = _device_variables(pod)
+    settings = pod.memo.get("device variables")  # the memo first: within validate, the MIG rule's pass
+    if settings is None:
+        settings = _device_variables(pod)
     if not settings:
         return []
     return [
@@ -1084,16 +1109,14 @@ def volume_type(pod: _Pod) -> list[Violation]:
     ephemeral container that mounts one reuses what the kubelet set up when the pod started."""
     if not pod.whole_pod:
         return []
-    volumes = pod.spec.get("volumes")
-    if not isinstance(volumes, list):
+    others = _other_volumes(pod)
+    if not others:
         return []
-    allowed = pod.config.allowed_volume_type_set
+    allowed = pod.config.allowed_volume_keys
     found: list[Violation] = []
-    for volume in volumes:
-        if not isinstance(volume, dict):
-            continue
+    for volume in others:
         for kind in volume:
-            if kind in _NOT_VOLUME_TYPES or kind in allowed:
+            if kind in allowed or kind == HOST_PATH_VOLUME:  # hostPath: host-device-path's and host-path's
                 continue
             hint = _VOLUME_TYPE_HINTS.get(kind, "use a persistentVolumeClaim, or ask for the type to be allowed")
             found.append(
@@ -1108,20 +1131,22 @@ def volume_type(pod: _Pod) -> list[Violation]:
     return found
 
 
-_NOT_VOLUME_TYPES = frozenset({"name", HOST_PATH_VOLUME})  # hostPath: host-device-path's and host-path's
 _VOLUME_TYPE_HINTS = {
     "gitRepo": "clone the repository in an init container into an emptyDir instead",
 }
 
 
-def _host_process(security: Any) -> bool:
-    options = _mapping(security).get("windowsOptions")
-    return isinstance(options, dict) and options.get("hostProcess") is True
-
-
 def host_process(pod: _Pod) -> list[Violation]:
+    """The containers' settings are found by ``privileged``'s pass over the security contexts (within ``validate``;
+    alone, that pass is made here)."""
+    containers = pod.memo.get("host process")
+    if containers is None:
+        privileged(pod)
+        containers = pod.memo["host process"]
     found: list[Violation] = []
-    if pod.whole_pod and _host_process(pod.spec.get("securityContext")):
+    security = pod.spec.get("securityContext")
+    options = _mapping(security).get("windowsOptions") if security else None
+    if pod.whole_pod and options and _mapping(options).get("hostProcess") is True:
         found.append(
             Violation(
                 HOST_PROCESS,
@@ -1131,16 +1156,15 @@ def host_process(pod: _Pod) -> list[Violation]:
                 "account)",
             )
         )
-    for container in pod.containers:
-        if _host_process(container.body.get("securityContext")):
-            found.append(
-                _in_container(
-                    HOST_PROCESS,
-                    container,
-                    "sets securityContext.windowsOptions.hostProcess, which runs it as a process of the Windows node "
-                    "with its devices and files; remove it (exempt a trusted node agent's service account)",
-                )
+    for container in containers:
+        found.append(
+            _in_container(
+                HOST_PROCESS,
+                container,
+                "sets securityContext.windowsOptions.hostProcess, which runs it as a process of the Windows node "
+                "with its devices and files; remove it (exempt a trusted node agent's service account)",
             )
+        )
     return found
 
 
@@ -1152,7 +1176,7 @@ def _host_ipc(pod: _Pod) -> bool:
 
 
 def host_ipc(pod: _Pod) -> list[Violation]:
-    if pod.config.host_ipc is not _REJECT or not _host_ipc(pod):
+    if not pod.spec.get("hostIPC") or pod.config.host_ipc is not _REJECT or not _host_ipc(pod):
         return []
     return [
         Violation(

@@ -116,7 +116,7 @@ host_ipc: warn
     assert config.allowed_capabilities == ("IPC_LOCK", "SYS_NICE", "NET_RAW")  # the spelling the policy compares
     assert config.forbidden_annotation_prefixes == ("devices.crio.io", "example.com/devices")
     assert config.env_from_on_gpu_containers is config.visible_devices_none is Switch.REJECT
-    assert config.allowed_volume_type_set == {"configMap", "secret", "nfs"}
+    assert config.allowed_volume_keys == {"configMap", "secret", "nfs", "name"}
     assert config.host_ipc is Switch.WARN
     assert config.gpu_resource_set.matches("example.com/accel-1")
     assert not config.gpu_resource_set.matches("nvidia.com/gpu.shared")
