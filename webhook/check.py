@@ -44,7 +44,18 @@ from .discovery import (
     pod_for_site,
 )
 from .openreports import render_openreports
-from .policy import CDI_ANNOTATION, HOST_DEVICE_PATH, HOST_PATH, HOST_PID, RUNTIME_ANNOTATION, Decision
+from .policy import (
+    BOUND_GPU_POD,
+    CDI_ANNOTATION,
+    HOST_DEVICE_PATH,
+    HOST_IPC,
+    HOST_PATH,
+    HOST_PID,
+    HOST_PROCESS,
+    RUNTIME_ANNOTATION,
+    VOLUME_TYPE,
+    Decision,
+)
 from .reports import (
     FORMATS,
     Finding,
@@ -68,7 +79,15 @@ CLUSTER_PAGE_SIZE = 500
 #: Where pod-level violations point, so that a report lands on the annotation, the volume list or the field rather
 #: than on the start of the object: relative to the pod template (annotations) or to the pod spec.
 _TEMPLATE_FIELDS = {CDI_ANNOTATION: ("metadata", "annotations"), RUNTIME_ANNOTATION: ("metadata", "annotations")}
-_SPEC_FIELDS = {HOST_DEVICE_PATH: ("volumes",), HOST_PATH: ("volumes",), HOST_PID: ("hostPID",)}
+_SPEC_FIELDS = {
+    HOST_DEVICE_PATH: ("volumes",),
+    HOST_PATH: ("volumes",),
+    HOST_PID: ("hostPID",),
+    HOST_IPC: ("hostIPC",),
+    VOLUME_TYPE: ("volumes",),
+    BOUND_GPU_POD: ("nodeName",),
+    HOST_PROCESS: ("securityContext",),
+}
 
 EPILOG = """\
 examples:
@@ -241,7 +260,9 @@ def render(report: Report, output_format: str, *, colour: bool = False) -> str:
     if output_format == "sarif":
         return render_sarif(report, policy.RULES, tool_version=package_version())
     if output_format == "openreports":
-        return render_openreports(report, policy.RULES, now_ns=time.time_ns())
+        # a result per rule and pod spec: not for the rules only a pod UPDATE can break, which check never judges
+        judged = tuple(rule for rule in policy.RULES if rule.id not in policy.UPDATE_RULES)
+        return render_openreports(report, judged, now_ns=time.time_ns())
     return render_text(report, colour=colour)
 
 

@@ -25,8 +25,10 @@ from .host_paths import DEFAULT_HOST_DEVICE_PATHS, HostPathEntry, clean_path, re
 __all__ = [
     "CDI_ANNOTATION_PREFIXES",
     "DEFAULT_ALLOWED_CAPABILITIES",
+    "DEFAULT_ALLOWED_VOLUME_TYPES",
     "DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES",
     "DEFAULT_HOST_DEVICE_PATHS",
+    "VOLUME_TYPES",
     "ConfigError",
     "HostPathEntry",
     "PolicyConfig",
@@ -79,6 +81,62 @@ DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES: tuple[str, ...] = (
     "cdi-devices.nri.io",
     "mounts.noderesource.dev",
     "mounts.nri.io",
+)
+
+#: The volume types a pod may use (``volume-type``): Pod Security ``restricted``'s list (kubernetes
+#: ``staging/src/k8s.io/pod-security-admission/policy/check_restrictedVolumes.go``), whose volumes come from API
+#: objects (ConfigMaps, Secrets, claims bound to PersistentVolumes, the pod's own fields) or from a CSI driver, plus
+#: ``image``, an OCI image the runtime mounts read-only as it does the container's own. Every other in-tree type is
+#: set up by the kubelet on the node from what the pod says (``gitRepo`` runs git there as root; ``fc``, ``iscsi``,
+#: ``rbd`` attach the disks or targets the pod names). hostPath is judged by ``host-device-path`` and ``host-path``.
+DEFAULT_ALLOWED_VOLUME_TYPES: tuple[str, ...] = (
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+    "image",
+)
+#: The volume type of a hostPath volume: never listed in ``allowed_volume_types``, its own rules judge it.
+HOST_PATH_VOLUME = "hostPath"
+#: Every volume type of the core/v1 ``Volume`` (its fields but ``name``, Kubernetes 1.31 to 1.37; ``image`` is new
+#: in 1.31): what an entry of ``allowed_volume_types`` may name.
+VOLUME_TYPES = frozenset(
+    {
+        "awsElasticBlockStore",
+        "azureDisk",
+        "azureFile",
+        "cephfs",
+        "cinder",
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "fc",
+        "flexVolume",
+        "flocker",
+        "gcePersistentDisk",
+        "gitRepo",
+        "glusterfs",
+        "hostPath",
+        "image",
+        "iscsi",
+        "nfs",
+        "persistentVolumeClaim",
+        "photonPersistentDisk",
+        "portworxVolume",
+        "projected",
+        "quobyte",
+        "rbd",
+        "scaleIO",
+        "secret",
+        "storageos",
+        "vsphereVolume",
+    }
 )
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -143,6 +201,10 @@ class PolicyConfig:
     env_from_on_gpu_containers: Switch = Switch.WARN
     #: ``NVIDIA_VISIBLE_DEVICES=none`` set in the pod: a warning, or a rejection (``visible-devices-none``).
     visible_devices_none: Switch = Switch.WARN
+    #: The volume types a pod's volumes may have (``volume-type``); hostPath is judged by its own rules.
+    allowed_volume_types: tuple[str, ...] = DEFAULT_ALLOWED_VOLUME_TYPES
+    #: ``hostIPC`` on a pod: a rejection, or a warning (``host-ipc``).
+    host_ipc: Switch = Switch.REJECT
 
     def __post_init__(self) -> None:
         # Callers building a config in code may pass lists, or a switch by its name; keep every value hashable,
@@ -165,6 +227,12 @@ class PolicyConfig:
     @cached_property
     def gpu_resource_set(self) -> GpuResources:
         return GpuResources.from_patterns(self.gpu_resources)
+
+    @cached_property
+    def allowed_volume_keys(self) -> frozenset[str]:
+        """The keys of a volume ``volume-type`` passes without a look: ``name`` and the allowed types (``hostPath`` is
+        never one: its own rules judge it)."""
+        return frozenset((*self.allowed_volume_types, "name"))
 
     @cached_property
     def pin_names(self) -> tuple[str, ...]:
@@ -195,7 +263,7 @@ class PolicyConfig:
         return index
 
 
-_SWITCHES = frozenset({"env_from_on_gpu_containers", "visible_devices_none"})
+_SWITCHES = frozenset({"env_from_on_gpu_containers", "visible_devices_none", "host_ipc"})
 _ALLOWLIST = "host_path_allowlist"
 
 
@@ -257,6 +325,22 @@ def _check_capability(key: str, value: str) -> None:
         )
 
 
+_VOLUME_TYPES_BY_LOWER = {name.lower(): name for name in VOLUME_TYPES}
+
+
+def _check_volume_type(key: str, value: str) -> None:
+    if value == HOST_PATH_VOLUME:
+        raise ConfigError(
+            f"{key}: hostPath volumes are judged by host-device-path and host-path, not by this list; "
+            "name the paths in host_path_allowlist"
+        )
+    if value not in VOLUME_TYPES:
+        close = get_close_matches(value, sorted(VOLUME_TYPES), n=1)
+        hint = _VOLUME_TYPES_BY_LOWER.get(value.lower()) or (close[0] if close else "")
+        known = f"did you mean {hint!r}?" if hint else "a field of the Pod's volumes such as 'nfs' or 'csi'"
+        raise ConfigError(f"{key}: {value!r} is not a volume type ({known})")
+
+
 _CHECKS = {
     "gpu_resources": _check_gpu_resource,
     "visible_devices_aliases": _check_env_name,
@@ -267,6 +351,7 @@ _CHECKS = {
     "extra_host_device_paths": _check_host_path,
     "allowed_capabilities": _check_capability,
     "forbidden_annotation_prefixes": _check_annotation_prefix,
+    "allowed_volume_types": _check_volume_type,
 }
 #: How a checked entry is stored: capabilities in the one spelling the policy compares.
 _NORMALISE = {"allowed_capabilities": capability_name}

@@ -181,7 +181,8 @@ def review_of(
 
 
 def bypass_pods() -> dict[str, tuple[dict, str]]:
-    """One pod per bypass class (V11, V15-V21) that the default policy rejects, with the rule that must say so."""
+    """One pod per bypass class (V11, V15-V21, V25, V27-V30) that the default policy rejects, with the rule that
+    must say so."""
     kai_bound = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
     kai_bound["spec"]["nodeName"] = "gpu-node-1"
     kai_elsewhere = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
@@ -223,6 +224,34 @@ def bypass_pods() -> dict[str, tuple[dict, str]]:
             pods.pod(pods.gpu_container("cuda", environment=[{"name": "NVIDIA_IMEX_CHANNELS", "value": "0"}])),
             "imex-channels-env",
         ),
+        "an unadvertised GPU resource on a pod created bound to a node": (
+            pods.pod(pods.gpu_container("cuda", resource="nvidia.com/gpu.shared"), nodeName="gpu-node-1"),
+            "bound-gpu-pod",
+        ),
+        "NVSwitch devices": (
+            pods.pod(pods.gpu_container("cuda", environment=[{"name": "NVIDIA_NVSWITCH", "value": "enabled"}])),
+            "gated-device-env",
+        ),
+        "gitRepo volume": (
+            pods.pod(pods.gpu_container("cuda"), volumes=[{"name": "r", "gitRepo": {"repository": "https://x/r"}}]),
+            "volume-type",
+        ),
+        "inline iSCSI volume": (
+            pods.pod(
+                pods.gpu_container("cuda"),
+                volumes=[{"name": "d", "iscsi": {"targetPortal": "10.0.0.2:3260", "iqn": "iqn.2001-04.x:y", "lun": 0}}],
+            ),
+            "volume-type",
+        ),
+        "Windows HostProcess": (
+            pods.pod(
+                pods.container("agent", **pinned),
+                hostNetwork=True,
+                securityContext={"windowsOptions": {"hostProcess": True}},
+            ),
+            "host-process",
+        ),
+        "hostIPC": (pods.pod(pods.gpu_container("cuda"), hostIPC=True), "host-ipc"),
     }
 
 
@@ -248,6 +277,29 @@ def test_a_plain_update_that_adds_a_runtime_device_annotation_is_denied(server):
     assert response["allowed"] is False and response["auditAnnotations"]["rules"] == "runtime-annotation"
     review["request"]["object"] = {**before, "metadata": {**before["metadata"], "namespace": "default"}}
     assert server.post("/validate", review).document["response"]["allowed"] is True
+
+
+def test_an_update_that_retargets_kai_s_binder_is_denied_and_kai_s_own_updates_are_not(server):
+    """The pod as KAI's webhook leaves it, behind a scheduling gate; then its ConfigMap prefix changed, its fraction
+    removed (403 for the UPDATE), and the binder's own bind-time patch (allowed)."""
+    created = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
+    created["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+    annotations = created["metadata"]["annotations"]
+    retargeted = {**annotations, "runai/shared-gpu-configmap": "app-bcdfghj-shared-gpu"}
+    unfractioned = {k: v for k, v in annotations.items() if k != "gpu-fraction"}
+    for changed in (retargeted, unfractioned):
+        after = {**created, "metadata": {**created["metadata"], "annotations": changed}}
+        review = review_of(after, operation="UPDATE", old=created)
+        response = server.post("/validate", review).document["response"]
+        assert response["allowed"] is False and response["status"]["code"] == 403
+        assert response["auditAnnotations"]["rules"] == "kai-annotation-update"
+        assert "delete the pod" in response["status"]["message"]
+    bound = {**annotations, "received-resource-type": "Fraction", "pod-group-name": "pg-app"}
+    after = {**created, "metadata": {**created["metadata"], "annotations": bound}}
+    assert (
+        server.post("/validate", review_of(after, operation="UPDATE", old=created)).document["response"]["allowed"]
+        is True
+    )
 
 
 def admitted(server: Server, document: dict, *, after_mutation=lambda pod: pod, namespace: str = "default") -> dict:
@@ -298,6 +350,34 @@ def test_a_gpu_pod_with_cpu_sidecars_and_multi_node_nccl_training_are_admitted(s
     )
     pod = admitted(server, nccl)
     assert "env" not in pod["spec"]["containers"][0] and pod["spec"]["containers"][1]["env"] == [VOID]
+
+
+def test_the_workloads_the_round_3_rules_must_keep_admitting(server):
+    """GPU quantities written 1000m and 1e0; a LeaderWorkerSet's CPU leader and GPU worker; a GPU pod with its own
+    user namespace; a trainer with a native sidecar and a shared process namespace; kubectl debug into a GPU pod."""
+    for amount in ("1000m", "1e0"):
+        pod = admitted(server, pods.pod(pods.gpu_container("cuda", gpus=amount)))
+        assert "env" not in pod["spec"]["containers"][0]  # a GPU container: not pinned
+    leader = admitted(server, pods.pod(pods.container("leader", image=CUDA), subdomain="lws"))
+    assert leader["spec"]["containers"][0]["env"] == [VOID]
+    admitted(server, pods.pod(pods.gpu_container("worker", gpus=8), subdomain="lws"))
+    admitted(server, pods.pod(pods.gpu_container("cuda"), hostUsers=False))
+    trainer = pods.pod(
+        pods.gpu_container("trainer", gpus=8),
+        init=[pods.container("log-shipper", image=CUDA, restartPolicy="Always")],
+        shareProcessNamespace=True,
+    )
+    assert admitted(server, trainer)["spec"]["initContainers"][0]["env"] == [VOID]
+    running = admitted(server, pods.pod(pods.gpu_container("cuda"), nodeSelector={"kubernetes.io/hostname": "n1"}))
+    running["spec"]["nodeName"] = "n1"  # bound by the scheduler since
+    debugged = copy.deepcopy(running)
+    debugged["spec"]["ephemeralContainers"] = [pods.container("debugger", image=CUDA)]
+    review = review_of(debugged, operation="UPDATE", old=running)
+    review["request"]["subResource"] = "ephemeralcontainers"
+    patch = decoded_patch(server.post("/mutate", review))
+    assert patch and all(op["path"].startswith("/spec/ephemeralContainers/0") for op in patch)
+    review["request"]["object"] = jsonpatch.apply_patch(review["request"]["object"], patch)
+    assert server.post("/validate", review).document["response"]["allowed"] is True
 
 
 def test_an_exempt_monitoring_daemonset_pod_is_admitted_untouched(server):

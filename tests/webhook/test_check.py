@@ -540,3 +540,94 @@ def test_argo_workflow_templates_are_checked_as_pods(tmp_path: Path, capsys: Any
     text = ARGO_WORKFLOW.splitlines()
     assert text[lines["visible-devices-env"] - 1].strip() == "script:"
     assert text[lines["cdi-annotation"] - 1].strip() == "annotations:"
+
+
+STAY_ADMITTED = """\
+apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+metadata:
+  name: vllm
+spec:
+  leaderWorkerTemplate:
+    size: 4
+    leaderTemplate:
+      spec:
+        containers:
+          - name: leader
+            image: vllm/vllm-openai:v0.8.5
+    workerTemplate:
+      spec:
+        containers:
+          - name: worker
+            image: vllm/vllm-openai:v0.8.5
+            resources:
+              limits:
+                nvidia.com/gpu: "1000m"
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: quantity-in-exponent-form
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      hostUsers: false
+      containers:
+        - name: main
+          image: nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04
+          resources:
+            limits:
+              nvidia.com/gpu: 1e0
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: trainer
+spec:
+  shareProcessNamespace: true
+  initContainers:
+    - name: log-shipper
+      image: fluent/fluent-bit:3.0
+      restartPolicy: Always
+  containers:
+    - name: trainer
+      image: nvcr.io/nvidia/pytorch:24.05-py3
+      resources:
+        limits:
+          nvidia.com/gpu: 8
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: fraction
+  annotations:
+    gpu-fraction: "0.5"
+    runai/shared-gpu-configmap: fraction-7b2kx9q-shared-gpu
+spec:
+  schedulerName: kai-scheduler
+  containers:
+    - name: gpu-workload
+      image: nvcr.io/nvidia/pytorch:24.05-py3
+      env:
+        - name: NVIDIA_VISIBLE_DEVICES
+          valueFrom:
+            configMapKeyRef:
+              name: fraction-7b2kx9q-shared-gpu-0
+              key: NVIDIA_VISIBLE_DEVICES
+"""
+
+
+def test_the_workloads_the_round_3_rules_must_keep_admitting(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    """A LeaderWorkerSet's CPU leader and GPU workers (1000m), a GPU quantity written 1e0 with hostUsers: false, a
+    trainer with a native sidecar and a shared process namespace, a KAI fraction pod in KAI's shape: none rejected."""
+    path = write(tmp_path, "stay.yaml", STAY_ADMITTED)
+    code, report = check_json(capsys, monkeypatch, str(path))
+    assert code == 0
+    assert [(r["name"], r["path"], r["verdict"], r["pinned"]) for r in report["results"]] == [
+        ("vllm", "spec.leaderWorkerTemplate.leaderTemplate", "mutated", ["leader"]),
+        ("vllm", "spec.leaderWorkerTemplate.workerTemplate", "allowed", []),
+        ("quantity-in-exponent-form", "spec.template", "allowed", []),
+        ("trainer", "", "mutated", ["log-shipper"]),
+        ("fraction", "", "allowed", []),
+    ]

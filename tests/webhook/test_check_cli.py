@@ -32,7 +32,7 @@ def test_examples_directory_exits_1() -> None:
     done = script("manifests/examples/")
     assert done.returncode == 1, done.stderr
     assert done.stderr == b""
-    assert done.stdout.decode().splitlines()[-1].startswith("29 pod specs: 6 allowed, 7 mutated, 15 rejected")
+    assert done.stdout.decode().splitlines()[-1].startswith("34 pod specs: 6 allowed, 7 mutated, 20 rejected")
 
 
 def test_clean_file_exits_0_and_json_goes_to_stdout() -> None:

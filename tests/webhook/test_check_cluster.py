@@ -182,6 +182,14 @@ def test_live_pods_are_judged_as_created_so_a_binding_does_not_count_as_spec_nod
     assert live["spec"]["nodeName"] == "gpu-node-1"  # the listed pod itself is left as it was
 
 
+def test_a_scheduled_gpu_pod_is_no_bound_gpu_pod() -> None:
+    """The scheduler's binding sets spec.nodeName on every running GPU pod; bound-gpu-pod is about pods created with
+    it, so a live pod is never flagged for it."""
+    live = pod("team-a", "trainer", [{"name": "main", "image": CUDA, "resources": GPU}], nodeName="gpu-node-1")
+    [result] = check.check_pods([live], _config()).results
+    assert result.verdict == "allowed", result
+
+
 def test_no_pods_exits_2_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A namespace name with a typo lists no pods: that is no evidence that enforcing breaks nothing."""
     with FakePodsApi(PODS) as fake:
