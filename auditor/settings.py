@@ -37,7 +37,7 @@ exit codes: 0 clean, 1 findings, 2 could not audit (the reason is printed on std
 
 RUN_EXAMPLES = """\
 examples:
-  gpu-fence-auditor run --interval 30 --metrics-port 9400 --exempt-namespace gpu-operator
+  gpu-fence-auditor run --interval 30 --metrics-port 10400 --exempt-namespace gpu-operator
   gpu-fence-auditor run --host-proc /host/proc --pod-label team --pod-label app.kubernetes.io/part-of
 
 /healthz answers 503 when no cycle succeeded for --unhealthy-after intervals; exits 0 on SIGTERM.
@@ -87,7 +87,7 @@ class RunSettings:
 
     audit: AuditSettings
     interval: float = 30.0
-    metrics_port: int = 9400
+    metrics_port: int = 10400  # not dcgm-exporter's 9400 (docs/metrics.md)
     metrics_bind: str = "0.0.0.0"  # noqa: S104 - a DaemonSet's metrics are scraped from other pods
     unhealthy_after: int = 3
     event_interval: float = 60.0  # minutes
