@@ -1,5 +1,7 @@
-"""kube-prometheus-stack selects ServiceMonitors and PrometheusRules by their ``release`` label: the component adds
-it to exactly those objects, and docs/install.md's kustomization (with another release name) builds."""
+"""The components, rendered as docs/install.md uses them. kube-prometheus-stack selects ServiceMonitors and
+PrometheusRules by their ``release`` label: its component adds
+it to exactly those objects (with another release name too). The gitops component keeps the certificate Job and
+puts the webhook Deployment in a later Argo CD sync wave."""
 
 from __future__ import annotations
 
@@ -53,3 +55,20 @@ def test_the_install_doc_kustomization_for_another_release_name_builds(tmp_path:
     assert block, "the kustomization of the kube-prometheus-stack section"
     selected = {k: v for k, v in releases(build(tmp_path / "doc", block.group(1))).items() if k[0] in SELECTED}
     assert len(selected) == 4 and set(selected.values()) == {"monitoring"}
+
+
+def test_the_gitops_component_keeps_the_job_and_syncs_the_webhook_after_its_certificate(tmp_path: Path) -> None:
+    text = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
+    block = re.search(r"The kustomization the Application or the Flux.*?```yaml\n(.*?)```", text, re.S)
+    assert block, "the kustomization of the Argo CD and Flux section"
+    objects = build(tmp_path / "gitops", block.group(1))
+    [job] = [o for o in objects if o["kind"] == "Job"]
+    assert "ttlSecondsAfterFinished" not in job["spec"], "a Job the TTL removes is drift to a GitOps tool"
+    waves = {
+        (o["kind"], o["metadata"]["name"]): o["metadata"].get("annotations", {}).get("argocd.argoproj.io/sync-wave")
+        for o in objects
+    }
+    assert waves.pop(("Deployment", "gpu-fence-webhook")) == "1"
+    assert set(waves.values()) == {None}, "everything else, the Job included, in wave 0"
+    unchanged = {(o["kind"], o["metadata"]["name"]) for o in render("overlays/warn-only")}
+    assert set(waves) | {("Deployment", "gpu-fence-webhook")} == unchanged
