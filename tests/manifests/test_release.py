@@ -60,6 +60,8 @@ def test_the_install_docs_install_the_release_of_this_version() -> None:
     tag = f"v{package_version()}"
     assert f"?ref={tag}" in install, "install from the release tag"
     assert f"releases/download/{tag}/gpu-fence-" in install, "or from the release's rendered manifests"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert f"{REGISTRY_IMAGE}:{package_version()}" in readme and f"?ref={tag}" in readme
 
 
 # -- the workflows -------------------------------------------------------------------------------------------------
