@@ -31,6 +31,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .model import Activity, AuditResult, DraResolution, FailureReason, FindingKind, NodeSnapshot, SliceState
+from .podresources.client import METHODS as KUBELET_METHODS
+from .podresources.client import REASONS as KUBELET_FAILURE_REASONS
 
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -328,8 +330,14 @@ class AuditorMetrics:
             ["state"],
             registry=self.registry,
         )
+        # Every label set known before the first cycle is exported at 0 from start: increase() and rate() see an
+        # event only as a rise between two samples, so a series that the first event creates is never seen to rise.
         for reason in FailureReason:
             self.failures.labels(reason=reason.value)
+        for method in KUBELET_METHODS:
+            self.kubelet_calls.labels(method=method)
+            for kubelet_reason in KUBELET_FAILURE_REASONS:
+                self.kubelet_failures.labels(method=method, reason=kubelet_reason)
         self._kubelet_seen: Tally[tuple[str, ...]] = Tally()
         self._failures_seen: Tally[tuple[str, ...]] = Tally()
 

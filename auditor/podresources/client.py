@@ -48,6 +48,9 @@ REASONS = (
     ERROR,
 )
 
+#: The methods the auditor calls (``Get`` is not one of them), as ``calls`` and ``failures`` name them.
+METHODS = ("List", "GetAllocatableResources")
+
 # Kubelets before 1.34 answer Get with UNKNOWN "PodResources API Get method disabled" when the
 # KubeletPodResourcesGet gate is off, and 1.21-1.22 GetAllocatableResources with "Pod Resources API
 # GetAllocatableResources disabled" when KubeletPodResourcesGetAllocatable is off; a method older than the kubelet
