@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.hostproc_tree import HostProcTree, cgroup_text, flood_dev, nested_pod_cgroup
+from tests.fakes.hostproc_tree import RUNTIMES, HostProcTree, cgroup_text, flood_dev, nested_pod_cgroup
 from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
 from tests.fakes.kubeapi_resourceslices import (
     DRIVER as DRA_DRIVER,
@@ -56,14 +56,6 @@ from tests.fakes.podresources_server import FakeKubelet, claim, claim_device, co
 
 NVML_BUILD_DIR = Path(__file__).parent / "nvml" / "build"
 Device = int | str  # GPU index, "gpu:slot" MIG slot, or a literal GPU-/MIG- UUID
-
-RUNTIME_PREFIX = {
-    "systemd-containerd": "containerd",
-    "cgroupfs": "containerd",
-    "systemd-crio": "cri-o",
-    "cgroupfs-crio": "cri-o",
-    "systemd-docker": "docker",
-}
 
 
 def uuid_of(device: Device) -> str:
@@ -415,7 +407,7 @@ class NodeScenario:
             labels=p.labels,
             annotations=p.annotations,
             scheduler_name=p.scheduler_name,
-            runtime=RUNTIME_PREFIX[p.layout],
+            runtime=RUNTIMES[p.layout],
         )
 
     def _write_proc(self) -> None:
