@@ -51,6 +51,7 @@ import io
 import json
 import os
 import platform
+import re
 import secrets
 import select
 import shutil
@@ -85,7 +86,6 @@ WORK = ("idle", "busy")
 #: How the dry run's fake /proc writes the tenants' cgroup files: a cgroup v2 host, a v1 one, or a hybrid one.
 HIERARCHIES = ("v2", "v1", "hybrid")
 NODE = "smoke"
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 BUSY_MATRIX = 4096  # a busy PyTorch holder multiplies bf16 matrices of this size, back to back
 
 #: The tenants of a round (``--tenants N`` takes the first N - 1 and the last): pod name, cgroup layout (named as the
@@ -1171,22 +1171,25 @@ def plan_tenants(count: int, alloc_mib: int) -> list[Tenant]:
 
 
 class CgroupTree:
-    """Places the tenants' processes in real cgroups: in every cgroup hierarchy the host mounts under ``root`` that
-    takes them, a cgroup named as the kubelet and the runtime name the tenant's container, below a cgroup of the
-    smoke's own (``gpu-smoke-<pid>``): a real kubelet's cgroups are never touched, and one removal cleans up. Needs
-    root and a writable cgroup file system; ``/proc`` is the host's."""
+    """Places the tenants' processes in real cgroups: in every cgroup hierarchy ``hierarchies`` names (by default,
+    where the smoke's own cgroup is in each hierarchy mounted here: ``own_cgroups``), a cgroup named as the kubelet
+    and the runtime name the tenant's container, below a cgroup of the smoke's own (``gpu-smoke-<pid>``). So a real
+    kubelet's cgroups are never touched, the tenants stay under whatever limits the smoke runs under, and one
+    removal cleans up. Needs root (or a delegated cgroup) and a writable cgroup file system; ``/proc`` is the host's.
+    """
 
-    def __init__(self, root: Path = CGROUP_ROOT) -> None:
-        self.root = root
+    def __init__(self, hierarchies: Sequence[Path] | None = None) -> None:
+        if hierarchies is None:
+            hierarchies = own_cgroups(Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text())
+        self.hierarchies = list(hierarchies)
         self.top = f"gpu-smoke-{os.getpid()}"
-        self.hierarchies = cgroup_hierarchies(root)
         self.host_proc = "/proc"
         self.made: list[Path] = []  # the cgroups made, in the order they were made
         self.placed: dict[int, list[str]] = {}  # pid → the hierarchies it was placed in
 
     def describe(self) -> str:
-        names = ", ".join(str(hierarchy.relative_to(self.root)) or "." for hierarchy in self.hierarchies) or "none"
-        return f"real cgroups under {self.root / self.top} in the hierarchies {names}; /proc is the host's"
+        where = ", ".join(str(hierarchy / self.top) for hierarchy in self.hierarchies) or "no cgroup hierarchy"
+        return f"real cgroups under {where}; /proc is the host's"
 
     def place(self, tenant: Tenant, pid: int, _environ: Mapping[str, str]) -> None:
         """Raises ``RoundFailed`` when no hierarchy takes the process."""
@@ -1203,8 +1206,7 @@ class CgroupTree:
             self.placed.setdefault(pid, []).append(str(hierarchy))
         if pid not in self.placed:
             raise RoundFailed(
-                f"cannot place pid {pid} in a cgroup "
-                f"({'; '.join(errors) or f'no cgroup hierarchy under {self.root}'}); "
+                f"cannot place pid {pid} in a cgroup ({'; '.join(errors) or 'no cgroup hierarchy is mounted'}); "
                 "run as root on a host whose cgroup file system is writable"
             )
 
@@ -1234,19 +1236,39 @@ class CgroupTree:
         return left
 
 
-def cgroup_hierarchies(root: Path) -> list[Path]:
-    """The cgroup hierarchies mounted at ``root``: ``root`` itself on a cgroup v2 host; on a v1 or hybrid host each
-    controller's, ``systemd``'s and (hybrid) ``unified``, but ``cpuset``, whose new cgroups take no process until
-    their CPUs and memory nodes are set (the links ``cpu`` and ``cpuacct`` to ``cpu,cpuacct`` count once)."""
-    if (root / "cgroup.procs").is_file():
-        return [root]
-    if not root.is_dir():
-        return []
-    return sorted(
-        child
-        for child in root.iterdir()
-        if child.is_dir() and not child.is_symlink() and child.name != "cpuset" and (child / "cgroup.procs").is_file()
-    )
+def own_cgroups(mountinfo: str, membership: str) -> list[Path]:
+    """Where a process's own cgroup is, in each cgroup hierarchy mounted: from the text of its ``/proc/<pid>/mountinfo``
+    (each cgroup or cgroup2 mount: its mount point, the hierarchy path it shows, its controllers) and of its
+    ``/proc/<pid>/cgroup`` (its path in each hierarchy: ``0::<path>`` on v2; a line per hierarchy on v1 and hybrid
+    hosts). Left out: ``cpuset``, whose new cgroups take no process until their CPUs and memory nodes are set, and a
+    hierarchy whose mount does not show the process's cgroup (a mount of another part of the tree)."""
+    mounts: list[tuple[frozenset[str] | None, str, Path]] = []  # controllers (None: v2), the path shown, mount point
+    for line in mountinfo.splitlines():
+        head, separator, tail = line.partition(" - ")
+        fields, kind = head.split(), tail.split()
+        if not separator or len(fields) < 5 or len(kind) < 3 or kind[0] not in ("cgroup", "cgroup2"):
+            continue
+        controllers = None if kind[0] == "cgroup2" else frozenset(kind[2].split(","))
+        mounts.append((controllers, _unescape(fields[3]), Path(_unescape(fields[4]))))
+    found = set()
+    for line in membership.splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3:
+            continue
+        wanted = frozenset(parts[1].split(",")) if parts[1] else None
+        if wanted is not None and "cpuset" in wanted:
+            continue
+        for controllers, shown, mount_point in mounts:
+            matches = controllers is None if wanted is None else controllers is not None and wanted <= controllers
+            inside = parts[2] == shown or parts[2].startswith(shown.rstrip("/") + "/")
+            if matches and inside:
+                found.add(mount_point / parts[2][len(shown.rstrip("/")) :].lstrip("/"))
+    return sorted(path for path in found if (path / "cgroup.procs").is_file())
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field as the kernel escapes it (space, tab, newline and backslash as ``\\ooo``)."""
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)
 
 
 class FakeProc:
@@ -1530,7 +1552,7 @@ def _mps_checks(facts: RoundFacts) -> list[Check]:
     checks.append(
         Check(
             "mps-samples",
-            PASS if sampled <= server_pids else INFO,
+            PASS if sampled and sampled <= server_pids else INFO,
             f"utilisation samples during the round for pids {where}; the server: "
             f"{', '.join(map(str, sorted(server_pids))) or 'none'}",
         )
@@ -1836,7 +1858,11 @@ def mps_servers(lists: Mapping[str, Mapping[str, int | None]], tenants: Iterable
 
 
 def sampled_pids(lib: str | None, gpu: str, *, since: float) -> list[int]:
-    """The pids ``nvmlDeviceGetProcessUtilization`` has samples for since ``since`` (unix seconds)."""
+    """The pids ``nvmlDeviceGetProcessUtilization`` has samples for since ``since`` (unix seconds).
+
+    The whole buffer is asked for (``lastSeenTimeStamp`` 0) and cut at ``since`` here: nvml.h says the timestamps are
+    CPU microseconds, not which clock's, and where they are not the wall clock's every sample is kept.
+    """
     import pynvml
 
     from gpu_fence.auditor.nvml import Nvml
@@ -1844,10 +1870,14 @@ def sampled_pids(lib: str | None, gpu: str, *, since: float) -> list[int]:
     with Nvml(lib):
         handle = pynvml.nvmlDeviceGetHandleByUUID(gpu)
         try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, int(since * 1_000_000))
+            samples = [
+                (int(sample.pid), int(sample.timeStamp)) for sample in pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
+            ]
         except pynvml.NVMLError:
             return []
-    return sorted({int(sample.pid) for sample in samples})
+    start = int(since * 1_000_000)
+    wall_clock = any(stamp >= start for _, stamp in samples)
+    return sorted({pid for pid, stamp in samples if stamp >= start or not wall_clock})
 
 
 # --- the run -------------------------------------------------------------------------------------------------

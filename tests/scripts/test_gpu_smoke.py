@@ -265,8 +265,9 @@ def test_an_installed_tests_package_does_not_hide_the_fakes(fake_lib: Path, tmp_
 # --- the CUDA driver API path, against a fake libcuda.so.1 ---------------------------------------------------
 
 # The smoke's ctypes code against a C library with the CUDA driver API's signatures. Like the real driver, an
-# allocation makes the process show up in NVML: the fake appends a `proc` line to the fake NVML's configuration, and
-# cuMemFree_v2 removes it. FAKE_CUDA_FAIL=<function> makes that function answer CUDA_ERROR_OUT_OF_MEMORY (2).
+# allocation makes the process show up in NVML: the fake appends a `proc` line to the fake NVML's configuration (and
+# a `util` line once the process keeps memsetting, as a busy holder does), and cuMemFree_v2 removes them.
+# FAKE_CUDA_FAIL=<function> makes that function answer CUDA_ERROR_OUT_OF_MEMORY (2).
 FAKE_LIBCUDA = r"""
 #include <stdio.h>
 #include <stdlib.h>
@@ -318,7 +319,16 @@ CUresult cuMemAlloc_v2(unsigned long long *pointer, size_t bytes) {
     return 0;
 }
 CUresult cuMemsetD8_v2(unsigned long long pointer, unsigned char value, size_t bytes) {
-    (void)value; (void)bytes; return pointer == 0x7f0000000000ull ? 0 : 1;
+    static int memsets;
+    FILE *config;
+    (void)value; (void)bytes;
+    if (pointer != 0x7f0000000000ull) return 1;
+    /* The second memset is a busy holder's: from then on the driver samples the process at 50 %. */
+    if (++memsets == 2 && (config = fopen(getenv("FAKE_NVML_CONFIG"), "a")) != NULL) {
+        fprintf(config, "util %s %d 50 0 0 0\n", getenv("FAKE_CUDA_UUID"), (int)getpid());
+        fclose(config);
+    }
+    return 0;
 }
 CUresult cuCtxSynchronize(void) { return current != NULL ? 0 : 201; }
 CUresult cuMemFree_v2(unsigned long long pointer) {
@@ -330,6 +340,7 @@ CUresult cuMemFree_v2(unsigned long long pointer) {
     if (config == NULL) return 999;
     while (count < 64 && fgets(lines[count], sizeof lines[count], config) != NULL) {
         if (sscanf(lines[count], "proc %127s %31s %d", device, kind, &pid) == 3 && pid == (int)getpid()) continue;
+        if (sscanf(lines[count], "util %127s %d", device, &pid) == 2 && pid == (int)getpid()) continue;
         count++;
     }
     fclose(config);
@@ -939,57 +950,79 @@ def tenant(layout: str = "systemd-containerd") -> object:
     return smoke.Tenant("tenant-a", layout, 0, "busy", MIB, "0b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9", "ab" * 32)
 
 
-def test_cgroups_are_made_in_every_v1_hierarchy_but_cpuset_and_removed_after(tmp_path: Path) -> None:
+def hybrid_host(root: Path) -> tuple[str, str]:
+    """A hybrid host's cgroup mounts under ``root`` (``/proc/self/mountinfo``), with this process's own cgroups
+    (``/proc/self/cgroup``): in a job's memory cgroup, at the top of every other hierarchy."""
+    mounts = {
+        "cpu,cpuacct": "rw,cpu,cpuacct",
+        "memory": "rw,memory",
+        "cpuset": "rw,cpuset",
+        "systemd": "rw,xattr,name=systemd",
+    }
+    lines = [f"31 23 0:28 / {root} rw - tmpfs tmpfs rw"]
+    for number, (name, options) in enumerate(mounts.items()):
+        (root / name).mkdir(parents=True)
+        (root / name / "cgroup.procs").write_text("")
+        lines.append(f"{40 + number} 31 0:{30 + number} / {root / name} rw,relatime - cgroup cgroup {options}")
+    (root / "unified").mkdir()
+    (root / "unified" / "cgroup.procs").write_text("")
+    lines.append(f"49 31 0:39 / {root / 'unified'} rw,relatime - cgroup2 cgroup2 rw")
+    (root / "memory" / "job" / "7").mkdir(parents=True)
+    (root / "memory" / "job" / "7" / "cgroup.procs").write_text("")
+    membership = "9:name=systemd:/\n4:memory:/job/7\n3:cpuset:/\n2:cpu,cpuacct:/\n0::/\n"
+    return "\n".join(lines) + "\n", membership
+
+
+def test_the_tenants_go_below_the_smokes_own_cgroup_in_every_hierarchy_but_cpuset(tmp_path: Path) -> None:
     root = tmp_path / "cgroup"
-    for hierarchy in ("cpu,cpuacct", "memory", "pids", "systemd", "unified", "cpuset"):
-        (root / hierarchy).mkdir(parents=True)
-        (root / hierarchy / "cgroup.procs").write_text("")
-    (root / "cpu").symlink_to("cpu,cpuacct")
-    tree = smoke.CgroupTree(root)
-    assert [path.name for path in tree.hierarchies] == ["cpu,cpuacct", "memory", "pids", "systemd", "unified"]
+    hierarchies = smoke.own_cgroups(*hybrid_host(root))
+    assert hierarchies == [root / "cpu,cpuacct", root / "memory" / "job" / "7", root / "systemd", root / "unified"]
+    tree = smoke.CgroupTree(hierarchies)
 
     tree.place(tenant(), 4242, {})
-    top = f"gpu-smoke-{os.getpid()}"
     scope = (
         "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b1c2d3e_4f50_4617_8293_a4b5c6d7e8f9.slice/"
         f"cri-containerd-{'ab' * 32}.scope"
     )
-    for hierarchy in tree.hierarchies:
-        assert (hierarchy / top / scope / "cgroup.procs").read_text() == "4242\n"
-    assert not (root / "cpuset" / top).exists()
-    tree.place(
-        smoke.Tenant("tenant-b", "cgroupfs", 1, "busy", MIB, "0" * 8 + "-0000-4000-8000-" + "0" * 12, "cd" * 32),
-        4243,
-        {},
-    )
-    assert (
-        root / "memory" / top / "kubepods" / "burstable" / f"pod{'0' * 8}-0000-4000-8000-{'0' * 12}" / ("cd" * 32)
-    ).is_dir()
+    for hierarchy in hierarchies:
+        assert (hierarchy / tree.top / scope / "cgroup.procs").read_text() == "4242\n"
+    assert not (root / "cpuset" / tree.top).exists()
+    other = smoke.Tenant("tenant-b", "cgroupfs", 1, "busy", MIB, "00000000-0000-4000-8000-000000000000", "cd" * 32)
+    tree.place(other, 4243, {})
+    pod = root / "memory" / "job" / "7" / tree.top / "kubepods" / "burstable" / f"pod{other.uid}"
+    assert (pod / ("cd" * 32) / "cgroup.procs").read_text() == "4243\n"
 
-    for hierarchy in tree.hierarchies:  # as the kernel does once the processes exited: no cgroup.procs to remove
-        for procs in (hierarchy / top).rglob("cgroup.procs"):
+    for hierarchy in hierarchies:  # as the kernel has it once the processes exited: nothing in the way of rmdir
+        for procs in (hierarchy / tree.top).rglob("cgroup.procs"):
             procs.unlink()
     assert tree.close() == []
-    assert [child.name for child in (root / "memory").iterdir()] == ["cgroup.procs"]
+    assert all(not (hierarchy / tree.top).exists() for hierarchy in hierarchies)
+    assert (root / "memory" / "job" / "7").is_dir()  # only what the smoke made is removed
 
 
-def test_a_v2_host_has_one_hierarchy_and_no_writable_one_is_a_clear_failure(tmp_path: Path) -> None:
-    (tmp_path / "cgroup.procs").write_text("")
-    assert smoke.CgroupTree(tmp_path).hierarchies == [tmp_path]
-    tree = smoke.CgroupTree(tmp_path / "missing")
+def test_a_v2_host_has_one_hierarchy_and_none_is_a_clear_failure(tmp_path: Path) -> None:
+    (tmp_path / "user.slice").mkdir()
+    (tmp_path / "user.slice" / "cgroup.procs").write_text("")
+    mountinfo = f"30 23 0:27 / {tmp_path} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+    assert smoke.own_cgroups(mountinfo, "0::/user.slice\n") == [tmp_path / "user.slice"]
+    assert smoke.own_cgroups(mountinfo.replace(" / ", " /other "), "0::/user.slice\n") == []  # another part of the tree
     with pytest.raises(smoke.RoundFailed, match="run as root on a host whose cgroup file system is writable"):
-        tree.place(tenant(), 4242, {})
+        smoke.CgroupTree([]).place(tenant(), 4242, {})
 
 
 def writable_cgroups() -> bool:
-    hierarchies = smoke.cgroup_hierarchies(smoke.CGROUP_ROOT)
+    try:
+        hierarchies = smoke.CgroupTree().hierarchies
+    except OSError:
+        return False
     return os.geteuid() == 0 and bool(hierarchies) and all(os.access(h, os.W_OK) for h in hierarchies)
 
 
 @pytest.mark.skipif(not writable_cgroups(), reason="needs root and a writable cgroup file system (the real run's path)")
 @pytest.mark.parametrize("layout", ["systemd-containerd", "cgroupfs", "systemd-crio"])
 def test_a_real_process_placed_by_the_smoke_is_read_back_by_the_auditor(layout: str) -> None:
-    """The real run's placement on this host's cgroup file system, read back as the auditor reads /proc."""
+    """The real run's placement on this host's cgroup file system (below this process's own cgroups), read back as
+    the auditor reads /proc."""
     from gpu_fence.auditor.hostproc import HostProc
 
     process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
@@ -998,6 +1031,7 @@ def test_a_real_process_placed_by_the_smoke_is_read_back_by_the_auditor(layout: 
         tree.place(tenant(layout), process.pid, {})
         identity = HostProc("/proc").identity(process.pid)
         assert identity is not None and (identity.pod_uid, identity.container_id) == (tenant().uid, "ab" * 32)
+        assert f"/{tree.top}/" in Path(f"/proc/{process.pid}/cgroup").read_text()
     finally:
         process.communicate(b"", timeout=30)
         left = tree.close()
@@ -1152,6 +1186,7 @@ def test_a_client_in_one_list_only_or_no_server_fails_the_lists_check_and_stray_
     assert verdicts(dataclasses.replace(mps, mps=mps.mps | {"lists": lists}))["mps-lists"] == "fail"
     assert verdicts(dataclasses.replace(mps, mps=mps.mps | {"servers": []}))["mps-lists"] == "fail"
     assert verdicts(dataclasses.replace(mps, mps=mps.mps | {"sampled_pids": [11, 30]}))["mps-samples"] == "info"
+    assert verdicts(dataclasses.replace(mps, mps=mps.mps | {"sampled_pids": []}))["mps-samples"] == "info"
 
 
 def test_the_smoke_and_the_auditor_it_runs_need_nothing_of_the_webhook(fake_lib: Path, tmp_path: Path) -> None:
@@ -1172,3 +1207,41 @@ def test_the_smoke_and_the_auditor_it_runs_need_nothing_of_the_webhook(fake_lib:
     done = run_smoke("--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--runs", "1", "--mps", env=env)
     assert done.returncode == 0, done.stderr
     assert {check["status"] for check in results(out)["checks"]} == {"pass", "skip"}
+
+
+@pytest.mark.skipif(not writable_cgroups(), reason="needs root and a writable cgroup file system (the real run's path)")
+def test_the_real_path_places_busy_tenants_in_this_hosts_cgroups_and_audits_them(
+    fake_lib: Path, fake_libcuda: Path, tmp_path: Path
+) -> None:
+    """Not a dry run: the driver-API holders (against the fake libcuda.so.1, busy with memsets in a thread), placed in
+    real cgroups below this process's own, read from the host's /proc by the auditor; only NVML is a fake."""
+    config = FakeNvmlConfig(gpus=(FakeGpu(0), FakeGpu(1))).write(tmp_path / "nvml.conf")
+    out = tmp_path / "out"
+    done = run_smoke(
+        "--out",
+        str(out),
+        "--nvml-lib",
+        str(fake_lib),
+        "--cuda",
+        "driver",
+        "--alloc-mib",
+        "64",
+        "--runs",
+        "2",
+        env=cuda_env(fake_libcuda, config),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    record = results(out)
+    checks = checks_by_name(record)
+    assert {checks[f"tenants-{name}"]["status"] for name in (*TENANT_CHECKS, "activity", "cleanup")} == {"pass"}
+    entry = record["tenants"]["time-slicing"]
+    assert entry["placement"].startswith("real cgroups under ") and entry["cgroups_left"] == []
+    assert {process["backend"] for process in entry["cuda_processes"]} == {"driver"}
+    shares = {
+        row["pod"]: row["gpu_activity"][entry["gpu"]]["sm"]
+        for row in entry["cycles"][-1]["report"]["containers"]
+        if row["namespace"] == "smoke-time-slicing"
+    }
+    assert shares == {"tenant-a": 0.5, "tenant-b": 0.5, "tenant-c": 0.0}  # the busy threads' memsets, sampled
+    assert "util " not in config.read_text() and "proc " not in config.read_text()
