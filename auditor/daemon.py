@@ -266,13 +266,12 @@ def backoff(interval: float, failures_in_row: int, maximum: float) -> float:
 
 
 def run_daemon(args: argparse.Namespace) -> ExitStatus:
-    # gRPC's C core logs to stderr in its own format (a kubelet restart prints a GOAWAY line); our JSON lines say
-    # what matters, so silence it unless the operator asks for it. Set before anything imports grpc (the metrics
-    # module does, for the kubelet client's method names): the core reads it once, when it loads.
-    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     from .kube import EventRecorder
     from .metrics import AuditorMetrics
 
+    # gRPC's C core logs to stderr in its own format (a kubelet restart prints a GOAWAY line); our JSON lines say
+    # what matters, so silence it unless the operator asks for it.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     logs.configure("INFO")  # JSON lines on stderr, the shape the webhook's serve writes too
     settings = RunSettings.from_args(args)
     clash = label_clash(settings.audit.pod_label_keys)

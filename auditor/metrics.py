@@ -31,8 +31,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .model import Activity, AuditResult, DraResolution, FailureReason, FindingKind, NodeSnapshot, SliceState
-from .podresources.client import METHODS as KUBELET_METHODS
-from .podresources.client import REASONS as KUBELET_FAILURE_REASONS
+from .podresources.calls import METHODS as KUBELET_METHODS
+from .podresources.calls import REASONS as KUBELET_FAILURE_REASONS
 
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -376,7 +376,7 @@ def test_memory_beside_an_unresolved_dra_device_is_allocated_unknown_not_overrea
 
 def test_kubelet_calls_and_their_failures_are_exported_at_zero_from_the_start():
     """An alert on increase() sees the first failure only as a rise from an earlier sample of the same series."""
-    from gpu_fence.auditor.podresources.client import METHODS, REASONS
+    from gpu_fence.auditor.podresources.calls import METHODS, REASONS
 
     families = {f.name: f for f in text_string_to_metric_families(AuditorMetrics("n").exposition().decode())}
     calls = {s.labels["method"]: s.value for s in families["gpu_fence_audit_kubelet_calls"].samples}
