@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from gpu_fence.webhook.discovery import (
     object_namespace,
     pod_for_site,
 )
-from gpu_fence.webhook.sources import SourceError, parse_documents
+from gpu_fence.webhook.sources import SourceError, is_excluded, parse_documents
 
 CONTAINERS = [{"name": "main", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"}]
 
@@ -454,3 +455,22 @@ def test_resource_manifests_are_read_only_where_the_kind_says_so() -> None:
     template = {"templates": [{"resource": {"action": "create", "manifest": "kind: Pod"}}]}
     assert find_embedded_manifests({"apiVersion": "example.com/v1", "kind": "Workflow", "spec": template}) == []
     assert find_embedded_manifests({"apiVersion": "argoproj.io/v1alpha1", "kind": "Sensor", "spec": template}) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "patterns", "excluded"),
+    [
+        ("deploy/charts/app/values.yaml", ["charts"], True),  # a name anywhere in the path
+        ("deploy/charts.yaml", ["charts"], False),
+        ("./deploy/app.tmpl.yaml", ["*.tmpl.yaml"], True),
+        ("deploy/legacy/a.yaml", ["deploy/legacy"], True),  # a directory above it matches
+        ("deploy/legacy", ["deploy/legacy"], True),
+        ("/repo/deploy/legacy", ["deploy/legacy"], True),  # any end of the path after a /
+        ("/repo/mydeploy/legacy", ["deploy/legacy"], False),
+        ("deploy/a/b/old.yaml", ["deploy/*/old.yaml"], True),  # * crosses /
+        ("deploy/legacy/", ["./deploy/legacy/"], True),  # both normalised
+        ("deploy/app.yaml", [], False),
+    ],
+)
+def test_exclude_globs(path: str, patterns: list[str], excluded: bool) -> None:
+    assert is_excluded(path, [os.path.normpath(pattern) for pattern in patterns]) is excluded
