@@ -57,7 +57,16 @@ from .reports import (
     render_sarif,
     render_text,
 )
-from .sources import Document, Source, SourceError, SourceKind, find_sources, parse_documents, read_source
+from .sources import (
+    MAX_DOCUMENT_BYTES,
+    Document,
+    Source,
+    SourceError,
+    SourceKind,
+    find_sources,
+    parse_documents,
+    read_source,
+)
 
 DEFAULT_NAMESPACE = "default"
 #: ``manifests/base/policy.yaml``, installed with the package under this name (a link in the source tree): one file
@@ -288,6 +297,8 @@ class Checked:
     excluded: int = 0
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: bytes of manifests held in strings read for the current document (aliases can repeat one string many times)
+    embedded_bytes: int = 0
 
     def report(self) -> Report:
         return Report(tuple(self.results), self.skipped)
@@ -340,15 +351,6 @@ def check_paths(
     return checked
 
 
-def check_documents(documents: Iterable[Document], config: PolicyConfig, default_namespace: str) -> Report:
-    """Evaluate every pod spec in the documents. Documents that are not Kubernetes objects are counted; a document
-    that cannot be walked raises :class:`SourceErrors`."""
-    checked = Checked()
-    for document in documents:
-        _check_document(checked, document, config, default_namespace)
-    return checked.report()
-
-
 @dataclass(frozen=True)
 class _Origin:
     """For a document read from a string inside an object (an embedded manifest): that object, which the report
@@ -369,7 +371,9 @@ def _check_document(
     default_namespace: str,
     origin: _Origin | None = None,
 ) -> None:
-    checked.documents += origin is None
+    if origin is None:
+        checked.documents += 1
+        checked.embedded_bytes = 0
     for relative, obj in iter_objects(document.data):
         if obj is None:
             checked.skipped += 1
@@ -430,12 +434,16 @@ def _check_embedded(
             )
         return
     depth = origin.depth + 1 if origin else 1
+    checked.embedded_bytes += len(manifest.text)
     if depth > MAX_EMBEDDING_DEPTH:
+        unread = f"manifests held in strings more than {MAX_EMBEDDING_DEPTH} deep"
+    elif checked.embedded_bytes > MAX_DOCUMENT_BYTES:  # one string repeated through aliases, read again each time
+        unread = f"the manifests held in strings of one document pass {MAX_DOCUMENT_BYTES / 2**20:g} MiB in all"
+    else:
+        unread = ""
+    if unread:
         checked.skipped += 1
-        checked.notes.append(
-            f"{document.source}:{line}: {label} not checked: manifests held in strings more than "
-            f"{MAX_EMBEDDING_DEPTH} deep"
-        )
+        checked.notes.append(f"{document.source}:{line}: {label} not checked: {unread}")
         return
     try:
         documents = parse_documents(

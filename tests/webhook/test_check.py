@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpu_fence.webhook import cli, sources
+from gpu_fence.webhook import check, cli, sources
 from tests.fakes.check_reports import where_and_verdict
 
 HERE = Path(__file__).parent
@@ -774,3 +774,65 @@ def test_every_option_of_check_is_documented_in_its_options_table() -> None:
     for option in longs:
         assert f"| `{option}" in table, option
         assert option in synopsis, option
+
+
+def workflow_creating(manifest: str, name: str) -> str:
+    """A Workflow whose one resource template creates ``manifest``, as JSON (a YAML text too)."""
+    template = {"name": "t", "resource": {"action": "create", "manifest": manifest}}
+    return json.dumps(
+        {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Workflow",
+            "metadata": {"name": name},
+            "spec": {"templates": [template]},
+        }
+    )
+
+
+def test_manifests_in_strings_are_followed_four_deep(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    text = BYPASS_POD
+    for level in range(5):
+        text = workflow_creating(text, f"w{level}")
+        if level == 3:
+            four_deep = write(tmp_path, "four.yaml", text)
+    five_deep = write(tmp_path, "five.yaml", text)
+    code, out, err = run_check(capsys, monkeypatch, "--format", "json", str(four_deep))
+    assert (code, err) == (1, "")
+    [result] = json.loads(out)["results"]
+    assert result["path"] == " > ".join(["spec.templates[0].resource.manifest"] * 4)
+    assert (result["kind"], result["name"], result["namespace"]) == ("Workflow", "w3", "team-a")
+    code, out, err = run_check(capsys, monkeypatch, "--format", "json", "--allow-empty", str(five_deep))
+    assert code == 0
+    assert json.loads(out)["summary"]["skipped"] == 1
+    assert err.splitlines() == [
+        f"gpu-fence-webhook check: warning: {five_deep}:1: "
+        + " > ".join(["spec.templates[0].resource.manifest"] * 5)
+        + " not checked: manifests held in strings more than 4 deep"
+    ]
+
+
+def test_one_manifest_string_repeated_through_aliases_is_read_within_a_budget(
+    tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(check, "MAX_DOCUMENT_BYTES", 1000)
+    lines = [
+        "apiVersion: argoproj.io/v1alpha1",
+        "kind: Workflow",
+        "metadata: {name: w}",
+        "spec:",
+        "  templates:",
+        f"    - {{name: t0, resource: {{action: create, manifest: &m {json.dumps(BYPASS_POD)}}}}}",
+        *(f"    - {{name: t{n}, resource: {{action: create, manifest: *m}}}}" for n in range(1, 6)),
+    ]
+    path = write(tmp_path, "aliases.yaml", "\n".join(lines) + "\n")
+    code, out, err = run_check(capsys, monkeypatch, "--format", "json", str(path))
+    assert code == 1
+    report = json.loads(out)
+    read = len(report["results"])
+    assert read == 1000 // len(BYPASS_POD)
+    assert report["summary"]["skipped"] == 6 - read
+    assert len(err.splitlines()) == 6 - read
+    assert err.splitlines()[-1].endswith(
+        "spec.templates[5].resource.manifest not checked: the manifests held in strings of one document pass "
+        "0.000953674 MiB in all"
+    )
