@@ -836,3 +836,47 @@ def test_one_manifest_string_repeated_through_aliases_is_read_within_a_budget(
         "spec.templates[5].resource.manifest not checked: the manifests held in strings of one document pass "
         "0.000953674 MiB in all"
     )
+
+
+KSERVE_MULTINODE = """\
+apiVersion: serving.kserve.io/v1beta1
+kind: InferenceService
+metadata:
+  name: llama
+  namespace: serving
+spec:
+  predictor:
+    containers:
+      - name: kserve-container
+        image: vllm/vllm-openai:v0.8.5
+        resources:
+          limits: {nvidia.com/gpu: 1}
+    workerSpec:
+      tensorParallelSize: 1
+      pipelineParallelSize: 2
+      containers:
+        - name: worker-container
+          image: vllm/vllm-openai:v0.8.5
+          securityContext: {privileged: true}
+"""
+
+
+def test_a_pod_spec_beside_another_is_reported_at_its_own_path_and_lines(
+    tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    path = write(tmp_path, "isvc.yaml", KSERVE_MULTINODE)
+    code, report = check_json(capsys, monkeypatch, str(path))
+    assert code == 1
+    assert [(r["path"], r["verdict"]) for r in report["results"]] == [
+        ("spec.predictor", "allowed"),
+        ("spec.predictor.workerSpec", "rejected"),
+    ]
+    code, out, _ = run_check(capsys, monkeypatch, str(path), "--format", "sarif")
+    [result] = json.loads(out)["runs"][0]["results"]
+    text = KSERVE_MULTINODE.splitlines()
+    assert text[result["locations"][0]["physicalLocation"]["region"]["startLine"] - 1].strip() == (
+        "- name: worker-container"
+    )
+    assert result["locations"][0]["logicalLocations"][0]["fullyQualifiedName"] == (
+        "InferenceService/serving/llama/spec.predictor.workerSpec"
+    )
