@@ -451,10 +451,8 @@ def _check_embedded(
         )
     except SourceError as error:
         checked.skipped += 1
-        checked.notes.append(
-            f"{error}; the manifest of {label} is not checked (Argo substitutes {{{{...}}}} parameters only when "
-            "it runs)"
-        )
+        why = " (Argo substitutes {{...}} parameters only when it runs: quote them)" if "{{" in manifest.text else ""
+        checked.notes.append(f"{error}; the manifest of {label} is not checked{why}")
         return
     outer = origin or _Origin(
         str(obj.get("kind")), str(obj.get("apiVersion")), object_name(obj), document.line_of(relative), "", 0

@@ -738,7 +738,7 @@ def test_argo_resource_manifests_are_checked_as_the_objects_they_create(
     assert err.splitlines() == [
         f"gpu-fence-webhook check: warning: {path}:{templated}: kubectl cannot read it: a mapping is used as a "
         "mapping key; the manifest of spec.templates[3].resource.manifest is not checked (Argo substitutes {{...}} "
-        "parameters only when it runs)",
+        "parameters only when it runs: quote them)",
         f"gpu-fence-webhook check: warning: {path}:{patch}: spec.templates[4].resource.manifest is a patch "
         "(action: patch), not checked: check the object it patches",
     ]
@@ -880,3 +880,15 @@ def test_a_pod_spec_beside_another_is_reported_at_its_own_path_and_lines(
     assert result["locations"][0]["logicalLocations"][0]["fullyQualifiedName"] == (
         "InferenceService/serving/llama/spec.predictor.workerSpec"
     )
+
+
+def test_a_broken_manifest_in_a_string_is_named_without_a_guess(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    workflow = workflow_creating("apiVersion: v1\nkind: [Pod\n", "w")
+    path = write(tmp_path, "broken.yaml", workflow + "\n---\n" + GPU_POD)
+    code, out, err = run_check(capsys, monkeypatch, "--format", "json", str(path))
+    assert code == 0
+    assert json.loads(out)["summary"]["skipped"] == 1
+    assert err.splitlines() == [
+        f"gpu-fence-webhook check: warning: {path}:1: YAML does not parse: did not find expected ',' or ']'; the "
+        "manifest of spec.templates[0].resource.manifest is not checked"
+    ]
