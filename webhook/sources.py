@@ -31,9 +31,9 @@ MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 #: The source name used for standard input, in reports as on the command line.
 STDIN = "-"
 
-#: The largest document read. The API server takes no request body over 3 MiB, so no object comes near this; only a
-#: List (``kubectl get ... -o yaml``) does, and a live cluster is better read with ``check --cluster``. Memory is
-#: bounded by about ten times this.
+#: The largest document read. By default the API server takes no request body over 3 MiB (``MaxRequestBodyBytes``,
+#: k8s.io/apiserver ``pkg/server/config.go``), so no object comes near this; only a List (``kubectl get ... -o yaml``)
+#: does, and a live cluster is better read with ``check --cluster``. Memory is bounded by about ten times this.
 MAX_DOCUMENT_BYTES = 64 * 2**20
 
 #: How much of a stream is read first to tell JSON from YAML.
