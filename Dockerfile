@@ -1,8 +1,10 @@
 # gpu-fence: one image, both entry points.
 #
-#   docker build -t gpu-fence:0.1.0 .
-#   docker run --rm gpu-fence:0.1.0 --help                       # gpu-fence-webhook (the default ENTRYPOINT)
-#   docker run --rm --entrypoint gpu-fence-auditor gpu-fence:0.1.0 --help
+#   docker build -t gpu-fence:dev .
+#   docker run --rm gpu-fence:dev --help                         # gpu-fence-webhook (the default ENTRYPOINT)
+#   docker run --rm --entrypoint gpu-fence-auditor gpu-fence:dev --help
+#
+# Releases are built by .github/workflows/release.yml for linux/amd64 and linux/arm64 (docs/install.md).
 #
 # The manifests set `command:` explicitly for every container (gpu-fence-webhook serve / certs,
 # gpu-fence-auditor run), so the default ENTRYPOINT only matters for `docker run`.
@@ -43,7 +45,8 @@ RUN python -m venv --without-pip /opt/gpu-fence \
 FROM ${PYTHON_IMAGE}
 # Declared again so that the base.name label below names the image this build really used.
 ARG PYTHON_IMAGE
-ARG VERSION=0.1.0
+# The package version (pyproject.toml); the release workflow passes it, a test keeps this default equal to it.
+ARG VERSION=0.2.0
 LABEL org.opencontainers.image.title="gpu-fence" \
       org.opencontainers.image.description="Keep Kubernetes GPU access equal to what the kubelet allocated: an admission webhook and a node auditor." \
       org.opencontainers.image.version="${VERSION}" \

@@ -29,6 +29,7 @@ from gpu_fence.vocabulary import DeviceIdForm, Visibility, classify_device_id, p
 from .model import (
     IDLE,
     Activity,
+    ActivityUnknown,
     AuditPolicy,
     AuditResult,
     Container,
@@ -59,11 +60,21 @@ def audit(snapshot: NodeSnapshot, policy: AuditPolicy | None = None) -> AuditRes
 
     rows: list[Row] = []
     findings: list[Finding] = []
+    unknown_activity = dict(snapshot.activity_unknown)
     for container in snapshot.containers:
         entitled = entitlement(container, reservations)
         processes = processes_by_container.get(container.container_id or "", []) if container.container_id else []
         exempt = container.namespace in policy.exempt_namespaces
-        rows.append(_row(container, entitled, processes, exempt, snapshot.activity_devices))
+        rows.append(
+            _row(
+                container,
+                entitled,
+                processes,
+                exempt,
+                activity_devices=snapshot.activity_devices,
+                unknown_activity=unknown_activity,
+            )
+        )
         if exempt:
             continue
         possible = entitled | container.unconfirmed_allocations
@@ -326,7 +337,9 @@ def _row(
     entitled: frozenset[str],
     processes: list[GpuProcess],
     exempt: bool,
+    *,
     activity_devices: frozenset[str],
+    unknown_activity: Mapping[str, ActivityUnknown],
 ) -> Row:
     memory: Counter[str] = Counter()
     unknown: Counter[str] = Counter()
@@ -341,6 +354,8 @@ def _row(
     # process there (an idle reservation is the point of the signal).
     activity = {uuid: IDLE for uuid in entitled if uuid in activity_devices}
     activity.update((uuid, Activity.total(found)) for uuid, found in busy.items())
+    # Where it is unknown (MIG, MPS, an error), the row says why, on every device the container uses or holds.
+    unsampled = {uuid: unknown_activity[uuid] for uuid in (*entitled, *memory) if uuid in unknown_activity}
     return Row(
         namespace=container.namespace,
         pod=container.pod,
@@ -357,6 +372,7 @@ def _row(
         labels=container.labels,
         unknown_memory_processes=tuple(sorted(unknown.items())),
         activity=tuple(sorted(activity.items())),
+        activity_unknown=tuple(sorted(unsampled.items())),
         unconfirmed_allocations=_sorted(container.unconfirmed_allocations - entitled),
         claimed_namespace=container.claimed_namespace,
         claimed_pod=container.claimed_pod,

@@ -19,7 +19,7 @@ from . import chargeback, daemon
 EPILOG = """\
 examples:
   gpu-fence-auditor once --format json
-  gpu-fence-auditor run --interval 30 --metrics-port 9400
+  gpu-fence-auditor run --interval 30 --metrics-port 10400
   gpu-fence-auditor chargeback --prometheus http://prometheus:9090 --start -30d --end now --by label:team
 
 exit codes: 0 clean, 1 findings (once), 2 could not audit / could not run

@@ -96,6 +96,7 @@ def collect(sources: Sources, options: SnapshotOptions, *, clock: Callable[[], f
         notes=notes,
         degraded=degraded,
         activity_devices=nvml.activity_devices,
+        activity_unknown=nvml.activity_unknown,
         unlisted=nvml.unlisted,
         slices=slices,
         offered=offered,

@@ -39,6 +39,7 @@ from .server import Health, serve_http
 from .settings import AuditSettings, RunSettings, add_once_parser, add_run_parser, label_clash
 from .snapshot import SnapshotOptions
 from .sources import HostProcSource, NvmlSource, OfferedSource, PodResourcesSource, PodSource, SliceSource, Sources
+from .webconfig import TlsContexts, WebConfigError, load_web_config
 
 if TYPE_CHECKING:
     from .kube import ApiBudget
@@ -277,6 +278,13 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
     if clash:
         print(f"gpu-fence-auditor run: {clash}", file=sys.stderr)
         return ExitStatus.ERROR
+    tls = None
+    if settings.web_config_file is not None:
+        try:
+            tls = TlsContexts(load_web_config(settings.web_config_file))
+        except WebConfigError as error:
+            print(f"gpu-fence-auditor run: --web-config-file {error}", file=sys.stderr)
+            return ExitStatus.ERROR
     auditor = Auditor(settings.audit, watch=True)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -290,7 +298,7 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
     # The per-container series go stale with /healthz: an audit older than the health window is no measurement.
     metrics = AuditorMetrics(auditor.node, settings.audit.pod_label_keys, stale_after=health.window)
     try:
-        server = serve_http(settings.metrics_bind, settings.metrics_port, metrics, health)
+        server = serve_http(settings.metrics_bind, settings.metrics_port, metrics, health, tls)
     except OSError as error:
         print(
             f"gpu-fence-auditor run: cannot serve on {settings.metrics_bind}:{settings.metrics_port}: {error.strerror}",
@@ -305,9 +313,10 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
     logs.event(
         log,
         "started",
-        f"auditing node {auditor.node}, serving /metrics and /healthz on port {port}",
+        f"auditing node {auditor.node}, serving /metrics and /healthz on port {port}" + (" over TLS" if tls else ""),
         node=auditor.node,
         port=port,
+        tls=tls is not None,
         interval=settings.interval,
         api_budget_seconds=round(budget, 3),
         kubernetes=auditor.api_client is not None,

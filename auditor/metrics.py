@@ -31,6 +31,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .model import Activity, AuditResult, DraResolution, FailureReason, FindingKind, NodeSnapshot, SliceState
+from .podresources.calls import METHODS as KUBELET_METHODS
+from .podresources.calls import REASONS as KUBELET_FAILURE_REASONS
 
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -146,18 +148,24 @@ class _LatestAudit(Collector):
             GaugeMetricFamily(
                 name,
                 f"Share of time (0-1) the {engine} of that GPU ran the container's processes since the previous cycle "
-                "(NVML per-process utilisation samples). Operational, not a billing basis; absent where NVML does "
-                "not sample (MIG).",
+                "(NVML per-process utilisation samples). Operational, not a billing basis; absent where it is unknown "
+                "(gpu_fence_gpu_activity_unknown says why: MIG, MPS, ...).",
                 labels=[*container_labels, "gpu_uuid", "allocated"],
             )
             for name, engine, _ in ACTIVITY_GAUGES
         ]
         sampled = GaugeMetricFamily(
             "gpu_fence_gpu_activity_sampled",
-            "1 when NVML reported per-process utilisation for the GPU in the latest cycle; 0 when it did not (a MIG "
-            "device or MIG-enabled card, a driver without the call, an error): the activity gauges are then absent, "
-            "not zero.",
+            "1 when NVML reported per-process utilisation for the GPU in the latest cycle and it is the processes' "
+            "own; 0 when not (gpu_fence_gpu_activity_unknown says why): the activity gauges are then absent, not zero.",
             labels=["node", "gpu_uuid"],
+        )
+        activity_unknown = GaugeMetricFamily(
+            "gpu_fence_gpu_activity_unknown",
+            "1 for a GPU or MIG device whose per-process activity is unknown in the latest cycle, with why: mig (NVML "
+            "does not sample MIG), mps (MPS clients: NVML reports their work under the MPS server's pid), "
+            "not-supported, error.",
+            labels=["node", "gpu_uuid", "reason"],
         )
         unresolved_dra = GaugeMetricFamily(
             "gpu_fence_container_unresolved_dra_devices",
@@ -252,6 +260,8 @@ class _LatestAudit(Collector):
                 unattributed_unknown.add_metric([self.node, uuid], count)
             for uuid, reason in snapshot.unlisted:
                 unlisted.add_metric([self.node, uuid, reason], 1)
+            for uuid, why in snapshot.activity_unknown:
+                activity_unknown.add_metric([self.node, uuid, why.value], 1)
             for uuid, count in snapshot.offered_replicas or ():
                 offered.add_metric([self.node, uuid], count)
             for (namespace, pod), values in labelled_pods.items():
@@ -270,6 +280,7 @@ class _LatestAudit(Collector):
             total,
             share,
             sampled,
+            activity_unknown,
             offered,
         )
         yield pod_labels
@@ -328,8 +339,14 @@ class AuditorMetrics:
             ["state"],
             registry=self.registry,
         )
+        # Every label set known before the first cycle is exported at 0 from start: increase() and rate() see an
+        # event only as a rise between two samples, so a series that the first event creates is never seen to rise.
         for reason in FailureReason:
             self.failures.labels(reason=reason.value)
+        for method in KUBELET_METHODS:
+            self.kubelet_calls.labels(method=method)
+            for kubelet_reason in KUBELET_FAILURE_REASONS:
+                self.kubelet_failures.labels(method=method, reason=kubelet_reason)
         self._kubelet_seen: Tally[tuple[str, ...]] = Tally()
         self._failures_seen: Tally[tuple[str, ...]] = Tally()
 

@@ -71,6 +71,18 @@ class FindingKind(Enum):
     INCOMPLETE_VIEW = "incomplete-view"
 
 
+class ActivityUnknown(Enum):
+    """Why a device's per-process activity is unknown this cycle: the ``reason`` of ``gpu_fence_gpu_activity_unknown``
+    and of a report row's ``gpu_activity_unknown`` (``docs/metrics.md``)."""
+
+    MIG = "mig"  # a MIG device or a MIG-enabled card: nvml.h says per-process utilisation is not supported there
+    #: MPS clients on the GPU (NVML's MPS process list is not empty): the driver reports their work under the MPS
+    #: server's pid (H200, driver 580.159.04), so no process's samples there can be told to be its own
+    MPS = "mps"
+    NOT_SUPPORTED = "not-supported"  # the driver has neither utilisation call, or answers NOT_SUPPORTED
+    ERROR = "error"  # the call failed this cycle, returned a value above 100%, or the MPS list could not be read
+
+
 class ViewLimit(Enum):
     """A bound the auditor met reading a container's processes (``auditor.hostproc``): what lay past it was not
     judged, so the container is reported (``incomplete-view``) rather than passed as clean."""
@@ -141,8 +153,8 @@ class Activity:
     """How busy a GPU's engines kept a process's work (or the sum over a container's processes): each a share of
     time from 0 to 1, from NVML's per-process utilisation samples since the previous cycle (``docs/metrics.md``).
 
-    An operational signal, never a billing basis: samples, not accounting, and under MPS the shares of processes
-    whose kernels overlap add up to more than the device's time.
+    An operational signal, never a billing basis: samples, not accounting; and under MPS the driver reports the
+    clients' work under the MPS server's pid, so there a process's activity is unknown (``ActivityUnknown.MPS``).
     """
 
     sm: float = 0.0
@@ -181,7 +193,7 @@ class GpuProcess:
     pod_uid: str | None = None
     container_id: str | None = None
     identity_error: str | None = None
-    activity: Activity | None = None  # None: NVML does not sample this device's processes (MIG), or failed to
+    activity: Activity | None = None  # None: unknown (the device's ``ActivityUnknown`` in the snapshot says why)
 
 
 @dataclass(frozen=True)
@@ -270,6 +282,8 @@ class NodeSnapshot:
     degraded: frozenset[FailureReason] = frozenset()
     #: the devices whose per-process activity NVML reported this cycle; elsewhere activity is unknown, not zero
     activity_devices: frozenset[str] = frozenset()
+    #: (GPU or MIG device UUID, why) for the devices NVML lists whose per-process activity is unknown this cycle
+    activity_unknown: tuple[tuple[str, ActivityUnknown], ...] = ()
     #: (GPU or MIG device UUID, NVML's reason) for the devices whose processes NVML could not list this cycle:
     #: what runs there is unknown, so their unattributed memory is too
     unlisted: tuple[tuple[str, str], ...] = ()
@@ -311,6 +325,8 @@ class Row:
     unknown_memory_processes: tuple[tuple[str, int], ...] = ()
     # UUID → the activity of the container's processes there, on each device it uses or holds that NVML samples
     activity: tuple[tuple[str, Activity], ...] = ()
+    # UUID → why the activity is unknown, on each device it uses or holds where it is (never a 0 in ``activity``)
+    activity_unknown: tuple[tuple[str, ActivityUnknown], ...] = ()
     unconfirmed_allocations: tuple[str, ...] = ()  # see Container
     claimed_namespace: str | None = None
     claimed_pod: str | None = None

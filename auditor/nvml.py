@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import ModuleType, TracebackType
 from typing import Any
 
-from .model import IDLE, Activity, Gpu
+from .model import IDLE, Activity, ActivityUnknown, Gpu
 
 #: ``gpuInstanceId`` / ``computeInstanceId`` of a process when its GPU is not in MIG mode (nvml.h).
 NO_INSTANCE = 0xFFFFFFFF
@@ -110,6 +110,8 @@ class NvmlSnapshot:
     activity_devices: frozenset[str] = frozenset()
     #: (device UUID, reason) of the devices whose process lists NVML could not read: their processes are unknown
     unlisted: tuple[tuple[str, str], ...] = ()
+    #: (device UUID, why) of every device not in ``activity_devices``: their processes' ``activity`` is None
+    activity_unknown: tuple[tuple[str, ActivityUnknown], ...] = ()
 
 
 class NvmlError(Exception):
@@ -253,8 +255,8 @@ class _Reader:
         self.devices: list[Gpu] = []
         self.problems: list[NvmlProblem] = []
         self.processes: dict[tuple[int, str], tuple[set[str], int | None]] = {}  # (pid, device) → kinds, bytes
-        self.totals: dict[str, int] = {}  # device → memory, to tell a process's size from garbage
         self.activity: dict[str, dict[int, Activity]] = {}  # device NVML sampled → pid → its activity
+        self.unknown_activity: dict[str, ActivityUnknown] = {}  # every other device → why
         self.totals: dict[str, int | None] = {}  # device → memory, to tell a process's size from garbage
         self.unlisted: dict[str, str] = {}  # device → why a process list of it could not be read
 
@@ -286,6 +288,7 @@ class _Reader:
             self._driver_version(),
             frozenset(self.activity),
             tuple(self.unlisted.items()),
+            tuple(self.unknown_activity.items()),
         )
 
     def _activity_of(self, pid: int, uuid: str) -> Activity | None:
@@ -343,6 +346,7 @@ class _Reader:
         self.devices += reader.devices
         self.problems += reader.problems
         self.activity.update(reader.activity)
+        self.unknown_activity.update(reader.unknown_activity)
         self.unlisted.update(reader.unlisted)
         for (pid, uuid), (kinds, used) in reader.processes.items():
             for kind in kinds:
@@ -362,18 +366,40 @@ class _Reader:
         self.devices.append(gpu)
         self.totals[uuid] = total
         if not mig_enabled:
+            mps: bool | None = False  # MPS clients on the card; None: its MPS list could not be read
             for kind, functions in _PROCESS_CALLS:
-                for process in self._list(uuid, handle, kind, functions):
+                listed = self._list(uuid, handle, kind, functions)
+                for process in listed or ():
                     self._add_process(int(process.pid), uuid, kind, process.usedGpuMemory)
-            sampled = self._read_activity(uuid, handle)
-            if sampled is not None:
-                self.activity[uuid] = sampled
+                if kind == "mps":
+                    mps = None if listed is None else bool(listed)
+            # asked under MPS too, so that the next snapshot reads only samples newer than these
+            self._judge_activity(uuid, self._read_activity(uuid, handle), mps)
             return
         # nvml.h: "On MIG-enabled GPUs, querying process utilization is not currently supported": not asked, so
         # the card and its MIG devices have no activity (unknown), never a zero.
         migs = self._read_migs(gpu, handle)
         self.devices += [mig.device for mig in migs]
+        self.unknown_activity[uuid] = ActivityUnknown.MIG
+        self.unknown_activity.update((mig.device.uuid, ActivityUnknown.MIG) for mig in migs)
         self._read_mig_processes(gpu, handle, migs)
+
+    def _judge_activity(self, uuid: str, sampled: dict[int, Activity] | ActivityUnknown, mps: bool | None) -> None:
+        """Keep what NVML sampled on a GPU as its processes' activity, or say why it is unknown.
+
+        Under MPS the driver reports every client's work under the MPS server's pid (H200, driver 580.159.04): the
+        clients have no samples of their own, and the server's are all of theirs. On a card with MPS clients no
+        sample is any one process's own, so none is kept. MPS is known from NVML's MPS list alone, never from a
+        process's name, which a container sets (docs/metrics.md, "Activity under MPS").
+        """
+        if isinstance(sampled, ActivityUnknown):
+            self.unknown_activity[uuid] = sampled
+        elif mps is None:
+            self.unknown_activity[uuid] = ActivityUnknown.ERROR
+        elif mps:
+            self.unknown_activity[uuid] = ActivityUnknown.MPS
+        else:
+            self.activity[uuid] = sampled
 
     def _read_migs(self, gpu: Gpu, handle: Any) -> list[_Mig]:
         nv = self.nv
@@ -463,8 +489,11 @@ class _Reader:
 
     # -- processes ------------------------------------------------------------------------------------------
 
-    def _list(self, device: str, handle: Any, kind: str, functions: Iterable[str], quiet: Iterable[int] = ()) -> list:
-        """One process list through pynvml (its size protocol), newest struct version the driver has.
+    def _list(
+        self, device: str, handle: Any, kind: str, functions: Iterable[str], quiet: Iterable[int] = ()
+    ) -> list | None:
+        """One process list through pynvml (its size protocol), newest struct version the driver has; None when it
+        could not be read (a problem, and the device is ``unlisted``).
 
         NOT_SUPPORTED means this device keeps no such list (graphics on a compute card, MPS before Volta):
         no processes, not a problem.
@@ -489,14 +518,15 @@ class _Reader:
         code = _code(last)
         if code == _GPU_IS_LOST:
             raise _Failed(f"list {kind} processes", last)
-        if code not in quiet:
-            self._problem(device, _reason(code), f"could not list {kind} processes: {last}")
-            self.unlisted.setdefault(device, _reason(code))
-        return []
+        if code in quiet:
+            return []
+        self._problem(device, _reason(code), f"could not list {kind} processes: {last}")
+        self.unlisted.setdefault(device, _reason(code))
+        return None
 
-    def _read_activity(self, uuid: str, handle: Any) -> dict[int, Activity] | None:
+    def _read_activity(self, uuid: str, handle: Any) -> dict[int, Activity] | ActivityUnknown:
         """Each process's activity on the GPU since the previous snapshot (pid → activity; a process NVML has no
-        sample for was idle), or None when NVML cannot say (no such call, NOT_SUPPORTED, an error).
+        sample for was idle), or why NVML cannot say (no such call or NOT_SUPPORTED; an error).
 
         The newest call the driver has, through pynvml's size protocol, asked only for samples newer than the newest
         one read before (``lastSeenTimeStamp``; 0 the first time: the driver's whole buffer). NOT_FOUND is NVML's
@@ -524,18 +554,18 @@ class _Reader:
                         raise _Failed("read per-process utilisation", error) from None
                     if code == _NOT_SUPPORTED:
                         self.kept.activity_calls[uuid] = ()
-                    else:
-                        self._problem(uuid, _reason(code), f"could not read per-process utilisation: {error}")
-                    return None
+                        return ActivityUnknown.NOT_SUPPORTED
+                    self._problem(uuid, _reason(code), f"could not read per-process utilisation: {error}")
+                    return ActivityUnknown.ERROR
                 self.kept.activity_calls[uuid] = (name,)
                 return self._activity_by_pid(uuid, samples, since)
             else:
                 self._problem(uuid, "unknown", "could not read per-process utilisation: the sample count kept changing")
-                return None
+                return ActivityUnknown.ERROR
         self.kept.activity_calls[uuid] = ()
-        return None
+        return ActivityUnknown.NOT_SUPPORTED
 
-    def _activity_by_pid(self, uuid: str, samples: Iterable[Any], since: int) -> dict[int, Activity] | None:
+    def _activity_by_pid(self, uuid: str, samples: Iterable[Any], since: int) -> dict[int, Activity] | ActivityUnknown:
         """pid → the mean of its samples newer than ``since`` (nvml.h returns one per process; a driver that returns
         several is averaged), as shares of time. A value above 100% is garbage: the device's activity is unknown."""
         field = _STRUCT_FIELD
@@ -572,7 +602,7 @@ class _Reader:
                 f"process {pid} reported a utilisation above 100% (SM, memory, encoder, decoder: "
                 f"{', '.join(map(str, values))}); the device's per-process activity is unknown this cycle",
             )
-            return None
+            return ActivityUnknown.ERROR
         return {
             pid: Activity(
                 sm / count / _PERCENT, memory / count / _PERCENT, encoder / count / _PERCENT, decoder / count / _PERCENT
@@ -590,7 +620,7 @@ class _Reader:
         placed: set[int] = set()  # pids a MIG device handle already listed
         for mig in migs:
             for kind, functions in _PROCESS_CALLS:
-                for process in self._list(mig.device.uuid, mig.handle, kind, functions):
+                for process in self._list(mig.device.uuid, mig.handle, kind, functions) or ():
                     self._add_process(int(process.pid), mig.device.uuid, kind, process.usedGpuMemory)
                     placed.add(int(process.pid))
         by_ids = {(m.device.gpu_instance_id, m.device.compute_instance_id): m.device.uuid for m in migs}
@@ -599,7 +629,7 @@ class _Reader:
             gi = m.device.gpu_instance_id
             by_gi[gi] = None if gi in by_gi else m.device.uuid  # only a GPU instance with one MIG device is unambiguous
         for kind, functions in _PROCESS_CALLS:
-            for process in self._list(gpu.uuid, handle, kind, functions, quiet=[_NO_PERMISSION]):
+            for process in self._list(gpu.uuid, handle, kind, functions, quiet=[_NO_PERMISSION]) or ():
                 gi, ci = int(process.gpuInstanceId), int(process.computeInstanceId)
                 target = by_ids.get((gi, ci)) or by_gi.get(gi)
                 if target is None and int(process.pid) in placed:

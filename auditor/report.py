@@ -11,9 +11,16 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from .model import AuditResult, ClaimedDevice, DraResolution, Finding, NodeSnapshot, Row
+from .model import ActivityUnknown, AuditResult, ClaimedDevice, DraResolution, Finding, NodeSnapshot, Row
 
 FORMATS = ("text", "json", "junit")
+#: Why a container's activity on a device is unknown, in the words of the junit output (docs/metrics.md).
+_UNKNOWN_ACTIVITY = {
+    ActivityUnknown.MIG: "NVML does not sample MIG devices",
+    ActivityUnknown.MPS: "MPS clients on the GPU: NVML reports their work under the MPS server's pid",
+    ActivityUnknown.NOT_SUPPORTED: "the driver does not report per-process utilisation",
+    ActivityUnknown.ERROR: "NVML could not be read whole this cycle",
+}
 
 
 def rfc3339(timestamp: float) -> str:
@@ -92,6 +99,7 @@ def _row_json(row: Row) -> dict[str, Any]:
             }
             for uuid, busy in row.activity
         },
+        "gpu_activity_unknown": {uuid: why.value for uuid, why in row.activity_unknown},
         "unconfirmed_allocations": list(row.unconfirmed_allocations),
         "claims": _claims(row),
         "incomplete": [limit.value for limit in row.view_limits],
@@ -150,6 +158,13 @@ def _memory_text(row: Row) -> str:
     return text
 
 
+def _sm_cells(row: Row) -> list[str]:
+    """The row's SM activity per device it uses or holds, in UUID order: a share of time, or why it is unknown."""
+    cells = {uuid: f"{busy.sm:.2f}" for uuid, busy in row.activity}
+    cells.update((uuid, f"unknown ({why.value})") for uuid, why in row.activity_unknown)
+    return [cells[uuid] for uuid in sorted(cells)]
+
+
 def to_text(snapshot: NodeSnapshot, result: AuditResult) -> str:
     lines = [
         f"node {snapshot.node} at {rfc3339(snapshot.time)}: {len(result.rows)} containers, "
@@ -160,7 +175,7 @@ def to_text(snapshot: NodeSnapshot, result: AuditResult) -> str:
     gpu_rows = [row for row in result.rows if row.allocated or row.used or row.visible]
     if gpu_rows:
         lines.append("")
-        lines.append(f"{'CONTAINER':<48} {'ALLOCATED':<26} {'VISIBLE':<26} {'USED':<26} MEMORY")
+        lines.append(f"{'CONTAINER':<48} {'ALLOCATED':<26} {'VISIBLE':<26} {'USED':<26} {'SM':<14} MEMORY")
         for row in gpu_rows:
             flag = " (exempt)" if row.exempt else ""
             if row.claimed_namespace or row.claimed_pod:
@@ -168,7 +183,7 @@ def to_text(snapshot: NodeSnapshot, result: AuditResult) -> str:
             lines.append(
                 f"{_who(row.namespace, row.pod, row.container, row.container_id)[:48]:<48} "
                 f"{_short(row.allocated)[:26]:<26} {_short(row.visible)[:26]:<26} {_short(row.used)[:26]:<26} "
-                f"{_memory_text(row)}{flag}"
+                f"{','.join(_sm_cells(row)) or '-':<14} {_memory_text(row)}{flag}"
             )
     unresolved = [
         (row, device)
@@ -221,6 +236,10 @@ def to_junit(snapshot: NodeSnapshot, result: AuditResult) -> str:
             failures += 1
             failure = ET.SubElement(case, "failure", type=finding.kind.value, message=finding.message)
             failure.text = finding.message
+        activity = [f"SM activity on {uuid}: {busy.sm:.2f}" for uuid, busy in row.activity]
+        activity += [f"SM activity on {uuid}: unknown ({_UNKNOWN_ACTIVITY[why]})" for uuid, why in row.activity_unknown]
+        if activity:
+            ET.SubElement(case, "system-out").text = "\n".join(sorted(activity))
     leftovers = unattributed + [f for findings in by_container.values() for f in findings]
     case = ET.SubElement(suite, "testcase", classname=f"{snapshot.node}.host", name="unattributed-processes")
     for finding in leftovers:

@@ -37,7 +37,7 @@ exit codes: 0 clean, 1 findings, 2 could not audit (the reason is printed on std
 
 RUN_EXAMPLES = """\
 examples:
-  gpu-fence-auditor run --interval 30 --metrics-port 9400 --exempt-namespace gpu-operator
+  gpu-fence-auditor run --interval 30 --metrics-port 10400 --exempt-namespace gpu-operator
   gpu-fence-auditor run --host-proc /host/proc --pod-label team --pod-label app.kubernetes.io/part-of
 
 /healthz answers 503 when no cycle succeeded for --unhealthy-after intervals; exits 0 on SIGTERM.
@@ -87,8 +87,9 @@ class RunSettings:
 
     audit: AuditSettings
     interval: float = 30.0
-    metrics_port: int = 9400
+    metrics_port: int = 10400  # not dcgm-exporter's 9400 (docs/metrics.md)
     metrics_bind: str = "0.0.0.0"  # noqa: S104 - a DaemonSet's metrics are scraped from other pods
+    web_config_file: str | None = None  # None: plain HTTP
     unhealthy_after: int = 3
     event_interval: float = 60.0  # minutes
     events: bool = True  # False: --no-events
@@ -102,6 +103,7 @@ class RunSettings:
             interval=args.interval,
             metrics_port=args.metrics_port,
             metrics_bind=args.metrics_bind,
+            web_config_file=args.web_config_file,
             unhealthy_after=args.unhealthy_after,
             event_interval=args.event_interval,
             events=not args.no_events,
@@ -152,6 +154,12 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=RunSettings.metrics_bind,
         metavar="ADDR",
         help=f"address to serve on (default: {RunSettings.metrics_bind})",
+    )
+    run.add_argument(
+        "--web-config-file",
+        metavar="FILE",
+        help="serve over TLS, with optional client certificates, as FILE says (the Prometheus exporter-toolkit "
+        "web.config shape: tls_server_config; docs/metrics.md); default: plain HTTP",
     )
     run.add_argument(
         "--unhealthy-after",

@@ -41,6 +41,7 @@ from .deviceids import normalize_device_id
 from .dra import DEFAULT_GPU_DRIVERS, SliceView, claimed_devices, slice_note
 from .kube import containers_by_id, kai_gpu_groups, pod_labels
 from .model import (
+    ActivityUnknown,
     ClaimedDevice,
     Container,
     FailureReason,
@@ -179,6 +180,7 @@ def assemble(
     notes: Sequence[str] = (),
     degraded: Iterable[FailureReason] = (),
     activity_devices: Iterable[str] = (),
+    activity_unknown: Sequence[tuple[str, ActivityUnknown]] = (),
     unlisted: Sequence[tuple[str, str]] = (),
     slices: SliceView | None = None,
     offered: Sequence[DeviceAllocation] | None = None,
@@ -187,9 +189,9 @@ def assemble(
 
     ``processes`` are NVML's, each with the cgroup identity of its pid; ``pods`` the cached pod list by uid (None
     when the API never answered); ``notes`` and ``degraded`` what the cycle read only in part; ``activity_devices``
-    the devices whose per-process activity NVML reported; ``unlisted`` the devices (UUID, reason) whose processes
-    NVML could not list; ``slices`` the node's ResourceSlices (None: not read); ``offered`` the latest
-    GetAllocatableResources answer (None: unknown).
+    the devices whose per-process activity NVML reported, ``activity_unknown`` why it is unknown on the others;
+    ``unlisted`` the devices (UUID, reason) whose processes NVML could not list; ``slices`` the node's
+    ResourceSlices (None: not read); ``offered`` the latest GetAllocatableResources answer (None: unknown).
     """
     slices = slices or SliceView()
     notes, degraded = list(notes), set(degraded)
@@ -273,6 +275,7 @@ def assemble(
         (*notes, *nested),
         frozenset(degraded),
         activity_devices=frozenset(activity_devices),
+        activity_unknown=tuple(activity_unknown),
         unlisted=tuple(unlisted),
         dra_slices=slices.state,
         offered_replicas=None if offered is None else count_offered(offered, devices.normalize),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "BIND_TIME_ANNOTATIONS",
     "DEFAULT_RESERVATION_NAMESPACE",
     "DEFAULT_SCHEDULER_NAMES",
     "FRACTION_ANNOTATIONS",
@@ -43,6 +44,18 @@ SHARED_GPU_CONFIG_MAP_ANNOTATION = "runai/shared-gpu-configmap"
 #: The prefix as KAI generates it: the owner's (or the pod's) name, cut and trimmed, seven characters of
 #: apimachinery's ``rand.String`` (its alphabet: ``bcdfghjklmnpqrstvwxz2456789``), then ``shared-gpu``.
 SHARED_GPU_CONFIG_MAP_PREFIX = re.compile(r"[a-z0-9.-]*-[bcdfghjklmnpqrstvwxz2456789]{7}-shared-gpu")
+#: The pod annotations KAI's binder reads when it binds a fraction pod, to decide whether it fills a ConfigMap and
+#: which one (``pkg/binder/plugins/gpusharing/gpu_sharing.go`` PreBind, ``pkg/binder/common/gpu_access.go``
+#: ``GetFractionContainerRef``, ``gpusharingconfigmap.ExtractCapabilitiesConfigMapName``), while the fraction
+#: container's reference was written from them at creation. KAI itself sets none of them after creation: its
+#: webhook is registered for CREATE only (``pkg/operator/operands/admission/resources.go``), its binder patches
+#: ``received-resource-type`` and ``kai.scheduler/numa-placement-predicted`` (``pkg/binder/binding/binder.go``),
+#: its pod grouper ``pod-group-name`` (``pkg/podgrouper/pod_controller.go``).
+BIND_TIME_ANNOTATIONS: tuple[str, ...] = (
+    *FRACTION_ANNOTATIONS,
+    FRACTION_CONTAINER_ANNOTATION,
+    SHARED_GPU_CONFIG_MAP_ANNOTATION,
+)
 
 
 def capabilities_config_map(prefix: str, *, init: bool, index: int) -> str:

@@ -21,6 +21,16 @@ MIG_CONTROL_ENVS = ("NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES")
 #: IMEX channels a container asks the toolkit for (``ImexChannelRequests`` in ``cuda_image.go``), honoured under
 #: the same privilege rule as the device list; the device plugin or the DRA driver sets it from an allocation.
 IMEX_CHANNELS_ENV = "NVIDIA_IMEX_CHANNELS"
+#: The toolkit's feature-gated device requests, each with the devices it injects: set to ``enabled`` on a container
+#: that gets any device, it adds those devices of the whole node, which no allocation chose (``gatedDevices`` in
+#: ``internal/modifier/cdi.go`` in jit-cdi mode; ``newFeatureGatedModifier`` in ``internal/modifier/gated.go`` in
+#: legacy and csv modes; the discoverers in ``internal/discover/{nvswitch,gds,mofed,gdrcopy}.go``).
+GATED_DEVICE_ENVS: Mapping[str, str] = {
+    "NVIDIA_NVSWITCH": "every NVSwitch device of the node (/dev/nvidia-nvswitchctl, /dev/nvidia-nvswitch*)",
+    "NVIDIA_GDS": "the node's GPUDirect Storage devices (/dev/nvidia-fs*) and its /run/udev",
+    "NVIDIA_MOFED": "every InfiniBand verbs device of the node (/dev/infiniband/uverbs*, /dev/infiniband/rdma_cm)",
+    "NVIDIA_GDRCOPY": "the node's GDRCopy device (/dev/gdrdrv)",
+}
 
 #: Where the toolkit reads a device list from mounts instead of the env (``requestsFromMounts`` in
 #: ``cuda_image.go``, with ``accept-nvidia-visible-devices-as-volume-mounts``): a ``/dev/null`` mounted at a

@@ -3,39 +3,19 @@
 from __future__ import annotations
 
 import importlib
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.fakes.wheel import build_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    # No build isolation: setuptools is already in the test environment, so the build needs no network.
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--wheel-dir",
-            str(out),
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (built,) = out.glob("gpu_fence-*.whl")
-    return built
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def test_the_only_top_level_name_is_gpu_fence(wheel: Path) -> None:

@@ -21,8 +21,8 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import IO, Any
 
@@ -35,7 +35,9 @@ from . import policy
 from .config import ConfigError, PolicyConfig, load_config
 from .discovery import (
     DiscoveryError,
+    EmbeddedManifest,
     PodSpecSite,
+    find_embedded_manifests,
     find_pod_specs,
     format_path,
     iter_objects,
@@ -44,7 +46,18 @@ from .discovery import (
     pod_for_site,
 )
 from .openreports import render_openreports
-from .policy import CDI_ANNOTATION, HOST_DEVICE_PATH, HOST_PATH, HOST_PID, RUNTIME_ANNOTATION, Decision
+from .policy import (
+    BOUND_GPU_POD,
+    CDI_ANNOTATION,
+    HOST_DEVICE_PATH,
+    HOST_IPC,
+    HOST_PATH,
+    HOST_PID,
+    HOST_PROCESS,
+    RUNTIME_ANNOTATION,
+    VOLUME_TYPE,
+    Decision,
+)
 from .reports import (
     FORMATS,
     Finding,
@@ -55,7 +68,16 @@ from .reports import (
     render_sarif,
     render_text,
 )
-from .sources import Document, Source, SourceError, SourceKind, find_sources, read_source
+from .sources import (
+    MAX_DOCUMENT_BYTES,
+    Document,
+    Source,
+    SourceError,
+    SourceKind,
+    find_sources,
+    parse_documents,
+    read_source,
+)
 
 DEFAULT_NAMESPACE = "default"
 #: ``manifests/base/policy.yaml``, installed with the package under this name (a link in the source tree): one file
@@ -68,13 +90,22 @@ CLUSTER_PAGE_SIZE = 500
 #: Where pod-level violations point, so that a report lands on the annotation, the volume list or the field rather
 #: than on the start of the object: relative to the pod template (annotations) or to the pod spec.
 _TEMPLATE_FIELDS = {CDI_ANNOTATION: ("metadata", "annotations"), RUNTIME_ANNOTATION: ("metadata", "annotations")}
-_SPEC_FIELDS = {HOST_DEVICE_PATH: ("volumes",), HOST_PATH: ("volumes",), HOST_PID: ("hostPID",)}
+_SPEC_FIELDS = {
+    HOST_DEVICE_PATH: ("volumes",),
+    HOST_PATH: ("volumes",),
+    HOST_PID: ("hostPID",),
+    HOST_IPC: ("hostIPC",),
+    VOLUME_TYPE: ("volumes",),
+    BOUND_GPU_POD: ("nodeName",),
+    HOST_PROCESS: ("securityContext",),
+}
 
 EPILOG = """\
 examples:
   gpu-fence-webhook check manifests/examples/
   helm template my-chart | gpu-fence-webhook check - --format sarif --output gpu-fence.sarif
   gpu-fence-webhook check overlays/prod            # a kustomization: rendered with kubectl kustomize
+  gpu-fence-webhook check . --exclude charts --exclude 'deploy/legacy/*'
   gpu-fence-webhook check --cluster --namespace ml-team --format json
   gpu-fence-webhook check --cluster --format openreports | kubectl apply -f -
 
@@ -114,7 +145,17 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         nargs="*",
         metavar="PATH",
         help="YAML or JSON file, directory (read recursively for *.yaml, *.yml, *.json; one that holds a "
-        "kustomization is rendered with kubectl kustomize), or - for stdin",
+        "kustomization is rendered with kubectl kustomize; a Helm chart inside is named on stderr and not read), "
+        "or - for stdin; a file reached twice is read once",
+    )
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="do not read paths that match GLOB (repeatable): a GLOB without / matches any file or directory name "
+        "(--exclude charts, --exclude '*.tmpl.yaml'), one with / the path or a directory above it, whole or from "
+        "after any / (--exclude deploy/legacy)",
     )
     parser.add_argument("--format", choices=FORMATS, default="text", help="report format")
     parser.add_argument(
@@ -161,11 +202,15 @@ def run(args: argparse.Namespace, *, stdin: IO[bytes] | None = None, stdout: IO[
                     "kubeconfig's context, or pass --allow-empty if none are expected"
                 )
         else:
-            read = read_all(args.paths, stdin)
-            report = check_documents(read.documents, config, args.namespace or DEFAULT_NAMESPACE)
+            checked = check_paths(args.paths, config, args.namespace or DEFAULT_NAMESPACE, args.exclude, stdin)
+            for note in checked.notes:
+                _warn(note)
+            if checked.errors:
+                raise SourceErrors(checked.errors)
+            report = checked.report()
             if not report.results and not args.allow_empty:
                 raise CheckError(
-                    f"no pod spec found in {read.describe(report.skipped)}: check the "
+                    f"no pod spec found in {checked.describe()}: check the "
                     "paths, render templates first (helm template ... | gpu-fence-webhook check -), or pass "
                     "--allow-empty if no pod spec is expected"
                 )
@@ -198,6 +243,8 @@ def _check_usage(args: argparse.Namespace) -> None:
         raise CheckError("nothing to check: give a file, a directory, - for stdin, or --cluster")
     if args.kubeconfig and not args.cluster:
         raise CheckError("--kubeconfig applies only with --cluster")
+    if args.exclude and args.cluster:
+        raise CheckError("--exclude applies only to PATH arguments, not to --cluster")
     if args.paths.count("-") > 1:
         raise CheckError("stdin (-) can be read only once")
     if args.namespace is not None and not _NAMESPACE.match(args.namespace):
@@ -206,6 +253,10 @@ def _check_usage(args: argparse.Namespace) -> None:
 
 def _error(message: str) -> None:
     print(f"gpu-fence-webhook check: error: {message}", file=sys.stderr)
+
+
+def _warn(message: str) -> None:
+    print(f"gpu-fence-webhook check: warning: {message}", file=sys.stderr)
 
 
 def load_policy(path: str | None) -> PolicyConfig:
@@ -241,23 +292,40 @@ def render(report: Report, output_format: str, *, colour: bool = False) -> str:
     if output_format == "sarif":
         return render_sarif(report, policy.RULES, tool_version=package_version())
     if output_format == "openreports":
-        return render_openreports(report, policy.RULES, now_ns=time.time_ns())
+        # a result per rule and pod spec: not for the rules only a pod UPDATE can break, which check never judges
+        judged = tuple(rule for rule in policy.RULES if rule.id not in policy.UPDATE_RULES)
+        return render_openreports(report, judged, now_ns=time.time_ns())
     return render_text(report, colour=colour)
 
 
 # --- files ------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Read:
-    """What the command line's paths gave: the sources read and their documents."""
+#: How deep manifests held in strings are followed (an Argo workflow whose resource template creates a workflow...).
+MAX_EMBEDDING_DEPTH = 4
 
-    sources: tuple[Source, ...]
-    documents: tuple[Document, ...]
 
-    def describe(self, skipped: int) -> str:
-        """What was read, in words, for the message that says no pod spec was found; ``skipped`` documents were
-        not Kubernetes objects."""
+@dataclass
+class Checked:
+    """What a check over files gathered: the results, the documents that held no object, what it could not read
+    (``errors``: no report is written) and what it set aside and says on stderr (``notes``)."""
+
+    sources: tuple[Source, ...] = ()
+    results: list[PodSpecResult] = field(default_factory=list)
+    documents: int = 0
+    skipped: int = 0
+    charts: int = 0
+    excluded: int = 0
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    #: bytes of manifests held in strings read for the current document (aliases can repeat one string many times)
+    embedded_bytes: int = 0
+
+    def report(self) -> Report:
+        return Report(tuple(self.results), self.skipped)
+
+    def describe(self) -> str:
+        """What was read, in words, for the message that says no pod spec was found."""
         kinds = Counter(source.kind for source in self.sources)
         parts = [
             _count(kinds[SourceKind.FILE], "file"),
@@ -265,52 +333,159 @@ class Read:
             "stdin" if kinds[SourceKind.STDIN] else "",
         ]
         read = ", ".join(part for part in parts if part) or "nothing"
-        documents = _count(len(self.documents), "document") or "no documents"
-        not_objects = f", {skipped} not Kubernetes objects" if skipped else ""
-        return f"{read} ({documents}{not_objects})"
+        documents = _count(self.documents, "document") or "no documents"
+        not_objects = f", {self.skipped} not Kubernetes objects" if self.skipped else ""
+        set_aside = [
+            _count(self.charts, "Helm chart") + " not rendered" if self.charts else "",
+            f"{self.excluded} excluded" if self.excluded else "",
+        ]
+        aside = "".join(f", {part}" for part in set_aside if part)
+        return f"{read} ({documents}{not_objects}){aside}"
 
 
 def _count(number: int, noun: str) -> str:
     return "" if not number else f"{number} {noun}" + ("" if number == 1 else "s")
 
 
-def read_all(paths: Iterable[str], stdin: IO[bytes] | None = None) -> Read:
-    """Read every source named on the command line; raise :class:`SourceErrors` listing all failures."""
-    found = find_sources(paths)
-    documents: list[Document] = []
-    errors = list(found.errors)
+def check_paths(
+    paths: Iterable[str],
+    config: PolicyConfig,
+    default_namespace: str,
+    excludes: Sequence[str] = (),
+    stdin: IO[bytes] | None = None,
+) -> Checked:
+    """Check every pod spec in the sources the paths name, reading one document at a time (memory holds one
+    document and the results). Every source that cannot be read is in ``errors``, each once."""
+    found = find_sources(paths, excludes)
+    checked = Checked(found.sources, charts=len(found.charts), excluded=found.excluded, errors=list(found.errors))
+    checked.notes.extend(
+        f"{chart}: a Helm chart, not checked: its templates are not manifests; render it: "
+        f"helm template {chart} | gpu-fence-webhook check -"
+        for chart in found.charts
+    )
     for source in found.sources:
         try:
-            documents.extend(read_source(source, stdin))
+            for document in read_source(source, stdin):
+                _check_document(checked, document, config, default_namespace)
         except SourceError as error:
-            errors.append(str(error))
-    if errors:
-        raise SourceErrors(errors)
-    return Read(found.sources, tuple(documents))
+            checked.errors.append(str(error))
+    return checked
 
 
-def check_documents(documents: Iterable[Document], config: PolicyConfig, default_namespace: str) -> Report:
-    """Evaluate every pod spec in the documents. Documents that are not Kubernetes objects are counted."""
-    results: list[PodSpecResult] = []
-    skipped = 0
-    for document in documents:
-        for relative, obj in iter_objects(document.data):
-            if obj is None:
-                skipped += 1
-                continue
-            line = document.line_of(relative)
-            try:
-                sites = find_pod_specs(obj)
-            except DiscoveryError as error:
-                raise SourceErrors([f"{document.source}:{line}: {error}"]) from None
-            namespace = object_namespace(obj, default_namespace)
-            for site in sites:
-                results.append(
-                    _evaluate_site(
-                        document, relative=relative, line=line, obj=obj, site=site, namespace=namespace, config=config
-                    )
+@dataclass(frozen=True)
+class _Origin:
+    """For a document read from a string inside an object (an embedded manifest): that object, which the report
+    names, and the path to the string (``spec.templates[1].resource.manifest``) that prefixes each result's path."""
+
+    kind: str
+    api_version: str
+    name: str
+    line: int
+    path: str
+    depth: int
+
+
+def _check_document(
+    checked: Checked,
+    document: Document,
+    config: PolicyConfig,
+    default_namespace: str,
+    origin: _Origin | None = None,
+) -> None:
+    if origin is None:
+        checked.documents += 1
+        checked.embedded_bytes = 0
+    for relative, obj in iter_objects(document.data):
+        if obj is None:
+            checked.skipped += 1
+            continue
+        line = document.line_of(relative)
+        try:
+            sites = find_pod_specs(obj)
+        except DiscoveryError as error:
+            raise SourceError(f"{document.source}:{line}: {error}") from None
+        namespace = object_namespace(obj, default_namespace)
+        for site in sites:
+            checked.results.append(
+                _evaluate_site(
+                    document,
+                    relative=relative,
+                    line=line,
+                    obj=obj,
+                    site=site,
+                    namespace=namespace,
+                    config=config,
+                    origin=origin,
                 )
-    return Report(tuple(results), skipped)
+            )
+        for manifest in find_embedded_manifests(obj):
+            _check_embedded(
+                checked,
+                document,
+                relative=relative,
+                obj=obj,
+                manifest=manifest,
+                config=config,
+                namespace=namespace,
+                origin=origin,
+            )
+
+
+def _check_embedded(
+    checked: Checked,
+    document: Document,
+    *,
+    relative: tuple[str | int, ...],
+    obj: Mapping[str, Any],
+    manifest: EmbeddedManifest,
+    config: PolicyConfig,
+    namespace: str,
+    origin: _Origin | None,
+) -> None:
+    """The objects of a manifest held in a string (an Argo resource template's), checked as if they were written
+    out, each result named after the object that holds the string; what cannot be read is a note and a skip."""
+    where = (*relative, *manifest.path)
+    line = document.line_of(where)
+    label = _join_paths(origin.path if origin else "", format_path(where if origin else manifest.path))
+    if not manifest.creates_objects:
+        if manifest.action == "patch":
+            checked.notes.append(
+                f"{document.source}:{line}: {label} is a patch (action: patch), not checked: check the object it "
+                "patches"
+            )
+        return
+    depth = origin.depth + 1 if origin else 1
+    checked.embedded_bytes += len(manifest.text)
+    if depth > MAX_EMBEDDING_DEPTH:
+        unread = f"manifests held in strings more than {MAX_EMBEDDING_DEPTH} deep"
+    elif checked.embedded_bytes > MAX_DOCUMENT_BYTES:  # one string repeated through aliases, read again each time
+        unread = f"the manifests held in strings of one document pass {MAX_DOCUMENT_BYTES / 2**20:g} MiB in all"
+    else:
+        unread = ""
+    if unread:
+        checked.skipped += 1
+        checked.notes.append(f"{document.source}:{line}: {label} not checked: {unread}")
+        return
+    try:
+        documents = parse_documents(
+            manifest.text, document.source, rendered=document.rendered, embedding=document.embedding_at(where)
+        )
+    except SourceError as error:
+        checked.skipped += 1
+        why = " (Argo substitutes {{...}} parameters only when it runs: quote them)" if "{{" in manifest.text else ""
+        checked.notes.append(f"{error}; the manifest of {label} is not checked{why}")
+        return
+    outer = origin or _Origin(
+        str(obj.get("kind")), str(obj.get("apiVersion")), object_name(obj), document.line_of(relative), "", 0
+    )
+    for number, inner in enumerate(documents, 1):
+        path = f"{label}#{number}" if len(documents) > 1 else label
+        inner_origin = _Origin(outer.kind, outer.api_version, outer.name, outer.line, path, depth)
+        _check_document(checked, inner, config, namespace, inner_origin)
+
+
+def _join_paths(outer: str, inner: str) -> str:
+    return f"{outer} > {inner}" if outer and inner else outer or inner
 
 
 def _evaluate_site(
@@ -322,6 +497,7 @@ def _evaluate_site(
     site: PodSpecSite,
     namespace: str,
     config: PolicyConfig,
+    origin: _Origin | None = None,
 ) -> PodSpecResult:
     decision = policy.evaluate(pod_for_site(site, obj, namespace), config, namespace=namespace)
     spec_line = document.line_of((*relative, *site.path))
@@ -336,15 +512,21 @@ def _evaluate_site(
             return document.line_of((*relative, *site.spec_path, *_SPEC_FIELDS[rule]), spec_line)
         return spec_line
 
+    if origin is None:
+        kind, api_version, name = str(obj.get("kind")), str(obj.get("apiVersion")), object_name(obj)
+        path = format_path(site.path)
+    else:  # named after the object that holds the manifest, the path leading through the string into it
+        kind, api_version, name, line = origin.kind, origin.api_version, origin.name, origin.line
+        path = _join_paths(origin.path, format_path((*relative, *site.path)))
     return _result(
         decision,
         source=document.source,
         line=line,
-        kind=str(obj.get("kind")),
-        api_version=str(obj.get("apiVersion")),
+        kind=kind,
+        api_version=api_version,
         namespace=namespace,
-        name=object_name(obj),
-        path=format_path(site.path),
+        name=name,
+        path=path,
         spec_line=spec_line,
         finding_line=finding_line,
         rendered=document.rendered,

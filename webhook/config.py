@@ -26,9 +26,11 @@ from .host_paths import DEFAULT_HOST_DEVICE_PATHS, HostPathEntry, clean_path, re
 __all__ = [
     "CDI_ANNOTATION_PREFIXES",
     "DEFAULT_ALLOWED_CAPABILITIES",
+    "DEFAULT_ALLOWED_VOLUME_TYPES",
     "DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES",
     "DEFAULT_HOST_DEVICE_PATHS",
     "SHARED_NAMESPACE_CAPABILITIES",
+    "VOLUME_TYPES",
     "ConfigError",
     "GpuTaint",
     "HostPathEntry",
@@ -127,6 +129,62 @@ DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES: tuple[str, ...] = (
     "mounts.nri.io",
 )
 
+#: The volume types a pod may use (``volume-type``): Pod Security ``restricted``'s list (kubernetes
+#: ``staging/src/k8s.io/pod-security-admission/policy/check_restrictedVolumes.go``), whose volumes come from API
+#: objects (ConfigMaps, Secrets, claims bound to PersistentVolumes, the pod's own fields) or from a CSI driver, plus
+#: ``image``, an OCI image the runtime mounts read-only as it does the container's own. Every other in-tree type is
+#: set up by the kubelet on the node from what the pod says (``gitRepo`` runs git there as root; ``fc``, ``iscsi``,
+#: ``rbd`` attach the disks or targets the pod names). hostPath is judged by ``host-device-path`` and ``host-path``.
+DEFAULT_ALLOWED_VOLUME_TYPES: tuple[str, ...] = (
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+    "image",
+)
+#: The volume type of a hostPath volume: never listed in ``allowed_volume_types``, its own rules judge it.
+HOST_PATH_VOLUME = "hostPath"
+#: Every volume type of the core/v1 ``Volume`` (its fields but ``name``, Kubernetes 1.31 to 1.37; ``image`` is new
+#: in 1.31): what an entry of ``allowed_volume_types`` may name.
+VOLUME_TYPES = frozenset(
+    {
+        "awsElasticBlockStore",
+        "azureDisk",
+        "azureFile",
+        "cephfs",
+        "cinder",
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "fc",
+        "flexVolume",
+        "flocker",
+        "gcePersistentDisk",
+        "gitRepo",
+        "glusterfs",
+        "hostPath",
+        "image",
+        "iscsi",
+        "nfs",
+        "persistentVolumeClaim",
+        "photonPersistentDisk",
+        "portworxVolume",
+        "projected",
+        "quobyte",
+        "rbd",
+        "scaleIO",
+        "secret",
+        "storageos",
+        "vsphereVolume",
+    }
+)
+
 
 class TaintEffect(StrEnum):
     """The taint effects that keep a pod that does not tolerate them off a node: the scheduler honours both, the
@@ -209,6 +267,10 @@ class PolicyConfig:
     env_from_on_gpu_containers: Switch = Switch.WARN
     #: ``NVIDIA_VISIBLE_DEVICES=none`` set in the pod: a warning, or a rejection (``visible-devices-none``).
     visible_devices_none: Switch = Switch.WARN
+    #: The volume types a pod's volumes may have (``volume-type``); hostPath is judged by its own rules.
+    allowed_volume_types: tuple[str, ...] = DEFAULT_ALLOWED_VOLUME_TYPES
+    #: ``hostIPC`` on a pod: a rejection, or a warning (``host-ipc``).
+    host_ipc: Switch = Switch.REJECT
     #: Taints every GPU node carries from registration. When set, the rules that guard the node judge only pods that
     #: can land on a GPU node (``webhook.scope``); empty, the default, every pod is judged by every rule.
     gpu_node_taints: tuple[GpuTaint, ...] = ()
@@ -240,6 +302,12 @@ class PolicyConfig:
         return GpuResources.from_patterns(self.gpu_resources)
 
     @cached_property
+    def allowed_volume_keys(self) -> frozenset[str]:
+        """The keys of a volume ``volume-type`` passes without a look: ``name`` and the allowed types (``hostPath`` is
+        never one: its own rules judge it)."""
+        return frozenset((*self.allowed_volume_types, "name"))
+
+    @cached_property
     def pin_names(self) -> tuple[str, ...]:
         """The env names pinned to ``void`` on a container that gets no GPU, in the order the pins are added."""
         return (VISIBLE_DEVICES_ENV, *self.visible_devices_aliases)
@@ -268,7 +336,7 @@ class PolicyConfig:
         return index
 
 
-_SWITCHES = frozenset({"env_from_on_gpu_containers", "visible_devices_none"})
+_SWITCHES = frozenset({"env_from_on_gpu_containers", "visible_devices_none", "host_ipc"})
 _ALLOWLIST = "host_path_allowlist"
 _TAINTS = "gpu_node_taints"
 
@@ -331,6 +399,22 @@ def _check_capability(key: str, value: str) -> None:
         )
 
 
+_VOLUME_TYPES_BY_LOWER = {name.lower(): name for name in VOLUME_TYPES}
+
+
+def _check_volume_type(key: str, value: str) -> None:
+    if value == HOST_PATH_VOLUME:
+        raise ConfigError(
+            f"{key}: hostPath volumes are judged by host-device-path and host-path, not by this list; "
+            "name the paths in host_path_allowlist"
+        )
+    if value not in VOLUME_TYPES:
+        close = get_close_matches(value, sorted(VOLUME_TYPES), n=1)
+        hint = _VOLUME_TYPES_BY_LOWER.get(value.lower()) or (close[0] if close else "")
+        known = f"did you mean {hint!r}?" if hint else "a field of the Pod's volumes such as 'nfs' or 'csi'"
+        raise ConfigError(f"{key}: {value!r} is not a volume type ({known})")
+
+
 _CHECKS = {
     "gpu_resources": _check_gpu_resource,
     "visible_devices_aliases": _check_env_name,
@@ -342,6 +426,7 @@ _CHECKS = {
     "allowed_capabilities": _check_capability,
     "forbidden_annotation_prefixes": _check_annotation_prefix,
     "taint_aware_schedulers": _check_scheduler,
+    "allowed_volume_types": _check_volume_type,
 }
 #: How a checked entry is stored: capabilities in the one spelling the policy compares.
 _NORMALISE = {"allowed_capabilities": capability_name}

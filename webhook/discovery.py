@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_fence.vocabulary import iter_containers
+from gpu_fence.vocabulary import CONTAINER_FIELDS, iter_containers
 
 PathSegment = str | int
 Path = tuple[PathSegment, ...]
@@ -117,21 +117,31 @@ def _site_at(path: Path, value: Mapping[str, Any]) -> PodSpecSite | None:
 def find_pod_specs(obj: Any, *, node_budget: int = DEFAULT_NODE_BUDGET) -> list[PodSpecSite]:
     """Every pod spec in ``obj``, in document order, each with the path where it was found.
 
-    Argo Workflows templates follow the generic ones. The walk does not descend into a pod spec it found
-    (pod specs do not nest) and skips values that
-    contain themselves (recursive YAML aliases). A value reached again through a YAML alias is walked again
-    only if it held a pod spec the first time (each path to a pod spec is a pod spec to report); past
-    ``node_budget`` objects and lists visited it raises :class:`DiscoveryError`.
+    Argo Workflows templates follow the generic ones. Within a pod spec found, every field but the container lists is
+    walked on: pod specs do not nest in Kubernetes, but custom resources put a second one beside the fields of the
+    first (KServe's ``workerSpec`` in a ServingRuntime or an InferenceService predictor). Values that contain
+    themselves (recursive YAML aliases) are skipped. A value reached again through a YAML alias is walked again only
+    if it held a pod spec the first time (each path to a pod spec is a pod spec to report); past ``node_budget``
+    objects and lists visited it raises :class:`DiscoveryError`.
     """
     sites: list[PodSpecSite] = []
     visited = 0
     barren: set[int] = set()  # ids of values already walked that held no pod spec
     # Explicit stacks instead of recursion: document order is kept and deeply nested YAML cannot overflow.
-    # Frame i: the iterator over a value's children, the value's path and id, and len(sites) on entry.
+    # Frame i: the iterator over a value's children, the value's path and id, len(sites) on entry, and whether the
+    # value may be marked barren (not the fields beside a pod spec's containers: the pod spec itself is one).
     iterators: list[Iterator[tuple[PathSegment, Any]]] = []
     frame_paths: list[Path] = []
     frame_ids: list[int] = []
     frame_sites: list[int] = []
+    frame_markable: list[bool] = []
+
+    def push(path: Path, value: Any, children: Iterator[tuple[PathSegment, Any]], before: int, markable: bool) -> None:
+        iterators.append(children)
+        frame_paths.append(path)
+        frame_ids.append(id(value))
+        frame_sites.append(before)
+        frame_markable.append(markable)
 
     def enter(path: Path, value: Mapping[str, Any] | list[Any]) -> None:
         nonlocal visited
@@ -141,17 +151,20 @@ def find_pod_specs(obj: Any, *, node_budget: int = DEFAULT_NODE_BUDGET) -> list[
         visited += 1
         if visited > node_budget:
             raise DiscoveryError(f"object expands to more than {node_budget} values (YAML aliases?)")
-        if isinstance(value, Mapping):
-            site = _site_at(path, value)
-            if site is not None:
-                sites.append(site)
-                return
-            iterators.append(iter(value.items()))
-        else:
-            iterators.append(enumerate(value))
-        frame_paths.append(path)
-        frame_ids.append(identity)
-        frame_sites.append(len(sites))
+        if not isinstance(value, Mapping):
+            push(path, value, enumerate(value), len(sites), True)
+            return
+        site = _site_at(path, value)
+        if site is None:
+            push(path, value, iter(value.items()), len(sites), True)
+            return
+        sites.append(site)
+        if site.spec is value:  # an inline pod spec
+            push(path, value, _beside_containers(value), len(sites) - 1, True)
+            return
+        push(path, value, ((k, v) for k, v in value.items() if k not in ("metadata", "spec")), len(sites) - 1, True)
+        if id(site.spec) not in frame_ids:
+            push(site.spec_path, site.spec, _beside_containers(site.spec), len(sites), False)
 
     if isinstance(obj, Mapping | list):
         enter((), obj)
@@ -161,7 +174,8 @@ def find_pod_specs(obj: Any, *, node_budget: int = DEFAULT_NODE_BUDGET) -> list[
             iterators.pop()
             frame_paths.pop()
             identity = frame_ids.pop()
-            if frame_sites.pop() == len(sites):
+            held_none = frame_sites.pop() == len(sites)
+            if frame_markable.pop() and held_none:
                 barren.add(identity)
             continue
         segment, value = step
@@ -170,6 +184,10 @@ def find_pod_specs(obj: Any, *, node_budget: int = DEFAULT_NODE_BUDGET) -> list[
     if isinstance(obj, Mapping):
         sites.extend(find_argo_pod_specs(obj))
     return sites
+
+
+def _beside_containers(spec: Mapping[str, Any]) -> Iterator[tuple[PathSegment, Any]]:
+    return ((key, value) for key, value in spec.items() if key not in CONTAINER_FIELDS)
 
 
 #: Argo Workflows kinds, and where each keeps its list of templates.
@@ -206,6 +224,57 @@ def find_argo_pod_specs(obj: Mapping[str, Any]) -> list[PodSpecSite]:
         if site is not None:
             sites.append(site)
     return sites
+
+
+#: What Argo's executor does with a resource template's ``manifest``: ``kubectl <action> -f manifest -o json``
+#: (``workflow/executor/resource.go``, ``ExecResource``). These actions create or replace the objects it holds.
+ARGO_OBJECT_ACTIONS = frozenset({"create", "apply", "replace"})
+
+
+@dataclass(frozen=True)
+class EmbeddedManifest:
+    """A manifest held as a string inside an object, whose objects a controller creates: the ``manifest`` of an Argo
+    Workflows ``resource`` template. ``path`` leads to the string; ``action`` is the template's."""
+
+    path: Path
+    text: str
+    action: str
+
+    @property
+    def creates_objects(self) -> bool:
+        """True when the manifest is sent as objects; ``patch`` sends it as a patch of another, ``delete`` and
+        ``get`` create nothing."""
+        return self.action in ARGO_OBJECT_ACTIONS
+
+
+def find_embedded_manifests(obj: Mapping[str, Any]) -> list[EmbeddedManifest]:
+    """The ``resource`` templates' manifests of an Argo workflow (``argoproj.io`` Workflow, WorkflowTemplate,
+    ClusterWorkflowTemplate, CronWorkflow), wherever a template is written (``spec.templates``, inline templates of
+    steps and DAG tasks), in document order; each value once, however many aliases lead to it."""
+    api_version = obj.get("apiVersion")
+    if str(obj.get("kind")) not in ARGO_TEMPLATE_LISTS or not str(api_version).startswith("argoproj.io/"):
+        return []
+    found: list[EmbeddedManifest] = []
+    seen: set[int] = set()
+    stack: list[tuple[Path, Any]] = [((), obj)]
+    while stack:
+        path, value = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, Mapping):
+            resource = value.get("resource")
+            if isinstance(resource, Mapping) and isinstance(resource.get("manifest"), str) and id(resource) not in seen:
+                seen.add(id(resource))
+                action = resource.get("action")
+                found.append(EmbeddedManifest((*path, "resource", "manifest"), resource["manifest"], str(action or "")))
+            children: list[tuple[PathSegment, Any]] = list(value.items())
+        elif isinstance(value, list):
+            children = list(enumerate(value))
+        else:
+            continue
+        stack.extend(((*path, key), child) for key, child in reversed(children) if isinstance(child, Mapping | list))
+    return found
 
 
 def _dig(value: Mapping[str, Any], path: Sequence[str]) -> Mapping[str, Any]:

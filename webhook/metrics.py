@@ -25,6 +25,9 @@ from prometheus_client import (
 
 from gpu_fence.verdicts import ReviewVerdict
 
+from .policy import RULES
+from .review import Endpoint
+
 #: Seconds. Starts at 0.25 ms so a 1 ms review is distinguishable from a 0.3 ms one; ends past the API
 #: server's 10 s default webhook timeout.
 DURATION_BUCKETS = (
@@ -45,6 +48,19 @@ DURATION_BUCKETS = (
 )
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+#: Why the worker drops a connection without an answer (``worker.py`` counts these).
+DROPPED_CONNECTION_REASONS = ("request-deadline", "response-deadline", "tls-handshake-failed")
+_NO_RULE = ("none",)
+_EVERY_RULE = tuple(rule.id for rule in RULES)
+_UNJUDGED = ((ReviewVerdict.ALLOWED, _NO_RULE), (ReviewVerdict.EXEMPT, _NO_RULE), (ReviewVerdict.ERROR, _NO_RULE))
+#: The (verdict, rules) each endpoint answers with, exported at 0 before the first review: what the dashboard's and
+#: the alerts' rates read.
+_KNOWN_REVIEWS = {
+    Endpoint.MUTATE: (*_UNJUDGED, (ReviewVerdict.PATCHED, _NO_RULE)),
+    Endpoint.VALIDATE: (*_UNJUDGED, (ReviewVerdict.DENIED, _EVERY_RULE)),
+    Endpoint.VALIDATE_WARN: (*_UNJUDGED, (ReviewVerdict.WARNED, _EVERY_RULE)),
+}
 
 
 def multiprocess_dir() -> str | None:
@@ -94,6 +110,17 @@ class WebhookMetrics:
             registry=self.registry,
             multiprocess_mode="livemostrecent",
         )
+
+        # Every label set known before the first request is exported at 0 from start (in multiprocess mode each
+        # process writes its zeros): increase() and rate() see an event only as a rise between two samples, so the
+        # first internal error would never fire its alert if the error itself created the series.
+        for endpoint in Endpoint:
+            self.internal_errors.labels(endpoint.value)
+            for verdict, rules in _KNOWN_REVIEWS[endpoint]:
+                for rule in rules:
+                    self.reviews.labels(endpoint.value, verdict.value, rule)
+        for reason in DROPPED_CONNECTION_REASONS:
+            self.connections_dropped.labels(reason)
 
         # Children (one labelled series each) looked up once and kept: ``labels()`` validates and locks on every
         # call, which per review costs more than the increments. The keys are bounded: endpoints x verdicts x

@@ -28,6 +28,7 @@ from gpu_fence.verdicts import Verdict
 from gpu_fence.vocabulary import (
     CONTAINER_FIELDS,
     DEVICE_LIST_MOUNT_PREFIXES,
+    GATED_DEVICE_ENVS,
     IMEX_CHANNELS_ENV,
     MIG_CONTROL_ENVS,
     VISIBLE_DEVICES_ENV,
@@ -41,6 +42,7 @@ from gpu_fence.warning_text import clip
 
 from .config import (
     CDI_ANNOTATION_PREFIXES,
+    HOST_PATH_VOLUME,
     SHARED_NAMESPACE_CAPABILITIES,
     SYS_ADMIN_CAPABILITIES,
     PolicyConfig,
@@ -142,7 +144,9 @@ class Validation:
 class Reach(Enum):
     """What a rule guards, which decides where it applies when ``gpu_node_taints`` scopes the policy."""
 
-    #: A GPU path (the toolkit's variables, mounts and annotations): judged on every pod.
+    #: A GPU path (the toolkit's variables, mounts and annotations, the allocation itself): judged on every pod. A
+    #: rule about the allocation (``bound-gpu-pod``, ``kai-annotation-update``) is one even where the pod could land
+    #: on no GPU node: what it guards is that the GPU a container uses is one the scheduler allocated.
     GPU = "gpu"
     #: The node that holds the GPUs: judged only on pods that can land on a GPU node (``webhook.scope``).
     NODE = "node"
@@ -201,6 +205,12 @@ HOST_DEVICE_PATH = "host-device-path"
 HOST_PATH = "host-path"
 MIG_CONTROL_ENV = "mig-control-env"
 IMEX_CHANNELS = "imex-channels-env"
+BOUND_GPU_POD = "bound-gpu-pod"
+KAI_ANNOTATION_UPDATE = "kai-annotation-update"
+GATED_DEVICE_ENV = "gated-device-env"
+VOLUME_TYPE = "volume-type"
+HOST_PROCESS = "host-process"
+HOST_IPC = "host-ipc"
 #: The id of the one warning that is no rule's: an NVIDIA runtime class on a pod with no GPU container (V5), which
 #: the pin neutralises.
 NVIDIA_RUNTIME_CLASS = "nvidia-runtime-class"
@@ -282,7 +292,48 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(MIG_CONTROL_ENV, "NVIDIA_MIG_CONFIG_DEVICES or NVIDIA_MIG_MONITOR_DEVICES set", ("V14",)),
     Rule(IMEX_CHANNELS, "NVIDIA_IMEX_CHANNELS set in the pod, an IMEX channel request of its own", ("V21",)),
+    Rule(
+        BOUND_GPU_POD,
+        "a pod created with spec.nodeName that has a device-plugin GPU container: it skips the scheduler's resource "
+        "fit, and a node that does not advertise the resource runs it with no allocation",
+        ("V25",),
+    ),
+    Rule(
+        KAI_ANNOTATION_UPDATE,
+        "a pod UPDATE that adds, removes or changes an annotation KAI's binder reads at bind time (the fraction, its "
+        "container, the ConfigMap prefix) on a pod KAI schedules",
+        ("V26",),
+    ),
+    Rule(
+        GATED_DEVICE_ENV,
+        "NVIDIA_NVSWITCH, NVIDIA_GDS, NVIDIA_MOFED or NVIDIA_GDRCOPY set in the pod: requests for node devices "
+        "(NVSwitch, GPUDirect Storage, InfiniBand, GDRCopy) that no allocation made",
+        ("V27",),
+    ),
+    Rule(
+        VOLUME_TYPE,
+        "a volume whose type is not on the allowlist (gitRepo, fc, iscsi, nfs and every other type the kubelet sets up "
+        "on the node from what the pod says)",
+        ("V28",),
+        Reach.NODE,
+    ),
+    Rule(
+        HOST_PROCESS,
+        "windowsOptions.hostProcess on the pod or a container: a Windows HostProcess container runs on the node as a "
+        "host process",
+        ("V29",),
+        Reach.NODE,
+    ),
+    Rule(
+        HOST_IPC,
+        "hostIPC: the pod joins the node's IPC namespace and gets the node's /dev/shm writable (a warning with "
+        "host_ipc: warn)",
+        ("V30",),
+        Reach.NODE,
+    ),
 )
+#: Rules only a plain pod UPDATE can break (``validate_update``): ``validate`` has no old object to compare with.
+UPDATE_RULES = frozenset({KAI_ANNOTATION_UPDATE})
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 PIN_VALUE = "void"
@@ -471,13 +522,13 @@ _KAI_PINS = (VISIBLE_DEVICES_ENV,)
 
 def _watched_env_names(config: PolicyConfig) -> frozenset[str]:
     """Every env name some rule reads: the visible-devices names (``NVIDIA_VISIBLE_DEVICES`` and the configured
-    aliases), the MIG control variables and the IMEX channels. A rule that reads another env name must be added
-    here."""
+    aliases), the MIG control variables, the IMEX channels and the gated device requests. A rule that reads another
+    env name must be added here."""
     return config.visible_devices_names | _OTHER_WATCHED_NAMES
 
 
 _MIG_CONTROL_NAMES = frozenset(MIG_CONTROL_ENVS)
-_OTHER_WATCHED_NAMES = _MIG_CONTROL_NAMES | {IMEX_CHANNELS_ENV}
+_OTHER_WATCHED_NAMES = _MIG_CONTROL_NAMES | {IMEX_CHANNELS_ENV} | GATED_DEVICE_ENVS.keys()
 
 
 def _watched_env(env: list[Any], watched: frozenset[str]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -734,6 +785,7 @@ def gpu_env_from(pod: _Pod) -> list[Violation]:
 def privileged(pod: _Pod) -> list[Violation]:
     found: list[Violation] = []
     additions: list[tuple[_Container, list[str]]] = []  # for the capability rules, read in the same pass
+    host_processes: list[_Container] = _NO_CONTAINERS  # for host-process, likewise
     for container in pod.containers:
         security = container.body.get("securityContext")
         if not isinstance(security, dict):
@@ -754,8 +806,15 @@ def privileged(pod: _Pod) -> list[Violation]:
             added = _mapping(capabilities).get("add")
             if isinstance(added, list) and added:
                 additions.append((container, [name for name in added if isinstance(name, str)]))
+        options = security.get("windowsOptions")
+        if options and _mapping(options).get("hostProcess") is True:
+            host_processes = [*host_processes, container]
     pod.memo["capabilities"] = additions
+    pod.memo["host process"] = host_processes
     return found
+
+
+_NO_CONTAINERS: list[_Container] = []  # shared, never appended to: the usual answer
 
 
 def _capability_additions(pod: _Pod) -> list[tuple[_Container, list[str]]]:
@@ -816,7 +875,8 @@ _SHARED_WHAT = {
 _SHARED_FIX = {
     SharedNamespace.HOST_NETWORK: "drop hostNetwork",
     SharedNamespace.SHARE_PROCESS_NAMESPACE: "stop sharing the process namespace (shareProcessNamespace, or the "
-    "debug container's targetContainerName)",
+    "debug container's targetContainerName); with kubectl debug, --profile=baseline adds no SYS_PTRACE (the default "
+    "profile, general, does)",
 }
 
 
@@ -968,6 +1028,21 @@ def runtime_annotation(pod: _Pod) -> list[Violation]:
     )
 
 
+def _other_volumes(pod: _Pod) -> list[dict[str, Any]]:
+    """The volumes that have a key but ``name`` and the allowed volume types: hostPath volumes (never an allowed
+    type) and those ``volume-type`` rejects. One pass over the volumes for the three rules that read them; nearly
+    every pod has none."""
+    others = pod.memo.get("other volumes")
+    if others is None:
+        volumes = pod.spec.get("volumes")
+        allowed = pod.config.allowed_volume_keys
+        others = (
+            [v for v in volumes if isinstance(v, dict) and not v.keys() <= allowed] if isinstance(volumes, list) else []
+        )
+        pod.memo["other volumes"] = others
+    return others
+
+
 def _host_path_volumes(pod: _Pod) -> list[tuple[Any, str, str, str | None]]:
     """``(name, path, cleaned path, the protected path it reaches or None)`` of each hostPath volume under
     judgement: all of them, or with ``only`` those the new ephemeral containers mount (the rest were judged when
@@ -976,8 +1051,7 @@ def _host_path_volumes(pod: _Pod) -> list[tuple[Any, str, str, str | None]]:
     if found is not None:
         return found
     found = []
-    volumes = pod.spec.get("volumes")
-    hosts = [v for v in volumes if isinstance(v, dict) and "hostPath" in v] if isinstance(volumes, list) else []
+    hosts = [volume for volume in _other_volumes(pod) if "hostPath" in volume]
     if hosts:
         mounted: set[str] | None = None
         if not pod.whole_pod:
@@ -1057,9 +1131,9 @@ def host_path(pod: _Pod) -> list[Violation]:
     return found
 
 
-def _env_variable_violations(pod: _Pod, rule: str, names: Collection[str], why: str) -> list[Violation]:
-    """The violations of one device-variable rule. The MIG and IMEX entries are found in one pass over the
-    watched env, by the first of the two rules; the second reads that pass."""
+def _device_variables(pod: _Pod) -> list[tuple[_Container, str]]:
+    """Each ``(container, name)`` that sets a MIG, IMEX or gated device variable: found in one pass over the
+    watched env by the first of the three rules that read them; the others read that pass."""
     settings = pod.memo.get("device variables")
     if settings is None:
         settings = [
@@ -1069,6 +1143,11 @@ def _env_variable_violations(pod: _Pod, rule: str, names: Collection[str], why: 
             if name in _OTHER_WATCHED_NAMES
         ]
         pod.memo["device variables"] = settings
+    return settings
+
+
+def _env_variable_violations(pod: _Pod, rule: str, names: Collection[str], why: str) -> list[Violation]:
+    settings = _device_variables(pod)
     if not settings:
         return []
     return [
@@ -1091,6 +1170,165 @@ def imex_channels_env(pod: _Pod) -> list[Violation]:
     )
 
 
+def bound_gpu_pod(pod: _Pod) -> list[Violation]:
+    """A pod created bound to a node is never fitted by the scheduler; the kubelet drops the extended resources its
+    node does not advertise before its own fit, and no device plugin allocates them, so such a "GPU container" gets
+    no allocation and keeps the image's ``NVIDIA_VISIBLE_DEVICES`` (docs/threat-model.md). Judged at creation only:
+    ``spec.nodeName`` cannot be changed by an update, only set by a binding, which is the scheduler's."""
+    node = pod.spec.get("nodeName")
+    if node is None or node == "" or not pod.whole_pod:  # _bound_at_creation, inline: once per pod admitted
+        return []
+    gpus = [container.name for container in pod.containers if container.gpu]
+    if not gpus:
+        return []
+    return [
+        Violation(
+            BOUND_GPU_POD,
+            None,
+            f"the pod is created with spec.nodeName, which skips the scheduler's resource fit, and container "
+            f"{', '.join(_quote(name) for name in gpus)} requests a device-plugin GPU, which a node that does not "
+            "advertise it runs with no allocation",
+            "choose the node with a nodeSelector on kubernetes.io/hostname (or node affinity on metadata.name) "
+            "instead of nodeName",
+        )
+    ]
+
+
+def kai_annotation_update(pod: _Pod) -> list[Violation]:
+    """Only ``validate_update`` finds changes to judge (it puts them in the memo): ``validate`` has no old pod."""
+    changes: list[tuple[str, str]] = pod.memo.get("kai changes", _NO_CHANGES)
+    return [
+        Violation(
+            KAI_ANNOTATION_UPDATE,
+            None,
+            f"the update {change} pod annotation {_quote(key)}, which KAI's binder reads at bind time to choose the "
+            "ConfigMap it fills, while the fraction container's reference was written and judged at creation",
+            "delete the pod and create it with the annotations it needs",
+        )
+        for key, change in changes
+    ]
+
+
+_NO_CHANGES: list[tuple[str, str]] = []
+
+
+def gated_device_env(pod: _Pod) -> list[Violation]:
+    settings = pod.memo.get("device variables")  # the memo first: within validate, the MIG rule's pass
+    if settings is None:
+        settings = _device_variables(pod)
+    if not settings:
+        return []
+    return [
+        _in_container(
+            GATED_DEVICE_ENV,
+            container,
+            f"sets {name}, which asks the NVIDIA toolkit for {GATED_DEVICE_ENVS[name]}, devices no allocation chose",
+            f"remove {name} ({_GATED_WAY_OUT.get(name, _NVSWITCH_WAY_OUT)})",
+        )
+        for container, name in settings
+        if name in GATED_DEVICE_ENVS
+    ]
+
+
+#: Where each gated device comes from legitimately: the NVIDIA device plugin sets three of the variables itself on
+#: the containers it allocates GPUs to, where the cluster enables them (k8s-device-plugin
+#: ``internal/plugin/server.go``).
+_GATED_WAY_OUT = {
+    "NVIDIA_GDS": "the device plugin sets it with its GPUs where gds-enabled is on",
+    "NVIDIA_MOFED": "the device plugin sets it with its GPUs where mofed-enabled is on",
+    "NVIDIA_GDRCOPY": "the device plugin sets it with its GPUs where gdrcopy-enabled is on",
+}
+_NVSWITCH_WAY_OUT = "NVSwitch devices are the fabric manager's, a node service"
+
+
+def volume_type(pod: _Pod) -> list[Violation]:
+    """A volume's type is each of its keys but ``name`` (the API allows one; it defaults a volume with none to
+    ``emptyDir``, so none is no violation). Judged at creation only: volumes cannot be added by an update, and an
+    ephemeral container that mounts one reuses what the kubelet set up when the pod started."""
+    if not pod.whole_pod:
+        return []
+    others = _other_volumes(pod)
+    if not others:
+        return []
+    allowed = pod.config.allowed_volume_keys
+    found: list[Violation] = []
+    for volume in others:
+        for kind in volume:
+            if kind in allowed or kind == HOST_PATH_VOLUME:  # hostPath: host-device-path's and host-path's
+                continue
+            hint = _VOLUME_TYPE_HINTS.get(kind, "use a persistentVolumeClaim, or ask for the type to be allowed")
+            found.append(
+                Violation(
+                    VOLUME_TYPE,
+                    None,
+                    f"volume {_quote(volume.get('name'))} is of type {_quote(kind)}, which is not on the volume type "
+                    "allowlist (allowed_volume_types): the kubelet sets it up on the node from what the pod says",
+                    hint,
+                )
+            )
+    return found
+
+
+_VOLUME_TYPE_HINTS = {
+    "gitRepo": "clone the repository in an init container into an emptyDir instead",
+}
+
+
+def host_process(pod: _Pod) -> list[Violation]:
+    """The containers' settings are found by ``privileged``'s pass over the security contexts (within ``validate``;
+    alone, that pass is made here)."""
+    containers = pod.memo.get("host process")
+    if containers is None:
+        privileged(pod)
+        containers = pod.memo["host process"]
+    found: list[Violation] = []
+    security = pod.spec.get("securityContext")
+    options = _mapping(security).get("windowsOptions") if security else None
+    if pod.whole_pod and options and _mapping(options).get("hostProcess") is True:
+        found.append(
+            Violation(
+                HOST_PROCESS,
+                None,
+                "the pod sets securityContext.windowsOptions.hostProcess, which runs its containers as processes "
+                "of the Windows node with its devices and files",
+                "remove securityContext.windowsOptions.hostProcess",
+            )
+        )
+    for container in containers:
+        found.append(
+            _in_container(
+                HOST_PROCESS,
+                container,
+                "sets securityContext.windowsOptions.hostProcess, which runs it as a process of the Windows node "
+                "with its devices and files",
+                "remove securityContext.windowsOptions.hostProcess",
+            )
+        )
+    return found
+
+
+def _host_ipc(pod: _Pod) -> bool:
+    # immutable: judged when the pod was created
+    return pod.whole_pod and _flag(pod.spec.get("hostIPC"))
+
+
+_HOST_IPC_FIX = "remove hostIPC (an emptyDir with medium Memory at /dev/shm serves the pod's own processes)"
+
+
+def host_ipc(pod: _Pod) -> list[Violation]:
+    if not pod.spec.get("hostIPC") or pod.config.host_ipc is not _REJECT or not _host_ipc(pod):
+        return []
+    return [
+        Violation(
+            HOST_IPC,
+            None,
+            "the pod shares the node's IPC namespace (hostIPC), where the runtime mounts the node's /dev/shm writable "
+            "into it and other hostIPC pods' shared memory (NCCL's among them) is open to it",
+            _HOST_IPC_FIX,
+        )
+    ]
+
+
 RULE_CHECKS: tuple[tuple[Rule, Callable[[_Pod], list[Violation]]], ...] = tuple(
     zip(
         RULES,
@@ -1110,13 +1348,19 @@ RULE_CHECKS: tuple[tuple[Rule, Callable[[_Pod], list[Violation]]], ...] = tuple(
             host_path,
             mig_control_env,
             imex_channels_env,
+            bound_gpu_pod,
+            kai_annotation_update,
+            gated_device_env,
+            volume_type,
+            host_process,
+            host_ipc,
         ),
         strict=True,
     )
 )
 
 
-_CHECKS = tuple(check for _, check in RULE_CHECKS)
+_CHECKS = tuple(check for rule, check in RULE_CHECKS if rule.id not in UPDATE_RULES)
 
 
 def _warnings(pod: _Pod) -> list[Violation]:
@@ -1143,6 +1387,10 @@ def _warnings(pod: _Pod) -> list[Violation]:
                     "use void",
                 )
             )
+    if config.host_ipc is _WARN and _host_ipc(pod):
+        warnings.append(
+            Violation(HOST_IPC, None, "the pod shares the node's IPC namespace and /dev/shm (hostIPC)", _HOST_IPC_FIX)
+        )
     if pod.whole_pod:
         runtime_class = pod.spec.get("runtimeClassName")
         if (
@@ -1222,7 +1470,7 @@ def mutate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = Non
 def validate(
     pod: Any, config: PolicyConfig, *, only: Collection[str] | None = None, namespace: str | None = None
 ) -> Validation:
-    """Judge the pod as it will run (after all mutation): every rule of ``RULES``, plus warnings.
+    """Judge the pod as it will run (after all mutation): every rule of ``RULES`` but ``UPDATE_RULES``, plus warnings.
 
     With ``only`` (a ``pods/ephemeralcontainers`` UPDATE) just those ephemeral containers are judged, with the
     hostPath volumes they mount; pod-level annotations and runtime class were judged when the pod was created.
@@ -1232,7 +1480,7 @@ def validate(
     """
     view = _read_pod(pod, config, only)
     violations: list[Violation] = []
-    for check in _CHECKS:  # a plain loop: fifteen calls per review, nearly all of them answering []
+    for check in _CHECKS:  # a plain loop: one call per rule per review, nearly all of them answering []
         found = check(view)
         if found:
             violations += found
@@ -1296,33 +1544,41 @@ def _annotations(pod: Any) -> Mapping[str, Any]:
 
 
 def validate_update(pod: Any, old_pod: Any, config: PolicyConfig, *, namespace: str | None = None) -> Validation:
-    """Judge a plain pod UPDATE: the CDI and runtime annotations it adds or changes, and, where ``gpu_node_taints``
-    scopes the node rules, tolerations that bring the pod into scope; nothing else.
+    """Judge a plain pod UPDATE: the CDI and runtime annotations it adds or changes, on a pod KAI schedules the
+    annotations KAI's binder reads that it adds, removes or changes, and, where ``gpu_node_taints`` scopes the node
+    rules, tolerations that bring the pod into scope; nothing else.
 
     Containers, volumes and runtime class are immutable once a pod exists, but annotations are not: one added
     while the pod waits for its sandbox (a scheduling gate, a pending pod) reaches the runtime like one set at
-    CREATE. Annotations that were already there were judged at CREATE (or let through in warn mode); judging
-    them again would deny every later update of the pod, finalizer removal included. Tolerations can be added too,
-    and a pending pod that now tolerates a GPU taint can be scheduled onto a GPU node: the node rules it was spared
-    at CREATE judge it now.
+    CREATE, and KAI's binder picks the ConfigMap it fills from the annotations as they are when it binds.
+    Annotations that were already there were judged at CREATE (or let through in warn mode); judging them again
+    would deny every later update of the pod, finalizer removal included. Tolerations can be added too, and a
+    pending pod that now tolerates a GPU taint can be scheduled onto a GPU node: the node rules it was spared at
+    CREATE judge it now. The GPU rules (``cdi-annotation``, ``kai-annotation-update``) are never out of scope.
     """
     old = _annotations(old_pod)
-    added = {key: value for key, value in _annotations(pod).items() if key not in old or old[key] != value}
+    new = _annotations(pod)
+    added = {key: value for key, value in new.items() if key not in old or old[key] != value}
+    changes = _kai_changes(pod, old, new, config)
     violations: list[Violation] = []
-    if added:
-        view = _Pod({"annotations": added}, _EMPTY, (), (), config, True, {})
-        violations += [*cdi_annotation(view), *runtime_annotation(view)]
+    if added or changes:
+        view = _Pod({"annotations": added}, _EMPTY, (), (), config, True, {"kai changes": changes})
+        violations += [*cdi_annotation(view), *runtime_annotation(view), *kai_annotation_update(view)]
+    warnings: list[Violation] = []
     if config.gpu_node_taints and isinstance(pod, dict):
         if _enters_scope(pod, old_pod, config):
+            # The whole pod's node rules, runtime-annotation among them (over every annotation, not only the added).
             whole = validate(pod, config, namespace=namespace)
-            violations = [*(v for v in violations if v.rule == CDI_ANNOTATION)]
+            violations = [v for v in violations if _REACH.get(v.rule) is not Reach.NODE]
             violations += [v for v in whole.violations if _REACH.get(v.rule) is Reach.NODE]
         elif not reaches_gpu_nodes(_mapping(pod.get("spec")), config):
-            guarded = [v for v in violations if _REACH.get(v.rule) is Reach.NODE]
+            warnings = [_out_of_scope(v) for v in violations if _REACH.get(v.rule) is Reach.NODE]
             violations = [v for v in violations if _REACH.get(v.rule) is not Reach.NODE]
-            if guarded:
-                return Validation(violations=tuple(violations), warnings=tuple(_out_of_scope(v) for v in guarded))
-    return Validation(violations=tuple(violations), warnings=()) if violations else NO_VIOLATIONS
+    if not violations and not warnings:
+        return NO_VIOLATIONS
+    if violations:
+        violations = _with_ways_out(_read_pod(pod, config, None), violations, namespace)
+    return Validation(violations=tuple(violations), warnings=tuple(warnings))
 
 
 def _enters_scope(pod: dict[str, Any], old_pod: Any, config: PolicyConfig) -> bool:
@@ -1330,6 +1586,26 @@ def _enters_scope(pod: dict[str, Any], old_pod: Any, config: PolicyConfig) -> bo
     cannot be read counts as out of scope, so the new one is judged)."""
     old_spec = _mapping(old_pod.get("spec")) if isinstance(old_pod, dict) else _EMPTY
     return reaches_gpu_nodes(_mapping(pod.get("spec")), config) and not reaches_gpu_nodes(old_spec, config)
+
+
+def _kai_changes(
+    pod: Any, old: Mapping[str, Any], new: Mapping[str, Any], config: PolicyConfig
+) -> list[tuple[str, str]]:
+    """``(key, "adds" | "removes" | "changes")`` for each annotation KAI's binder reads at bind time that the update
+    touches, on a pod under a configured KAI scheduler (``schedulerName`` is immutable; on any other pod the
+    annotations mean nothing to KAI)."""
+    scheduler = _mapping(pod.get("spec")).get("schedulerName") if isinstance(pod, dict) else None
+    if not isinstance(scheduler, str) or scheduler not in config.kai_scheduler_set:
+        return _NO_CHANGES
+    changes: list[tuple[str, str]] = []
+    for key in kai.BIND_TIME_ANNOTATIONS:
+        if key in new and key not in old:
+            changes.append((key, "adds"))
+        elif key in old and key not in new:
+            changes.append((key, "removes"))
+        elif key in new and new[key] != old[key]:
+            changes.append((key, "changes"))
+    return changes
 
 
 def exemption(pod: Any, config: PolicyConfig, *, namespace: str) -> str | None:

@@ -24,29 +24,21 @@ import grpc
 
 from . import DEFAULT_SOCKET
 from .allocations import ClaimDevice, ContainerAllocation, DeviceAllocation, DynamicResource
+from .calls import (
+    CONNECTION_REFUSED,
+    ERROR,
+    PERMISSION_DENIED,
+    RATE_LIMITED,
+    SOCKET_MISSING,
+    TIMEOUT,
+    UNAVAILABLE,
+    UNIMPLEMENTED,
+)
 from .v1 import api_pb2, api_pb2_grpc
 
 #: A dense node's List answer is well under 1 MiB; allow what other PodResources clients (NFD) allow.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
-SOCKET_MISSING = "socket-missing"
-CONNECTION_REFUSED = "connection-refused"
-PERMISSION_DENIED = "permission-denied"
-TIMEOUT = "timeout"
-UNIMPLEMENTED = "unimplemented"
-RATE_LIMITED = "rate-limited"
-UNAVAILABLE = "unavailable"
-ERROR = "error"
-REASONS = (
-    SOCKET_MISSING,
-    CONNECTION_REFUSED,
-    PERMISSION_DENIED,
-    TIMEOUT,
-    UNIMPLEMENTED,
-    RATE_LIMITED,
-    UNAVAILABLE,
-    ERROR,
-)
 
 # Kubelets before 1.34 answer Get with UNKNOWN "PodResources API Get method disabled" when the
 # KubeletPodResourcesGet gate is off, and 1.21-1.22 GetAllocatableResources with "Pod Resources API

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_fence.auditor.audit import audit
 from gpu_fence.auditor.metrics import ACTIVITY_GAUGES, AuditorMetrics, label_name
 from gpu_fence.auditor.model import (
     Activity,
+    ActivityUnknown,
     ClaimedDevice,
     Container,
     DraResolution,
@@ -232,7 +234,8 @@ def test_activity_gauges_per_container_and_gpu_with_the_allocated_label():
     assert found[("gpu_fence_gpu_activity_sampled", (("gpu_uuid", G0), ("node", "n")))] == 1
 
 
-def test_a_device_nvml_does_not_sample_has_no_activity_series_and_says_so():
+@pytest.mark.parametrize("why", list(ActivityUnknown))
+def test_a_device_whose_activity_is_unknown_has_no_activity_series_and_says_why(why: ActivityUnknown):
     snapshot = NodeSnapshot(
         "n",
         0.0,
@@ -240,6 +243,7 @@ def test_a_device_nvml_does_not_sample_has_no_activity_series_and_says_so():
         (Container("ml", "train", "main", "uid-1", "c1", allocated=(G0, G1)),),
         (GpuProcess(1, G1, GIB, "uid-1", "c1"),),
         activity_devices=frozenset({G0}),
+        activity_unknown=((G1, why),),
     )
     metrics = AuditorMetrics("n")
     metrics.observe(snapshot, audit(snapshot), 0.01)
@@ -250,6 +254,9 @@ def test_a_device_nvml_does_not_sample_has_no_activity_series_and_says_so():
     assert total(metrics, "gpu_fence_gpu_activity_sampled", gpu_uuid=G0) == 1
     assert ("gpu_fence_gpu_activity_sampled", G1) in series_of(metrics, "gpu_fence_gpu_activity_sampled")
     assert total(metrics, "gpu_fence_gpu_activity_sampled", gpu_uuid=G1) == 0
+    unknown = {(n, labels) for (n, labels) in samples(metrics) if n == "gpu_fence_gpu_activity_unknown"}
+    assert unknown == {("gpu_fence_gpu_activity_unknown", (("gpu_uuid", G1), ("node", "n"), ("reason", why.value)))}
+    assert total(metrics, "gpu_fence_gpu_activity_unknown") == 1
 
 
 def series_of(metrics: AuditorMetrics, name: str) -> set[tuple[str, str]]:
@@ -365,3 +372,17 @@ def test_memory_beside_an_unresolved_dra_device_is_allocated_unknown_not_overrea
         for (name, labels), value in samples(metrics).items()
         if name == memory
     } == {("big", G0, "true"): GIB, ("big", G1, "unknown"): 2 * GIB, ("cuda", G1, "false"): GIB}
+
+
+def test_kubelet_calls_and_their_failures_are_exported_at_zero_from_the_start():
+    """An alert on increase() sees the first failure only as a rise from an earlier sample of the same series."""
+    from gpu_fence.auditor.podresources.calls import METHODS, REASONS
+
+    families = {f.name: f for f in text_string_to_metric_families(AuditorMetrics("n").exposition().decode())}
+    calls = {s.labels["method"]: s.value for s in families["gpu_fence_audit_kubelet_calls"].samples}
+    assert calls == dict.fromkeys(("List", "GetAllocatableResources"), 0.0) and set(METHODS) == set(calls)
+    failures = {
+        (s.labels["method"], s.labels["reason"]): s.value
+        for s in families["gpu_fence_audit_kubelet_call_failures"].samples
+    }
+    assert failures == {(method, reason): 0.0 for method in METHODS for reason in REASONS}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from gpu_fence.auditor.model import IDLE, Activity, Gpu
+from gpu_fence.auditor.model import IDLE, Activity, ActivityUnknown, Gpu
 from gpu_fence.auditor.nvml import NO_INSTANCE, REASONS, Nvml, NvmlError, NvmlSnapshot
 from tests.fakes.nvml import (
     CONFIG_ENV,
@@ -21,6 +21,7 @@ from tests.fakes.nvml import (
     FakeError,
     FakeGpu,
     FakeMig,
+    FakeMpsServer,
     FakeNvmlConfig,
     FakeNvmlCounters,
     FakeProcess,
@@ -904,3 +905,97 @@ def test_reopening_starts_from_the_drivers_whole_buffer(fake_lib: Path, open_nvm
     reopened = open_nvml(SAMPLED_NODE).snapshot()
 
     assert activity(reopened)[(12, GPU0)] == Activity(sm=0.90, memory_controller=0.50)
+
+
+# ---- activity under MPS: the real driver gives every client's samples to the MPS server's pid -------------------
+
+#: GPU 0 runs an MPS server (pid 30) with three busy clients, as on the H200 (driver 580.159.04); GPU 1 beside it is
+#: time-sliced between two busy processes.
+MPS_NODE = FakeNvmlConfig(
+    gpus=(FakeGpu(0, name="NVIDIA H200"), FakeGpu(1)),
+    mps_servers=(FakeMpsServer(0, pid=30, used_memory_bytes=69_206_016),),
+    processes=(
+        FakeProcess(0, pid=31, used_memory_bytes=4_366_270_464, kind="mps"),
+        FakeProcess(0, pid=32, used_memory_bytes=5_440_012_288, kind="mps"),
+        FakeProcess(0, pid=33, used_memory_bytes=1_713_373_184, kind="mps"),
+        FakeProcess(1, pid=41),
+        FakeProcess(1, pid=42),
+    ),
+    samples=(
+        FakeUtilSample(0, pid=31, sm=60, at=1_000),
+        FakeUtilSample(0, pid=32, sm=40, at=1_000),
+        FakeUtilSample(1, pid=41, sm=62, at=1_000),
+        FakeUtilSample(1, pid=42, sm=36, at=1_000),
+    ),
+)
+
+
+def test_mps_clients_are_counted_once_with_their_own_memory_and_the_server_with_its_own(open_nvml: OpenNvml) -> None:
+    snapshot = open_nvml(MPS_NODE).snapshot()
+
+    on_gpu0 = {(p.pid, p.used_memory_bytes, p.kind) for p in snapshot.processes if p.device_uuid == GPU0}
+    assert on_gpu0 == {
+        (30, 69_206_016, "compute"),
+        (31, 4_366_270_464, "compute+mps"),
+        (32, 5_440_012_288, "compute+mps"),
+        (33, 1_713_373_184, "compute+mps"),
+    }
+
+
+def test_a_gpu_with_mps_clients_has_unknown_activity_and_a_gpu_without_keeps_its_numbers(
+    fake_lib: Path, open_nvml: OpenNvml
+) -> None:
+    counters = FakeNvmlCounters(fake_lib)
+    nvml = open_nvml(MPS_NODE)
+    counters.reset()
+    snapshot = nvml.snapshot()
+
+    found = activity(snapshot)
+    assert {found[(pid, GPU0)] for pid in (30, 31, 32, 33)} == {None}  # not 0, and not the server's 100 either
+    assert dict(snapshot.activity_unknown) == {GPU0: ActivityUnknown.MPS}
+    assert found[(41, GPU1)] == Activity(sm=0.62) and found[(42, GPU1)] == Activity(sm=0.36)
+    assert snapshot.activity_devices == frozenset({GPU1})
+    assert snapshot.problems == ()
+    assert counters.results(NEW_CALL, "SUCCESS") == 2  # GPU 0 asked too: its cursor moves past what no one can use
+
+
+def test_the_mps_servers_samples_are_not_its_own_activity(open_nvml: OpenNvml) -> None:
+    """Without a client in the MPS list the server's samples are its own (idle, or a client gone since): with one,
+    they are every client's, and not given to the server's process."""
+    serving = open_nvml(MPS_NODE.sampling(FakeUtilSample(0, pid=31, sm=97, at=1_000)))
+    assert activity(serving.snapshot())[(30, GPU0)] is None
+    serving.close()  # the fake reads its next configuration at the next first init
+
+    alone = FakeNvmlConfig(
+        gpus=(FakeGpu(0),),
+        mps_servers=(FakeMpsServer(0, pid=30),),
+        samples=(FakeUtilSample(0, pid=30, sm=3, at=1_000),),
+    )
+    snapshot = open_nvml(alone).snapshot()
+    assert activity(snapshot) == {(30, GPU0): Activity(sm=0.03)} and snapshot.activity_unknown == ()
+
+
+def test_an_mps_list_that_cannot_be_read_makes_activity_unknown(open_nvml: OpenNvml) -> None:
+    failing = FakeError("nvmlDeviceGetMPSComputeRunningProcesses_v3", "UNKNOWN", device=1)
+    snapshot = open_nvml(MPS_NODE.with_errors(failing)).snapshot()
+
+    assert dict(snapshot.activity_unknown) == {GPU0: ActivityUnknown.MPS, GPU1: ActivityUnknown.ERROR}
+    assert activity(snapshot)[(41, GPU1)] is None
+    assert [(problem.device, problem.reason) for problem in snapshot.problems] == [(GPU1, "unknown")]
+
+
+@pytest.mark.parametrize(
+    ("errors", "why"),
+    [
+        ((FakeError(NEW_CALL, "NOT_SUPPORTED"),), ActivityUnknown.NOT_SUPPORTED),
+        ((FakeError(NEW_CALL, "UNKNOWN"),), ActivityUnknown.ERROR),
+    ],
+    ids=["not-supported", "error"],
+)
+def test_every_device_without_activity_says_why(
+    open_nvml: OpenNvml, errors: tuple[FakeError, ...], why: ActivityUnknown
+) -> None:
+    snapshot = open_nvml(SAMPLED_NODE.with_errors(*errors)).snapshot()
+
+    assert dict(snapshot.activity_unknown) == {GPU0: why, GPU1: ActivityUnknown.MIG, MIG10: ActivityUnknown.MIG}
+    assert snapshot.activity_devices == frozenset()

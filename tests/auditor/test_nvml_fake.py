@@ -21,6 +21,7 @@ from tests.fakes.nvml import (
     FakeError,
     FakeGpu,
     FakeMig,
+    FakeMpsServer,
     FakeNvmlConfig,
     FakeNvmlCounters,
     FakeProcess,
@@ -321,6 +322,80 @@ def bound_sampled(fake_lib: Path, sampled_c: ctypes.CDLL) -> Iterator[None]:
         yield
 
 
+# ---- MPS: what the real driver showed (H200, driver 580.159.04, docs/nvml.md "MPS on a real driver") ----------
+
+#: The H200 run's three clients with the bytes NVML gave each, and the MPS server's own 69,206,016 bytes.
+CLIENT_BYTES = {31: 4_366_270_464, 32: 5_440_012_288, 33: 1_713_373_184}
+SERVER_PID, SERVER_BYTES = 30, 69_206_016
+MPS_NODE = FakeNvmlConfig(
+    gpus=(FakeGpu(0, name="NVIDIA H200", memory_total_bytes=141 * GIB), FakeGpu(1)),
+    mps_servers=(FakeMpsServer(0, SERVER_PID, SERVER_BYTES),),
+    processes=(
+        *(FakeProcess(0, pid=pid, used_memory_bytes=size, kind="mps") for pid, size in CLIENT_BYTES.items()),
+        FakeProcess(1, pid=41, used_memory_bytes=GIB, kind="mps"),  # an MPS list without a server: that list alone
+    ),
+    samples=(
+        FakeUtilSample(0, pid=31, sm=60, memory=20, at=1_000),
+        FakeUtilSample(0, pid=32, sm=35, memory=30, at=1_000),
+        FakeUtilSample(0, pid=31, sm=70, memory=90, at=2_000),
+        FakeUtilSample(0, pid=32, sm=50, memory=40, at=2_000),
+        FakeUtilSample(0, pid=99, sm=10, at=2_000),  # a pid that is no client of the server keeps its own samples
+    ),
+)
+
+
+@pytest.fixture
+def bound_mps(fake_lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """pynvml bound to the fake, initialised with MPS_NODE."""
+    monkeypatch.setenv(CONFIG_ENV, str(MPS_NODE.write(tmp_path / "nvml.conf")))
+    with Nvml(str(fake_lib)):
+        yield
+
+
+def listed(processes: list) -> dict[int, int]:
+    return {int(process.pid): int(process.usedGpuMemory) for process in processes}
+
+
+@pytest.mark.usefixtures("bound_mps")
+def test_mps_clients_are_in_the_compute_and_the_mps_list_with_their_own_memory() -> None:
+    gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+    assert listed(pynvml.nvmlDeviceGetMPSComputeRunningProcesses(gpu)) == CLIENT_BYTES
+    assert listed(pynvml.nvmlDeviceGetComputeRunningProcesses(gpu)) == CLIENT_BYTES | {SERVER_PID: SERVER_BYTES}
+
+
+@pytest.mark.usefixtures("bound_mps")
+def test_the_mps_server_is_in_the_compute_list_alone_and_the_card_counts_everyone_once() -> None:
+    gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+    assert SERVER_PID not in listed(pynvml.nvmlDeviceGetMPSComputeRunningProcesses(gpu))
+    assert pynvml.nvmlDeviceGetMemoryInfo(gpu).used == sum(CLIENT_BYTES.values()) + SERVER_BYTES
+
+
+@pytest.mark.usefixtures("bound_mps")
+def test_without_a_server_an_mps_process_is_in_the_mps_list_alone() -> None:
+    gpu = pynvml.nvmlDeviceGetHandleByIndex(1)
+
+    assert listed(pynvml.nvmlDeviceGetMPSComputeRunningProcesses(gpu)) == {41: GIB}
+    assert listed(pynvml.nvmlDeviceGetComputeRunningProcesses(gpu)) == {}
+
+
+@pytest.mark.usefixtures("bound_mps")
+def test_under_mps_every_clients_sample_is_the_servers() -> None:
+    """The real driver returned samples for the server's pid only (smUtil 97-100) while its clients were busy: one
+    sample per instant, the clients' values added."""
+    gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+    for samples in (
+        pynvml.nvmlDeviceGetProcessUtilization(gpu, 0),
+        pynvml.nvmlDeviceGetProcessesUtilizationInfo(gpu, 0),
+    ):
+        rows = sorted((s.timeStamp, s.pid, s.smUtil, s.memUtil) for s in samples)
+        assert rows == [(1_000, SERVER_PID, 95, 50), (2_000, SERVER_PID, 100, 100), (2_000, 99, 10, 0)]
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetProcessUtilization(gpu, 2_000)
+
+
 # ---- handles, MIG and versioned structs ---------------------------------------------------------------------
 
 
@@ -494,6 +569,9 @@ def test_counters_count_calls_and_results(fake_lib: Path, init_with) -> None:
         ("gpu 0 GPU-a 0 1 A\nutil 4 7 30 0 0 0\n", "expected: util"),
         ("gpu 0 GPU-a 0 1 A\nutil 0 7 30 0 0 0 at=0\n", "unknown util option at=0"),
         ("util_period 0\n", "util_period needs microseconds"),
+        ("gpu 0 GPU-a 0 1 A\nmps_server 0 7\n", "expected: mps_server"),
+        ("gpu 0 GPU-a 0 1 A\nmps_server 0 7 1 8\n", "expected: mps_server"),
+        ("gpu 0 GPU-a 0 1 A\nmps_server 0 7 1\nmps_server GPU-a 8 1\n", "a second MPS server on GPU-a"),
         ("frobnicate\n", "unknown keyword frobnicate"),
     ],
 )
@@ -531,6 +609,7 @@ def test_writer_renders_the_documented_format() -> None:
         errors=(FakeError("nvmlDeviceGetUUID", "GPU_IS_LOST", device="GPU-a", times=2),),
         samples=(FakeUtilSample("GPU-a", pid=9, sm=12, memory=3, ofa=1, at=5), FakeUtilSample(0, pid=8)),
         util_period_us=50_000,
+        mps_servers=(FakeMpsServer("MIG-b", pid=7, used_memory_bytes=None),),
     )
 
     assert config.render().splitlines() == [
@@ -539,6 +618,7 @@ def test_writer_renders_the_documented_format() -> None:
         "util_period 50000",
         "gpu 0 GPU-a 4 25769803776 mig=1 max_slices=4 NVIDIA A30",
         "mig 0 1 MIG-b 2 0 2 12884901888 NVIDIA A30 MIG 2g.12gb",
+        "mps_server MIG-b 7 na",
         "proc MIG-b mps 9 na gi=2",
         "util GPU-a 9 12 3 0 0 ofa=1 at=5",
         "util 0 8 0 0 0 0",

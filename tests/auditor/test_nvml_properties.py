@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpu_fence.auditor.model import ActivityUnknown
 from gpu_fence.auditor.nvml import REASONS, Nvml, NvmlError, NvmlSnapshot
 from tests.fakes.nvml import (
     CONFIG_ENV,
@@ -101,6 +102,18 @@ def test_snapshot_reports_exactly_the_configured_node(fake_lib: Path, config_pat
     for device in snapshot.devices:
         assert device.minor == minors[device.parent_uuid or device.uuid]
         assert 0 < device.share <= 1
+    # Every device's activity is either sampled or unknown with a reason: MIG, or MPS where its MPS list has a process.
+    unknown = dict(snapshot.activity_unknown)
+    assert set(unknown).isdisjoint(snapshot.activity_devices)
+    assert set(unknown) | snapshot.activity_devices == expected_devices
+    with_mps = {str(p.device) for p in node.processes if p.kind == "mps"}
+    for device in snapshot.devices:
+        if device.is_mig or device.mig_enabled:
+            assert unknown[device.uuid] is ActivityUnknown.MIG
+        elif device.uuid in with_mps:
+            assert unknown[device.uuid] is ActivityUnknown.MPS
+        else:
+            assert device.uuid in snapshot.activity_devices
 
 
 _CODES = [*sorted(set(NVML_RETURN_CODES.values()) - {0}), 25, 28, 12345]
@@ -173,6 +186,8 @@ def test_no_nvml_error_escapes_whatever_fails(fake_lib: Path, config_path: Path,
         assert all(problem.reason in REASONS and problem.message for problem in outcome.problems)
         known = {device.uuid for device in outcome.devices}
         assert all(process.device_uuid in known for process in outcome.processes)
+        unknown = dict(outcome.activity_unknown)
+        assert set(unknown).isdisjoint(outcome.activity_devices) and set(unknown) | outcome.activity_devices == known
         for device in outcome.devices:
             if device.parent_uuid is not None:
                 assert device.parent_uuid in known  # a MIG device never outlives its card

@@ -8,7 +8,17 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from gpu_fence.auditor.audit import audit
-from gpu_fence.auditor.model import ClaimedDevice, Container, DraResolution, Gpu, GpuProcess, NodeSnapshot, SliceState
+from gpu_fence.auditor.model import (
+    Activity,
+    ActivityUnknown,
+    ClaimedDevice,
+    Container,
+    DraResolution,
+    Gpu,
+    GpuProcess,
+    NodeSnapshot,
+    SliceState,
+)
 from gpu_fence.auditor.report import render
 
 G0 = "GPU-00000000-aaaa-bbbb-cccc-000000000000"
@@ -117,6 +127,44 @@ def test_text_report_says_unknown_rather_than_zero_memory():
     half = next(line for line in lines if line.startswith("ml/half/main"))
     assert blind.endswith("unknown") and "0 MiB" not in blind
     assert half.endswith("2 MiB + 1 process unknown")
+
+
+#: A busy container on a time-sliced GPU, and a busy MPS client on a GPU whose activity is unknown (MPS).
+MPS = NodeSnapshot(
+    "node-a",
+    1_780_000_000.0,
+    SNAPSHOT.gpus,
+    (
+        Container("ml", "sliced", "main", "uid-5", "c5", allocated=(G0,)),
+        Container("ml", "client", "main", "uid-6", "c6", allocated=(G1,)),
+    ),
+    (
+        GpuProcess(30, G0, 1 << 30, "uid-5", "c5", activity=Activity(sm=0.62)),
+        GpuProcess(31, G1, 1 << 30, "uid-6", "c6"),
+    ),
+    activity_devices=frozenset({G0}),
+    activity_unknown=((G1, ActivityUnknown.MPS),),
+)
+
+
+def test_every_format_says_unknown_where_activity_is_unknown_and_keeps_the_number_elsewhere():
+    result = audit(MPS)
+    rows = {row["pod"]: row for row in json.loads(render("json", MPS, result))["containers"]}
+    assert rows["sliced"]["gpu_activity"][G0]["sm"] == 0.62 and rows["sliced"]["gpu_activity_unknown"] == {}
+    assert rows["client"]["gpu_activity"] == {} and rows["client"]["gpu_activity_unknown"] == {G1: "mps"}
+
+    lines = render("text", MPS, result).splitlines()
+    header = next(line for line in lines if line.startswith("CONTAINER"))
+    sliced = next(line for line in lines if line.startswith("ml/sliced/main"))
+    client = next(line for line in lines if line.startswith("ml/client/main"))
+    column = header.index("SM ")
+    assert sliced[column:].startswith("0.62 ") and client[column:].startswith("unknown (mps) ")
+
+    cases = {case.get("classname"): case for case in ET.fromstring(render("junit", MPS, result)).iter("testcase")}
+    assert cases["node-a.ml.sliced"].findtext("system-out") == f"SM activity on {G0}: 0.62"
+    assert cases["node-a.ml.client"].findtext("system-out") == (
+        f"SM activity on {G1}: unknown (MPS clients on the GPU: NVML reports their work under the MPS server's pid)"
+    )
 
 
 def test_dra_devices_are_reported_with_their_claim_names_and_resolution():

@@ -20,7 +20,7 @@ def test_without_flags_the_settings_are_the_documented_defaults(monkeypatch):
     monkeypatch.delenv("NODE_NAME", raising=False)
     assert RunSettings.from_args(parse("run")) == RunSettings(AuditSettings(node=socket.gethostname()))
     defaults = RunSettings(AuditSettings(node="n"))
-    assert (defaults.interval, defaults.metrics_port, defaults.metrics_bind) == (30.0, 9400, "0.0.0.0")
+    assert (defaults.interval, defaults.metrics_port, defaults.metrics_bind) == (30.0, 10400, "0.0.0.0")
     assert (defaults.unhealthy_after, defaults.event_interval, defaults.max_backoff) == (3, 60.0, 300.0)
     assert defaults.audit.pod_resources_socket == DEFAULT_SOCKET == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert defaults.audit.kai_scheduler_names == ("kai-scheduler",)
@@ -33,7 +33,7 @@ def test_help_shows_each_default_as_the_settings_hold_it(capsys):
     shown = "".join(capsys.readouterr().out.split())  # argparse wraps help text, at hyphens too
     for text in (
         "(default: 30)",
-        "(default: 9400; 0 picks a free one)",
+        "(default: 10400; 0 picks a free one)",
         "(default: 0.0.0.0)",
         "intervals (default: 3)",
         "minutes (default: 60)",

@@ -9,8 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_fence.auditor.cli import main
+from gpu_fence.auditor.cli import build_parser, main
+from gpu_fence.auditor.daemon import Auditor
+from gpu_fence.auditor.metrics import ACTIVITY_GAUGES, AuditorMetrics
+from gpu_fence.auditor.settings import AuditSettings
 from tests.fakes.hostproc_tree import plant_fifo, plant_symlink
 from tests.fakes.node_scenario import Ctr, DraRef, NodeScenario, cgroup_layouts, replica_holder, uuid_of
 from tests.fakes.nvml import GIB, FakeError
@@ -138,6 +142,64 @@ def test_activity_per_container_on_a_time_sliced_card_and_none_on_mig(node, monk
     assert sm("infer-1") == {uuid_of(0): 0.3}
     assert sm("infer-2") == sm("waiting") == {uuid_of(0): 0.0}  # a process that did nothing; a replica unused
     assert sm("slice") == {}  # unknown on MIG, never 0
+
+
+def test_busy_mps_clients_have_no_activity_number_and_a_time_sliced_card_keeps_its_numbers(node, monkeypatch, capsys):
+    """As a real driver does under MPS (H200, 580.159.04): clients in both process lists with their own memory, the
+    server in the compute list with its own, every sample on the server's pid. GPU 0's server runs in the device
+    plugin's MPS control daemon pod, GPU 1's on the host; GPU 2 is time-sliced."""
+    scenario = node(gpus=3)
+    daemon = Ctr("mps-control-daemon", processes=[(0, 66 << 20)], mps_server=0)
+    scenario.add_pod("gpu-operator", "nvidia-device-plugin-mps-control-daemon", daemon)
+    scenario.add_host_gpu_process(1, 66 << 20, mps_server=True)
+    sizes = {"a": 4_366_270_464, "b": 5_440_012_288, "c": 1_713_373_184}
+    for replica, (name, size) in enumerate(sizes.items()):
+        scenario.add_pod("ml", f"mps-{name}", replica_holder(0, replica, size, activity=(60, 20, 0, 0), mps=True))
+    scenario.add_pod("ml", "mps-host", replica_holder(1, 0, GIB, activity=(90, 0, 0, 0), mps=True))
+    scenario.add_pod("ml", "sliced", replica_holder(2, 0, GIB, activity=(62, 10, 0, 0)))
+    code, report, _ = audit_json(scenario, monkeypatch, capsys)
+
+    for name, size in sizes.items():
+        client = row(report, f"mps-{name}")
+        assert client["memory_bytes"] == {uuid_of(0): size}  # its own bytes, once (it is in both lists)
+        assert client["gpu_activity"] == {} and client["gpu_activity_unknown"] == {uuid_of(0): "mps"}
+    assert row(report, "mps-host")["gpu_activity_unknown"] == {uuid_of(1): "mps"}
+    server = row(report, "nvidia-device-plugin-mps-control-daemon")
+    assert server["memory_bytes"] == {uuid_of(0): 66 << 20}  # the server's own memory, on its own container
+    assert server["gpu_activity"] == {}  # not the clients' aggregate
+    assert report["unattributed_memory_bytes"][uuid_of(1)] == 66 << 20
+    assert row(report, "sliced")["gpu_activity"][uuid_of(2)]["sm"] == 0.62
+    assert {f["kind"] for f in report["findings"]} <= {
+        "used-unallocated",
+        "visible-unallocated",
+        "unattributed-process",
+    }
+    assert code == 1  # the daemon pod uses GPU 0 without an allocation; the host server is unattributed
+
+    auditor = Auditor(AuditSettings.from_args(build_parser().parse_args(scenario.args("once"))))
+    try:
+        auditor.preflight()
+        metrics = AuditorMetrics(scenario.node)
+        metrics.observe(*auditor.cycle(), 0.01)
+    finally:
+        auditor.close()
+    scraped = [
+        (sample.name, sample.labels, sample.value)
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+    ]
+    sm = [
+        (labels["pod"], labels["gpu_uuid"], value) for name, labels, value in scraped if name == ACTIVITY_GAUGES[0][0]
+    ]
+    assert sm == [("sliced", uuid_of(2), 0.62)]
+    unknown = {
+        (labels["gpu_uuid"], labels["reason"])
+        for name, labels, _ in scraped
+        if name == "gpu_fence_gpu_activity_unknown"
+    }
+    assert unknown == {(uuid_of(0), "mps"), (uuid_of(1), "mps")}
+    sampled = {labels["gpu_uuid"]: value for name, labels, value in scraped if name == "gpu_fence_gpu_activity_sampled"}
+    assert sampled == {uuid_of(0): 0, uuid_of(1): 0, uuid_of(2): 1}
 
 
 def test_mig_process_on_a_sibling_slice(node, monkeypatch, capsys):

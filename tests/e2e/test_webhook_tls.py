@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import jsonpatch
@@ -181,7 +182,8 @@ def review_of(
 
 
 def bypass_pods() -> dict[str, tuple[dict, str]]:
-    """One pod per bypass class (V11, V15-V21) that the default policy rejects, with the rule that must say so."""
+    """One pod per bypass class (V11, V15-V21, V25, V27-V30) that the default policy rejects, with the rule that
+    must say so."""
     kai_bound = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
     kai_bound["spec"]["nodeName"] = "gpu-node-1"
     kai_elsewhere = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
@@ -237,6 +239,34 @@ def bypass_pods() -> dict[str, tuple[dict, str]]:
             pods.pod(pods.gpu_container("cuda", environment=[{"name": "NVIDIA_IMEX_CHANNELS", "value": "0"}])),
             "imex-channels-env",
         ),
+        "an unadvertised GPU resource on a pod created bound to a node": (
+            pods.pod(pods.gpu_container("cuda", resource="nvidia.com/gpu.shared"), nodeName="gpu-node-1"),
+            "bound-gpu-pod",
+        ),
+        "NVSwitch devices": (
+            pods.pod(pods.gpu_container("cuda", environment=[{"name": "NVIDIA_NVSWITCH", "value": "enabled"}])),
+            "gated-device-env",
+        ),
+        "gitRepo volume": (
+            pods.pod(pods.gpu_container("cuda"), volumes=[{"name": "r", "gitRepo": {"repository": "https://x/r"}}]),
+            "volume-type",
+        ),
+        "inline iSCSI volume": (
+            pods.pod(
+                pods.gpu_container("cuda"),
+                volumes=[{"name": "d", "iscsi": {"targetPortal": "10.0.0.2:3260", "iqn": "iqn.2001-04.x:y", "lun": 0}}],
+            ),
+            "volume-type",
+        ),
+        "Windows HostProcess": (
+            pods.pod(
+                pods.container("agent", **pinned),
+                hostNetwork=True,
+                securityContext={"windowsOptions": {"hostProcess": True}},
+            ),
+            "host-process",
+        ),
+        "hostIPC": (pods.pod(pods.gpu_container("cuda"), hostIPC=True), "host-ipc"),
     }
 
 
@@ -262,6 +292,135 @@ def test_a_plain_update_that_adds_a_runtime_device_annotation_is_denied(server):
     assert response["allowed"] is False and response["auditAnnotations"]["rules"] == "runtime-annotation"
     review["request"]["object"] = {**before, "metadata": {**before["metadata"], "namespace": "default"}}
     assert server.post("/validate", review).document["response"]["allowed"] is True
+
+
+def test_an_update_that_retargets_kai_s_binder_is_denied_and_kai_s_own_updates_are_not(server):
+    """The pod as KAI's webhook leaves it, behind a scheduling gate; then its ConfigMap prefix changed, its fraction
+    removed (403 for the UPDATE), and the binder's own bind-time patch (allowed)."""
+    created = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
+    created["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+    annotations = created["metadata"]["annotations"]
+    retargeted = {**annotations, "runai/shared-gpu-configmap": "app-bcdfghj-shared-gpu"}
+    unfractioned = {k: v for k, v in annotations.items() if k != "gpu-fraction"}
+    for changed in (retargeted, unfractioned):
+        after = {**created, "metadata": {**created["metadata"], "annotations": changed}}
+        review = review_of(after, operation="UPDATE", old=created)
+        response = server.post("/validate", review).document["response"]
+        assert response["allowed"] is False and response["status"]["code"] == 403
+        assert response["auditAnnotations"]["rules"] == "kai-annotation-update"
+        assert "delete the pod" in response["status"]["message"]
+    bound = {**annotations, "received-resource-type": "Fraction", "pod-group-name": "pg-app"}
+    after = {**created, "metadata": {**created["metadata"], "annotations": bound}}
+    assert (
+        server.post("/validate", review_of(after, operation="UPDATE", old=created)).document["response"]["allowed"]
+        is True
+    )
+
+
+def test_the_node_reaching_round_3_rules_name_the_node_agent_way_out_and_warn_in_short_lines(server):
+    """volume-type, host-process and host-ipc guard the node: a denial says the node agent's exemption once, and warn
+    mode leads each warning with its rule id and fix, in lines of at most 120 characters."""
+    agent = pods.pod(
+        pods.container("agent", image=CUDA, securityContext={"windowsOptions": {"hostProcess": True}}),
+        volumes=[{"name": "repo", "gitRepo": {"repository": "https://example.com/agent-config.git"}}],
+        hostIPC=True,
+        serviceAccountName="node-agent",
+    )
+    review = review_of(agent, namespace="ops")
+    pinned = copy.deepcopy(review)
+    pinned["request"]["object"] = jsonpatch.apply_patch(
+        review["request"]["object"], decoded_patch(server.post("/mutate", review))
+    )
+    denied = server.post("/validate", pinned).document["response"]
+    assert denied["allowed"] is False
+    assert denied["auditAnnotations"]["rules"].split(",") == ["volume-type", "host-process", "host-ipc"]
+    assert denied["status"]["message"].count('add "ops/node-agent" to exempt_service_accounts') == 1
+    warned = server.post("/validate/warn", review).document["response"]
+    lines = warned["warnings"]
+    assert warned["allowed"] is True and all(len(line) <= 120 for line in lines)
+    assert {line.split(":")[0] for line in lines if not line.startswith(" ")} >= {
+        "volume-type",
+        "host-process",
+        "host-ipc",
+        "gpu-fence",
+    }
+    assert any("init container into an emptyDir" in line for line in lines)  # gitRepo's own fix, not cut off
+    assert any(line.startswith("gpu-fence: enforce mode would pin 1 container") for line in lines)
+
+
+def kubectl_debug_review(profile: str) -> dict:
+    """``kubectl debug -it trainer --image=busybox --target=cuda --profile=...`` as the API server sends it: an
+    UPDATE of pods/ephemeralcontainers of a running GPU pod (kubernetes/kubectl pkg/cmd/debug/profiles.go: the
+    general profile adds SYS_PTRACE, baseline adds nothing)."""
+    running = pods.pod(pods.gpu_container("cuda", environment=[]), name="trainer", nodeName="gpu-node-1")
+    debugged = copy.deepcopy(running)
+    debug = pods.container("debugger-x7k2q", image="busybox:1.36", targetContainerName="cuda", stdin=True, tty=True)
+    if profile == "general":
+        debug["securityContext"] = {"capabilities": {"add": ["SYS_PTRACE"]}}
+    debugged["spec"]["ephemeralContainers"] = [debug]
+    review = review_of(debugged, operation="UPDATE", old=running)
+    review["request"]["subResource"] = "ephemeralcontainers"
+    return review
+
+
+def test_kubectl_debug_into_a_gpu_container_needs_the_baseline_profile(server):
+    """The decision of docs/policy.md: the default profile's SYS_PTRACE into a GPU container's processes is denied,
+    naming --profile=baseline; the baseline profile's debug container is pinned and admitted."""
+    answers = {}
+    for profile in ("general", "baseline"):
+        review = kubectl_debug_review(profile)
+        patch = decoded_patch(server.post("/mutate", review))
+        assert patch and all(op["path"].startswith("/spec/ephemeralContainers/0") for op in patch)
+        review["request"]["object"] = jsonpatch.apply_patch(review["request"]["object"], patch)
+        answers[profile] = server.post("/validate", review).document["response"]
+    denied = answers["general"]
+    assert denied["allowed"] is False and denied["auditAnnotations"]["rules"] == "added-capability"
+    assert "--profile=baseline" in denied["status"]["message"]
+    assert answers["baseline"]["allowed"] is True
+
+
+SCOPED_POLICY = """\
+gpu_node_taints:
+  - {key: nvidia.com/gpu, value: present, effect: NoSchedule}
+taint_aware_schedulers: [default-scheduler, kai-scheduler]
+"""
+
+
+@contextmanager
+def serving_policy(tmp_path_factory, name: str, policy: str) -> Iterator[Server]:
+    """A webhook of its own, serving this policy.yaml (``serve --config``)."""
+    tmp = tmp_path_factory.mktemp(name)
+    config = tmp / "policy.yaml"
+    config.write_text(policy)
+    with serving(tmp, "--config", str(config)) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def scoped_server(tmp_path_factory) -> Iterator[Server]:
+    """A webhook whose policy scopes the node rules to pods that can land on a GPU node (``gpu_node_taints``)."""
+    with serving_policy(tmp_path_factory, "scoped", SCOPED_POLICY) as started:
+        yield started
+
+
+def test_the_taint_scope_relaxes_node_rules_never_the_gpu_rules(scoped_server):
+    """Out of scope, hostIPC warns; a KAI annotation changed on the same pod is denied all the same, and an update
+    that also adds a GPU toleration is denied for both."""
+    created = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
+    del created["spec"]["runtimeClassName"]  # a runtime class alone would put it in scope
+    created["spec"]["hostIPC"] = True
+    created["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+    at_create = scoped_server.post("/validate", review_of(created)).document["response"]
+    assert at_create["allowed"] is True and any(w.startswith("host-ipc") for w in at_create["warnings"])
+    retargeted = copy.deepcopy(created)
+    retargeted["metadata"]["annotations"]["runai/shared-gpu-configmap"] = "app-bcdfghj-shared-gpu"
+    response = scoped_server.post("/validate", review_of(retargeted, operation="UPDATE", old=created)).document
+    assert response["response"]["auditAnnotations"]["rules"] == "kai-annotation-update"
+    tolerating = copy.deepcopy(retargeted)
+    tolerating["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    response = scoped_server.post("/validate", review_of(tolerating, operation="UPDATE", old=created)).document
+    assert response["response"]["allowed"] is False
+    assert response["response"]["auditAnnotations"]["rules"] == "kai-annotation-update,host-ipc"
 
 
 def admitted(server: Server, document: dict, *, after_mutation=lambda pod: pod, namespace: str = "default") -> dict:
@@ -314,6 +473,34 @@ def test_a_gpu_pod_with_cpu_sidecars_and_multi_node_nccl_training_are_admitted(s
     assert "env" not in pod["spec"]["containers"][0] and pod["spec"]["containers"][1]["env"] == [VOID]
 
 
+def test_the_workloads_the_round_3_rules_must_keep_admitting(server):
+    """GPU quantities written 1000m and 1e0; a LeaderWorkerSet's CPU leader and GPU worker; a GPU pod with its own
+    user namespace; a trainer with a native sidecar and a shared process namespace; kubectl debug into a GPU pod."""
+    for amount in ("1000m", "1e0"):
+        pod = admitted(server, pods.pod(pods.gpu_container("cuda", gpus=amount)))
+        assert "env" not in pod["spec"]["containers"][0]  # a GPU container: not pinned
+    leader = admitted(server, pods.pod(pods.container("leader", image=CUDA), subdomain="lws"))
+    assert leader["spec"]["containers"][0]["env"] == [VOID]
+    admitted(server, pods.pod(pods.gpu_container("worker", gpus=8), subdomain="lws"))
+    admitted(server, pods.pod(pods.gpu_container("cuda"), hostUsers=False))
+    trainer = pods.pod(
+        pods.gpu_container("trainer", gpus=8),
+        init=[pods.container("log-shipper", image=CUDA, restartPolicy="Always")],
+        shareProcessNamespace=True,
+    )
+    assert admitted(server, trainer)["spec"]["initContainers"][0]["env"] == [VOID]
+    running = admitted(server, pods.pod(pods.gpu_container("cuda"), nodeSelector={"kubernetes.io/hostname": "n1"}))
+    running["spec"]["nodeName"] = "n1"  # bound by the scheduler since
+    debugged = copy.deepcopy(running)
+    debugged["spec"]["ephemeralContainers"] = [pods.container("debugger", image=CUDA)]
+    review = review_of(debugged, operation="UPDATE", old=running)
+    review["request"]["subResource"] = "ephemeralcontainers"
+    patch = decoded_patch(server.post("/mutate", review))
+    assert patch and all(op["path"].startswith("/spec/ephemeralContainers/0") for op in patch)
+    review["request"]["object"] = jsonpatch.apply_patch(review["request"]["object"], patch)
+    assert server.post("/validate", review).document["response"]["allowed"] is True
+
+
 def test_an_exempt_monitoring_daemonset_pod_is_admitted_untouched(server):
     exporter = pods.pod(
         pods.container(
@@ -359,10 +546,7 @@ visible_devices_none: reject
 @pytest.fixture(scope="module")
 def configured_server(tmp_path_factory) -> Iterator[Server]:
     """A second webhook, serving a policy.yaml that sets the allowlist, aliases and switches (``serve --config``)."""
-    tmp = tmp_path_factory.mktemp("configured")
-    config = tmp / "policy.yaml"
-    config.write_text(CONFIGURED_POLICY)
-    with serving(tmp, "--config", str(config)) as started:
+    with serving_policy(tmp_path_factory, "configured", CONFIGURED_POLICY) as started:
         yield started
 
 

@@ -48,6 +48,23 @@ LAYOUTS: Mapping[str, str] = {
 }
 
 
+#: The runtime each layout stands for: the ``<runtime>://`` prefix of the container ids the API shows.
+RUNTIMES: Mapping[str, str] = {
+    "systemd-containerd": "containerd",
+    "cgroupfs": "containerd",
+    "systemd-crio": "cri-o",
+    "cgroupfs-crio": "cri-o",
+    "systemd-docker": "docker",
+}
+
+
+def container_cgroup(
+    pod_uid: str, container_id: str, *, layout: str = "systemd-containerd", qos: str = "burstable"
+) -> str:
+    """The cgroup path of that container, as the kubelet and the runtime of ``layout`` name it."""
+    return LAYOUTS[layout].format(uid=pod_uid, uid_=pod_uid.replace("-", "_"), cid=container_id, qos=qos)
+
+
 def cgroup_text(
     pod_uid: str,
     container_id: str,
@@ -55,13 +72,16 @@ def cgroup_text(
     layout: str = "systemd-containerd",
     qos: str = "burstable",
     v1: bool = False,
+    hybrid: bool = False,
     below: str = "",
 ) -> str:
-    """The ``/proc/<pid>/cgroup`` content of a process in that container (cgroup v2, or v1 with several lines), in a
-    cgroup ``below`` the container's when given (one the container made itself)."""
-    path = LAYOUTS[layout].format(uid=pod_uid, uid_=pod_uid.replace("-", "_"), cid=container_id, qos=qos) + below
-    if v1:
-        return f"12:name=systemd:{path}\n11:memory:{path}\n10:pids:{path}\n4:cpu,cpuacct:{path}\n1:net_cls:/\n"
+    """The ``/proc/<pid>/cgroup`` content of a process in that container (cgroup v2; v1 with several lines; or
+    ``hybrid``, v1's lines and the unified hierarchy's), in a cgroup ``below`` the container's when given (one the
+    container made itself)."""
+    path = container_cgroup(pod_uid, container_id, layout=layout, qos=qos) + below
+    if v1 or hybrid:
+        lines = f"12:name=systemd:{path}\n11:memory:{path}\n10:pids:{path}\n4:cpu,cpuacct:{path}\n1:net_cls:/\n"
+        return lines + (f"0::{path}\n" if hybrid else "")
     return f"0::{path}\n"
 
 

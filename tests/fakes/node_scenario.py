@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.hostproc_tree import HostProcTree, cgroup_text, flood_dev, nested_pod_cgroup
+from tests.fakes.hostproc_tree import RUNTIMES, HostProcTree, cgroup_text, flood_dev, nested_pod_cgroup
 from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
 from tests.fakes.kubeapi_resourceslices import (
     DRIVER as DRA_DRIVER,
@@ -44,6 +44,7 @@ from tests.fakes.nvml import (
     FakeError,
     FakeGpu,
     FakeMig,
+    FakeMpsServer,
     FakeNvmlConfig,
     FakeProcess,
     FakeUtilSample,
@@ -55,14 +56,6 @@ from tests.fakes.podresources_server import FakeKubelet, claim, claim_device, co
 
 NVML_BUILD_DIR = Path(__file__).parent / "nvml" / "build"
 Device = int | str  # GPU index, "gpu:slot" MIG slot, or a literal GPU-/MIG- UUID
-
-RUNTIME_PREFIX = {
-    "systemd-containerd": "containerd",
-    "cgroupfs": "containerd",
-    "systemd-crio": "cri-o",
-    "cgroupfs-crio": "cri-o",
-    "systemd-docker": "docker",
-}
 
 
 def uuid_of(device: Device) -> str:
@@ -106,6 +99,9 @@ class Ctr:
     ``running=False``: listed by the kubelet but no process on the host (not started yet).
     ``activity``: ``(sm, memory, encoder, decoder)`` percent per GPU process, in the order of ``processes`` (fewer
     entries leave the last processes idle): live utilisation samples in the fake NVML, new every sampling period.
+    ``mps``: its GPU processes are MPS clients (NVML's MPS list; where the device has an MPS server, the compute list
+    too, and their samples are the server's). ``mps_server``: its first GPU process is that device's MPS server
+    (``nvidia-cuda-mps-server``, which the GPU Operator's device plugin runs in its MPS control daemon pod).
 
     What a hostile container does: ``namespace_file`` is what it wrote in its service-account namespace file (else
     the pod's namespace); ``plant`` plants more in its root (called with the root's path); ``dev_flood`` adds that
@@ -136,6 +132,8 @@ class Ctr:
     container_id: str = ""
     pids: list[int] = field(default_factory=list)
     activity: Sequence[tuple[int, int, int, int]] = ()
+    mps: bool = False
+    mps_server: Device | None = None
 
     @property
     def gpu_pids(self) -> list[int]:
@@ -152,10 +150,12 @@ def replica_holder(
     name: str = "main",
     resource: str = "nvidia.com/gpu.shared",
     activity: tuple[int, int, int, int] | None = None,
+    mps: bool = False,
 ) -> Ctr:
     """A container holding replica ``replica`` of a shared (time-sliced or MPS) device, as NVIDIA's device plugin
     allocates it (``<uuid>::<replica>``): it sees the device, names it in ``NVIDIA_VISIBLE_DEVICES`` and runs
-    ``processes`` processes of ``used_bytes`` each on it (each busy as ``activity`` says, when given)."""
+    ``processes`` processes of ``used_bytes`` each on it (each busy as ``activity`` says, when given; MPS clients
+    with ``mps``)."""
     return Ctr(
         name,
         allocated=[device],
@@ -165,6 +165,7 @@ def replica_holder(
         processes=[(device, used_bytes)] * processes,
         env={"NVIDIA_VISIBLE_DEVICES": uuid_of(device)},
         activity=[activity] * processes if activity is not None else (),
+        mps=mps,
     )
 
 
@@ -216,6 +217,7 @@ class NodeScenario:
         self.kubernetes = kubernetes
         self.pods: list[Pod] = []
         self.host_gpu_processes: list[tuple[int, Device, int | None]] = []
+        self.host_mps_servers: set[int] = set()  # pids of host GPU processes that are MPS servers
         self.nvml_errors: list[FakeError] = []
         self._next_pid = 1000
         self.proc: HostProcTree | None = None
@@ -237,9 +239,13 @@ class NodeScenario:
         self.pods.append(new)
         return new
 
-    def add_host_gpu_process(self, device: Device, used_bytes: int | None = GIB) -> int:
+    def add_host_gpu_process(self, device: Device, used_bytes: int | None = GIB, *, mps_server: bool = False) -> int:
+        """A GPU process outside any pod; ``mps_server``: the device's MPS server, as ``nvidia-cuda-mps-control -d``
+        run on the host starts it."""
         pid = self.pid()
         self.host_gpu_processes.append((pid, device, used_bytes))
+        if mps_server:
+            self.host_mps_servers.add(pid)
         return pid
 
     def nvml_config(self) -> FakeNvmlConfig:
@@ -252,15 +258,26 @@ class NodeScenario:
             for g, count in sorted(self.mig_slots.items())
             for s in range(count)
         )
-        processes = [
-            FakeProcess(device=uuid_of(device), pid=pid, used_memory_bytes=size)
-            for p in self.pods
-            for ctr in p.containers
-            for pid, (device, size) in zip(ctr.gpu_pids, ctr.processes, strict=True)
+        processes: list[FakeProcess] = []
+        servers = [
+            FakeMpsServer(uuid_of(device), pid, size)
+            for pid, device, size in self.host_gpu_processes
+            if pid in self.host_mps_servers
         ]
+        for p in self.pods:
+            for ctr in p.containers:
+                for pid, (device, size) in zip(ctr.gpu_pids, ctr.processes, strict=True):
+                    if ctr.mps_server is not None and pid == ctr.gpu_pids[0]:
+                        servers.append(FakeMpsServer(uuid_of(ctr.mps_server), pid, size))
+                    else:
+                        kind = "mps" if ctr.mps else "compute"
+                        processes.append(
+                            FakeProcess(device=uuid_of(device), pid=pid, used_memory_bytes=size, kind=kind)
+                        )
         processes += [
             FakeProcess(device=uuid_of(device), pid=pid, used_memory_bytes=size)
             for pid, device, size in self.host_gpu_processes
+            if pid not in self.host_mps_servers
         ]
         samples = tuple(
             FakeUtilSample(uuid_of(device), pid, *busy)
@@ -275,6 +292,7 @@ class NodeScenario:
             errors=tuple(self.nvml_errors),
             samples=samples,
             util_period_us=self.util_period_us,
+            mps_servers=tuple(servers),
         )
 
     def _minor(self, device: Device) -> int:
@@ -389,7 +407,7 @@ class NodeScenario:
             labels=p.labels,
             annotations=p.annotations,
             scheduler_name=p.scheduler_name,
-            runtime=RUNTIME_PREFIX[p.layout],
+            runtime=RUNTIMES[p.layout],
         )
 
     def _write_proc(self) -> None:

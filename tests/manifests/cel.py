@@ -28,6 +28,8 @@ CONFIG_VARIABLES = {
     "runtimeAnnotationPrefixes": "forbidden_annotation_prefixes",
     "envFromOnGpuContainers": "env_from_on_gpu_containers",
     "visibleDevicesNone": "visible_devices_none",
+    "allowedVolumeTypes": "allowed_volume_types",
+    "hostIpc": "host_ipc",
     "gpuNodeTaints": "gpu_node_taints",
     "taintAwareSchedulers": "taint_aware_schedulers",
 }
@@ -58,6 +60,8 @@ def cel_variables_for(config: PolicyConfig) -> tuple[tuple[str, str], ...]:
         "runtimeAnnotationPrefixes": list(config.forbidden_annotation_prefixes),
         "envFromOnGpuContainers": config.env_from_on_gpu_containers.value,
         "visibleDevicesNone": config.visible_devices_none.value,
+        "allowedVolumeTypes": list(config.allowed_volume_types),
+        "hostIpc": config.host_ipc.value,
         "gpuNodeTaints": [{"key": t.key, "value": t.value, "effect": t.effect.value} for t in config.gpu_node_taints],
         "taintAwareSchedulers": list(config.taint_aware_schedulers),
     }

@@ -48,7 +48,7 @@ def test_manifest_command_lines_parse_with_the_real_cli(where: str, program: str
     if args.command == "serve":
         assert (args.cert_file, args.key_file, args.port) == ("/tls/tls.crt", "/tls/tls.key", 8443)
     if args.command == "run":
-        assert (args.host_proc, args.metrics_port, args.node) == ("/host/proc", 9400, "gpu-node-1")
+        assert (args.host_proc, args.metrics_port, args.node) == ("/host/proc", 10400, "gpu-node-1")
         assert "gpu-fence" in args.exempt_namespace
     if args.command == "certs":
         assert args.namespace == "gpu-fence" and args.secret == "gpu-fence-webhook-tls"

@@ -35,7 +35,7 @@ def test_panels_are_well_formed() -> None:
     assert len(ids) == len(set(ids))
     assert document["uid"] == "gpu-fence"
     variables = {variable["name"] for variable in document["templating"]["list"]}
-    assert variables == {"datasource", "namespace", "node"}
+    assert variables == {"datasource", "cluster", "namespace", "node"}
     for panel in panels():
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
         assert panel["targets"] and panel["description"], panel["title"]
@@ -110,3 +110,19 @@ def test_activity_panels_sit_in_a_row_that_says_they_are_not_billed() -> None:
             readers.append((row, panel["title"]))
     assert len(readers) >= 4
     assert {row for row, _ in readers} == {"GPU activity (operational, not billed)"}, readers
+
+
+def test_every_series_a_panel_reads_is_filtered_by_the_cluster_variable() -> None:
+    """One dashboard for many clusters (Thanos, Mimir, federation): every selector carries cluster=~"$cluster",
+    which also matches series without the label, so a single cluster's Prometheus needs nothing."""
+    for panel in panels():
+        for target in panel["targets"]:
+            names = re.findall(
+                r"\b((?:[a-z_]+:)?gpu_fence_[a-z0-9_]+(?::[a-z0-9_]+)?|up)\b(\{[^}]*\})?", target["expr"]
+            )
+            assert names, panel["title"]
+            for name, selector in names:
+                assert selector.startswith('{cluster=~"$cluster"'), (panel["title"], name)
+    chained = {v["name"]: v["query"]["query"] for v in dashboard()["templating"]["list"] if v["type"] == "query"}
+    assert chained.pop("cluster") == "label_values(gpu_fence_gpu_info, cluster)"
+    assert all('{cluster=~"$cluster"}' in query for query in chained.values()), "namespaces and nodes of the cluster"

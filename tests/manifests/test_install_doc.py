@@ -10,35 +10,50 @@ import yaml
 
 from tests.fakes.processes import run_captured
 
-from .conftest import MANIFESTS, REPO, kubectl, pod_spec, workloads
+from .conftest import MANIFESTS, RELEASE_URL, REPO, kubectl, one, pod_spec, render, workloads
 
 INSTALL = REPO / "docs" / "install.md"
 
 
-def test_the_install_overlay_with_the_team_label_patch_builds(tmp_path: Path) -> None:
+def yaml_block_after(text: str, marker: str) -> str:
+    block = re.search(re.escape(marker) + r".*?```yaml\n(.*?)```", text, re.S)
+    assert block, f"no yaml block after {marker!r}"
+    return block.group(1)
+
+
+def test_the_install_kustomization_with_a_mirror_and_another_team_label_builds(tmp_path: Path) -> None:
     text = INSTALL.read_text(encoding="utf-8")
     heredoc = re.search(r"cat > kustomization.yaml <<'YAML'\n(.*?)\nYAML\n", text, re.S)
     assert heredoc, "the kustomization of step 1"
-    patch = re.search(r"To bill GPU memory per team.*?```yaml\n(.*?)```", text, re.S)
-    assert patch, "the --pod-label patch"
     directory = tmp_path / "my-gpu-fence"
     directory.mkdir()
-    kustomization = heredoc.group(1) + "\n" + patch.group(1)
-    kustomization = kustomization.replace(
-        "<path-or-git-url-to-gpu-fence>/manifests", os.path.relpath(MANIFESTS, directory)
-    )
+    # The release's directory, as the checkout under test holds it.
+    local = os.path.relpath(MANIFESTS, directory)
+    kustomization, found = RELEASE_URL.subn(lambda match: local + match.group(1), heredoc.group(1))
+    assert found == 1, "the kustomization installs from the release tag"
+    kustomization += "\n" + yaml_block_after(text, "**A mirror or a registry of your own.**")
+    kustomization += yaml_block_after(text, "**The team label.**")
     (directory / "kustomization.yaml").write_text(kustomization, encoding="utf-8")
     result = run_captured([kubectl(), "kustomize", str(directory)], timeout=120)
     assert result.returncode == 0, result.stderr
     objects = [o for o in yaml.safe_load_all(result.stdout) if o]
     images = {c["image"] for w in workloads(objects) for c in pod_spec(w)["containers"]}
-    assert images == {"registry.example.com/gpu-fence:0.1.0"}
+    version = images.pop().rsplit(":", 1)
+    assert version[0] == "registry.example.com/mirror/gpu-fence" and not images, "every image from the mirror"
     (auditor,) = [w for w in workloads(objects) if w["metadata"]["name"] == "gpu-fence-auditor"]
     container = pod_spec(auditor)["containers"][0]
     from gpu_fence.auditor.cli import build_parser
 
     args = build_parser().parse_args([a.replace("$(", "").replace(")", "") for a in container["args"]])
-    assert args.pod_label == ["team"]
+    assert args.pod_label == ["example.com/team"]
+
+
+def test_the_base_exports_the_team_label() -> None:
+    """The chargeback rules and the dashboard group by label_team: the default install must export it."""
+
+    container = pod_spec(one(render("base"), "DaemonSet", "gpu-fence-auditor"))["containers"][0]
+    args = container["args"]
+    assert args[args.index("--pod-label") + 1] == "team"
 
 
 def before_you_enforce() -> str:
@@ -75,8 +90,10 @@ def test_before_you_enforce_names_the_setting_and_the_switch_that_exist(tmp_path
     site = tmp_path / "site"
     site.mkdir()
     relative = os.path.relpath(MANIFESTS, site)
-    text = "resources:\n  - <path-or-git-url-to-gpu-fence>/manifests/overlays/gpu-operator\n" + switch.group(1)
-    (site / "kustomization.yaml").write_text(text.replace("<path-or-git-url-to-gpu-fence>/manifests", relative))
+    text = "resources:\n  - https://github.com/gpu-fence/gpu-fence//manifests/overlays/gpu-operator?ref=v0.2.0\n"
+    text, found = RELEASE_URL.subn(lambda match: relative + match.group(1), text + switch.group(1))
+    assert found == 2, "the switch names the release's component"
+    (site / "kustomization.yaml").write_text(text)
     result = run_captured([kubectl(), "kustomize", str(site)], timeout=120)
     assert result.returncode == 0, result.stderr
     hooks = [

@@ -107,3 +107,18 @@ def test_the_api_servers_kubeconfig_names_the_webhooks_service() -> None:
                 assert user["name"] == f"{service['name']}.{service['namespace']}.svc" and service["port"] == 443
     for field in ("client-certificate", "client-key"):
         assert Path(user["user"][field]).name in STEP_5.split("```sh", 1)[1].split("```", 1)[0]  # openssl writes it
+
+
+def test_only_the_scraper_reaches_the_auditor_and_on_its_metrics_port_only() -> None:
+    objects = render("overlays/network-policy")
+    policy = one(objects, "NetworkPolicy", "gpu-fence-auditor")
+    daemonset = one(objects, "DaemonSet", "gpu-fence-auditor")
+    assert selector_matches(policy["spec"]["podSelector"], daemonset["spec"]["template"]["metadata"]["labels"])
+    webhook = one(objects, "Deployment", "gpu-fence-webhook")["spec"]["template"]["metadata"]["labels"]
+    assert not selector_matches(policy["spec"]["podSelector"], webhook)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    [rule] = policy["spec"]["ingress"]
+    [container] = daemonset["spec"]["template"]["spec"]["containers"]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert [(p["protocol"], p["port"]) for p in rule["ports"]] == [("TCP", "metrics")] and ports == {"metrics": 10400}
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]

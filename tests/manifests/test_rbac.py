@@ -136,7 +136,7 @@ def _option(args: list[str], flag: str) -> list[str]:
 @pytest.mark.parametrize("target", [t for t in KUSTOMIZATIONS if t != "overlays/cert-manager"])
 def test_certificate_job_writes_what_the_webhook_reads(target: str) -> None:
     objects = render(target)
-    job = one(objects, "Job", "gpu-fence-certs")
+    [job] = find(objects, "Job")
     cronjob = one(objects, "CronJob", "gpu-fence-certs")
     assert _certs_args(job) == _certs_args(cronjob)
     args = _certs_args(job)
@@ -210,7 +210,7 @@ def test_certificate_job_is_granted_exactly_the_calls_certs_makes(tmp_path: Path
     from tests.fakes.kubeapi_webhooks import FakeKubeApi, FakeKubeApiServer
 
     objects = render("base")
-    args = [a.replace("$(POD_NAMESPACE)", NAMESPACE) for a in _certs_args(one(objects, "Job", "gpu-fence-certs"))]
+    args = [a.replace("$(POD_NAMESPACE)", NAMESPACE) for a in _certs_args(find(objects, "Job")[0])]
     api = FakeKubeApi()
     for obj in objects:
         if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):

@@ -212,18 +212,18 @@ def calls_webhook(
     return True
 
 
-def pod_with(annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+def pod_with(
+    annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None, scheduler: str | None = None
+) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": "demo", "namespace": "team-a"}
     if annotations is not None:
         metadata["annotations"] = annotations
     if labels is not None:
         metadata["labels"] = labels
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": metadata,
-        "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]},
-    }
+    spec: dict[str, Any] = {"containers": [{"name": "app", "image": "busybox:1.36"}]}
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 MIRROR = {"kubernetes.io/config.mirror": "abc"}
@@ -236,7 +236,7 @@ def test_match_conditions_skip_mirror_pods_and_nothing_else_on_create(target: st
         if kind == "MutatingWebhookConfiguration":
             assert names == ["not-a-mirror-pod"]
         else:
-            assert names == ["not-a-mirror-pod", "create-or-device-annotation-change"]
+            assert names == ["not-a-mirror-pod", "create-or-judged-update"]
         assert not calls_webhook(hook, obj=pod_with(MIRROR))
         assert calls_webhook(hook, obj=pod_with({"team": "a"}))
         assert calls_webhook(hook, obj=pod_with())
@@ -320,6 +320,30 @@ def test_the_webhook_denies_an_added_gpu_toleration_that_the_condition_sends() -
     assert validate_update(relabelled, new, config).violations == ()
 
 
+KAI = "kai-scheduler"
+KAI_CREATED = {"gpu-fraction": "0.5", "runai/shared-gpu-configmap": "main-bcdfghj-shared-gpu"}
+
+
+@pytest.mark.parametrize("target", KUSTOMIZATIONS)
+def test_plain_pod_updates_of_kai_s_bind_time_annotations_reach_validation(target: str) -> None:
+    """KAI's binder reads them when it binds: adding, removing or changing one is sent; KAI's own updates are not."""
+    from gpu_fence.kai import BIND_TIME_ANNOTATIONS
+
+    for hook in validating_hooks(target):
+
+        def update(old: dict[str, str], new: dict[str, str], hook: dict[str, Any] = hook) -> bool:
+            return calls_webhook(hook, operation="UPDATE", obj=pod_with(new, scheduler=KAI), old=pod_with(old))
+
+        for key in BIND_TIME_ANNOTATIONS:
+            assert update(KAI_CREATED, {**KAI_CREATED, key: "changed"}), key  # added or changed
+            assert update({**KAI_CREATED, key: "x"}, {k: v for k, v in KAI_CREATED.items() if k != key}), key
+        assert update(KAI_CREATED, {})  # all removed
+        assert update({}, KAI_CREATED)  # added to a pod that had no annotations
+        assert not update(KAI_CREATED, KAI_CREATED)
+        # the binder's and the pod grouper's own patches
+        assert not update(KAI_CREATED, {**KAI_CREATED, "received-resource-type": "Fraction", "pod-group-name": "pg"})
+
+
 ANNOTATION_KEYS = st.sampled_from(
     [
         "cdi.k8s.io/gpu",
@@ -335,22 +359,32 @@ ANNOTATION_KEYS = st.sampled_from(
         "mounts.noderesource.dev/pod",
         "devices.nri.io/container.app",
         "devices.crio",
+        "gpu-fraction",
+        "gpu-memory",
+        "gpu-fraction-container-name",
+        "runai/shared-gpu-configmap",
+        "received-resource-type",
     ]
 )
 ANNOTATIONS = st.none() | st.dictionaries(ANNOTATION_KEYS, st.sampled_from(["", "nvidia.com/gpu=0", "all"]), max_size=4)
 
 
 @settings(max_examples=80, deadline=None)
-@given(old=ANNOTATIONS, new=ANNOTATIONS)
-def test_the_update_condition_skips_only_updates_the_webhook_would_allow(old, new) -> None:
-    """The condition is the webhook's own update rule in CEL: called iff validate_update reports something."""
+@given(old=ANNOTATIONS, new=ANNOTATIONS, scheduler=st.sampled_from([KAI, "default-scheduler"]))
+def test_the_update_condition_skips_only_updates_the_webhook_would_allow(old, new, scheduler) -> None:
+    """The condition is the webhook's own update rule in CEL: on a pod KAI schedules, called iff validate_update
+    reports something; on another scheduler's pod, KAI's annotations are sent too (the condition reads no scheduler
+    name, so a site's own KAI scheduler names need no second list) and allowed there."""
+    from gpu_fence.kai import BIND_TIME_ANNOTATIONS
     from gpu_fence.webhook.config import load_config
     from gpu_fence.webhook.policy import validate_update
 
     hook = validating_hooks("base")[0]
-    old_pod, new_pod = pod_with(old), pod_with(new)
+    old_pod, new_pod = pod_with(old, scheduler=scheduler), pod_with(new, scheduler=scheduler)
     denied = bool(validate_update(new_pod, old_pod, load_config(None)).violations)
-    assert calls_webhook(hook, operation="UPDATE", obj=new_pod, old=old_pod) == denied
+    called = calls_webhook(hook, operation="UPDATE", obj=new_pod, old=old_pod)
+    kai_touched = any((old or {}).get(key) != (new or {}).get(key) for key in BIND_TIME_ANNOTATIONS)
+    assert called == denied or (scheduler != KAI and called and kai_touched and not denied)
 
 
 @pytest.mark.parametrize("target", KUSTOMIZATIONS)

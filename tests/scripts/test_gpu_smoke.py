@@ -9,6 +9,7 @@ answers from the same fake configuration, as the real one answers from the same 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -16,6 +17,7 @@ import select
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +29,7 @@ from hypothesis import strategies as st
 
 from tests.fakes.nvml import CONFIG_ENV, FakeGpu, FakeNvmlConfig, build_fake_nvml, fake_gpu_uuid
 from tests.fakes.processes import run_captured
+from tests.fakes.wheel import build_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-smoke.py"
@@ -81,13 +84,15 @@ def fake_smi(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def base_env() -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if key != CONFIG_ENV}
-    env["PYTHONPATH"] = str(REPO)
+    env = {key: value for key, value in os.environ.items() if key not in (CONFIG_ENV, "PYTHONPATH")}
     return env
 
 
-def run_smoke(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return run_captured([sys.executable, str(SCRIPT), *args], timeout=timeout, cwd=REPO, env=env or base_env())
+def run_smoke(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, python: Path | str = sys.executable
+) -> subprocess.CompletedProcess:
+    """The script run from the checkout, by ``python``."""
+    return run_captured([str(python), str(SCRIPT), *args], timeout=timeout, cwd=REPO, env=env or base_env())
 
 
 def results(out: Path) -> dict:
@@ -109,7 +114,16 @@ def assert_gone(pid: int) -> None:
 def test_dry_run_passes_and_records_everything(fake_lib: Path, fake_smi: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = run_smoke(
-        "--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--nvidia-smi", str(fake_smi), "--alloc-mib", "256"
+        "--out",
+        str(out),
+        "--dry-run-fake-nvml",
+        str(fake_lib),
+        "--nvidia-smi",
+        str(fake_smi),
+        "--alloc-mib",
+        "256",
+        "--tenants",
+        "0",
     )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
@@ -152,7 +166,7 @@ def test_dry_run_passes_and_records_everything(fake_lib: Path, fake_smi: Path, t
     assert by_pid[cuda["pid"]]["memory_bytes"] == allocated + smoke.FAKE_CONTEXT_BYTES
     assert by_pid[1]["gpu"] == fake_gpu_uuid(smoke.FAKE_GPU_COUNT - 1)  # the process that was there before
     assert record["auditor"]["finding"] == by_pid[cuda["pid"]]
-    assert record["auditor"]["command"][1:4] == ["-m", "gpu_fence.auditor.cli", "once"]
+    assert record["auditor"]["command"][1:5] == ["-P", "-m", "gpu_fence.auditor.cli", "once"]
     # 5 `once` runs and 1 + 5 in-process cycles: one List each; each of the 6 auditors asks for the offer at start
     assert record["auditor"]["kubelet_calls"] == {"List": 5 + 6, "GetAllocatableResources": 6}
     assert [run["exit_code"] for run in record["auditor"]["runs"]] == [1] * 5
@@ -198,6 +212,8 @@ def test_a_fake_that_misreports_fails_the_checks_it_breaks(
         "1",
         "--alloc-mib",
         "64",
+        "--tenants",
+        "0",
     )
     assert done.returncode == 1, done.stderr
     record = results(out)
@@ -224,6 +240,8 @@ def test_nvidia_smi_that_disagrees_with_nvml_fails(fake_lib: Path, fake_smi: Pat
         "1",
         "--alloc-mib",
         "64",
+        "--tenants",
+        "0",
         env=env,
     )
     assert done.returncode == 1, done.stderr
@@ -238,15 +256,18 @@ def test_an_installed_tests_package_does_not_hide_the_fakes(fake_lib: Path, tmp_
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("")
     env = base_env() | {"PYTHONPATH": os.pathsep.join([str(REPO), str(shadow.parent)])}
-    done = run_smoke("--out", str(tmp_path / "out"), "--dry-run-fake-nvml", str(fake_lib), "--runs", "1", env=env)
+    out = tmp_path / "out"
+    done = run_smoke("--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--runs", "1", "--tenants", "2", env=env)
     assert done.returncode == 0, done.stderr
+    assert "tenants-named" in checks_by_name(results(out))  # the API fake, which imports tests.fakes.http_listener
 
 
 # --- the CUDA driver API path, against a fake libcuda.so.1 ---------------------------------------------------
 
 # The smoke's ctypes code against a C library with the CUDA driver API's signatures. Like the real driver, an
-# allocation makes the process show up in NVML: the fake appends a `proc` line to the fake NVML's configuration, and
-# cuMemFree_v2 removes it. FAKE_CUDA_FAIL=<function> makes that function answer CUDA_ERROR_OUT_OF_MEMORY (2).
+# allocation makes the process show up in NVML: the fake appends a `proc` line to the fake NVML's configuration (and
+# a `util` line once the process keeps memsetting, as a busy holder does), and cuMemFree_v2 removes them.
+# FAKE_CUDA_FAIL=<function> makes that function answer CUDA_ERROR_OUT_OF_MEMORY (2).
 FAKE_LIBCUDA = r"""
 #include <stdio.h>
 #include <stdlib.h>
@@ -298,7 +319,16 @@ CUresult cuMemAlloc_v2(unsigned long long *pointer, size_t bytes) {
     return 0;
 }
 CUresult cuMemsetD8_v2(unsigned long long pointer, unsigned char value, size_t bytes) {
-    (void)value; (void)bytes; return pointer == 0x7f0000000000ull ? 0 : 1;
+    static int memsets;
+    FILE *config;
+    (void)value; (void)bytes;
+    if (pointer != 0x7f0000000000ull) return 1;
+    /* The second memset is a busy holder's: from then on the driver samples the process at 50 %. */
+    if (++memsets == 2 && (config = fopen(getenv("FAKE_NVML_CONFIG"), "a")) != NULL) {
+        fprintf(config, "util %s %d 50 0 0 0\n", getenv("FAKE_CUDA_UUID"), (int)getpid());
+        fclose(config);
+    }
+    return 0;
 }
 CUresult cuCtxSynchronize(void) { return current != NULL ? 0 : 201; }
 CUresult cuMemFree_v2(unsigned long long pointer) {
@@ -310,6 +340,7 @@ CUresult cuMemFree_v2(unsigned long long pointer) {
     if (config == NULL) return 999;
     while (count < 64 && fgets(lines[count], sizeof lines[count], config) != NULL) {
         if (sscanf(lines[count], "proc %127s %31s %d", device, kind, &pid) == 3 && pid == (int)getpid()) continue;
+        if (sscanf(lines[count], "util %127s %d", device, &pid) == 2 && pid == (int)getpid()) continue;
         count++;
     }
     fclose(config);
@@ -372,6 +403,8 @@ def test_driver_api_holder_passes_every_check(fake_lib: Path, fake_libcuda: Path
         "128",
         "--runs",
         "2",
+        "--tenants",
+        "0",
         env=cuda_env(fake_libcuda, config),
     )
     assert done.returncode == 0, done.stderr
@@ -727,3 +760,488 @@ def test_markdown_of_a_cannot_run_record() -> None:
     }
     text = smoke.summary_markdown(record)
     assert "**CANNOT-RUN** (exit 2)" in text and "Could not run: no usable NVIDIA driver" in text
+
+
+# --- the tenants scenario ------------------------------------------------------------------------------------
+
+TENANT_CHECKS = ["named", "memory", "unallocated", "allocated"]
+
+
+@pytest.mark.parametrize("hierarchy", ["v2", "v1", "hybrid"])
+def test_tenants_in_kubelet_shaped_cgroups_are_named_metered_and_time_sliced(
+    fake_lib: Path, tmp_path: Path, hierarchy: str
+) -> None:
+    out = tmp_path / "out"
+    done = run_smoke(
+        "--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--runs", "2", "--dry-run-cgroup", hierarchy
+    )
+    assert done.returncode == 0, done.stderr
+    record = results(out)
+    checks = checks_by_name(record)
+    names = [f"tenants-{name}" for name in (*TENANT_CHECKS, "activity", "cleanup")]
+    assert [name for name in checks if name.startswith("tenants-")] == names
+    assert {checks[name]["status"] for name in names} == {"pass"}
+    assert "mps-named" not in checks  # --mps not given
+
+    entry = record["tenants"]["time-slicing"]
+    assert f"cgroup {hierarchy} host" in entry["placement"]
+    gpu, pids = entry["gpu"], entry["pids"]
+    last = entry["cycles"][-1]
+    rows = {row["pod"]: row for row in last["report"]["containers"] if row["namespace"] == "smoke-time-slicing"}
+    tenants = {tenant["pod"]: tenant for tenant in entry["tenants"]}
+    assert set(rows) == set(tenants) == {"tenant-a", "tenant-b", "tenant-c"}
+    for pod, row in rows.items():
+        assert (row["pod_uid"], row["container_id"]) == (tenants[pod]["uid"], tenants[pod]["container_id"])
+        nvml = next(size for pid, device, size in last["nvml"] if pid == pids[pod] and device == gpu)
+        assert row["memory_bytes"] == {gpu: nvml} == {gpu: tenants[pod]["nbytes"] + smoke.FAKE_CONTEXT_BYTES}
+    assert [rows[pod]["gpu_activity"][gpu]["sm"] for pod in ("tenant-a", "tenant-b", "tenant-c")] == [0.6, 0.35, 0.0]
+    unallocated = [f for f in last["report"]["findings"] if f["kind"] == "used-unallocated"]
+    assert [(f["pod"], f["memory_bytes"]) for f in unallocated] == [("tenant-c", rows["tenant-c"]["memory_bytes"][gpu])]
+    assert entry["once"]["exit_code"] == 1 and entry["cgroups_left"] == [] and entry["gone"] is True
+    for pid in pids.values():
+        assert_gone(pid)
+    summary = (out / "gpu-smoke.md").read_text()
+    assert "## Tenants, time-slicing" in summary and "| tenant-a | systemd-containerd | replica 0 | busy |" in summary
+
+
+FAKE_MPS_CONTROL = r"""#!/bin/sh
+# A stand-in for nvidia-cuda-mps-control: -d starts "the daemon", a command on stdin is told to it; each is logged
+# with the pipe folder it was given.
+if [ "$1" = "-d" ]; then
+  echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "$FAKE_MPS_LOG"
+  exit "${FAKE_MPS_START_EXIT:-0}"
+fi
+read -r command
+echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "$FAKE_MPS_LOG"
+"""
+
+
+@pytest.fixture
+def fake_mps_control(tmp_path: Path) -> Path:
+    path = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    path.parent.mkdir()
+    path.write_text(FAKE_MPS_CONTROL)
+    path.chmod(0o755)
+    return path
+
+
+def mps_dry_run(out: Path, fake_lib: Path, control: Path) -> list[str]:
+    """The arguments of a dry run of every scenario, MPS with the stand-in control daemon."""
+    return [
+        "--out",
+        str(out),
+        "--dry-run-fake-nvml",
+        str(fake_lib),
+        "--runs",
+        "1",
+        "--mps",
+        "--mps-control",
+        str(control),
+    ]
+
+
+def test_mps_clients_activity_is_unknown_and_the_daemon_is_started_and_stopped(
+    fake_lib: Path, fake_mps_control: Path, tmp_path: Path
+) -> None:
+    out, log = tmp_path / "out", tmp_path / "mps.log"
+    done = run_smoke(*mps_dry_run(out, fake_lib, fake_mps_control), env=base_env() | {"FAKE_MPS_LOG": str(log)})
+    assert done.returncode == 0, done.stderr
+    record = results(out)
+    checks = checks_by_name(record)
+    names = [f"mps-{name}" for name in (*TENANT_CHECKS, "daemon", "lists", "activity-unknown", "samples", "cleanup")]
+    assert [name for name in checks if name.startswith("mps-")] == names
+    assert {checks[name]["status"] for name in names} == {"pass"}
+
+    entry = record["tenants"]["mps"]
+    pipe = log.read_text().split()[1]
+    assert log.read_text().splitlines() == [f"start {pipe}", f"quit {pipe}"]  # started, then told to quit
+    assert {process["mps_pipe"] for process in entry["cuda_processes"]} == {pipe}  # every tenant is its client
+    gpu, pids = entry["gpu"], entry["pids"]
+    for cycle in entry["cycles"]:
+        rows = [row for row in cycle["report"]["containers"] if row["namespace"] == "smoke-mps"]
+        assert [(row["gpu_activity"], row["gpu_activity_unknown"]) for row in rows] == [({}, {gpu: "mps"})] * 3
+    (server,) = entry["servers"]
+    assert server["name"] == "nvidia-cuda-mps-server" and server["bytes"] == smoke.FAKE_MPS_SERVER_BYTES
+    assert entry["sampled_pids"] == [server["pid"]]  # the busy clients' samples, all under the server's pid
+    assert {int(pid) for pid in entry["lists"]["mps"]} == set(pids.values())
+    assert entry["servers_gone"] is True and entry["stop"]["exit_code"] == 0
+    assert "unknown (mps), unknown (mps)" in (out / "gpu-smoke.md").read_text()
+
+
+def test_an_mps_daemon_that_does_not_start_fails_its_round_and_spares_the_other(
+    fake_lib: Path, fake_mps_control: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    env = base_env() | {"FAKE_MPS_LOG": str(tmp_path / "mps.log"), "FAKE_MPS_START_EXIT": "1"}
+    done = run_smoke(
+        "--out",
+        str(out),
+        "--dry-run-fake-nvml",
+        str(fake_lib),
+        "--runs",
+        "1",
+        "--tenants",
+        "2",
+        "--mps",
+        "--mps-control",
+        str(fake_mps_control),
+        env=env,
+    )
+    assert done.returncode == 1, done.stderr
+    checks = checks_by_name(results(out))
+    assert (
+        checks["mps-setup"]["status"] == "fail"
+        and "did not start the MPS control daemon" in checks["mps-setup"]["detail"]
+    )
+    assert checks["tenants-memory"]["status"] == "pass"
+    assert "mps-setup" in done.stderr.splitlines()[-2]
+
+
+# --- a plain install: the project installed from its wheel, the smoke run from the checkout ------------------
+
+
+@pytest.fixture(scope="module")
+def plain_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Python where gpu-fence is installed as ``pip install .`` installs it (its wheel, not editable), with this
+    environment's other packages beside it (a ``.pth`` naming this site-packages: the ``.pth`` files in there, the
+    editable install's among them, are not run for a folder a ``.pth`` names)."""
+    wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
+    venv = tmp_path_factory.mktemp("plain") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = sysconfig.get_path("purelib")
+    own = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(own, "test-environment.pth").write_text(purelib + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index", wheel],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return python
+
+
+@pytest.mark.parametrize("pythonpath", ["", str(REPO)], ids=["clean", "checkout-on-pythonpath"])
+def test_a_plain_install_runs_the_whole_dry_run_from_the_checkout(
+    plain_python: Path, fake_lib: Path, fake_mps_control: Path, tmp_path: Path, pythonpath: str
+) -> None:
+    """Run from the checkout, the checkout's gpu_fence/ folder must not hide the installed package (it holds no
+    auditor: auditor/ installs as gpu_fence.auditor); not even when the old advice, PYTHONPATH=., was followed."""
+    out = tmp_path / "out"
+    env = base_env() | {"FAKE_MPS_LOG": str(tmp_path / "mps.log")} | ({"PYTHONPATH": pythonpath} if pythonpath else {})
+    done = run_smoke(*mps_dry_run(out, fake_lib, fake_mps_control), env=env, timeout=300, python=plain_python)
+    assert done.returncode == 0, done.stderr
+    record = results(out)
+    installed = record["environment"]["gpu_fence_from"]
+    assert installed.startswith(str(plain_python.parents[1])) and installed.endswith("gpu_fence/auditor")
+    assert {check["status"] for check in record["checks"]} == {"pass", "skip"}
+    assert [run["exit_code"] for run in record["auditor"]["runs"]] == [1]  # the auditor ran as a child, too
+
+
+# --- placing processes in cgroups ----------------------------------------------------------------------------
+
+
+def tenant(layout: str = "systemd-containerd") -> object:
+    return smoke.Tenant("tenant-a", layout, 0, "busy", MIB, "0b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9", "ab" * 32)
+
+
+def hybrid_host(root: Path) -> tuple[str, str]:
+    """A hybrid host's cgroup mounts under ``root`` (``/proc/self/mountinfo``), with this process's own cgroups
+    (``/proc/self/cgroup``): in a job's memory cgroup, at the top of every other hierarchy."""
+    mounts = {
+        "cpu,cpuacct": "rw,cpu,cpuacct",
+        "memory": "rw,memory",
+        "cpuset": "rw,cpuset",
+        "systemd": "rw,xattr,name=systemd",
+    }
+    lines = [f"31 23 0:28 / {root} rw - tmpfs tmpfs rw"]
+    for number, (name, options) in enumerate(mounts.items()):
+        (root / name).mkdir(parents=True)
+        (root / name / "cgroup.procs").write_text("")
+        lines.append(f"{40 + number} 31 0:{30 + number} / {root / name} rw,relatime - cgroup cgroup {options}")
+    (root / "unified").mkdir()
+    (root / "unified" / "cgroup.procs").write_text("")
+    lines.append(f"49 31 0:39 / {root / 'unified'} rw,relatime - cgroup2 cgroup2 rw")
+    (root / "memory" / "job" / "7").mkdir(parents=True)
+    (root / "memory" / "job" / "7" / "cgroup.procs").write_text("")
+    membership = "9:name=systemd:/\n4:memory:/job/7\n3:cpuset:/\n2:cpu,cpuacct:/\n0::/\n"
+    return "\n".join(lines) + "\n", membership
+
+
+def test_the_tenants_go_below_the_smokes_own_cgroup_in_every_hierarchy_but_cpuset(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    hierarchies = smoke.own_cgroups(*hybrid_host(root))
+    assert hierarchies == [root / "cpu,cpuacct", root / "memory" / "job" / "7", root / "systemd", root / "unified"]
+    tree = smoke.CgroupTree(hierarchies)
+
+    tree.place(tenant(), 4242, {})
+    scope = (
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b1c2d3e_4f50_4617_8293_a4b5c6d7e8f9.slice/"
+        f"cri-containerd-{'ab' * 32}.scope"
+    )
+    for hierarchy in hierarchies:
+        assert (hierarchy / tree.top / scope / "cgroup.procs").read_text() == "4242\n"
+    assert not (root / "cpuset" / tree.top).exists()
+    other = smoke.Tenant("tenant-b", "cgroupfs", 1, "busy", MIB, "00000000-0000-4000-8000-000000000000", "cd" * 32)
+    tree.place(other, 4243, {})
+    pod = root / "memory" / "job" / "7" / tree.top / "kubepods" / "burstable" / f"pod{other.uid}"
+    assert (pod / ("cd" * 32) / "cgroup.procs").read_text() == "4243\n"
+
+    for hierarchy in hierarchies:  # as the kernel has it once the processes exited: nothing in the way of rmdir
+        for procs in (hierarchy / tree.top).rglob("cgroup.procs"):
+            procs.unlink()
+    assert tree.close() == []
+    assert all(not (hierarchy / tree.top).exists() for hierarchy in hierarchies)
+    assert (root / "memory" / "job" / "7").is_dir()  # only what the smoke made is removed
+
+
+def test_a_v2_host_has_one_hierarchy_and_none_is_a_clear_failure(tmp_path: Path) -> None:
+    (tmp_path / "user.slice").mkdir()
+    (tmp_path / "user.slice" / "cgroup.procs").write_text("")
+    mountinfo = f"30 23 0:27 / {tmp_path} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+    assert smoke.own_cgroups(mountinfo, "0::/user.slice\n") == [tmp_path / "user.slice"]
+    assert smoke.own_cgroups(mountinfo.replace(" / ", " /other "), "0::/user.slice\n") == []  # another part of the tree
+    with pytest.raises(smoke.RoundFailed, match="run as root on a host whose cgroup file system is writable"):
+        smoke.CgroupTree([]).place(tenant(), 4242, {})
+
+
+def writable_cgroups() -> bool:
+    try:
+        hierarchies = smoke.CgroupTree().hierarchies
+    except OSError:
+        return False
+    return os.geteuid() == 0 and bool(hierarchies) and all(os.access(h, os.W_OK) for h in hierarchies)
+
+
+@pytest.mark.skipif(not writable_cgroups(), reason="needs root and a writable cgroup file system (the real run's path)")
+@pytest.mark.parametrize("layout", ["systemd-containerd", "cgroupfs", "systemd-crio"])
+def test_a_real_process_placed_by_the_smoke_is_read_back_by_the_auditor(layout: str) -> None:
+    """The real run's placement on this host's cgroup file system (below this process's own cgroups), read back as
+    the auditor reads /proc."""
+    from gpu_fence.auditor.hostproc import HostProc
+
+    process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    tree = smoke.CgroupTree()
+    try:
+        tree.place(tenant(layout), process.pid, {})
+        identity = HostProc("/proc").identity(process.pid)
+        assert identity is not None and (identity.pod_uid, identity.container_id) == (tenant().uid, "ab" * 32)
+        assert f"/{tree.top}/" in Path(f"/proc/{process.pid}/cgroup").read_text()
+    finally:
+        process.communicate(b"", timeout=30)
+        left = tree.close()
+    assert left == []
+    assert not any((hierarchy / tree.top).exists() for hierarchy in tree.hierarchies)
+
+
+# --- a round's verdicts --------------------------------------------------------------------------------------
+
+GPU = "GPU-00000000-0000-4000-8000-000000000000"
+
+
+def round_facts(mode: str = "time-slicing", **changes: object) -> object:
+    """A round as the dry run makes it: three tenants, three cycles, what the auditor and NVML say in each."""
+    tenants = tuple(
+        smoke.Tenant(pod, layout, replica, work, MIB, f"uid-{pod}", pod * 4)
+        for pod, layout, replica, work, _ in smoke.TENANTS
+    )
+    pids = {"tenant-a": 11, "tenant-b": 12, "tenant-c": 13}
+    sm = {"tenant-a": 0.6, "tenant-b": 0.35, "tenant-c": 0.0}
+    namespace = f"smoke-{mode}"
+
+    def row(t: object) -> dict:
+        return {
+            "namespace": namespace,
+            "pod": t.pod,
+            "container": "main",
+            "pod_uid": t.uid,
+            "container_id": t.container_id,
+            "identity": "kubernetes",
+            "used": [GPU],
+            "memory_bytes": {GPU: 2 * MIB},
+            "allocation_counts": {GPU: 1} if t.allocated else {},
+            "gpu_activity": {} if mode == "mps" else {GPU: {"sm": sm[t.pod]}},
+            "gpu_activity_unknown": {GPU: "mps"} if mode == "mps" else {},
+        }
+
+    finding = {"kind": "used-unallocated", "pod": "tenant-c", "gpu": GPU, "memory_bytes": 2 * MIB, "message": "m"}
+    metrics = (
+        [{"name": smoke.UNKNOWN_GAUGE, "labels": {"gpu_uuid": GPU, "reason": "mps"}, "value": 1.0}]
+        if mode == "mps"
+        else []
+    )
+    cycle = {
+        "report": {"containers": [row(t) for t in tenants], "findings": [finding]},
+        "nvml": [(pid, GPU, 2 * MIB) for pid in pids.values()],
+        "metrics": metrics,
+    }
+    mps = None
+    if mode == "mps":
+        listed = {str(pid): 2 * MIB for pid in pids.values()}
+        mps = {
+            "start": {"command": ["nvidia-cuda-mps-control", "-d"], "exit_code": 0},
+            "stop": {"exit_code": 0},
+            "lists": {"compute": listed | {"30": 66 * MIB}, "mps": listed},
+            "servers": [{"pid": 30, "bytes": 66 * MIB, "name": "nvidia-cuda-mps-server"}],
+            "servers_gone": True,
+            "sampled_pids": [30],
+        }
+    values = {
+        "mode": mode,
+        "gpu": GPU,
+        "tenants": tenants,
+        "pids": pids,
+        "cycles": (cycle, cycle, cycle),
+        "once": {"exit_code": 1, "report": {"findings": [finding]}},
+        "gone": True,
+        "cgroups_left": (),
+        "mps": mps,
+    }
+    values.update(changes)
+    return smoke.RoundFacts(**values)
+
+
+def verdicts(facts: object) -> dict[str, str]:
+    return {check.name: check.status for check in smoke.evaluate_round(facts)}
+
+
+@pytest.mark.parametrize("mode", ["time-slicing", "mps"])
+def test_a_round_as_the_dry_run_makes_it_passes(mode: str) -> None:
+    assert set(verdicts(round_facts(mode)).values()) == {"pass"}
+
+
+def edited(facts: object, edit: object) -> object:
+    """``facts`` with ``edit(cycle)`` applied to a deep copy of every cycle."""
+    cycles = []
+    for cycle in facts.cycles:
+        copy = json.loads(json.dumps(cycle))
+        edit(copy)
+        cycles.append(copy)
+    return dataclasses.replace(facts, cycles=tuple(cycles))
+
+
+def test_memory_that_is_not_nvmls_fails_the_memory_check() -> None:
+    def halve(cycle: dict) -> None:
+        cycle["report"]["containers"][1]["memory_bytes"][GPU] //= 2
+
+    assert verdicts(edited(round_facts(), halve))["tenants-memory"] == "fail"
+
+
+def test_time_sliced_shares_that_add_up_past_one_or_an_idle_busy_tenant_fail_the_activity_check() -> None:
+    def overlap(cycle: dict) -> None:
+        cycle["report"]["containers"][1]["gpu_activity"][GPU]["sm"] = 0.9
+
+    def idle(cycle: dict) -> None:
+        cycle["report"]["containers"][0]["gpu_activity"][GPU]["sm"] = 0.0
+
+    def unknown(cycle: dict) -> None:
+        cycle["report"]["containers"][2]["gpu_activity"] = {}
+
+    for edit in (overlap, idle, unknown):
+        assert verdicts(edited(round_facts(), edit))["tenants-activity"] == "fail"
+
+
+def test_an_mps_client_with_an_activity_figure_fails_even_when_it_is_zero() -> None:
+    """What the auditor exported before it knew: 0 for a busy MPS client."""
+
+    def zero(cycle: dict) -> None:
+        cycle["report"]["containers"][0]["gpu_activity"] = {GPU: {"sm": 0.0}}
+
+    def series(cycle: dict) -> None:
+        cycle["metrics"].append({"name": smoke.SM_GAUGE, "labels": {"gpu_uuid": GPU}, "value": 0.0})
+
+    for edit in (zero, series):
+        assert verdicts(edited(round_facts("mps"), edit))["mps-activity-unknown"] == "fail"
+
+
+def test_the_unallocated_tenant_must_be_found_with_nvmls_bytes_and_the_allocated_ones_not() -> None:
+    def unfound(cycle: dict) -> None:
+        cycle["report"]["findings"] = []
+
+    def overreach(cycle: dict) -> None:
+        cycle["report"]["findings"].append(
+            {"kind": "used-unallocated", "pod": "tenant-a", "gpu": GPU, "memory_bytes": 1, "message": "m"}
+        )
+
+    assert verdicts(edited(round_facts(), unfound))["tenants-unallocated"] == "fail"
+    assert verdicts(edited(round_facts(), overreach))["tenants-allocated"] == "fail"
+    assert verdicts(round_facts(once={"exit_code": 0, "report": {"findings": []}}))["tenants-unallocated"] == "fail"
+
+
+def test_what_was_left_behind_fails_the_cleanup() -> None:
+    assert verdicts(round_facts(cgroups_left=("x: Device or resource busy",)))["tenants-cleanup"] == "fail"
+    assert verdicts(round_facts(gone=False))["tenants-cleanup"] == "fail"
+    mps = round_facts("mps")
+    assert verdicts(dataclasses.replace(mps, mps=mps.mps | {"servers_gone": False}))["mps-cleanup"] == "fail"
+
+
+def test_a_client_in_one_list_only_or_no_server_fails_the_lists_check_and_stray_samples_are_recorded() -> None:
+    mps = round_facts("mps")
+    lists = {"compute": {"30": 66 * MIB}, "mps": mps.mps["lists"]["mps"]}
+    assert verdicts(dataclasses.replace(mps, mps=mps.mps | {"lists": lists}))["mps-lists"] == "fail"
+    assert verdicts(dataclasses.replace(mps, mps=mps.mps | {"servers": []}))["mps-lists"] == "fail"
+    assert verdicts(dataclasses.replace(mps, mps=mps.mps | {"sampled_pids": [11, 30]}))["mps-samples"] == "info"
+    assert verdicts(dataclasses.replace(mps, mps=mps.mps | {"sampled_pids": []}))["mps-samples"] == "info"
+
+
+def test_the_smoke_and_the_auditor_it_runs_need_nothing_of_the_webhook(fake_lib: Path, tmp_path: Path) -> None:
+    """The GPU machine's Python has PyTorch and nvidia-ml-py, not the webhook's Flask, gunicorn or cryptography:
+    a run that cannot import them (here: refused by a sitecustomize that every child loads too) still passes."""
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Refuse:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.partition('.')[0] in ('flask', 'gunicorn', 'cryptography', 'werkzeug', 'jinja2'):\n"
+        "            raise ImportError(f'{name}: not on the GPU machine')\n"
+        "sys.meta_path.insert(0, Refuse())\n"
+    )
+    out = tmp_path / "out"
+    env = base_env() | {"PYTHONPATH": str(blocker)}
+    done = run_smoke("--out", str(out), "--dry-run-fake-nvml", str(fake_lib), "--runs", "1", "--mps", env=env)
+    assert done.returncode == 0, done.stderr
+    assert {check["status"] for check in results(out)["checks"]} == {"pass", "skip"}
+
+
+@pytest.mark.skipif(not writable_cgroups(), reason="needs root and a writable cgroup file system (the real run's path)")
+def test_the_real_path_places_busy_tenants_in_this_hosts_cgroups_and_audits_them(
+    fake_lib: Path, fake_libcuda: Path, tmp_path: Path
+) -> None:
+    """Not a dry run: the driver-API holders (against the fake libcuda.so.1, busy with memsets in a thread), placed in
+    real cgroups below this process's own, read from the host's /proc by the auditor; only NVML is a fake."""
+    config = FakeNvmlConfig(gpus=(FakeGpu(0), FakeGpu(1))).write(tmp_path / "nvml.conf")
+    out = tmp_path / "out"
+    done = run_smoke(
+        "--out",
+        str(out),
+        "--nvml-lib",
+        str(fake_lib),
+        "--cuda",
+        "driver",
+        "--alloc-mib",
+        "64",
+        "--runs",
+        "2",
+        env=cuda_env(fake_libcuda, config),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    record = results(out)
+    checks = checks_by_name(record)
+    assert {checks[f"tenants-{name}"]["status"] for name in (*TENANT_CHECKS, "activity", "cleanup")} == {"pass"}
+    entry = record["tenants"]["time-slicing"]
+    assert entry["placement"].startswith("real cgroups under ") and entry["cgroups_left"] == []
+    assert {process["backend"] for process in entry["cuda_processes"]} == {"driver"}
+    shares = {
+        row["pod"]: row["gpu_activity"][entry["gpu"]]["sm"]
+        for row in entry["cycles"][-1]["report"]["containers"]
+        if row["namespace"] == "smoke-time-slicing"
+    }
+    assert shares == {"tenant-a": 0.5, "tenant-b": 0.5, "tenant-c": 0.0}  # the busy threads' memsets, sampled
+    assert "util " not in config.read_text() and "proc " not in config.read_text()

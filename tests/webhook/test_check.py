@@ -6,6 +6,7 @@ real console script in a subprocess in ``test_check_cli.py``.
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpu_fence.webhook import cli
+from gpu_fence.webhook import check, cli, sources
 from tests.fakes.check_reports import where_and_verdict
 
 HERE = Path(__file__).parent
@@ -197,6 +198,59 @@ def test_directories_are_read_recursively_for_yaml_yml_and_json(tmp_path: Path, 
     assert report["summary"]["skipped"] == 1
 
 
+def test_exclude_leaves_out_files_and_directories_by_name_or_path(
+    tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    write(tmp_path, "deploy/app.yaml", GPU_POD)
+    write(tmp_path, "deploy/legacy/old.yaml", BYPASS_POD)
+    write(tmp_path, "deploy/render.tmpl.yaml", BYPASS_POD)
+    write(tmp_path, "other/legacy.yaml", BYPASS_POD)
+    helm_chart(tmp_path / "charts" / "app")
+    deploy = str(tmp_path / "deploy")
+    for excludes in (["legacy", "*.tmpl.yaml"], ["deploy/legacy", "deploy/*.tmpl.yaml"], ["*/legacy/*", "*tmpl*"]):
+        flags = [flag for pattern in excludes for flag in ("--exclude", pattern)]
+        code, out, err = run_check(capsys, monkeypatch, "--format", "json", deploy, *flags)
+        assert (code, err) == (0, ""), excludes
+        assert [result["name"] for result in json.loads(out)["results"]] == ["gpu"]
+    # a chart excluded is not mentioned; a file named explicitly is excluded too (a pre-commit hook names files)
+    code, out, err = run_check(capsys, monkeypatch, str(tmp_path), "--exclude", "charts", "--exclude", "legacy*")
+    assert code == 1 and err == ""
+    assert "render.tmpl.yaml" in out and "legacy" not in out
+    code, out, err = run_check(capsys, monkeypatch, str(tmp_path / "other/legacy.yaml"), "--exclude", "legacy.yaml")
+    assert (code, out) == (2, "")
+    assert "no pod spec found in nothing (no documents), 1 excluded: " in err
+
+
+def test_a_path_given_twice_is_checked_once(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    pod = write(tmp_path, "deploy/gpu.yaml", GPU_POD)
+    (tmp_path / "link.yaml").symlink_to(pod)
+    named = [str(pod), str(tmp_path / "deploy"), str(tmp_path / "deploy" / ".." / "deploy" / "gpu.yaml")]
+    code, report = check_json(capsys, monkeypatch, *named, str(tmp_path / "link.yaml"), str(tmp_path))
+    assert code == 0
+    assert [(result["source"], result["name"]) for result in report["results"]] == [(str(pod), "gpu")]
+
+
+def test_a_document_past_the_size_limit_is_an_error_naming_the_source(
+    capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sources, "MAX_DOCUMENT_BYTES", 2**20)
+    huge = GPU_POD + "---\n" + "apiVersion: v1\nkind: ConfigMap\ndata:\n" + "  k: v\n" * 200_000
+    code, out, err = run_check(capsys, monkeypatch, "-", stdin=huge.encode())
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "gpu-fence-webhook check: error: -: a document is larger than 1 MiB, which no single object is (a List that "
+        "large: check the live pods with --cluster, or split it)"
+    ]
+
+
+def test_a_stream_of_json_objects_is_read_as_kubectl_reads_it(capsys: Any, monkeypatch: Any) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a"}, "spec": {"containers": [{"name": "c"}]}}
+    stream = json.dumps(pod, indent="\t") + "\n" + json.dumps({**pod, "metadata": {"name": "b"}}) + "\n"
+    code, report = check_json(capsys, monkeypatch, "-", stdin=stream.encode())
+    assert code == 0
+    assert [(result["name"], result["line"]) for result in report["results"]] == [("a", 1), ("b", 15)]
+
+
 # --- no false green: reading nothing, or less than asked, never passes ---------------------------------------------
 
 
@@ -257,12 +311,38 @@ def test_a_fifo_in_a_walked_directory_is_named_not_read(tmp_path: Path, capsys: 
     ]
 
 
-def test_a_helm_chart_directory_says_render_it_first(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+def helm_chart(directory: Path) -> Path:
+    write(directory, "Chart.yaml", "apiVersion: v2\nname: app\nversion: 0.1.0\n")
+    write(directory, "templates/deployment.yaml", "{{- if .Values.enabled }}\nkind: Deployment\n{{- end }}\n")
+    return directory
+
+
+def test_a_helm_chart_in_a_tree_is_named_and_skipped(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
     write(tmp_path, "deploy/pod.yaml", GPU_POD)
-    chart = tmp_path / "charts" / "app"
-    write(chart, "Chart.yaml", "apiVersion: v2\nname: app\nversion: 0.1.0\n")
-    write(chart, "templates/deployment.yaml", "{{- if .Values.enabled }}\nkind: Deployment\n{{- end }}\n")
+    chart = helm_chart(tmp_path / "charts" / "app")
+    code, out, err = run_check(capsys, monkeypatch, "--format", "json", str(tmp_path))
+    assert code == 0
+    assert [result["name"] for result in json.loads(out)["results"]] == ["gpu"]
+    assert err.splitlines() == [
+        f"gpu-fence-webhook check: warning: {chart}: a Helm chart, not checked: its templates are not manifests; "
+        f"render it: helm template {chart} | gpu-fence-webhook check -"
+    ]
+
+
+def test_a_tree_holding_only_a_helm_chart_still_finds_nothing(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    helm_chart(tmp_path / "charts" / "app")
     code, out, err = run_check(capsys, monkeypatch, str(tmp_path))
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1].startswith(
+        "gpu-fence-webhook check: error: no pod spec found in nothing (no documents), 1 Helm chart not rendered: "
+    )
+
+
+def test_a_helm_chart_named_on_the_command_line_says_render_it_first(
+    tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    chart = helm_chart(tmp_path / "app")
+    code, out, err = run_check(capsys, monkeypatch, str(chart))
     assert (code, out) == (2, "")
     [line] = err.splitlines()
     assert line == (
@@ -298,6 +378,20 @@ def test_real_custom_resources_with_embedded_templates(capsys: Any, monkeypatch:
     assert code == 0
     rows = [(Path(r["source"]).name, r["kind"], r["path"], r["verdict"], r["pinned"]) for r in report["results"]]
     assert rows == [
+        (
+            "kserve-huggingfaceserver-multinode.yaml",
+            "ClusterServingRuntime",
+            "",
+            "mutated",
+            ["kserve-container"],
+        ),
+        (  # the worker pods' spec, beside the fields of the first pod spec
+            "kserve-huggingfaceserver-multinode.yaml",
+            "ClusterServingRuntime",
+            "spec.workerSpec",
+            "mutated",
+            ["worker-container"],
+        ),
         (
             "rayservice-llm-serve.yaml",
             "RayService",
@@ -339,7 +433,7 @@ def test_real_custom_resources_with_embedded_templates(capsys: Any, monkeypatch:
     # The TrainJob names only an image and resourcesPerNode (no pod spec); the Helm values file is skipped.
     assert report["summary"]["skipped"] == 1
     text = (DATA / "trainingruntime-torchtune.yaml").read_text().splitlines()
-    assert text[report["results"][2]["line"] - 1].startswith("apiVersion:")
+    assert text[report["results"][4]["line"] - 1].startswith("apiVersion:")
 
 
 # --- unreadable input and usage errors: exit 2, one line each ------------------------------------------------
@@ -388,8 +482,8 @@ def test_alias_bomb_of_templates_exits_2(tmp_path: Path, capsys: Any, monkeypatc
         previous = name
     bomb = write(tmp_path, "bomb.yaml", "\n".join(lines) + "\n")
     code, _, err = run_check(capsys, monkeypatch, str(bomb))
-    assert code == 2
-    assert f"{bomb}:1: object expands to more than" in err
+    assert code == 2  # kubectl refuses it too (tests/webhook/test_kubectl_yaml.py)
+    assert f"{bomb}:11: kubectl cannot read it: document contains excessive aliasing" in err
 
 
 @pytest.mark.parametrize(
@@ -540,3 +634,352 @@ def test_argo_workflow_templates_are_checked_as_pods(tmp_path: Path, capsys: Any
     text = ARGO_WORKFLOW.splitlines()
     assert text[lines["visible-devices-env"] - 1].strip() == "script:"
     assert text[lines["cdi-annotation"] - 1].strip() == "annotations:"
+
+
+STAY_ADMITTED = """\
+apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+metadata:
+  name: vllm
+spec:
+  leaderWorkerTemplate:
+    size: 4
+    leaderTemplate:
+      spec:
+        containers:
+          - name: leader
+            image: vllm/vllm-openai:v0.8.5
+    workerTemplate:
+      spec:
+        containers:
+          - name: worker
+            image: vllm/vllm-openai:v0.8.5
+            resources:
+              limits:
+                nvidia.com/gpu: "1000m"
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: quantity-in-exponent-form
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      hostUsers: false
+      containers:
+        - name: main
+          image: nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04
+          resources:
+            limits:
+              nvidia.com/gpu: 1e0
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: trainer
+spec:
+  shareProcessNamespace: true
+  initContainers:
+    - name: log-shipper
+      image: fluent/fluent-bit:3.0
+      restartPolicy: Always
+  containers:
+    - name: trainer
+      image: nvcr.io/nvidia/pytorch:24.05-py3
+      resources:
+        limits:
+          nvidia.com/gpu: 8
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: fraction
+  annotations:
+    gpu-fraction: "0.5"
+    runai/shared-gpu-configmap: fraction-7b2kx9q-shared-gpu
+spec:
+  schedulerName: kai-scheduler
+  containers:
+    - name: gpu-workload
+      image: nvcr.io/nvidia/pytorch:24.05-py3
+      env:
+        - name: NVIDIA_VISIBLE_DEVICES
+          valueFrom:
+            configMapKeyRef:
+              name: fraction-7b2kx9q-shared-gpu-0
+              key: NVIDIA_VISIBLE_DEVICES
+"""
+
+
+def test_the_workloads_the_round_3_rules_must_keep_admitting(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    """A LeaderWorkerSet's CPU leader and GPU workers (1000m), a GPU quantity written 1e0 with hostUsers: false, a
+    trainer with a native sidecar and a shared process namespace, a KAI fraction pod in KAI's shape: none rejected."""
+    path = write(tmp_path, "stay.yaml", STAY_ADMITTED)
+    code, report = check_json(capsys, monkeypatch, str(path))
+    assert code == 0
+    assert [(r["name"], r["path"], r["verdict"], r["pinned"]) for r in report["results"]] == [
+        ("vllm", "spec.leaderWorkerTemplate.leaderTemplate", "mutated", ["leader"]),
+        ("vllm", "spec.leaderWorkerTemplate.workerTemplate", "allowed", []),
+        ("quantity-in-exponent-form", "spec.template", "allowed", []),
+        ("trainer", "", "mutated", ["log-shipper"]),
+        ("fraction", "", "allowed", []),
+    ]
+
+
+# --- manifests held in strings: Argo Workflows resource templates ----------------------------------------------
+
+ARGO_RESOURCES = """\
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata:
+  generateName: train-
+  namespace: ml
+spec:
+  entrypoint: main
+  templates:
+    - name: launch
+      resource:
+        action: create
+        manifest: |
+          apiVersion: v1
+          kind: Pod
+          metadata:
+            generateName: trainer-
+          spec:
+            containers:
+              - name: trainer
+                image: nvcr.io/nvidia/pytorch:24.05-py3
+                securityContext: {privileged: y}
+    - name: job
+      resource:
+        action: apply
+        manifest: |
+          apiVersion: batch/v1
+          kind: Job
+          metadata: {name: prep, namespace: data}
+          spec:
+            template:
+              spec:
+                containers: [{name: prep, image: busybox}]
+          ---
+          apiVersion: v1
+          kind: ConfigMap
+          metadata: {name: settings}
+    - name: steps
+      steps:
+        - - name: inline
+            inline:
+              resource:
+                action: create
+                manifest: "apiVersion: v1\\nkind: Pod\\nmetadata: {name: quoted}\\nspec:\\n  hostPID: true\\n\\
+                  \\  containers: [{name: a, image: x}]\\n"
+    - name: templated
+      resource:
+        action: create
+        manifest: |
+          apiVersion: v1
+          kind: Pod
+          metadata: {name: p}
+          spec:
+            containers: [{name: a, image: {{inputs.parameters.image}}}]
+    - name: scale
+      resource:
+        action: patch
+        manifest: |
+          spec: {replicas: 0}
+    - name: cleanup
+      resource:
+        action: delete
+        manifest: |
+          apiVersion: v1
+          kind: Pod
+          metadata: {name: gone}
+"""
+
+
+def test_argo_resource_manifests_are_checked_as_the_objects_they_create(
+    tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    path = write(tmp_path, "workflow.yaml", ARGO_RESOURCES)
+    code, out, err = run_check(capsys, monkeypatch, "--format", "json", str(path))
+    assert code == 1
+    report = json.loads(out)
+    rows = [
+        (r["kind"], r["name"], r["namespace"], r["path"], r["verdict"], [v["rule"] for v in r["violations"]])
+        for r in report["results"]
+    ]
+    assert rows == [
+        ("Workflow", "train-*", "ml", "spec.templates[0].resource.manifest", "rejected", ["privileged"]),
+        ("Workflow", "train-*", "data", "spec.templates[1].resource.manifest#1 > spec.template", "mutated", []),
+        (
+            "Workflow",
+            "train-*",
+            "ml",
+            "spec.templates[2].steps[0][0].inline.resource.manifest",
+            "rejected",
+            ["host-pid"],
+        ),
+    ]
+    # the ConfigMap is no pod spec; the templated manifest does not parse: skipped, and said
+    assert report["summary"]["skipped"] == 1
+    text = ARGO_RESOURCES.splitlines()
+    templated = text.index("            containers: [{name: a, image: {{inputs.parameters.image}}}]") + 1
+    patch = text.index("          spec: {replicas: 0}")  # the line of `manifest: |` above it
+    assert err.splitlines() == [
+        f"gpu-fence-webhook check: warning: {path}:{templated}: kubectl cannot read it: a mapping is used as a "
+        "mapping key; the manifest of spec.templates[3].resource.manifest is not checked (Argo substitutes {{...}} "
+        "parameters only when it runs: quote them)",
+        f"gpu-fence-webhook check: warning: {path}:{patch}: spec.templates[4].resource.manifest is a patch "
+        "(action: patch), not checked: check the object it patches",
+    ]
+    # lines point into the literal block; a quoted string's objects are all on its line
+    code, out, _ = run_check(capsys, monkeypatch, str(path), "--format", "sarif")
+    located = [
+        (r["ruleId"], r["locations"][0]["physicalLocation"]["region"]["startLine"])
+        for r in json.loads(out)["runs"][0]["results"]
+    ]
+    assert located == [
+        ("privileged", text.index("              - name: trainer") + 1),
+        ("host-pid", next(n for n, line in enumerate(text, 1) if 'manifest: "apiVersion' in line)),
+    ]
+
+
+def test_every_option_of_check_is_documented_in_its_options_table() -> None:
+    [check] = [
+        choice
+        for action in cli.build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, choice in action.choices.items()
+        if name == "check"
+    ]
+    text = (HERE.parents[1] / "docs" / "check.md").read_text()
+    table = text[text.index("| option | meaning |") : text.index("## Exit codes")]
+    synopsis = text[text.index("gpu-fence-webhook check PATH...") : text.index("| option | meaning |")]
+    longs = [
+        max(action.option_strings, key=len)
+        for action in check._actions
+        if action.option_strings and action.dest not in ("help", "debug")
+    ]
+    assert longs
+    for option in longs:
+        assert f"| `{option}" in table, option
+        assert option in synopsis, option
+
+
+def workflow_creating(manifest: str, name: str) -> str:
+    """A Workflow whose one resource template creates ``manifest``, as JSON (a YAML text too)."""
+    template = {"name": "t", "resource": {"action": "create", "manifest": manifest}}
+    return json.dumps(
+        {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Workflow",
+            "metadata": {"name": name},
+            "spec": {"templates": [template]},
+        }
+    )
+
+
+def test_manifests_in_strings_are_followed_four_deep(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    text = BYPASS_POD
+    for level in range(5):
+        text = workflow_creating(text, f"w{level}")
+        if level == 3:
+            four_deep = write(tmp_path, "four.yaml", text)
+    five_deep = write(tmp_path, "five.yaml", text)
+    code, out, err = run_check(capsys, monkeypatch, "--format", "json", str(four_deep))
+    assert (code, err) == (1, "")
+    [result] = json.loads(out)["results"]
+    assert result["path"] == " > ".join(["spec.templates[0].resource.manifest"] * 4)
+    assert (result["kind"], result["name"], result["namespace"]) == ("Workflow", "w3", "team-a")
+    code, out, err = run_check(capsys, monkeypatch, "--format", "json", "--allow-empty", str(five_deep))
+    assert code == 0
+    assert json.loads(out)["summary"]["skipped"] == 1
+    assert err.splitlines() == [
+        f"gpu-fence-webhook check: warning: {five_deep}:1: "
+        + " > ".join(["spec.templates[0].resource.manifest"] * 5)
+        + " not checked: manifests held in strings more than 4 deep"
+    ]
+
+
+def test_one_manifest_string_repeated_through_aliases_is_read_within_a_budget(
+    tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(check, "MAX_DOCUMENT_BYTES", 1000)
+    lines = [
+        "apiVersion: argoproj.io/v1alpha1",
+        "kind: Workflow",
+        "metadata: {name: w}",
+        "spec:",
+        "  templates:",
+        f"    - {{name: t0, resource: {{action: create, manifest: &m {json.dumps(BYPASS_POD)}}}}}",
+        *(f"    - {{name: t{n}, resource: {{action: create, manifest: *m}}}}" for n in range(1, 6)),
+    ]
+    path = write(tmp_path, "aliases.yaml", "\n".join(lines) + "\n")
+    code, out, err = run_check(capsys, monkeypatch, "--format", "json", str(path))
+    assert code == 1
+    report = json.loads(out)
+    read = len(report["results"])
+    assert read == 1000 // len(BYPASS_POD)
+    assert report["summary"]["skipped"] == 6 - read
+    assert len(err.splitlines()) == 6 - read
+    assert err.splitlines()[-1].endswith(
+        "spec.templates[5].resource.manifest not checked: the manifests held in strings of one document pass "
+        "0.000953674 MiB in all"
+    )
+
+
+KSERVE_MULTINODE = """\
+apiVersion: serving.kserve.io/v1beta1
+kind: InferenceService
+metadata:
+  name: llama
+  namespace: serving
+spec:
+  predictor:
+    containers:
+      - name: kserve-container
+        image: vllm/vllm-openai:v0.8.5
+        resources:
+          limits: {nvidia.com/gpu: 1}
+    workerSpec:
+      tensorParallelSize: 1
+      pipelineParallelSize: 2
+      containers:
+        - name: worker-container
+          image: vllm/vllm-openai:v0.8.5
+          securityContext: {privileged: true}
+"""
+
+
+def test_a_pod_spec_beside_another_is_reported_at_its_own_path_and_lines(
+    tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    path = write(tmp_path, "isvc.yaml", KSERVE_MULTINODE)
+    code, report = check_json(capsys, monkeypatch, str(path))
+    assert code == 1
+    assert [(r["path"], r["verdict"]) for r in report["results"]] == [
+        ("spec.predictor", "allowed"),
+        ("spec.predictor.workerSpec", "rejected"),
+    ]
+    code, out, _ = run_check(capsys, monkeypatch, str(path), "--format", "sarif")
+    [result] = json.loads(out)["runs"][0]["results"]
+    text = KSERVE_MULTINODE.splitlines()
+    assert text[result["locations"][0]["physicalLocation"]["region"]["startLine"] - 1].strip() == (
+        "- name: worker-container"
+    )
+    assert result["locations"][0]["logicalLocations"][0]["fullyQualifiedName"] == (
+        "InferenceService/serving/llama/spec.predictor.workerSpec"
+    )
+
+
+def test_a_broken_manifest_in_a_string_is_named_without_a_guess(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    workflow = workflow_creating("apiVersion: v1\nkind: [Pod\n", "w")
+    path = write(tmp_path, "broken.yaml", workflow + "\n---\n" + GPU_POD)
+    code, out, err = run_check(capsys, monkeypatch, "--format", "json", str(path))
+    assert code == 0
+    assert json.loads(out)["summary"]["skipped"] == 1
+    assert err.splitlines() == [
+        f"gpu-fence-webhook check: warning: {path}:1: YAML does not parse: did not find expected ',' or ']'; the "
+        "manifest of spec.templates[0].resource.manifest is not checked"
+    ]

@@ -32,7 +32,7 @@ def test_examples_directory_exits_1() -> None:
     done = script("manifests/examples/")
     assert done.returncode == 1, done.stderr
     assert done.stderr == b""
-    assert done.stdout.decode().splitlines()[-1].startswith("29 pod specs: 6 allowed, 7 mutated, 15 rejected")
+    assert done.stdout.decode().splitlines()[-1].startswith("34 pod specs: 6 allowed, 7 mutated, 20 rejected")
 
 
 def test_clean_file_exits_0_and_json_goes_to_stdout() -> None:
@@ -77,7 +77,11 @@ def test_the_rendered_base_passes_with_the_shipped_policy_and_no_config() -> Non
     done = script("-", "--format", "json", stdin=rendered)
     assert (done.returncode, done.stderr) == (0, b"")
     results = json.loads(done.stdout)["results"]
-    assert {(r["kind"], r["name"]) for r in results} >= {("DaemonSet", "gpu-fence-auditor"), ("Job", "gpu-fence-certs")}
+    assert {(r["kind"], r["name"]) for r in results} >= {
+        ("DaemonSet", "gpu-fence-auditor"),
+        ("CronJob", "gpu-fence-certs"),
+    }
+    assert "Job" in {r["kind"] for r in results}
     assert {(r["namespace"], r["verdict"]) for r in results} == {("gpu-fence", "exempt")}
 
 
@@ -243,3 +247,54 @@ def test_sarif_of_a_rendered_kustomization_points_into_no_file(tmp_path: Path) -
     assert result["locations"] == [
         {"logicalLocations": [{"fullyQualifiedName": "Pod/default/sneaky", "kind": "object"}]}
     ]
+
+
+# --- YAML as kubectl reads it: the verdict on a manifest is the verdict on what kubectl sends ---------------------
+
+POD_HEAD = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+"""
+
+KUBECTL_READINGS = {
+    # go-yaml v2 reads y as true: privileged
+    "privileged-y": ("  containers: [{name: a, image: x, securityContext: {privileged: y}}]\n", "rejected"),
+    "host-pid-capital-y": ("  hostPID: Y\n  containers: [{name: a, image: x}]\n", "rejected"),
+    # a key before `<<` is overridden by the merged mapping
+    "merge-overrides": (
+        "  containers:\n"
+        "    - name: a\n"
+        "      image: x\n"
+        "      securityContext: {privileged: false, <<: {privileged: true}}\n",
+        "rejected",
+    ),
+    # 0o1 is 1 to kubectl: a GPU container, not pinned; 1e0 is 1 too, and must stay admitted
+    "gpu-octal": ("  containers: [{name: a, image: x, resources: {limits: {nvidia.com/gpu: 0o1}}}]\n", "allowed"),
+    "gpu-1e0": ("  containers: [{name: a, image: x, resources: {limits: {nvidia.com/gpu: 1e0}}}]\n", "allowed"),
+    "gpu-millis": ('  containers: [{name: a, image: x, resources: {limits: {nvidia.com/gpu: "1000m"}}}]\n', "allowed"),
+    "not-privileged-n": ("  containers: [{name: a, image: x, securityContext: {privileged: n}}]\n", "mutated"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KUBECTL_READINGS))
+def test_the_verdict_on_yaml_is_the_verdict_on_the_json_kubectl_sends(name: str, tmp_path: Path) -> None:
+    spec, verdict = KUBECTL_READINGS[name]
+    manifest = tmp_path / f"{name}.yaml"
+    manifest.write_text(POD_HEAD.format(name=name) + spec)
+    sent = subprocess.run(
+        [kubectl(), "label", "--local", "-f", str(manifest), "-o", "json", "probe=1"],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    as_sent = tmp_path / f"{name}.json"
+    as_sent.write_bytes(sent.stdout)
+    verdicts = []
+    for path in (manifest, as_sent):
+        done = script(str(path), "--format", "json")
+        assert done.returncode in (0, 1), done.stderr
+        verdicts.append([result["verdict"] for result in json.loads(done.stdout)["results"]])
+    assert verdicts == [[verdict], [verdict]]

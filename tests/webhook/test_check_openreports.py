@@ -22,7 +22,7 @@ import yaml
 from gpu_fence.verdicts import Verdict
 from gpu_fence.webhook import cli
 from gpu_fence.webhook.openreports import REPORT_NAME, reports
-from gpu_fence.webhook.policy import RULES
+from gpu_fence.webhook.policy import NVIDIA_RUNTIME_CLASS, RULES, UPDATE_RULES
 from gpu_fence.webhook.reports import Finding, PodSpecResult, Report
 from tests.fakes.kubeapi_pods import FakePodsApi, pod, write_kubeconfig
 
@@ -155,9 +155,10 @@ def test_examples_one_report_per_namespace_results_per_rule_and_pod(capsys: pyte
         ("kube-system", REPORT_NAME),
     ]
     default, kube_system = objects
-    rule_ids = [rule.id for rule in RULES]
-    # 28 pod specs in default, each judged by every rule; and the one warning that is no rule's
-    assert len(default["results"]) == 28 * len(rule_ids) + 1
+    rule_ids = [rule.id for rule in RULES if rule.id not in UPDATE_RULES]  # check sees objects, not updates
+    # 33 pod specs in default, each judged by every rule a pod spec can break; and the one warning that is no rule's
+    assert len(default["results"]) == 33 * len(rule_ids) + 1
+    assert {result["rule"] for result in default["results"]} == {*rule_ids, NVIDIA_RUNTIME_CLASS}
     assert {result["policy"] for result in default["results"]} == {"gpu-fence"}
     failed = {(r["resources"][0]["name"], r["rule"]) for r in default["results"] if r["result"] == "fail"}
     assert failed == {
@@ -177,6 +178,11 @@ def test_examples_one_report_per_namespace_results_per_rule_and_pod(capsys: pyte
         ("bypass-host-proc-root", "host-device-path"),
         ("bypass-host-path", "host-path"),
         ("bypass-imex-channels-env", "imex-channels-env"),
+        ("bypass-bound-gpu-pod", "bound-gpu-pod"),
+        ("bypass-gated-device-env", "gated-device-env"),
+        ("bypass-volume-type", "volume-type"),
+        ("bypass-host-process", "host-process"),
+        ("bypass-host-ipc", "host-ipc"),
     }
     # a warning is a warn result, counted in summary.warn, never a pass
     warned = {(r["resources"][0]["name"], r["rule"]) for r in default["results"] if r["result"] == "warn"}

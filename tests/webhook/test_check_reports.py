@@ -189,10 +189,18 @@ def _paths(value: Any, prefix: tuple[str | int, ...] = ()) -> list[tuple[str | i
     return found
 
 
+class _KubectlDumper(yaml.SafeDumper):
+    """Quotes, besides what PyYAML quotes, the strings go-yaml v2 (kubectl) reads as booleans: y, Y, n, N."""
+
+
+_KubectlDumper.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.dictionaries(_keys, _values, min_size=1, max_size=4), st.integers(0, 3))
 def test_line_of_points_at_the_key_or_item(document: dict[str, Any], blank_lines: int) -> None:
-    text = "\n" * blank_lines + "---\n" + yaml.safe_dump(document, default_flow_style=False, sort_keys=False)
+    dumped = yaml.dump(document, Dumper=_KubectlDumper, default_flow_style=False, sort_keys=False)
+    text = "\n" * blank_lines + "---\n" + dumped
     [parsed] = parse_documents(text, "generated.yaml")
     lines = text.splitlines()
     assert parsed.line == blank_lines + 2

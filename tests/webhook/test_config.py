@@ -12,6 +12,7 @@ import yaml
 from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCES
 from gpu_fence.webhook.config import (
     DEFAULT_ALLOWED_CAPABILITIES,
+    DEFAULT_ALLOWED_VOLUME_TYPES,
     DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES,
     DEFAULT_HOST_DEVICE_PATHS,
     ConfigError,
@@ -50,6 +51,9 @@ def test_defaults_without_a_file():
     assert config.forbidden_annotation_prefixes == DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES
     assert config.env_from_on_gpu_containers is config.visible_devices_none is Switch.WARN
     assert config.gpu_node_taints == () and config.taint_aware_schedulers == ("default-scheduler",)
+    assert config.allowed_volume_types == DEFAULT_ALLOWED_VOLUME_TYPES
+    assert "gitRepo" not in config.allowed_volume_types and "persistentVolumeClaim" in config.allowed_volume_types
+    assert config.host_ipc is Switch.REJECT
 
 
 def test_gpu_node_taints_are_read_with_their_effect(tmp_path):
@@ -137,6 +141,8 @@ allowed_capabilities: [ipc_lock, CAP_SYS_NICE, NET_RAW]
 forbidden_annotation_prefixes: [devices.crio.io, example.com/devices]
 env_from_on_gpu_containers: reject
 visible_devices_none: reject
+allowed_volume_types: [configMap, secret, nfs]
+host_ipc: warn
 """,
     )
     config = load_config(path)
@@ -149,6 +155,8 @@ visible_devices_none: reject
     assert config.allowed_capabilities == ("IPC_LOCK", "SYS_NICE", "NET_RAW")  # the spelling the policy compares
     assert config.forbidden_annotation_prefixes == ("devices.crio.io", "example.com/devices")
     assert config.env_from_on_gpu_containers is config.visible_devices_none is Switch.REJECT
+    assert config.allowed_volume_keys == {"configMap", "secret", "nfs", "name"}
+    assert config.host_ipc is Switch.WARN
     assert config.gpu_resource_set.matches("example.com/accel-1")
     assert not config.gpu_resource_set.matches("nvidia.com/gpu.shared")
     assert config.visible_devices_names == {"NVIDIA_VISIBLE_DEVICES", "DOCKER_RESOURCE_GPU"}
@@ -241,6 +249,12 @@ def test_config_is_frozen_and_hashable():
             "extra_host_device_paths: [/srv]\nhost_path_allowlist: [{path: /srv/a, writable: false}]\n",
             ["host_path_allowlist[0].path", "exposes /srv"],
         ),
+        ("allowed_volume_types: [hostPath]\n", ["allowed_volume_types[0]", "host_path_allowlist"]),
+        ("allowed_volume_types: [NFS]\n", ["allowed_volume_types[0]", "not a volume type", "did you mean 'nfs'"]),
+        ("allowed_volume_types: [gitrepo]\n", ["allowed_volume_types[0]", "'gitRepo'"]),
+        ("allowed_volume_types: [tmpfs]\n", ["allowed_volume_types[0]", "not a volume type"]),
+        ("allowed_volume_types: emptyDir\n", ["allowed_volume_types", "expected a list"]),
+        ("host_ipc: allow\n", ["host_ipc", "warn, reject"]),
         ("- a\n- b\n", ["must be a mapping"]),
         ("just text\n", ["must be a mapping"]),
     ],

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_fence.webhook.discovery import (
     DiscoveryError,
+    EmbeddedManifest,
     PodSpecSite,
     container_index,
+    find_embedded_manifests,
     find_pod_specs,
     format_path,
     is_kubernetes_object,
@@ -21,7 +23,7 @@ from gpu_fence.webhook.discovery import (
     object_namespace,
     pod_for_site,
 )
-from gpu_fence.webhook.sources import SourceError, line_of, parse_documents
+from gpu_fence.webhook.sources import SourceError, is_excluded, parse_documents
 
 CONTAINERS = [{"name": "main", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"}]
 
@@ -115,6 +117,34 @@ def test_walk_does_not_descend_into_a_found_pod_spec() -> None:
     odd = template()
     odd["spec"]["containers"] = [{"name": "main", "image": "x", "extra": {"template": template()}}]
     assert paths({"spec": {"template": odd}}) == ["spec.template"]
+
+
+def test_a_pod_spec_beside_the_fields_of_another_is_found() -> None:
+    # KServe: an InferenceService's custom predictor (an inline pod spec) with the workers' pod spec beside its fields,
+    # and a ServingRuntime whose spec is a pod spec holding the workers' one
+    gpu = [{"name": "worker-container", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]
+    isvc = {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "spec": {"predictor": {"containers": CONTAINERS, "workerSpec": {"tensorParallelSize": 2, "containers": gpu}}},
+    }
+    runtime = {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": "ServingRuntime",
+        "metadata": {"name": "vllm"},
+        "spec": {"containers": CONTAINERS, "workerSpec": {"containers": gpu}, "volumes": []},
+    }
+    assert paths(isvc) == ["spec.predictor", "spec.predictor.workerSpec"]
+    assert paths(runtime) == ["", "spec.workerSpec"]
+    [_, worker] = find_pod_specs(runtime)
+    assert worker.spec["containers"] == gpu
+    assert worker.container_path("worker-container") == ("spec", "workerSpec", "containers", 0)
+
+
+def test_a_pod_spec_shared_through_an_alias_is_found_as_a_template_and_inline() -> None:
+    shared = {"containers": CONTAINERS}
+    obj = {"spec": {"template": {"spec": shared}, "predictor": shared, "again": {"template": {"spec": shared}}}}
+    assert paths(obj) == ["spec.template", "spec.predictor", "spec.again.template"]
 
 
 def test_recursive_aliases_do_not_loop() -> None:
@@ -312,14 +342,6 @@ def test_documents_start_lines_and_empty_documents_dropped() -> None:
     assert first.line_of(("nope",), 99) == 99
 
 
-def test_line_of_on_nodes() -> None:
-    node = yaml.compose("a:\n  b:\n    - x\n    - y\n")
-    assert node is not None
-    assert line_of(node, ("a", "b", 1)) == 4
-    assert line_of(node, ("a", "b", "x")) is None
-    assert line_of(node, ("a", 0)) is None
-
-
 def test_json_with_tabs_falls_back_to_the_json_parser() -> None:
     text = '{\n\t"apiVersion": "v1",\n\t"kind": "Pod"\n}\n'
     [document] = parse_documents(text, "pod.json")
@@ -332,7 +354,6 @@ def test_json_with_tabs_falls_back_to_the_json_parser() -> None:
     [
         ("apiVersion: v1\nkind: Pod\nmetadata: {name: [unclosed\n", 4),
         ("a: 1\n b: 2\n", 2),
-        ("apiVersion: v1\nkind: !!python/object:os.system x\n", 2),
     ],
 )
 def test_unparseable_yaml_names_file_and_line(text: str, line: int) -> None:
@@ -399,3 +420,57 @@ def test_site_container_path_for_ordinary_pod_specs() -> None:
     [site] = find_pod_specs({"spec": {"template": template()}})
     assert site.container_path("main") == ("spec", "template", "spec", "containers", 0)
     assert site.container_path(None) is None
+
+
+def test_argo_resource_manifests_are_found_wherever_a_template_is_written() -> None:
+    pod = "apiVersion: v1\nkind: Pod\n"
+    shared = {"action": "apply", "manifest": pod}
+    workflow = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "CronWorkflow",
+        "spec": {
+            "workflowSpec": {
+                "templates": [
+                    {"name": "a", "resource": {"action": "create", "manifest": pod}},
+                    {"name": "b", "dag": {"tasks": [{"name": "t", "inline": {"resource": shared}}]}},
+                    {"name": "c", "resource": {"action": "patch", "manifest": "spec: {}"}},
+                    {"name": "d", "resource": {"action": "create", "manifestFrom": {"artifact": {"name": "m"}}}},
+                    {"name": "e", "resource": shared},  # the same value again (a YAML alias): once
+                ]
+            }
+        },
+    }
+    found = find_embedded_manifests(workflow)
+    assert found == [
+        EmbeddedManifest(("spec", "workflowSpec", "templates", 0, "resource", "manifest"), pod, "create"),
+        EmbeddedManifest(
+            ("spec", "workflowSpec", "templates", 1, "dag", "tasks", 0, "inline", "resource", "manifest"), pod, "apply"
+        ),
+        EmbeddedManifest(("spec", "workflowSpec", "templates", 2, "resource", "manifest"), "spec: {}", "patch"),
+    ]
+    assert [manifest.creates_objects for manifest in found] == [True, True, False]
+
+
+def test_resource_manifests_are_read_only_where_the_kind_says_so() -> None:
+    template = {"templates": [{"resource": {"action": "create", "manifest": "kind: Pod"}}]}
+    assert find_embedded_manifests({"apiVersion": "example.com/v1", "kind": "Workflow", "spec": template}) == []
+    assert find_embedded_manifests({"apiVersion": "argoproj.io/v1alpha1", "kind": "Sensor", "spec": template}) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "patterns", "excluded"),
+    [
+        ("deploy/charts/app/values.yaml", ["charts"], True),  # a name anywhere in the path
+        ("deploy/charts.yaml", ["charts"], False),
+        ("./deploy/app.tmpl.yaml", ["*.tmpl.yaml"], True),
+        ("deploy/legacy/a.yaml", ["deploy/legacy"], True),  # a directory above it matches
+        ("deploy/legacy", ["deploy/legacy"], True),
+        ("/repo/deploy/legacy", ["deploy/legacy"], True),  # any end of the path after a /
+        ("/repo/mydeploy/legacy", ["deploy/legacy"], False),
+        ("deploy/a/b/old.yaml", ["deploy/*/old.yaml"], True),  # * crosses /
+        ("deploy/legacy/", ["./deploy/legacy/"], True),  # both normalised
+        ("deploy/app.yaml", [], False),
+    ],
+)
+def test_exclude_globs(path: str, patterns: list[str], excluded: bool) -> None:
+    assert is_excluded(path, [os.path.normpath(pattern) for pattern in patterns]) is excluded

@@ -1,6 +1,7 @@
 """docs/policy.md is tested against the code: one section per rule id, in RULES order, and each section's
 examples really trigger (first YAML block) and clear (second YAML block) its rule. The two rules whose default is
-a warning are triggered under the setting their section names, and warn under the defaults."""
+a warning are triggered under the setting their section names, and warn under the defaults. A rule that only a pod
+UPDATE breaks has three blocks: the pod as created, the update that triggers it, and the fix."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import yaml
 
 from gpu_fence.webhook.config import PolicyConfig, Switch
-from gpu_fence.webhook.policy import RULES, evaluate, validate
+from gpu_fence.webhook.policy import RULES, UPDATE_RULES, evaluate, validate, validate_update
 from tests.fakes.pods import apply_patch, assert_valid_pod
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
@@ -29,10 +30,17 @@ def sections() -> dict[str, str]:
     return {match.group(1): match.group(2) for match in SECTION.finditer(DOC.read_text(encoding="utf-8"))}
 
 
+def blocks(rule_id: str) -> list[dict]:
+    return [yaml.safe_load(block) for block in YAML_BLOCK.findall(sections()[rule_id])]
+
+
 def examples(rule_id: str) -> tuple[dict, dict]:
-    blocks = [yaml.safe_load(block) for block in YAML_BLOCK.findall(sections()[rule_id])]
-    assert len(blocks) == 2, f"section {rule_id} needs a triggering example and a fix"
-    return blocks[0], blocks[1]
+    found = blocks(rule_id)
+    if rule_id in UPDATE_RULES:
+        assert len(found) == 3, f"section {rule_id} needs the pod as created, a triggering update and a fix"
+        return found[1], found[2]
+    assert len(found) == 2, f"section {rule_id} needs a triggering example and a fix"
+    return found[0], found[1]
 
 
 def test_one_section_per_rule_in_table_order():
@@ -56,6 +64,13 @@ def test_example_triggers_its_rule(rule):
         assert f"`{key}: reject`" in sections()[rule.id]
         warned = evaluate(trigger, CONFIG, namespace="default")
         assert warned.verdict in ("allowed", "mutated") and len(warned.validation.warnings) == 1
+    if rule.id in UPDATE_RULES:
+        created = blocks(rule.id)[0]
+        assert_valid_pod(created)
+        assert evaluate(created, config, namespace="default").validation.violations == ()
+        assert validate_update(trigger, created, config).rule_ids == (rule.id,)
+        assert validate_update(created, created, config).violations == ()
+        return
     assert rule.id in validate(trigger, config).rule_ids
     decision = evaluate(trigger, config, namespace="default")
     if rule.id == "unpinned-container":  # admission pins it; the rule is the backstop when mutation did not run

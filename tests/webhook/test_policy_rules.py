@@ -6,7 +6,7 @@ import pytest
 
 from gpu_fence.vocabulary import parse_visible_devices
 from gpu_fence.webhook.config import HostPathEntry, PolicyConfig, Switch
-from gpu_fence.webhook.policy import RULES, Violation, evaluate, validate, validate_update
+from gpu_fence.webhook.policy import RULES, Violation, evaluate, mutate, validate, validate_update
 from tests.fakes.pods import (
     KAI_PREFIX,
     NVD,
@@ -48,6 +48,12 @@ def test_rule_table_matches_the_design():
         "host-path",
         "mig-control-env",
         "imex-channels-env",
+        "bound-gpu-pod",
+        "kai-annotation-update",
+        "gated-device-env",
+        "volume-type",
+        "host-process",
+        "host-ipc",
     ]
     assert all(rule.summary and rule.vectors for rule in RULES)
     vectors = [v for rule in RULES for v in rule.vectors]
@@ -1122,8 +1128,13 @@ def test_only_judges_host_paths_the_new_container_mounts(config):
 def test_the_new_rules_skip_what_an_ephemeral_update_cannot_change(config):
     document = pod(
         container("app", environment=[env(NVD, "void")]),
+        gpu_container("cuda"),
         hostPID=True,
+        hostIPC=True,
+        nodeName="gpu-node-1",
+        securityContext={"windowsOptions": {"hostProcess": True}},
         annotations={"devices.crio.io": "/dev/nvidia0"},
+        volumes=[{"name": "repo", "gitRepo": {"repository": "https://example.com/r.git"}}],
         ephemeral=[container("debugger", environment=[env(NVD, "void")])],
     )
     assert broken(document, config, only={"debugger"}) == []
@@ -1134,3 +1145,333 @@ def test_validation_rule_ids_in_table_order(config):
         container("c", securityContext={"privileged": True}), annotations={"cdi.k8s.io/x": "nvidia.com/gpu=all"}
     )
     assert validate(document, config).rule_ids == ("unpinned-container", "privileged", "cdi-annotation")
+
+
+# --- bound-gpu-pod ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "resource", ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"]
+)
+def test_a_gpu_pod_created_with_node_name_is_rejected(config, resource):
+    """The scheduler's fit is skipped; a node that does not advertise the resource runs the container with no
+    allocation (the kubelet drops unadvertised extended resources, no device plugin allocates them)."""
+    document = pod(gpu_container("cuda", resource=resource), container("sidecar"), nodeName="gpu-node-1")
+    assert broken(document, config) == [("unpinned-container", "sidecar"), ("bound-gpu-pod", None)]
+    [violation] = only_rule(document, config, "bound-gpu-pod")
+    assert '"cuda"' in violation.detail and "kubernetes.io/hostname" in violation.detail
+    decision = evaluate(document, config, namespace="default")
+    assert decision.verdict == "rejected" and decision.validation.rule_ids == ("bound-gpu-pod",)
+
+
+def test_a_bound_pod_names_every_gpu_container_init_included(config):
+    document = pod(
+        gpu_container("train"), init=[gpu_container("warm-up", resource="nvidia.com/mig-1g.10gb")], nodeName="n1"
+    )
+    [violation] = only_rule(document, config, "bound-gpu-pod")
+    assert '"warm-up", "train"' in violation.detail
+
+
+@pytest.mark.parametrize(
+    ("spec", "containers"),
+    [
+        ({"nodeName": "cpu-node-1"}, [container(environment=[env(NVD, "void")])]),  # no GPU container
+        ({"nodeName": ""}, [gpu_container()]),  # empty: the scheduler binds it
+        ({}, [gpu_container()]),
+        ({"nodeSelector": {"kubernetes.io/hostname": "gpu-node-1"}}, [gpu_container()]),  # the way out
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-1"]}]}
+                            ]
+                        }
+                    }
+                }
+            },
+            [gpu_container()],
+        ),  # what a DaemonSet's pods get instead of nodeName
+        ({"nodeName": "gpu-node-1"}, [gpu_container(gpus=0, environment=[env(NVD, "void")])]),  # zero is no request
+    ],
+)
+def test_pods_the_scheduler_fits_or_without_gpu_containers_are_not_this_rule(config, spec, containers):
+    assert only_rule(pod(*containers, **spec), config, "bound-gpu-pod") == []
+
+
+def test_a_bound_mirror_pod_stays_exempt(config):
+    document = pod(gpu_container(), nodeName="gpu-node-1", annotations={"kubernetes.io/config.mirror": "abc"})
+    assert evaluate(document, config, namespace="default").verdict == "exempt"
+
+
+# --- kai-annotation-update ----------------------------------------------------------------------------------------
+
+
+def kai_created() -> dict:
+    return as_kai_leaves_it(kai_fraction_pod(container("gpu-workload"), container("sidecar")))
+
+
+def with_annotations(document: dict, annotations: dict) -> dict:
+    changed = {**document, "metadata": {**document["metadata"], "annotations": dict(annotations)}}
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("change", "verb"),
+    [
+        ({"runai/shared-gpu-configmap": "trainer-bcdfghj-shared-gpu"}, "changes"),  # another ConfigMap filled
+        ({"gpu-fraction-container-name": "sidecar"}, "adds"),  # another container's ConfigMap filled
+        ({"gpu-fraction": "0.25"}, "changes"),
+        ({"gpu-memory": "4000"}, "adds"),
+    ],
+)
+def test_an_update_that_retargets_kai_s_binder_is_rejected(config, change, verb):
+    before = kai_created()
+    after = with_annotations(before, {**before["metadata"]["annotations"], **change})
+    [violation] = validate_update(after, before, config).violations
+    assert violation.rule == "kai-annotation-update"
+    [key] = change
+    assert f'{verb} pod annotation "{key}"' in violation.detail and "delete the pod" in violation.detail
+
+
+@pytest.mark.parametrize("removed", ["gpu-fraction", "runai/shared-gpu-configmap"])
+def test_an_update_that_removes_a_kai_annotation_is_rejected(config, removed):
+    """Without gpu-fraction KAI schedules the pod as one with no GPU and fills no ConfigMap, while the container still
+    reads <prefix>-0, which the pod author may have created first."""
+    before = kai_created()
+    after = with_annotations(before, {k: v for k, v in before["metadata"]["annotations"].items() if k != removed})
+    assert [
+        (v.rule, f'removes pod annotation "{removed}"' in v.detail)
+        for v in validate_update(after, before, config).violations
+    ] == [("kai-annotation-update", True)]
+
+
+def test_kai_s_own_updates_and_other_pods_are_not_this_rule(config):
+    before = kai_created()
+    annotations = before["metadata"]["annotations"]
+    binder = {**annotations, "received-resource-type": "Fraction", "kai.scheduler/numa-placement-predicted": "[0]"}
+    grouper = {**annotations, "pod-group-name": "pg-trainer"}
+    for after in (with_annotations(before, binder), with_annotations(before, grouper), before):
+        assert validate_update(after, before, config).violations == ()
+    # on a pod another scheduler places, the annotations mean nothing to KAI
+    other = {**before, "spec": {**before["spec"], "schedulerName": "default-scheduler"}}
+    assert validate_update(with_annotations(other, {}), other, config).violations == ()
+    # a site's own KAI scheduler name counts
+    mine = PolicyConfig(kai_scheduler_names=("kai-scheduler", "team-kai"))
+    theirs = {**before, "spec": {**before["spec"], "schedulerName": "team-kai"}}
+    assert [v.rule for v in validate_update(with_annotations(theirs, {}), theirs, mine).violations] == [
+        "kai-annotation-update"
+    ] * 2
+
+
+def test_kai_annotation_update_is_no_create_rule(config):
+    assert only_rule(kai_created(), config, "kai-annotation-update") == []
+
+
+# --- gated-device-env ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["NVIDIA_NVSWITCH", "NVIDIA_GDS", "NVIDIA_MOFED", "NVIDIA_GDRCOPY"])
+def test_gated_device_requests_set_in_the_pod(config, name):
+    document = pod(gpu_container("cuda", environment=[env(name, "enabled")]))
+    [violation] = validate(document, config).violations
+    assert (violation.rule, violation.container) == ("gated-device-env", "cuda")
+    assert name in violation.detail and "/dev/" in violation.detail
+    assert ("device plugin" in violation.detail) == (name != "NVIDIA_NVSWITCH")
+    from_field = pod(container(environment=[env(NVD, "void"), env(name, fieldRef={"fieldPath": "metadata.name"})]))
+    assert only_rule(from_field, config, "gated-device-env") != []
+
+
+def test_gated_device_requests_in_every_kind_of_container(config):
+    document = pod(
+        gpu_container("cuda"),
+        init=[container("init", environment=[env(NVD, "void"), env("NVIDIA_GDS", "enabled")])],
+        ephemeral=[container("debug", environment=[env(NVD, "void"), env("NVIDIA_NVSWITCH", "enabled")])],
+    )
+    assert [v.container for v in only_rule(document, config, "gated-device-env")] == ["init", "debug"]
+
+
+def test_lookalike_variables_are_not_gated_requests(config):
+    document = pod(gpu_container("cuda", environment=[env("NVIDIA_GDS_VERSION", "2"), env("MOFED_VERSION", "5")]))
+    assert validate(document, config).violations == ()
+
+
+# --- volume-type --------------------------------------------------------------------------------------------------
+
+
+NODE_VOLUMES = {
+    "gitRepo": {"repository": "https://example.com/r.git"},
+    "fc": {"targetWWNs": ["500a0982991b8dc5"], "lun": 2},
+    "iscsi": {"targetPortal": "10.0.0.2:3260", "iqn": "iqn.2001-04.com.example:storage", "lun": 0},
+    "rbd": {"monitors": ["10.0.0.3:6789"], "image": "foo"},
+    "nfs": {"server": "10.0.0.1", "path": "/datasets"},
+    "flexVolume": {"driver": "example/lvm"},
+    "awsElasticBlockStore": {"volumeID": "vol-1"},
+}
+ALLOWED_VOLUMES = {
+    "configMap": {"name": "settings"},
+    "secret": {"secretName": "s"},
+    "emptyDir": {"medium": "Memory"},
+    "projected": {"sources": []},
+    "downwardAPI": {"items": []},
+    "persistentVolumeClaim": {"claimName": "data"},
+    "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}},
+    "csi": {"driver": "secrets-store.csi.k8s.io"},
+    "image": {"reference": "registry.example/models:v1"},
+}
+
+
+def volume_pod(kind: str, source: dict) -> dict:
+    return pod(gpu_container(volumeMounts=[{"name": "v", "mountPath": "/v"}]), volumes=[{"name": "v", kind: source}])
+
+
+@pytest.mark.parametrize("kind", sorted(NODE_VOLUMES))
+def test_volume_types_off_the_allowlist(config, kind):
+    [violation] = validate(volume_pod(kind, NODE_VOLUMES[kind]), config).violations
+    assert violation.rule == "volume-type" and f'type "{kind}"' in violation.detail
+    assert "allowed_volume_types" in violation.detail
+
+
+def test_git_repo_names_its_way_out(config):
+    [violation] = validate(volume_pod("gitRepo", NODE_VOLUMES["gitRepo"]), config).violations
+    assert "init container into an emptyDir" in violation.detail
+
+
+@pytest.mark.parametrize("kind", sorted(ALLOWED_VOLUMES))
+def test_pod_security_restricted_volume_types_and_image_are_allowed(config, kind):
+    assert validate(volume_pod(kind, ALLOWED_VOLUMES[kind]), config).violations == ()
+
+
+def test_host_path_volumes_are_left_to_their_own_rules(config):
+    assert broken(host_path_pod("/srv/x"), config) == [("unpinned-container", "app"), ("host-path", None)]
+
+
+def test_a_volume_without_a_type_is_the_api_server_s_empty_dir(config):
+    assert only_rule(pod(gpu_container(), volumes=[{"name": "scratch"}]), config, "volume-type") == []
+
+
+def test_allowed_volume_types_are_configurable():
+    strict = PolicyConfig(allowed_volume_types=("configMap", "secret", "nfs"))
+    assert validate(volume_pod("nfs", NODE_VOLUMES["nfs"]), strict).violations == ()
+    assert [v.rule for v in validate(volume_pod("csi", ALLOWED_VOLUMES["csi"]), strict).violations] == ["volume-type"]
+
+
+# --- host-process -------------------------------------------------------------------------------------------------
+
+HOST_PROCESS = {"windowsOptions": {"hostProcess": True, "runAsUserName": "NT AUTHORITY\\SYSTEM"}}
+
+
+def test_host_process_on_the_pod(config):
+    document = pod(gpu_container(), securityContext=HOST_PROCESS, hostNetwork=True)
+    assert broken(document, config) == [("host-process", None)]
+
+
+def test_host_process_on_any_container(config):
+    document = pod(
+        gpu_container("main", securityContext=HOST_PROCESS),
+        init=[gpu_container("init", securityContext=HOST_PROCESS)],
+        ephemeral=[container("debug", environment=[env(NVD, "void")], securityContext=HOST_PROCESS)],
+    )
+    assert [v.container for v in only_rule(document, config, "host-process")] == ["init", "main", "debug"]
+
+
+@pytest.mark.parametrize(
+    "security", [{"windowsOptions": {"hostProcess": False}}, {"windowsOptions": {"runAsUserName": "ContainerUser"}}, {}]
+)
+def test_other_windows_options_are_fine(config, security):
+    document = pod(gpu_container(securityContext=security), securityContext=security)
+    assert validate(document, config).violations == ()
+
+
+# --- host-ipc -----------------------------------------------------------------------------------------------------
+
+
+def test_host_ipc_is_rejected_by_default(config):
+    [violation] = validate(pod(gpu_container(), hostIPC=True), config).violations
+    assert violation.rule == "host-ipc" and "/dev/shm" in violation.detail
+    assert validate(pod(gpu_container(), hostIPC=False), config).violations == ()
+
+
+def test_host_ipc_warns_when_configured():
+    lenient = PolicyConfig(host_ipc=Switch.WARN)
+    validation = validate(pod(gpu_container(), hostIPC=True), lenient)
+    [warning] = validation.warnings
+    assert validation.violations == () and warning.rule == "host-ipc" and "hostIPC" in warning.message
+    assert validate(pod(gpu_container()), lenient).warnings == ()
+
+
+# --- must stay admitted -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("amount", ["1000m", 1e0, "1e0", "1"])
+def test_gpu_quantities_in_any_spelling_are_gpu_requests(config, amount):
+    document = pod(gpu_container(gpus=amount))
+    decision = evaluate(document, config, namespace="default")
+    assert decision.verdict == "allowed" and decision.validation.violations == ()
+
+
+def test_the_workloads_round_3_must_keep_admitting(config):
+    """A GPU pod with its own user namespace; a trainer with a native sidecar and a shared process namespace; a
+    LeaderWorkerSet's CPU leader and GPU workers; a KAI fraction pod in KAI's shape; kubectl debug into a GPU pod."""
+    cases = {
+        "host-users": pod(gpu_container(), hostUsers=False),
+        "sidecar trainer": pod(
+            gpu_container("trainer", gpus=8),
+            init=[container("log-shipper", restartPolicy="Always")],
+            shareProcessNamespace=True,
+        ),
+        "lws leader": pod(container("leader"), subdomain="lws"),
+        "lws worker": pod(gpu_container("worker", gpus=8), subdomain="lws"),
+    }
+    for name, document in cases.items():
+        decision = evaluate(document, config, namespace="default")
+        assert decision.verdict in ("allowed", "mutated") and decision.validation.violations == (), name
+    assert evaluate(kai_created(), config, namespace="default").validation.violations == ()
+    debugged = pod(gpu_container(), ephemeral=[container("debugger", image="nvidia/cuda:12.4.1-base-ubuntu22.04")])
+    assert evaluate(debugged, config, namespace="default").mutation.pinned == ("debugger",)
+    pinned = apply_patch(debugged, evaluate(debugged, config, namespace="default").mutation.patch)
+    assert validate(pinned, config, only={"debugger"}).violations == ()
+
+
+def kubectl_debug(profile: str, target: str | None) -> dict:
+    """The ephemeral container ``kubectl debug -it POD --image=... [--target=...] --profile=...`` adds: the general
+    profile (kubectl's default) adds SYS_PTRACE to it, baseline clears its security context, restricted drops every
+    capability (kubernetes/kubectl ``pkg/cmd/debug/profiles.go``: ``allowProcessTracing``, ``clearSecurityContext``,
+    ``dropCapabilities``)."""
+    fields: dict = {"stdin": True, "tty": True, "terminationMessagePolicy": "File"}
+    if target is not None:
+        fields["targetContainerName"] = target
+    if profile == "general":
+        fields["securityContext"] = caps("SYS_PTRACE")
+    elif profile == "restricted":
+        fields["securityContext"] = {
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+    return container("debugger-x7k2q", image="nvidia/cuda:12.4.1-base-ubuntu22.04", **fields)
+
+
+@pytest.mark.parametrize(
+    ("profile", "target", "admitted"),
+    [
+        ("general", None, True),  # its own PID namespace: SYS_PTRACE reaches its own processes only
+        ("baseline", "cuda", True),  # sees the GPU container's processes, cannot attach to them
+        ("restricted", "cuda", True),
+        ("general", "cuda", False),  # would attach to the GPU container's CUDA context
+    ],
+)
+def test_kubectl_debug_into_a_gpu_pod_by_profile(config, profile, target, admitted):
+    """The decision of docs/policy.md ("kubectl debug"): a debug container is pinned and admitted, except one that
+    ptraces a GPU container (kubectl's default profile with --target), whose denial names --profile=baseline."""
+    debugged = pod(gpu_container("cuda"), ephemeral=[kubectl_debug(profile, target)])
+    mutation = mutate(debugged, config, only={"debugger-x7k2q"})
+    assert mutation.pinned == ("debugger-x7k2q",)
+    violations = validate(apply_patch(debugged, mutation.patch), config, only={"debugger-x7k2q"}).violations
+    if admitted:
+        assert violations == ()
+    else:
+        [violation] = violations
+        assert violation.rule == "added-capability" and "--profile=baseline" in violation.fix

@@ -10,7 +10,7 @@ import pytest
 from gpu_fence.webhook.config import GpuTaint, PolicyConfig, TaintEffect
 from gpu_fence.webhook.policy import RULES, Reach, evaluate, validate, validate_update
 from gpu_fence.webhook.scope import reaches_gpu_nodes, tolerates
-from tests.fakes.pods import NVD, container, env, gpu_container, pod
+from tests.fakes.pods import NVD, container, env, gpu_container, kai_fraction_pod, pod
 
 GPU = GpuTaint("nvidia.com/gpu", "present", TaintEffect.NO_SCHEDULE)
 EVICTING = GpuTaint("sku", "gpu", TaintEffect.NO_EXECUTE)
@@ -89,6 +89,9 @@ def test_node_rules_are_scoped_and_gpu_rules_are_not():
         "runtime-annotation",
         "host-device-path",
         "host-path",
+        "volume-type",
+        "host-process",
+        "host-ipc",
     } == NODE_RULES
     result = validate(node_breaker(), SCOPED)
     assert [v.rule for v in result.violations] == ["visible-devices-env"]
@@ -147,3 +150,78 @@ def test_a_debug_container_on_a_running_pod_is_judged_in_full():
         container("debug", environment=[env(NVD, "void")], securityContext={"privileged": True})
     ]
     assert [v.rule for v in validate(running, SCOPED, only={"debug"}).violations] == ["privileged"]
+
+
+GIT_REPO = {"name": "src", "gitRepo": {"repository": "https://example.com/repo.git"}}
+HOST_PROCESS = {"windowsOptions": {"hostProcess": True}}
+
+
+def node_reaching(**spec) -> dict:
+    """A CPU pod that reaches only the node it runs on: a gitRepo volume the kubelet clones as root, the node's IPC
+    namespace and /dev/shm, a Windows HostProcess container."""
+    return pod(
+        container("agent", environment=[env(NVD, "void")], securityContext=HOST_PROCESS),
+        volumes=[GIT_REPO],
+        hostIPC=True,
+        **spec,
+    )
+
+
+def test_the_node_reaching_volume_and_namespace_rules_are_scoped():
+    """volume-type, host-ipc and host-process reach the node a pod runs on: off a GPU node they warn."""
+    result = validate(node_reaching(), SCOPED)
+    assert result.violations == ()
+    assert {w.rule for w in result.warnings} == {"volume-type", "host-process", "host-ipc"}
+    rules = {v.rule for v in validate(node_reaching(tolerations=[{"operator": "Exists"}]), SCOPED).violations}
+    assert rules == {"volume-type", "host-process", "host-ipc"}
+
+
+def test_an_update_that_adds_a_gpu_toleration_brings_the_node_reaching_rules_back():
+    old = node_reaching()
+    new = copy.deepcopy(old)
+    new["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    found = validate_update(new, old, SCOPED).violations
+    assert {v.rule for v in found} == {"volume-type", "host-process", "host-ipc"}
+    assert all("exempt_service_accounts" in v.way_out for v in found)  # node rules: the node agent's way out
+
+
+def test_a_bound_gpu_pod_is_never_out_of_scope():
+    """bound-gpu-pod guards the allocation, not the node: a GPU rule. Its nodeName puts it in scope anyway, and a
+    scheduler gpu-fence takes for taint-aware changes nothing."""
+    bound = pod(gpu_container(), nodeName="cpu-node-1")
+    aware = PolicyConfig(gpu_node_taints=(GPU,), taint_aware_schedulers=("default-scheduler", "my-scheduler"))
+    for config in (SCOPED, aware):
+        [violation] = validate(bound, config).violations
+        assert violation.rule == "bound-gpu-pod" and "kubernetes.io/hostname" in violation.fix
+    assert validate(bound, SCOPED).warnings == ()
+
+
+def test_a_gated_device_request_off_a_gpu_node_is_still_denied():
+    asking = pod(gpu_container(environment=[env("NVIDIA_NVSWITCH", "enabled")]))
+    assert not reaches_gpu_nodes(asking["spec"], SCOPED)
+    assert [v.rule for v in validate(asking, SCOPED).violations] == ["gated-device-env"]
+
+
+def test_a_kai_annotation_changed_on_a_pod_out_of_scope_is_still_denied():
+    """KAI's pods name KAI's scheduler, which is not taken for taint-aware unless configured; where it is, a pod
+    that tolerates no GPU taint is out of the node rules' scope, but KAI's binder still reads the annotations."""
+    aware = PolicyConfig(gpu_node_taints=(GPU,), taint_aware_schedulers=("kai-scheduler",))
+    old = kai_fraction_pod(gpu_container("main", gpus=None))
+    assert not reaches_gpu_nodes(old["spec"], aware)
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"]["runai/shared-gpu-configmap"] = "attacker-bcdfghj-shared-gpu"
+    new["metadata"]["annotations"]["devices.crio.io"] = "/dev/nvidia0"
+    result = validate_update(new, old, aware)
+    assert [v.rule for v in result.violations] == ["kai-annotation-update"]
+    assert result.violations[0].fix == "delete the pod and create it with the annotations it needs"
+    assert [w.rule for w in result.warnings] == ["runtime-annotation"]
+
+
+def test_an_update_that_adds_a_toleration_and_changes_a_kai_annotation_is_judged_for_both():
+    aware = PolicyConfig(gpu_node_taints=(GPU,), taint_aware_schedulers=("kai-scheduler",))
+    old = kai_fraction_pod(gpu_container("main", gpus=None))
+    old["spec"]["hostIPC"] = True
+    new = copy.deepcopy(old)
+    new["spec"]["tolerations"] = [{"operator": "Exists"}]
+    new["metadata"]["annotations"]["gpu-fraction"] = "1.0"
+    assert {v.rule for v in validate_update(new, old, aware).violations} == {"kai-annotation-update", "host-ipc"}

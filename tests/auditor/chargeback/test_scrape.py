@@ -167,7 +167,9 @@ MONITORING = REPO / "manifests" / "overlays" / "prometheus"
 WEBHOOK_NAME = "gpu-fence-webhook.gpu-fence.svc"
 #: What Grafana puts in place of the dashboard's variables: every namespace and node ("All"), and a rate window that
 #: holds several of this Prometheus' one-second scrapes.
-VARIABLES = {"$namespace": ".*", "$node": ".*", "$__rate_interval": "10s"}
+VARIABLES = {"$cluster": ".*", "$namespace": ".*", "$node": ".*", "$__rate_interval": "10s"}
+#: The cluster label the auditor's scrape job gives its series here, as a multi-cluster setup would.
+CLUSTER = "gpu-cluster-1"
 
 
 @pytest.fixture
@@ -288,11 +290,18 @@ def test_every_dashboard_query_parses_and_returns_data(auditor: str, webhook, tm
             except urllib.error.HTTPError as error:  # the bad request's 400 is the point of sending it
                 assert error.code == 400, error
 
+    auditor_job = {
+        "job_name": "gpu-fence-auditor",
+        "honor_labels": True,
+        "scrape_interval": "1s",
+        "scrape_timeout": "1s",
+        "static_configs": [{"targets": [auditor]}],
+        "relabel_configs": [{"target_label": "cluster", "replacement": CLUSTER}],
+    }
     with PrometheusServer(
         tmp_path / "prometheus",
-        scrape_targets=[auditor],
         scrape_interval="1s",
-        scrape_configs=[webhook_job],
+        scrape_configs=[auditor_job, webhook_job],
         rule_files=[shipped_rules_every_second(tmp_path)],
     ) as prometheus:
         empty: list[str] = []
@@ -318,9 +327,18 @@ def test_every_dashboard_query_parses_and_returns_data(auditor: str, webhook, tm
         for variable in dashboard["templating"]["list"]:
             if variable["type"] != "query":
                 continue
-            match = re.fullmatch(r"label_values\((\w+), (\w+)\)", variable["query"]["query"])
+            query = variable["query"]["query"].replace("$cluster", CLUSTER)
+            match = re.fullmatch(r"label_values\((\w+(?:\{[^}]*\})?), (\w+)\)", query)
             assert match, variable["query"]
             assert prometheus.label_values(match.group(2), match.group(1)), variable["name"]
+        # the cluster variable lists the cluster, and a panel set to another cluster shows nothing of this one
+        assert prometheus.label_values("cluster", "gpu_fence_gpu_info") == [CLUSTER]
+        [template] = [
+            t["expr"] for p in dashboard["panels"] if p["title"] == "GPU memory per container" for t in p["targets"]
+        ]
+        for cluster, found in ((CLUSTER, True), ("another-cluster", False)):
+            chosen = template.replace("$cluster", cluster).replace("$namespace", ".*").replace("$node", ".*")
+            assert bool(prometheus.query(chosen)) is found, cluster
         # the dcgm-exporter names: UUID is the physical GPU, modelName the card, on the per-container table
         [per_container] = [expr for title, expr in queries if title == "GPU memory per container"]
         rows = prometheus.query(per_container)

@@ -173,6 +173,22 @@ class FakeProcess:
 
 
 @dataclass(frozen=True)
+class FakeMpsServer:
+    """The MPS server (``nvidia-cuda-mps-server``) of ``device`` (a GPU index or UUID), as the real driver shows one
+    (H200, driver 580.159.04): listed in the compute list with its own memory; the device's ``mps`` processes, its
+    clients, listed in the compute list too, with the same memory; and every utilisation sample of a client reported
+    under the server's pid (the samples of one instant added, at most 100%)."""
+
+    device: int | str
+    pid: int
+    used_memory_bytes: int | None = 66 << 20
+
+    def line(self) -> str:
+        used = "na" if self.used_memory_bytes is None else str(self.used_memory_bytes)
+        return f"mps_server {_token(str(self.device), 'MPS server device')} {self.pid} {used}"
+
+
+@dataclass(frozen=True)
 class FakeUtilSample:
     """One per-process utilisation sample NVML keeps for ``device`` (a GPU index or UUID): percentages as the
     driver reports them (``nvmlProcessUtilizationSample_t``; ``jpeg`` and ``ofa`` only in the versioned call).
@@ -230,6 +246,7 @@ class FakeNvmlConfig:
     log_path: str | None = None  # the fake appends "<function> <return code>" per call
     samples: tuple[FakeUtilSample, ...] = ()
     util_period_us: int | None = None  # live samples' period (the fake's default: 100,000 µs)
+    mps_servers: tuple[FakeMpsServer, ...] = ()
 
     def render(self) -> str:
         names = {gpu.index: gpu.name for gpu in self.gpus}
@@ -240,6 +257,7 @@ class FakeNvmlConfig:
             lines.append(f"util_period {self.util_period_us}")
         lines += [gpu.line() for gpu in sorted(self.gpus, key=lambda gpu: gpu.index)]
         lines += [mig.line(names.get(mig.gpu_index, "NVIDIA GPU")) for mig in self.migs]
+        lines += [server.line() for server in self.mps_servers]
         lines += [process.line() for process in self.processes]
         lines += [sample.line() for sample in self.samples]
         lines += [error.line() for error in self.errors]

@@ -15,6 +15,7 @@
  *   error <function> <nvml_return_code> [device=<uuid|gpu_index>] [times=<n>]
  *   util <device> <pid> <sm> <mem> <enc> <dec> [jpg=<n>] [ofa=<n>] [at=<cpu_us>]
  *   util_period <us>
+ *   mps_server <device> <pid> <used_bytes|na>
  *   log <path>
  *
  * The file named by FAKE_NVML_CONFIG is read when the init reference count goes from 0 to 1, so a test can
@@ -144,6 +145,8 @@ struct device {
     unsigned int gi, ci, slices;
     struct proc_list procs[K_COUNT];
     struct util_list samples;
+    int mps_server; /* an MPS server runs on this device ("mps_server" line) */
+    unsigned int mps_server_pid;
 };
 typedef struct device *nvmlDevice_t;
 
@@ -349,6 +352,15 @@ static int parse_uint(const char *text, unsigned long long max, unsigned long lo
     return 1;
 }
 
+/* A process's memory: bytes, or "na" for NVML_VALUE_NOT_AVAILABLE. */
+static int parse_used(const char *text, unsigned long long *out) {
+    if (text && strcmp(text, "na") == 0) {
+        *out = VALUE_NOT_AVAILABLE;
+        return 1;
+    }
+    return parse_uint(text, ~0ull, out);
+}
+
 static int parse_kind(const char *text, enum kind *out) {
     if (!text) return 0;
     if (strcmp(text, "compute") == 0) *out = K_COMPUTE;
@@ -427,6 +439,21 @@ static int build_process_lists(const struct proc_line *lines, size_t count) {
     return 1;
 }
 
+/* The real driver lists an MPS client in the compute list too, with the same memory (H200, 580.159.04: each client
+ * in both nvmlDeviceGetComputeRunningProcesses and nvmlDeviceGetMPSComputeRunningProcesses). An "mps" process on
+ * a device without an "mps_server" line stays in the MPS list alone, so that a test can exercise that list alone. */
+static int list_mps_clients_as_compute(struct proc_line **lines, size_t *count, size_t *capacity) {
+    size_t given = *count;
+    for (size_t i = 0; i < given; i++) {
+        struct proc_line line = (*lines)[i];
+        const struct device *device = line.mig ? line.mig : line.gpu;
+        if (line.kind != K_MPS || !device->mps_server) continue;
+        line.kind = K_COMPUTE;
+        if (!add_proc_line(lines, count, capacity, line)) return 0;
+    }
+    return 1;
+}
+
 /* Parse one line (already split into `keyword` and the rest at `cursor`); 0 on error after reporting it. */
 static int parse_line(const char *path, int number, const char *keyword, char *cursor, struct proc_line **procs,
                       size_t *proc_count, size_t *proc_capacity) {
@@ -500,9 +527,8 @@ static int parse_line(const char *path, int number, const char *keyword, char *c
             return config_error(path, number, "expected: proc <gpu index|uuid> <compute|graphics|mps> <pid> "
                                               "<used_bytes|na> [gi=<n>] [ci=<n>] (devices must come first)"), 0;
         line.info.pid = (unsigned int)a;
-        if (strcmp(used_text, "na") == 0) line.info.usedGpuMemory = VALUE_NOT_AVAILABLE;
-        else if (parse_uint(used_text, ~0ull, &b)) line.info.usedGpuMemory = b;
-        else return config_error(path, number, "used memory must be bytes or na, not %s", used_text), 0;
+        if (!parse_used(used_text, &line.info.usedGpuMemory))
+            return config_error(path, number, "used memory must be bytes or na, not %s", used_text), 0;
         line.gpu = device->is_mig ? device->parent : device;
         line.mig = device->is_mig ? device : NULL;
         unsigned int gi = line.mig ? line.mig->gi : NO_INSTANCE, ci = line.mig ? line.mig->ci : NO_INSTANCE;
@@ -516,6 +542,24 @@ static int parse_line(const char *path, int number, const char *keyword, char *c
         line.info.gpuInstanceId = line.gpu->mig_enabled ? gi : NO_INSTANCE;
         line.info.computeInstanceId = line.gpu->mig_enabled ? ci : NO_INSTANCE;
         if (!line.gpu->mig_enabled) line.mig = NULL;
+        if (!add_proc_line(procs, proc_count, proc_capacity, line))
+            return config_error(path, number, "out of memory"), 0;
+    } else if (strcmp(keyword, "mps_server") == 0) {
+        /* nvidia-cuda-mps-server: listed in the compute list with its own memory (real driver: H200, 580.159.04). */
+        char *device_text = next_token(&cursor), *pid_text = next_token(&cursor), *used_text = next_token(&cursor);
+        struct device *device = device_text ? find_device(device_text) : NULL;
+        struct proc_line line = {.kind = K_COMPUTE};
+        if (!device || !parse_uint(pid_text, 0xFFFFFFFFu, &a) || !parse_used(used_text, &line.info.usedGpuMemory) ||
+            next_token(&cursor))
+            return config_error(path, number, "expected: mps_server <gpu index|uuid> <pid> <used_bytes|na> "
+                                              "(devices must come first)"), 0;
+        if (device->mps_server) return config_error(path, number, "a second MPS server on %s", device->uuid), 0;
+        device->mps_server = 1;
+        device->mps_server_pid = line.info.pid = (unsigned int)a;
+        line.gpu = device->is_mig ? device->parent : device;
+        line.mig = device->is_mig ? device : NULL;
+        line.info.gpuInstanceId = line.mig ? line.mig->gi : NO_INSTANCE;
+        line.info.computeInstanceId = line.mig ? line.mig->ci : NO_INSTANCE;
         if (!add_proc_line(procs, proc_count, proc_capacity, line))
             return config_error(path, number, "out of memory"), 0;
     } else if (strcmp(keyword, "util_period") == 0) {
@@ -609,6 +653,7 @@ static nvmlReturn_t load_config(void) {
         }
     for (unsigned int g = 0; g < gpu_count; g++)
         if (!gpus[g].max_slices) gpus[g].max_slices = default_max_slices;
+    if (ok) ok = list_mps_clients_as_compute(&procs, &proc_count, &proc_capacity);
     if (ok) ok = build_process_lists(procs, proc_count);
     free(procs);
     if (!ok) {
@@ -919,59 +964,82 @@ static unsigned long long sample_time(const struct util_sample *sample, unsigned
 /* nvml.h: "On MIG-enabled GPUs, querying process utilization is not currently supported." */
 static int utilisation_supported(const struct device *d) { return !d->is_mig && !d->mig_enabled; }
 
-/* The next sample from index `*i` on that is newer than `last_seen`, its timestamp in `*stamp`; NULL past the last. */
-static const struct util_sample *next_since(const struct device *d, unsigned int *i, unsigned long long last_seen,
-                                            unsigned long long now, unsigned long long *stamp) {
-    while (*i < d->samples.count) {
-        const struct util_sample *sample = &d->samples.items[(*i)++];
-        *stamp = sample_time(sample, now);
-        if (*stamp > last_seen) return sample;
-    }
-    return NULL;
+static int is_mps_client(const struct device *d, unsigned int pid) {
+    const struct proc_list *clients = &d->procs[K_MPS];
+    for (unsigned int i = 0; i < clients->count; i++)
+        if (clients->items[i].pid == pid) return 1;
+    return 0;
 }
 
-/* How many samples are newer than `last_seen`; `*newest` is raised to the newest one's timestamp. */
-static unsigned int samples_since(const struct device *d, unsigned long long last_seen, unsigned long long now,
-                                  unsigned long long *newest) {
-    unsigned int found = 0, i = 0;
-    unsigned long long stamp;
-    while (next_since(d, &i, last_seen, now, &stamp)) {
-        found++;
-        if (stamp > *newest) *newest = stamp;
+static unsigned int add_capped(unsigned int a, unsigned int b) { return a + b > 100 ? 100 : a + b; }
+
+/* The samples newer than `last_seen` a query returns, into `out` (room for every sample of the device), each with
+ * its timestamp in `at`; `*newest` is raised to the newest timestamp. Under MPS the driver samples only the server,
+ * which runs its clients' kernels (H200, 580.159.04: samples for the server's pid alone while the clients are
+ * busy): a client's sample is the server's, and samples that then share a pid and a timestamp are one, their
+ * values added (at most 100). */
+static unsigned int gather_samples(const struct device *d, unsigned long long last_seen, unsigned long long now,
+                                   struct util_sample *out, unsigned long long *newest) {
+    unsigned int found = 0;
+    for (unsigned int i = 0; i < d->samples.count; i++) {
+        struct util_sample sample = d->samples.items[i];
+        sample.at = sample_time(&sample, now);
+        if (sample.at <= last_seen) continue;
+        if (sample.at > *newest) *newest = sample.at;
+        if (d->mps_server && is_mps_client(d, sample.pid)) sample.pid = d->mps_server_pid;
+        unsigned int j = 0;
+        while (j < found && !(out[j].pid == sample.pid && out[j].at == sample.at)) j++;
+        if (j == found) {
+            out[found++] = sample;
+            continue;
+        }
+        out[j].sm = add_capped(out[j].sm, sample.sm);
+        out[j].mem = add_capped(out[j].mem, sample.mem);
+        out[j].enc = add_capped(out[j].enc, sample.enc);
+        out[j].dec = add_capped(out[j].dec, sample.dec);
+        out[j].jpg = add_capped(out[j].jpg, sample.jpg);
+        out[j].ofa = add_capped(out[j].ofa, sample.ofa);
     }
     return found;
 }
 
-/* "If no valid sample entries are found since the lastSeenTimeStamp, NVML_ERROR_NOT_FOUND is returned"; a NULL
- * buffer or one too small answers INSUFFICIENT_SIZE with the needed count, and writes nothing. */
+/* One utilisation query's samples, newer than `last_seen`, into `*samples` (the caller frees it), their number in
+ * `*found`, and what NVML answers: "If no valid sample entries are found since the lastSeenTimeStamp,
+ * NVML_ERROR_NOT_FOUND is returned"; a NULL buffer or one with less `room` than needed answers INSUFFICIENT_SIZE
+ * (the caller then writes nothing but the count). */
+static nvmlReturn_t query_samples(const struct device *d, unsigned long long last_seen, int buffer, unsigned int room,
+                                  struct util_sample **samples, unsigned int *found, unsigned long long *newest) {
+    *found = 0;
+    *samples = calloc(d->samples.count + 1, sizeof **samples);
+    if (!*samples) return NVML_ERROR_UNKNOWN;
+    *found = gather_samples(d, last_seen, now_us(), *samples, newest);
+    if (*found == 0) return NVML_ERROR_NOT_FOUND;
+    if (!buffer || room < *found) return NVML_ERROR_INSUFFICIENT_SIZE;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *utilization,
                                              unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp) {
     BEGIN(F_PROCESS_UTIL, d);
     if (!processSamplesCount) return finish(F_PROCESS_UTIL, NVML_ERROR_INVALID_ARGUMENT);
     if (!utilisation_supported(d)) return finish(F_PROCESS_UTIL, NVML_ERROR_NOT_SUPPORTED);
-    unsigned long long now = now_us(), newest = 0;
-    unsigned int found = samples_since(d, lastSeenTimeStamp, now, &newest);
-    if (found == 0) {
-        *processSamplesCount = 0;
-        return finish(F_PROCESS_UTIL, NVML_ERROR_NOT_FOUND);
+    struct util_sample *samples;
+    unsigned int found;
+    unsigned long long newest = 0;
+    nvmlReturn_t code = query_samples(d, lastSeenTimeStamp, utilization != NULL, *processSamplesCount, &samples,
+                                      &found, &newest);
+    for (unsigned int i = 0; code == NVML_SUCCESS && i < found; i++) {
+        nvmlProcessUtilizationSample_t *out = &utilization[i];
+        out->pid = samples[i].pid;
+        out->timeStamp = samples[i].at;
+        out->smUtil = samples[i].sm;
+        out->memUtil = samples[i].mem;
+        out->encUtil = samples[i].enc;
+        out->decUtil = samples[i].dec;
     }
-    if (!utilization || *processSamplesCount < found) {
-        *processSamplesCount = found;
-        return finish(F_PROCESS_UTIL, NVML_ERROR_INSUFFICIENT_SIZE);
-    }
-    unsigned int written = 0, i = 0;
-    unsigned long long stamp;
-    for (const struct util_sample *sample; (sample = next_since(d, &i, lastSeenTimeStamp, now, &stamp));) {
-        nvmlProcessUtilizationSample_t *out = &utilization[written++];
-        out->pid = sample->pid;
-        out->timeStamp = stamp;
-        out->smUtil = sample->sm;
-        out->memUtil = sample->mem;
-        out->encUtil = sample->enc;
-        out->decUtil = sample->dec;
-    }
-    *processSamplesCount = written;
-    return finish(F_PROCESS_UTIL, NVML_SUCCESS);
+    free(samples);
+    *processSamplesCount = found;
+    return finish(F_PROCESS_UTIL, code);
 }
 
 /* The versioned call: the same samples, the size protocol through processSamplesCount, and lastSeenTimeStamp
@@ -982,30 +1050,24 @@ nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d, nvmlProcesses
     if (info->version != nvmlProcessesUtilizationInfo_v1)
         return finish(F_PROCESSES_UTIL_INFO, NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     if (!utilisation_supported(d)) return finish(F_PROCESSES_UTIL_INFO, NVML_ERROR_NOT_SUPPORTED);
-    unsigned long long now = now_us(), newest = 0, last_seen = info->lastSeenTimeStamp;
-    unsigned int found = samples_since(d, last_seen, now, &newest);
-    if (found == 0) {
-        info->processSamplesCount = 0;
-        return finish(F_PROCESSES_UTIL_INFO, NVML_ERROR_NOT_FOUND);
+    struct util_sample *samples;
+    unsigned int found;
+    unsigned long long newest = 0;
+    nvmlReturn_t code = query_samples(d, info->lastSeenTimeStamp, info->procUtilArray != NULL,
+                                      info->processSamplesCount, &samples, &found, &newest);
+    for (unsigned int i = 0; code == NVML_SUCCESS && i < found; i++) {
+        nvmlProcessUtilizationInfo_v1_t *out = &info->procUtilArray[i];
+        out->timeStamp = samples[i].at;
+        out->pid = samples[i].pid;
+        out->smUtil = samples[i].sm;
+        out->memUtil = samples[i].mem;
+        out->encUtil = samples[i].enc;
+        out->decUtil = samples[i].dec;
+        out->jpgUtil = samples[i].jpg;
+        out->ofaUtil = samples[i].ofa;
     }
-    if (!info->procUtilArray || info->processSamplesCount < found) {
-        info->processSamplesCount = found;
-        return finish(F_PROCESSES_UTIL_INFO, NVML_ERROR_INSUFFICIENT_SIZE);
-    }
-    unsigned int written = 0, i = 0;
-    unsigned long long stamp;
-    for (const struct util_sample *sample; (sample = next_since(d, &i, last_seen, now, &stamp));) {
-        nvmlProcessUtilizationInfo_v1_t *out = &info->procUtilArray[written++];
-        out->timeStamp = stamp;
-        out->pid = sample->pid;
-        out->smUtil = sample->sm;
-        out->memUtil = sample->mem;
-        out->encUtil = sample->enc;
-        out->decUtil = sample->dec;
-        out->jpgUtil = sample->jpg;
-        out->ofaUtil = sample->ofa;
-    }
-    info->processSamplesCount = written;
-    info->lastSeenTimeStamp = newest;
-    return finish(F_PROCESSES_UTIL_INFO, NVML_SUCCESS);
+    if (code == NVML_SUCCESS) info->lastSeenTimeStamp = newest;
+    free(samples);
+    info->processSamplesCount = found;
+    return finish(F_PROCESSES_UTIL_INFO, code);
 }
