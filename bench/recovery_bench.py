@@ -78,8 +78,8 @@ def run_one(
         thread.start()
     time.sleep(before)  # load before the kill
     workers = machine.children_of(server.process.pid)
-    if len(workers) < 2:
-        raise https_bench.BenchError(f"the {server.name} server has {len(workers)} worker(s); the bench needs 2")
+    if not workers:
+        raise https_bench.BenchError(f"the {server.name} server has no worker to kill")
     victim = workers[0]
     killed_at = time.monotonic() - start
     os.kill(victim, signal.SIGKILL)

@@ -1,6 +1,6 @@
 """End to end over real TLS: ``certs`` makes the CA and serving certificate, ``gpu-fence-webhook serve`` runs as a
-subprocess (gunicorn, 2 workers x 4 threads, as in production) on a loopback port, and real AdmissionReview v1 JSON
-goes over HTTPS, verified against the generated CA with the Service DNS name, exactly as the API server would
+subprocess (gunicorn with serve's own worker, as in production) on a loopback port, and real AdmissionReview v1
+JSON goes over HTTPS, verified against the generated CA with the Service DNS name, exactly as the API server would
 connect.
 
 One server per module (starting it is the slow part); the certificate-renewal test runs last because it changes
@@ -456,7 +456,7 @@ def test_health_endpoints(server):
 
 def test_metrics_merge_all_workers(server):
     before = scrape(server)
-    for _ in range(12):  # a fresh connection each: the kernel spreads them over both workers
+    for _ in range(12):  # a fresh connection each: with several workers, the kernel spreads them
         server.post("/validate", fixture("pod-create-replicaset-gpu-mix"))
         server.post("/mutate", fixture("pod-create-replicaset-gpu-mix"))
     server.post("/validate", b"{", content_type="application/json")
