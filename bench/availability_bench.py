@@ -5,7 +5,8 @@ Per server (``bench.https_bench``'s ``serve`` and ``gthread``, and with ``--base
 checkout installed in DIR: ``pip install --no-deps --target DIR CHECKOUT``), per row, one after the other: the
 attack starts from 127.0.0.2 (``tests.fakes.slow_clients``), and once it holds its connections the API server's
 role, on 127.0.0.1, sends ``--rate`` reviews a second for ``--seconds`` (open loop: each review at its scheduled
-time on a fresh connection, latency counted from that time, 3 s allowed as the API server allows). A review fails
+time on a fresh connection, or with ``--keep-alive`` on a kept-alive one as Go's client picks it; latency counted
+from that time, 3 s allowed as the API server allows). A review fails
 when it is not answered 200 with the right answer within 3 s. Rows: the slow clients of the e2e tests (silent, half
 a ClientHello, a ClientHello or a head trickled a byte every 2 s, a 2 MB body at a byte a second, a chunked body that
 never ends, a 3 MB body without its last byte), idle kept-alive connections, churning connections, malformed
@@ -64,19 +65,30 @@ def review_body(large: bool) -> tuple[bytes, str]:
     return json.dumps(document).encode(), document["request"]["uid"]
 
 
-def api_server_reviews(server: https_bench.Server, *, rate: float, seconds: float, large: bool) -> dict[str, Any]:
-    """Reviews at ``rate``/s for ``seconds``, each on a fresh connection at its scheduled time, 3 s allowed."""
+def api_server_reviews(
+    server: https_bench.Server, *, rate: float, seconds: float, large: bool, keep_alive: bool
+) -> dict[str, Any]:
+    """Reviews at ``rate``/s for ``seconds``, each at its scheduled time with 3 s allowed: on a fresh connection, or
+    with ``keep_alive`` as Go's transport sends them (the most recently used idle connection, else a new one; one
+    the server closed is dropped)."""
     context = server.target.context()
     latencies: list[float] = []
     failures: list[str] = []
+    idle: list[Connection] = []
     start = time.monotonic() + 0.05
 
     def one(scheduled: float) -> None:
         body, uid = review_body(large)
-        conn = Connection(server.port, context, timeout=TIMEOUT_S)
+        try:
+            conn = idle.pop() if keep_alive else None
+        except IndexError:
+            conn = None
+        conn = conn or Connection(server.port, context, timeout=TIMEOUT_S)
+        reusable = False
         try:
             reply = send(conn, "POST", "/validate", body)
             elapsed = time.monotonic() - scheduled
+            reusable = reply.headers.get("Connection", "").lower() != "close"
             if reply.status != 200 or reply.document["response"]["uid"] != uid:
                 failures.append(f"HTTP {reply.status}")
             elif elapsed > TIMEOUT_S:
@@ -86,7 +98,10 @@ def api_server_reviews(server: https_bench.Server, *, rate: float, seconds: floa
         except (OSError, http.client.HTTPException, KeyError, ValueError) as error:
             failures.append(type(error).__name__)
         finally:
-            conn.close()
+            if keep_alive and reusable:
+                idle.append(conn)
+            else:
+                conn.close()
 
     threads = []
     for number in range(int(rate * seconds)):
@@ -99,6 +114,8 @@ def api_server_reviews(server: https_bench.Server, *, rate: float, seconds: floa
         threads.append(thread)
     for thread in threads:
         thread.join(timeout=TIMEOUT_S + 10)
+    for conn in idle:
+        conn.close()
     summary = latency_summary(latencies) if latencies else {"count": 0}
     return {**summary, "reviews": len(threads), "failed": len(failures), "failures": sorted(set(failures))}
 
@@ -141,14 +158,14 @@ def disturbance(server: https_bench.Server, kind: str, count: int, stop: threadi
     return run
 
 
-def run_row(server: https_bench.Server, row: str, *, rate: float, seconds: float) -> dict[str, Any]:
+def run_row(server: https_bench.Server, row: str, *, rate: float, seconds: float, keep_alive: bool) -> dict[str, Any]:
     kind, count, large = ROWS[row]
     started = time.monotonic()
     if kind in ("malformed", "large", "kill"):
         stop = threading.Event()
         thread = threading.Thread(target=disturbance(server, kind, count, stop), daemon=True)
         thread.start()
-        figures = api_server_reviews(server, rate=rate, seconds=seconds, large=large)
+        figures = api_server_reviews(server, rate=rate, seconds=seconds, large=large, keep_alive=keep_alive)
         stop.set()
         thread.join(timeout=60)
         if kind == "kill":
@@ -158,10 +175,14 @@ def run_row(server: https_bench.Server, row: str, *, rate: float, seconds: float
         attack.interval = 1.0 if kind == "trickle-body" else 2.0
         with attack:
             deadline = time.monotonic() + 60
-            while attack.opened < count and time.monotonic() < deadline:
+            held = min(count, 100) if kind == "idle" else 0  # idle rows: once it holds connections answered
+            while (attack.opened < count or attack.idle < held) and time.monotonic() < deadline:
                 time.sleep(0.1)  # polling the attack's progress, bounded
-            figures = api_server_reviews(server, rate=rate, seconds=seconds, large=large)
+            figures = api_server_reviews(server, rate=rate, seconds=seconds, large=large, keep_alive=keep_alive)
         figures["attack_opened"] = attack.opened
+    workers = machine.children_of(server.process.pid)
+    figures["worker_rss_mib"] = sum(machine.rss_bytes(pid) for pid in workers) / 2**20
+    figures["keep_alive"] = keep_alive
     return {"server": server.name, "row": row, "seconds_total": time.monotonic() - started, **figures}
 
 
@@ -171,7 +192,14 @@ def start_baseline(tls: Path, workdir: Path, site: Path) -> https_bench.Server:
 
 
 def run(
-    *, names: Sequence[str], rows: Sequence[str], baseline: Path | None, rate: float, seconds: float, workdir: Path
+    *,
+    names: Sequence[str],
+    rows: Sequence[str],
+    baseline: Path | None,
+    rate: float,
+    seconds: float,
+    keep_alive: bool,
+    workdir: Path,
 ) -> dict[str, Any]:
     results = []
     tls = https_bench.make_certs(workdir / "tls")
@@ -184,20 +212,21 @@ def run(
         server = start()
         try:
             for row in rows:
-                results.append(run_row(server, row, rate=rate, seconds=seconds))
+                results.append(run_row(server, row, rate=rate, seconds=seconds, keep_alive=keep_alive))
                 print(json.dumps({k: v for k, v in results[-1].items() if k != "failures"}), file=sys.stderr)
         finally:
             https_bench.stop_server(server)
-    return {"benchmark": "availability", "rate": rate, "seconds": seconds, "results": results}
+    return {"benchmark": "availability", "rate": rate, "seconds": seconds, "keep_alive": keep_alive, "results": results}
 
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        "| server | attack | reviews | failed | p50 ms | p99 ms | max ms |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| server | attack | reviews | failed | p50 ms | p99 ms | max ms | workers' RSS after, MiB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["results"]:
         figures = [f"{row[key]:,.0f}" if key in row else "-" for key in ("p50_ms", "p99_ms", "max_ms")]
+        figures.append(f"{row['worker_rss_mib']:.0f}")
         lines.append(f"| {row['server']} | {row['row']} | {row['reviews']} | {row['failed']} | {' | '.join(figures)} |")
     return "\n".join(lines) + "\n"
 
@@ -209,6 +238,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated (default: all: {','.join(ROWS)})")
     parser.add_argument("--rate", type=float, default=20.0, help="API server reviews per second (default: 20)")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds of reviews per row (default: 10)")
+    parser.add_argument(
+        "--keep-alive",
+        action="store_true",
+        help="the API server's reviews reuse connections as Go's client does (default: a fresh connection each)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)
     args.servers = [name for name in args.servers.split(",") if name]
@@ -223,7 +257,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     in_workdir = functools.partial(
-        run, names=args.servers, rows=args.rows, baseline=args.baseline, rate=args.rate, seconds=args.seconds
+        run,
+        names=args.servers,
+        rows=args.rows,
+        baseline=args.baseline,
+        rate=args.rate,
+        seconds=args.seconds,
+        keep_alive=args.keep_alive,
     )
     return https_bench.run_and_publish("availability_bench", in_workdir, markdown, args.json)
 

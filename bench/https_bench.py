@@ -130,8 +130,9 @@ def start_server(
     command = [
         *([tool("taskset"), "-c", cpus] if cpus else []),
         sys.executable,
-        "-m",
-        "bench.server",
+        # as a script, not with -m: -m puts the working directory first on sys.path, where gpu_fence/ would shadow
+        # the checkout given in ``pythonpath``
+        str(Path(__file__).with_name("server.py")),
         "--worker-class",
         worker_class,
         *([] if gc_freeze else ["--no-gc-freeze"]),
