@@ -10,7 +10,8 @@ from that time, 3 s allowed as the API server allows). A review fails
 when it is not answered 200 with the right answer within 3 s. Rows: the slow clients of the e2e tests (silent, half
 a ClientHello, a ClientHello or a head trickled a byte every 2 s, a 2 MB body at a byte a second, a chunked body that
 never ends, a 3 MB body without its last byte), idle kept-alive connections, churning connections, malformed
-requests, large bodies, and a worker killed. Body rows send 200 kB reviews, the others a typical one.
+requests, large bodies, and a worker killed; and ``none``, the same reviews without an attack. Body rows send 200 kB
+reviews (the densest pod shape: the most parsing per byte), the others a typical one.
 
 Run: ``python -m bench.availability_bench`` (``--help``); about a minute per server and row set.
 """
@@ -41,6 +42,8 @@ LARGE_REVIEW = reviews.largest_review(200_000)
 FIXTURE = Path(__file__).parents[1] / "tests" / "webhook" / "admissionreviews" / "pod-create-replicaset-gpu-mix.json"
 #: row -> (attack kind or another disturbance, connections, 200 kB reviews)
 ROWS = {
+    "none": ("none", 0, False),
+    "none-200kB": ("none", 0, True),
     "silent-320": ("silent", 320, False),
     "half-hello-320": ("partial-handshake", 320, False),
     "trickle-hello-320": ("trickle-hello", 320, False),
@@ -161,7 +164,9 @@ def disturbance(server: https_bench.Server, kind: str, count: int, stop: threadi
 def run_row(server: https_bench.Server, row: str, *, rate: float, seconds: float, keep_alive: bool) -> dict[str, Any]:
     kind, count, large = ROWS[row]
     started = time.monotonic()
-    if kind in ("malformed", "large", "kill"):
+    if kind == "none":  # the reference: the same reviews with no attack
+        figures = api_server_reviews(server, rate=rate, seconds=seconds, large=large, keep_alive=keep_alive)
+    elif kind in ("malformed", "large", "kill"):
         stop = threading.Event()
         thread = threading.Thread(target=disturbance(server, kind, count, stop), daemon=True)
         thread.start()
@@ -214,6 +219,10 @@ def run(
             for row in rows:
                 results.append(run_row(server, row, rate=rate, seconds=seconds, keep_alive=keep_alive))
                 print(json.dumps({k: v for k, v in results[-1].items() if k != "failures"}), file=sys.stderr)
+                if server.process.poll() is not None:  # the attack took the whole server down: a new one
+                    results[-1]["server_exited"] = True
+                    https_bench.stop_server(server)
+                    server = start()
         finally:
             https_bench.stop_server(server)
     return {"benchmark": "availability", "rate": rate, "seconds": seconds, "keep_alive": keep_alive, "results": results}
@@ -226,7 +235,7 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for row in report["results"]:
         figures = [f"{row[key]:,.0f}" if key in row else "-" for key in ("p50_ms", "p99_ms", "max_ms")]
-        figures.append(f"{row['worker_rss_mib']:.0f}")
+        figures.append(f"{row['worker_rss_mib']:.0f}" + (" (server exited)" if row.get("server_exited") else ""))
         lines.append(f"| {row['server']} | {row['row']} | {row['reviews']} | {row['failed']} | {' | '.join(figures)} |")
     return "\n".join(lines) + "\n"
 

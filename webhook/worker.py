@@ -327,6 +327,10 @@ class AdmissionWorker(base.Worker):
                 self.log.debug("TLS handshake with %s failed: %s", conn.peer, error)
             self._close(conn)
             return
+        except Exception:  # a bug of this worker: it loses this connection, not every other one
+            self.log.exception("Error handling connection from %s", conn.peer)
+            self._close(conn)
+            return
         if isinstance(wanted, _Work):
             assert self.pool is not None
             self._watch(conn, 0)
