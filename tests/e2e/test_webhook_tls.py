@@ -494,7 +494,7 @@ def test_logs_are_json_lines_and_the_kubernetes_client_is_never_imported(server)
     # gc.freeze() before each fork (serve's pre_fork hook): every worker starts with the master's objects frozen
     # and its own collector on
     started = [event for event in events if event["event"] == "worker-started"]
-    assert len(started) >= 2
+    assert len(started) >= len(server.workers()) >= 1
     assert all(event["frozen_objects"] > 10_000 and event["gc_enabled"] is True for event in started)
     imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
     assert "flask" in imported and "gpu_fence.webhook.app" in imported  # the import log is live
