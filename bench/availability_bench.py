@@ -23,6 +23,7 @@ import functools
 import http.client
 import json
 import os
+import resource
 import signal
 import sys
 import threading
@@ -265,6 +266,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    # a thousand attacking connections, and their server ends in the servers this process starts
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     in_workdir = functools.partial(
         run,
         names=args.servers,
