@@ -1,9 +1,10 @@
 """The webhook over HTTPS on loopback: throughput at saturation and latency at fixed offered loads.
 
 One run starts, with certificates from ``gpu-fence-webhook certs``, the servers asked for (``bench.server``: the
-real ``serve`` plus the no-op endpoint ``/noop``): ``serve`` (what ``serve`` runs: its own worker, 2 workers × 4
-threads, keep-alive, one JSON log line per review), ``gthread`` (the same, with gunicorn's threaded worker instead:
-what ``serve`` ran before it had its own) and ``sync`` (2 workers; they close every connection); on request with
+real ``serve`` plus the no-op endpoint ``/noop``): ``serve`` (what ``serve`` runs: its own worker, 4 threads,
+keep-alive, one JSON log line per review), ``gthread`` (the same, with gunicorn's threaded worker instead) and
+``sync`` (workers that close every connection); with ``--baseline DIR``, the ``serve`` of another checkout installed
+in DIR, beside them (``pip install --no-deps --target DIR CHECKOUT``); on request with
 ``--servers``, ``serve-quiet`` (``serve`` with ``--log-level WARNING``: what the per-review log line costs) and
 ``serve-unfrozen`` (``serve`` without the ``gc.freeze()`` before fork). Then, repeat after repeat, side by side:
 
@@ -108,14 +109,30 @@ def make_certs(directory: Path) -> Path:
     return directory
 
 
-def start_server(tls: Path, workdir: Path, name: str, *, workers: int = 2, threads: int = 4) -> Server:
+def start_server(
+    tls: Path,
+    workdir: Path,
+    name: str,
+    *,
+    workers: int | None = None,
+    threads: int = 4,
+    label: str | None = None,
+    pythonpath: Path | None = None,
+    cpus: str | None = None,
+) -> Server:
+    """``name``'s server (``VARIANTS``), called ``label`` in the report; ``workers`` None: serve's own default.
+    With ``pythonpath``, ``gpu_fence`` comes from there (another checkout, installed with ``pip --target``); with
+    ``cpus``, the server runs on those CPUs only (``taskset``: the pod's CPU limit)."""
     worker_class, log_level, gc_freeze = VARIANTS[name]
+    label = label or name
     port = free_port()
-    stderr_path = workdir / f"serve-{name}.stderr"
+    stderr_path = workdir / f"serve-{label}.stderr"
     command = [
+        *([tool("taskset"), "-c", cpus] if cpus else []),
         sys.executable,
-        "-m",
-        "bench.server",
+        # as a script, not with -m: -m puts the working directory first on sys.path, where gpu_fence/ would shadow
+        # the checkout given in ``pythonpath``
+        str(Path(__file__).with_name("server.py")),
         "--worker-class",
         worker_class,
         *([] if gc_freeze else ["--no-gc-freeze"]),
@@ -124,18 +141,19 @@ def start_server(tls: Path, workdir: Path, name: str, *, workers: int = 2, threa
         log_level,
         *serve_options(tls, port, workers=workers, threads=threads),
     ]
-    env = {**os.environ, "TMPDIR": str(workdir), "PYTHONPATH": str(Path(__file__).parents[1])}
+    paths = [*([str(pythonpath)] if pythonpath else []), str(Path(__file__).parents[1])]
+    env = {**os.environ, "TMPDIR": str(workdir), "PYTHONPATH": os.pathsep.join(paths)}
     with stderr_path.open("wb") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     target = loadgen.Target("127.0.0.1", port, HOSTNAME, str(tls / "ca.crt"))
-    server = Server(
-        name, worker_class, port, process, stderr_path, target, workers, 1 if worker_class == "sync" else threads
-    )
+    threads = 1 if worker_class == "sync" else threads
+    server = Server(label, worker_class, port, process, stderr_path, target, workers or 0, threads)
     try:
         wait_ready(server)
     except BaseException:
         stop_server(server)
         raise
+    server.workers = len(machine.children_of(process.pid))
     return server
 
 
@@ -225,12 +243,32 @@ def wrk_saturation(server: Server, path: str, body_file: Path, *, seconds: int, 
 
 
 @contextmanager
-def servers(workdir: Path, names: Sequence[str], *, workers: int = 2, threads: int = 4) -> Iterator[dict[str, Server]]:
+def servers(
+    workdir: Path,
+    names: Sequence[str],
+    *,
+    workers: int | None = None,
+    threads: int = 4,
+    baseline: Path | None = None,
+    cpus: str | None = None,
+) -> Iterator[dict[str, Server]]:
+    """The servers named, and with ``baseline`` the ``serve`` installed there (as ``baseline``), all started."""
     tls = make_certs(workdir / "tls")
     started: dict[str, Server] = {}
     try:
         for name in names:
-            started[name] = start_server(tls, workdir, name, workers=workers, threads=threads)
+            started[name] = start_server(tls, workdir, name, workers=workers, threads=threads, cpus=cpus)
+        if baseline is not None:
+            started["baseline"] = start_server(
+                tls,
+                workdir,
+                "serve",
+                workers=workers,
+                threads=threads,
+                label="baseline",
+                pythonpath=baseline,
+                cpus=cpus,
+            )
         yield started
     finally:
         for server in started.values():
@@ -245,7 +283,7 @@ def plan(names: Sequence[str], rates: Sequence[int]) -> list[tuple[str, str, str
         if name == "serve-quiet":
             continue  # there to price the log line at saturation only
         points += [(name, "keep-alive", endpoint, rate) for rate in rates for endpoint in ENDPOINTS]
-        if name == PRODUCTION:  # sync closes every connection anyway: its keep-alive rows are this
+        if name in (PRODUCTION, "baseline"):  # sync closes every connection anyway: its keep-alive rows are this
             points += [
                 (name, "new-connection", endpoint, rate)
                 for rate in rates
@@ -266,8 +304,10 @@ def run(
     wrk_seconds: int,
     connections: int,
     workdir: Path,
-    workers: int = 2,
+    workers: int | None = None,
     threads: int = 4,
+    baseline: Path | None = None,
+    cpus: str | None = None,
 ) -> dict[str, Any]:
     bodies = {
         "/mutate": reviews.mutate_body(containers),
@@ -278,9 +318,9 @@ def run(
     for endpoint, body in bodies.items():
         body_files[endpoint] = workdir / f"body{endpoint.replace('/', '-')}.json"
         body_files[endpoint].write_bytes(body)
-    points = plan(names, rates)
+    points = plan([*names, *(["baseline"] if baseline is not None else [])], rates)
     samples: dict[tuple, list[dict[str, float]]] = {point: [] for point in points}
-    with servers(workdir, names, workers=workers, threads=threads) as running:
+    with servers(workdir, names, workers=workers, threads=threads, baseline=baseline, cpus=cpus) as running:
         for server in running.values():  # warm up every worker: first requests pay imports and allocator growth
             for endpoint in ENDPOINTS:
                 loadgen.open_loop(
@@ -327,8 +367,8 @@ def run(
         config = {
             name: {
                 "worker_class": server.worker_class,
-                "log_level": VARIANTS[name][1],
-                "gc_freeze": VARIANTS[name][2],
+                "log_level": VARIANTS.get(name, VARIANTS[PRODUCTION])[1],
+                "gc_freeze": VARIANTS.get(name, VARIANTS[PRODUCTION])[2],
                 "workers": server.workers,
                 "threads": server.threads,
             }
@@ -439,7 +479,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per offered-load point (default: 2)")
     parser.add_argument("--wrk-seconds", type=int, default=2, help="seconds per saturation point (default: 2)")
     parser.add_argument("--connections", type=int, default=8, help="client connections (default: 8)")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers of every server (default: 2)")
+    parser.add_argument(
+        "--workers", type=int, help="gunicorn workers of every server (default: each serve's own default)"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="also the serve of another checkout, installed in this directory (pip install --no-deps --target)",
+    )
+    parser.add_argument("--cpus", help="run the servers on these CPUs only (taskset -c), e.g. 1: a pod's CPU limit")
     parser.add_argument(
         "--threads",
         type=int,
@@ -460,7 +508,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         min(args.rates) < 1
         or min(args.repeats, args.saturation_repeats) < 1
         or args.seconds <= 0
-        or min(args.wrk_seconds, args.connections, args.workers, args.threads) < 1
+        or min(args.wrk_seconds, args.connections, args.workers or 1, args.threads) < 1
     ):
         parser.error(
             "--rates, --repeats, --saturation-repeats, --wrk-seconds, --connections, --workers and "
@@ -494,6 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_workdir = functools.partial(
         run,
         names=args.servers,
+        baseline=args.baseline,
+        cpus=args.cpus,
         rates=args.rates,
         containers=args.containers,
         repeats=args.repeats,

@@ -56,7 +56,7 @@ def with_noop(app: Callable[..., Any]) -> Callable[..., Any]:
     return dispatch
 
 
-def install(worker_class: str, *, gc_freeze: bool = True) -> None:
+def install(worker_class: str, *, gc_freeze: bool = True, cert_file: str = "", key_file: str = "") -> None:
     """Hook the no-op endpoint and the worker class (``serve``: serve's own) into ``webhook.serving``; without
     ``gc_freeze``, no freeze."""
     from gpu_fence.webhook import app as app_module
@@ -73,6 +73,9 @@ def install(worker_class: str, *, gc_freeze: bool = True) -> None:
     def gunicorn_with_worker_class(app: Any, options: dict[str, Any]) -> Any:
         options = dict(options)
         if worker_class != "serve":
+            # gunicorn's workers speak TLS when told of a certificate, with the context serve's worker uses
+            context = options["worker_class"].tls_context
+            options.update(certfile=cert_file, keyfile=key_file, ssl_context=lambda conf, factory: context())
             options["worker_class"] = worker_class
         if worker_class == "sync":
             options["threads"] = 1
@@ -95,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if not rest or rest[0] != "serve":
         parser.error("give the serve command and its arguments, e.g. serve --cert-file F --key-file F")
-    install(args.worker_class, gc_freeze=args.gc_freeze)
+    files = {name: rest[rest.index(f"--{name.replace('_', '-')}") + 1] for name in ("cert_file", "key_file")}
+    install(args.worker_class, gc_freeze=args.gc_freeze, **files)
     from gpu_fence.webhook.cli import main as webhook_main
 
     return webhook_main(rest)

@@ -50,7 +50,13 @@ DURATION_BUCKETS = (
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 #: Why the worker drops a connection without an answer (``worker.py`` counts these).
-DROPPED_CONNECTION_REASONS = ("request-deadline", "response-deadline", "tls-handshake-failed")
+DROPPED_CONNECTION_REASONS = (
+    "request-deadline",
+    "response-deadline",
+    "tls-handshake-failed",
+    "idle-evicted",
+    "client-limit",
+)
 _NO_RULE = ("none",)
 _EVERY_RULE = tuple(rule.id for rule in RULES)
 _UNJUDGED = ((ReviewVerdict.ALLOWED, _NO_RULE), (ReviewVerdict.EXEMPT, _NO_RULE), (ReviewVerdict.ERROR, _NO_RULE))

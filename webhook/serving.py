@@ -2,11 +2,13 @@
 
 Why these choices:
 
-* **Our own gunicorn worker** (``webhook.worker``): its event loop does the TLS handshakes and reads each request
-  whole, within a deadline per request, before a pool thread runs the app on it; no client can hold a thread by
-  sending slowly. It keeps connections alive (a TLS handshake per admission call costs more than the review) but
-  closes each after a few seconds, so that traffic rebalances over the workers. Why, in detail: the worker's
-  module docstring and docs/webhook.md.
+* **Our own gunicorn worker** (``webhook.worker``), one process per pod: its event loop does the TLS handshakes
+  and reads each request whole, within a deadline per request, before a pool thread runs the app on it; no client
+  can hold a thread by sending slowly, and when connection slots run out the connections idle longest make room.
+  It keeps connections alive (a TLS handshake per admission call costs more than the review). One process, because
+  the pod has one CPU: a second would add no CPU, and would split the API server's kept-alive connections
+  unevenly. Replicas give availability and more CPU. Why, in detail: the worker's module docstring and
+  docs/webhook.md.
 * **Certificate reload without restart.** gunicorn asks its ``ssl_context`` hook for a context on every new
   connection. :class:`CertificateStore` answers with a cached context and, at most once a second, compares the
   files' inode/mtime/size; on a change it builds a *new* context and swaps it in. Connections already open
@@ -15,7 +17,7 @@ Why these choices:
   retried. Kubernetes updates mounted Secrets by an atomic symlink swap, which changes the inode.
 * **Sockets never block without a timeout.** The worker never blocks on a client socket; sockets from our
   context still give each blocking read and write ``IO_TIMEOUT_SECONDS``, so that code which does block on them
-  (gunicorn's own ``gthread`` worker, which the HTTPS benchmark runs beside ours) cannot wait for ever either.
+  (gunicorn's own ``gthread`` worker, which the benchmarks run beside ours) cannot wait for ever either.
 * **Metrics across workers**: ``PROMETHEUS_MULTIPROC_DIR`` is set, to a fresh temporary directory, before
   prometheus_client is imported; each worker writes its values there and ``/metrics`` merges them. The
   container's root filesystem is read-only, so ``/tmp`` (``TMPDIR``) must be a writable ``emptyDir``.
@@ -60,7 +62,7 @@ EXAMPLES = """\
 examples:
   gpu-fence-webhook serve --cert-file /tls/tls.crt --key-file /tls/tls.key
   gpu-fence-webhook serve --cert-file /tls/tls.crt --key-file /tls/tls.key --client-ca-file /client-ca/ca.crt
-  gpu-fence-webhook serve --cert-file tls/tls.crt --key-file tls/tls.key --bind 127.0.0.1 --port 8443 --workers 1
+  gpu-fence-webhook serve --cert-file tls/tls.crt --key-file tls/tls.key --bind 127.0.0.1 --port 8443
 """
 
 log = logging.getLogger("gpu_fence.webhook")
@@ -332,15 +334,27 @@ def add_arguments(subparsers: Any) -> None:
         default=os.environ.get("POD_NAMESPACE"),
         help="the webhook's own namespace, always exempt (default: $POD_NAMESPACE)",
     )
-    parser.add_argument("--workers", type=int, default=2, help="worker processes (default: 2)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes (default: 1, for a pod of one CPU: more add no CPU there, and split the API "
+        "server's kept-alive connections unevenly; scale with replicas)",
+    )
     parser.add_argument("--threads", type=int, default=4, help="threads per worker (default: 4)")
+    parser.add_argument(
+        "--idle-timeout",
+        type=positive(float, "number of seconds"),
+        metavar="S",
+        help="close a kept-alive connection idle for S seconds (default: 120: longer than the "
+        "API server's own 90 s, so that it closes first)",
+    )
     parser.add_argument(
         "--max-connection-age",
         type=positive(float, "number of seconds"),
         metavar="S",
         help="a kept-alive connection older than S seconds answers with Connection: close, so that the API server "
-        "reconnects and a new pod of the webhook gets its share (default: 60; a restarted worker of this pod gets "
-        "its share at once)",
+        "reconnects and a new pod of the webhook gets its share (default: 60)",
     )
     parser.add_argument(
         "--log-level",
@@ -448,19 +462,15 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> Ex
             pid=os.getpid(),
         )
 
-    limits = Limits() if args.max_connection_age is None else Limits(connection_seconds=args.max_connection_age)
+    chosen = {"idle_seconds": args.idle_timeout, "connection_seconds": args.max_connection_age}
+    limits = Limits(**{name: value for name, value in chosen.items() if value is not None})
     options = {
         "bind": [f"{host}:{args.port}"],
         "workers": args.workers,
-        "worker_class": worker_class(limits, metrics),
+        "worker_class": worker_class(limits, metrics, store.context),
         "threads": args.threads,
-        "worker_connections": limits.max_connections,
-        "keepalive": limits.idle_seconds,
         "timeout": 30,
         "graceful_timeout": 20,
-        "certfile": args.cert_file,  # tells gunicorn to speak TLS; the context itself comes from the store
-        "keyfile": args.key_file,
-        "ssl_context": lambda conf, default_factory: store.context(),
         "preload_app": True,
         "worker_tmp_dir": workdir,
         "control_socket_disable": True,

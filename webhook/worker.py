@@ -1,36 +1,35 @@
-"""The gunicorn worker ``serve`` runs: threads judge whole requests, and only the event loop waits on clients.
+"""The gunicorn worker ``serve`` runs: one event loop waits on every client, threads judge whole requests.
 
-gunicorn's ``gthread`` worker (27.0) hands a connection to a pool thread as soon as it is accepted or, kept alive,
-turns readable; the thread does the TLS handshake and reads the request on a blocking socket, so the client
-decides how long it holds the thread, and a handful of slow clients starve every review. Here the event loop does
-all the waiting, without blocking and without a thread:
+gunicorn's own ``gthread`` worker hands a connection to a pool thread that does the TLS handshake and reads the
+request on a blocking socket, so a client that sends slowly holds a thread for as long as it likes; and it keeps
+idle connections until they time out, so a client that holds enough of them stops every new one (docs/webhook.md,
+"Staying available"). This worker is written on gunicorn's documented worker interface (``base.Worker``: ``run``,
+``notify``, ``alive``, ``sockets``, ``wsgi``, ``PIPE``) and nothing else of gunicorn's; gunicorn stays the master
+that binds, forks, restarts a killed worker and drains on SIGTERM. Per connection:
 
-* it does the TLS handshake and reads the whole request (framed by ``webhook.framing``) before a pool thread runs
-  the app on it; the thread hands the response back and the loop writes it. No thread reads from or writes to a
-  client, so no client can hold one;
-* a request must be whole within ``Limits.request_seconds`` of accept (handshake included) or, on a kept-alive
-  connection, of its first byte; an answer must be taken within ``Limits.response_seconds``. Past either the
-  connection is closed and counted;
-* past ``Limits.max_connections`` the loop stops accepting: new connections wait in the listen backlog, since
-  the API server does not retry a refused call;
-* the workers of one master keep their shares of the connections even (``webhook.roster``): a worker well over
-  its least-loaded sibling stops accepting and answers some of its connections' next requests with
-  ``Connection: close``, so that a killed worker's replacement gets its share at once; a connection older than
-  ``Limits.connection_seconds`` (or past ``Limits.connection_requests``) closes the same way, so that a new pod
-  of the webhook gets its share too;
-* a body over ``Limits.small_body_bytes`` is read only once it has reserved its size from the worker's
-  ``Limits.large_body_budget``, held until its answer is built: a review's parsed form is many times its size.
+* the loop does the TLS handshake and reads the whole request (head by ``webhook.http1``, then exactly
+  ``Content-Length`` bytes) without blocking, within ``Limits.request_seconds`` of accept (handshake included) or,
+  on a kept-alive connection, of its next request's first byte; a pool thread then runs the app on the whole
+  request and hands the bytes back; the loop writes them within ``Limits.response_seconds``. No thread waits on
+  a client;
+* connection slots are a resource: when all ``Limits.max_connections`` are taken, the connection idle longest is
+  closed to admit a new one (never one with a request in flight); one client address holds at most
+  ``Limits.max_connections_per_client``, past which its own idle connection goes first, else the new one is
+  closed at once;
+* memory: bytes are counted as they arrive, not as announced, so a client that sends slowly holds only what it
+  sent; past ``Limits.small_body_bytes`` a body reads on while the worker's ``receive_budget`` (and the client
+  address's share of it) has room, and once whole, a large body waits for ``Limits.work_budget`` before a thread
+  parses it (a review's parsed form is many times its size): threads work at CPU speed, never at a client's.
 
-What the thread does is gunicorn's usual request handling (its parser on the head, ``wsgi.create``, the
-``pre_request``/``post_request`` hooks, the access logger, its error pages), so the app sees what it saw under
-``gthread``; only the body comes from the bytes the loop framed. HTTP/2 is not offered (no ALPN in the context).
-Why each limit is what it is, and what was measured: docs/webhook.md, "Staying available".
+Each connection is a generator (``_conversation``) that yields what it waits for; the loop resumes it when the
+socket is ready, a thread is done or memory is freed, and closes it at its deadline.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import email.utils
 import enum
 import errno
 import heapq
@@ -41,22 +40,18 @@ import queue
 import selectors
 import socket
 import ssl
+import sys
 import time
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Generator
 from concurrent import futures
-from datetime import datetime
+from http import HTTPStatus
 from typing import Any
 
-from gunicorn import sock as gunicorn_sock
-from gunicorn import util
-from gunicorn.http import RequestParser, wsgi
-from gunicorn.http.errors import NoMoreData
 from gunicorn.workers import base
 
-from .framing import Frame, FrameKind, RequestReader
+from .http1 import Head, Refusal, parse_head, response_head
 from .metrics import WebhookMetrics
-from .roster import Roster, share
 from .wsgi import CLIENT_CN, CLIENT_VERIFIED, CLIENT_VERIFY, MAX_BODY_BYTES, MAX_DISCARD_BYTES, error_body
 
 #: The webhooks' ``timeoutSeconds`` (every entry of manifests/base/webhook-configurations.yaml; a manifest test
@@ -66,45 +61,46 @@ WEBHOOK_TIMEOUT_SECONDS = 3.0
 
 _READ_SIZE = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-#: what a closing connection drains at least before it closes (a request pipelined behind the last one)
+#: what a closing connection drains at least before it closes (a request sent behind the last one)
 _LINGER_DRAIN_BYTES = 64 * 1024
 #: how long idle kept-alive connections stay open once the worker is stopping (gthread's value)
 _STOP_LINGER_SECONDS = 2.0
-#: how often a worker publishes its connections to the roster and reconsiders its share
-_BALANCE_SECONDS = 0.05
-#: after retiring connections, how long a worker waits for the siblings' counts to show them before retiring more
-_SETTLE_SECONDS = 1.0
-#: a connection counts toward its worker's share once it is this old: shorter-lived ones (a client that opens one
-#: per request, a handshake that fails) go by themselves, and counting them would retire the long-lived ones
-_KEPT_SECONDS = 1.0
+#: descriptors kept for everything but client connections: listeners, pipes, logs, the metrics files
+_RESERVED_DESCRIPTORS = 64
+#: events handled per client address in one turn of the loop
+_EVENTS_PER_CLIENT = 8
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """What one worker allows each connection; the defaults are serve's."""
+    """What one worker allows; the defaults are serve's (why each: docs/webhook.md, "Staying available")."""
 
     #: accept (or, on a kept-alive connection, the first byte) to a whole request, the TLS handshake included
     request_seconds: float = WEBHOOK_TIMEOUT_SECONDS
     #: a response handed to the loop to the last byte taken by the client
     response_seconds: float = WEBHOOK_TIMEOUT_SECONDS
-    #: an idle kept-alive connection: longer than the API server's idle timeout (Go's http.Transport: 90 s), so
-    #: the client closes first and never reuses a connection the server has just dropped
-    idle_seconds: int = 120
-    #: a connection answers with ``Connection: close`` once it is this old (``serve --max-connection-age``): how
-    #: soon a new pod of the webhook gets its share of the API server's connections. The workers of one pod even
-    #: out their shares without waiting for it (``webhook.roster``).
+    #: an idle kept-alive connection (``serve --idle-timeout``): longer than the API server's own 90 s, so that
+    #: its client closes first and never sends on a connection the server is closing
+    idle_seconds: float = 120.0
+    #: a connection answers with ``Connection: close`` once it is this old (``serve --max-connection-age``), so
+    #: that a new pod of the webhook gets its share of the API server's connections
     connection_seconds: float = 60.0
     #: ... or has carried this many requests
     connection_requests: int = 1000
-    #: open connections per worker; past it new ones wait in the listen backlog
-    max_connections: int = 128
+    #: open connections (fewer when the descriptor limit is lower); past it the longest idle one is closed
+    max_connections: int = 1024
+    #: open connections from one client address: above what one API server keeps to a pod (docs/webhook.md)
+    max_connections_per_client: int = 128
     max_head_bytes: int = 16 * 1024
-    #: bodies up to this size are read without a reservation
-    small_body_bytes: int = 128 * 1024
-    #: bytes of larger bodies a worker reads and works on at a time: one largest review (its parsed form takes many
-    #: times its size), so that every thread at work on one cannot take the pod past its memory limit
-    large_body_budget: int = MAX_BODY_BYTES
-    #: the largest body accepted; longer ones are answered 413 from their announced length and not read
+    #: bytes a connection may hold whatever the budgets say: a typical review, whole
+    small_body_bytes: int = 64 * 1024
+    #: bytes received and not yet handed to a thread, over every connection, and from one client address
+    receive_budget: int = 32 * 2**20
+    client_receive_budget: int = 8 * 2**20
+    #: bytes of bodies over ``small_body_bytes`` that threads work on at once: one largest review, so that every
+    #: thread at work on one cannot take the pod past its memory limit
+    work_budget: int = MAX_BODY_BYTES
+    #: the largest body accepted; a longer one is answered 413 from its announced length and not read
     max_body_bytes: int = MAX_BODY_BYTES
     #: after the last response on a connection: how long, and how many bytes, to drain what the client still sends
     #: before closing (closing with unread data makes the kernel reset the connection, losing the response)
@@ -112,14 +108,14 @@ class Limits:
     max_discard_bytes: int = MAX_DISCARD_BYTES
 
     def __post_init__(self) -> None:
-        if self.large_body_budget < self.max_body_bytes:
-            raise ValueError("large_body_budget must hold at least one body of max_body_bytes")
+        if self.work_budget < self.max_body_bytes or self.client_receive_budget < self.max_body_bytes:
+            raise ValueError("work_budget and client_receive_budget must hold at least one body of max_body_bytes")
 
 
 class _State(enum.Enum):
     HANDSHAKE = "handshake"
     READING = "reading a request"
-    WAITING = "waiting for the body budget"
+    WAITING = "waiting for memory"
     WORKING = "in a thread"
     WRITING = "writing a response"
     IDLE = "idle, kept alive"
@@ -127,33 +123,42 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
+#: what a connection's generator yields: a socket event to wait for, memory, or a request for a thread
+_WAIT_FOR_MEMORY = object()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Work:
+    head: Head
+    body: bytes
+    keep_alive: bool
+
+
 class _Connection:
-    """One client connection and where it stands; touched by the loop only, or by the one thread it is handed to."""
+    """One client connection; touched by the loop only (a thread gets a ``_Work``, never the connection)."""
 
     __slots__ = (
         "accepted",
+        "address",
         "buffer",
-        "client",
-        "continued",
         "deadline",
         "deadline_id",
-        "discard",
         "events",
-        "keep_alive",
-        "output",
-        "reader",
+        "held",
+        "peer",
         "requests",
         "reserved",
-        "retire",
         "server",
         "sock",
         "state",
+        "steps",
         "tls_environ",
     )
 
-    def __init__(self, sock: Any, client: Any, server: Any, now: float) -> None:
+    def __init__(self, sock: Any, peer: Any, server: Any, now: float) -> None:
         self.sock = sock
-        self.client = client
+        self.peer = peer
+        self.address: str = peer[0] if isinstance(peer, tuple) else str(peer)
         self.server = server
         self.state = _State.HANDSHAKE
         self.accepted = now
@@ -161,94 +166,61 @@ class _Connection:
         self.deadline_id = 0
         self.requests = 0
         self.buffer = bytearray()
-        self.reader: RequestReader | None = None
-        self.reserved = 0
-        self.continued = False
-        self.output = memoryview(b"")
-        self.keep_alive = False
-        self.discard = 0
-        self.retire = False  # answer the next request with Connection: close, for the workers' shares
-        self.tls_environ: dict[str, str] = {}
+        self.held = 0  # bytes of the buffer counted in the receive budgets
+        self.reserved = 0  # bytes of the work budget this connection's request holds
         self.events = 0
-
-
-class _Output:
-    """Where the thread's gunicorn ``Response`` writes: the bytes are kept for the loop to send.
-
-    ``send`` is used only by ``wsgi.create`` for ``100 Continue``, which the loop has answered already (or which
-    the client no longer waits for: its body has arrived), so it is dropped.
-    """
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def sendall(self, data: bytes) -> None:
-        self.parts.append(bytes(data))
-
-    def send(self, data: bytes) -> int:
-        return len(data)
-
-    def gettimeout(self) -> float:
-        return 0.0  # as a non-blocking socket: gunicorn's error pages are written without switching modes
+        self.tls_environ: dict[str, str] = {}
+        self.steps: Generator[Any, Any, None] | None = None
 
 
 class AdmissionWorker(base.Worker):
     """gunicorn worker: an event loop for the connections, a thread pool for the application (see module doc)."""
 
     limits: Limits = Limits()
-    #: counts a connection dropped by the worker, by reason (``serve`` sets the metric's counter)
+    #: the TLS context for a new connection (``serve``: the certificate store's, reloaded when the files change)
+    tls_context: Callable[[], ssl.SSLContext] | None = None
+    #: counts a connection closed without an answer, by reason (``serve`` sets the metric's counter)
     count_dropped: Callable[[str], None] = staticmethod(lambda reason: None)
-    #: counts a request the worker answers itself (431, 400 for bad chunking), by reason
+    #: counts a request the worker answers itself (431, 411, 413 ...), by reason
     count_refused: Callable[[str], None] = staticmethod(lambda reason: None)
-    #: the connections each worker of this master holds (``worker_class`` makes one per master)
-    roster: Roster | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.poller: selectors.BaseSelector | None = None
         self.pool: futures.ThreadPoolExecutor | None = None
+        self.capacity = self.limits.max_connections
         self._accepting = False
         #: (deadline, its id, connection), a heap; an entry is stale once its connection has a newer deadline
         self._deadlines: list[tuple[float, int, _Connection]] = []
-        self._open: set[_Connection] = set()  # every connection not yet closed
         self._sequence = itertools.count()
-        self._done: queue.SimpleQueue[tuple[_Connection, bytes, bool]] = queue.SimpleQueue()
-        self._wake_read = self._wake_write = -1
-        self._budget = self.limits.large_body_budget
+        self._open: set[_Connection] = set()
+        self._idle: dict[_Connection, None] = {}  # idle kept-alive connections, longest idle first
+        self._per_client: Counter[str] = Counter()
+        self._received = 0
+        self._received_by: Counter[str] = Counter()
+        self._work_free = self.limits.work_budget
         self._waiting: deque[_Connection] = deque()
-        self._slot: int | None = None  # this worker's place in the roster
-        self._holding_back = False  # over its share: new connections are left to the siblings
-        self._balance_at = 0.0
-        self._settled_at = 0.0  # no connection is retired before this (the last ones are reconnecting)
+        self._freed = False  # memory was given back this turn: the waiting connections look again
+        self._done: queue.SimpleQueue[tuple[_Connection, bytes]] = queue.SimpleQueue()
+        self._date = (0, "")
 
     # -- gunicorn's Worker interface ----------------------------------------------------------------------------
 
     def init_process(self) -> None:
         self.pool = futures.ThreadPoolExecutor(max_workers=self.cfg.threads, thread_name_prefix="review")
         self.poller = selectors.DefaultSelector()
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_read, False)
-        os.set_blocking(self._wake_write, False)
         super().init_process()
 
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        self.alive = False
-        self._wake()
-
     def run(self) -> None:
-        assert self.poller is not None and self.pool is not None
-        self.poller.register(self._wake_read, selectors.EVENT_READ, None)
-        self.poller.register(self.PIPE[0], selectors.EVENT_READ, None)  # signals wake the loop too
+        assert self.poller is not None
+        self.capacity = min(self.limits.max_connections, _descriptor_limit() - _RESERVED_DESCRIPTORS)
+        self.poller.register(self.PIPE[0], selectors.EVENT_READ, None)  # signals and finished threads wake the loop
         for listener in self.sockets:
             listener.setblocking(False)
-        if self.roster is not None:
-            self._slot = self.roster.join(time.monotonic())
         while self.alive:
             self.notify()
-            self._balance()
-            self._set_accepting(len(self._open) < self.limits.max_connections and not self._holding_back)
-            # a worker holding back for its siblings looks again soon, not after a second without events
-            self._turn(_BALANCE_SECONDS if self._holding_back else 1.0)
+            self._set_accepting(len(self._open) < self.capacity or bool(self._idle))
+            self._turn(1.0)
             if self.ppid != os.getppid():
                 self.log.info("Parent changed, shutting down: %s", self)
                 break
@@ -256,355 +228,359 @@ class AdmissionWorker(base.Worker):
 
     # -- the loop -----------------------------------------------------------------------------------------------
 
-    def _turn(self, longest: float = 1.0) -> None:
+    def _turn(self, longest: float) -> None:
         """Wait for events (at most ``longest`` seconds, or until the next deadline) and handle them."""
         assert self.poller is not None
-        now = time.monotonic()
         timeout = longest
         if self._deadlines:
-            timeout = max(0.0, min(timeout, self._deadlines[0][0] - now))
-        try:
-            events = self.poller.select(timeout)
-        except InterruptedError:
-            events = []
-        for key, mask in events:
-            target = key.data
-            if target is None:
-                self._drain_wake(key.fd)
-            elif isinstance(target, _Connection):
-                self._on_event(target, mask)
+            timeout = max(0.0, min(timeout, self._deadlines[0][0] - time.monotonic()))
+        handled: Counter[str] = Counter()
+        for key, _ in self.poller.select(timeout):
+            if key.data is None:
+                with contextlib.suppress(OSError):
+                    while os.read(key.fd, 4096):
+                        pass
+            elif isinstance(key.data, _Connection):
+                # a few events per client address a turn: one that floods (TLS handshakes cost ~1 ms each) makes
+                # every turn longer only by its share, and what it had ready more is reported again next turn
+                handled[key.data.address] += 1
+                if handled[key.data.address] <= _EVENTS_PER_CLIENT:
+                    self._advance(key.data)
             else:
                 self._accept(key.fileobj)
-        self._finish_done()
+        while True:
+            try:
+                conn, data = self._done.get_nowait()
+            except queue.Empty:
+                break
+            self._advance(conn, data)
+        while self._freed:
+            self._freed = False
+            for conn in [self._waiting.popleft() for _ in range(len(self._waiting))]:
+                self._advance(conn)
         self._expire(time.monotonic())
 
     def _set_accepting(self, accepting: bool) -> None:
         assert self.poller is not None
-        if accepting == self._accepting:
-            return
-        for listener in self.sockets:
-            if accepting:
-                self.poller.register(listener, selectors.EVENT_READ, listener)
-            else:
-                self.poller.unregister(listener)
-        self._accepting = accepting
+        if accepting != self._accepting:
+            for listener in self.sockets:
+                if accepting:
+                    self.poller.register(listener, selectors.EVENT_READ, listener)
+                else:
+                    self.poller.unregister(listener)
+            self._accepting = accepting
 
     def _accept(self, listener: Any) -> None:
-        while len(self._open) < self.limits.max_connections:
+        while len(self._open) < self.capacity or self._idle:
             try:
-                raw, client = listener.accept()
+                raw, peer = listener.accept()
             except OSError as error:
                 if error.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED):
                     return
                 raise
-            now = time.monotonic()
-            conn = _Connection(raw, client, listener.getsockname(), now)
-            self._open.add(conn)
-            try:
-                if self.cfg.is_ssl:
-                    raw.setblocking(False)
-                    conn.sock = gunicorn_sock.ssl_context(self.cfg).wrap_socket(
-                        raw, server_side=True, do_handshake_on_connect=False, suppress_ragged_eofs=True
-                    )
-                    conn.sock.setblocking(False)
-                else:
-                    raw.setblocking(False)
-                    conn.state = _State.READING
-            except (OSError, ValueError):
-                self._close(conn)
+            if len(self._open) >= self.capacity:
+                self._evict(None)
+            conn = _Connection(raw, peer, listener.getsockname(), time.monotonic())
+            if self._per_client[conn.address] >= self.limits.max_connections_per_client and not self._evict(
+                conn.address
+            ):
+                self.count_dropped("client-limit")
+                raw.close()
                 continue
-            self._set_deadline(conn, now + self.limits.request_seconds)
-            self._progress(conn)
+            self._open.add(conn)
+            self._per_client[conn.address] += 1
+            raw.setblocking(False)
+            if self.tls_context is not None:
+                try:
+                    conn.sock = self.tls_context().wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
+                    conn.sock.setblocking(False)  # a context may give its sockets a timeout (serve's do)
+                except (OSError, ValueError):
+                    self._close(conn)
+                    continue
+            else:
+                conn.state = _State.READING
+            self._set_deadline(conn, conn.accepted + self.limits.request_seconds)
+            conn.steps = self._conversation(conn)
+            self._watch(conn, selectors.EVENT_READ)  # its handshake waits for its turn, as any client's event
 
-    def _on_event(self, conn: _Connection, mask: int) -> None:
-        if conn.state in (_State.HANDSHAKE, _State.READING, _State.WRITING, _State.LINGER):
-            self._progress(conn)
-        elif conn.state is _State.IDLE:
-            conn.state = _State.READING
-            conn.reader = None
-            self._set_deadline(conn, time.monotonic() + self.limits.request_seconds)
-            self._progress(conn)
+    def _evict(self, address: str | None) -> bool:
+        """Close the connection idle longest (of ``address``, or of any client) to make room; whether one was."""
+        victim = next((conn for conn in self._idle if address is None or conn.address == address), None)
+        if victim is None:
+            return False
+        self.count_dropped("idle-evicted")
+        self._close(victim)
+        return True
 
-    def _progress(self, conn: _Connection) -> None:
-        """Take the connection as far as it goes without waiting; what it waits for next is then watched."""
-        steps = {
-            _State.HANDSHAKE: self._handshake,
-            _State.READING: self._read,
-            _State.WRITING: self._write,
-            _State.LINGER: self._linger,
-        }
+    def _advance(self, conn: _Connection, value: Any = None) -> None:
+        """Resume the connection's conversation until it waits again; watch what it waits for."""
+        if conn.state is _State.CLOSED or conn.steps is None:
+            return
         try:
-            while (step := steps.get(conn.state)) is not None:
-                before = conn.state
-                step(conn)
-                if conn.state is before:
-                    return
-        except ssl.SSLWantReadError:
-            self._watch(conn, selectors.EVENT_READ)
-        except ssl.SSLWantWriteError:
-            self._watch(conn, selectors.EVENT_WRITE)
-        except BlockingIOError:  # a plain socket, or the raw one under a TLS connection being closed
-            self._watch(conn, selectors.EVENT_WRITE if conn.state is _State.WRITING else selectors.EVENT_READ)
+            wanted = conn.steps.send(value)
+        except StopIteration:
+            self._close(conn)
+            return
         except (OSError, ValueError) as error:  # reset, broken pipe, a TLS alert, a client certificate refused
             if conn.state is _State.HANDSHAKE:
                 self.count_dropped("tls-handshake-failed")
-                self.log.debug("TLS handshake with %s failed: %s", conn.client, error)
+                self.log.debug("TLS handshake with %s failed: %s", conn.peer, error)
             self._close(conn)
+            return
+        except Exception:  # a bug of this worker: it loses this connection, not every other one
+            self.log.exception("Error handling connection from %s", conn.peer)
+            self._close(conn)
+            return
+        if isinstance(wanted, _Work):
+            assert self.pool is not None
+            self._watch(conn, 0)
+            conn.state = _State.WORKING
+            self.pool.submit(self._work, conn, wanted)
+        elif wanted is _WAIT_FOR_MEMORY:
+            self._watch(conn, 0)
+            self._waiting.append(conn)
+        else:
+            self._watch(conn, wanted)
 
-    def _handshake(self, conn: _Connection) -> None:
-        conn.sock.do_handshake()
-        conn.tls_environ = _client_certificate_environ(conn.sock)
-        conn.state = _State.READING
+    # -- one connection -----------------------------------------------------------------------------------------
 
-    def _read(self, conn: _Connection) -> None:
-        """Read until the request is whole (then hand it to a thread) or the socket has nothing more for now."""
-        limits = self.limits
-        if conn.reader is None:
-            conn.reader = RequestReader(max_head=limits.max_head_bytes, max_body=limits.max_body_bytes)
-        reader = conn.reader
+    def _conversation(self, conn: _Connection) -> Generator[Any, Any, None]:
+        if conn.state is _State.HANDSHAKE:
+            while True:
+                try:
+                    conn.sock.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    yield selectors.EVENT_READ
+                except ssl.SSLWantWriteError:
+                    yield selectors.EVENT_WRITE
+            conn.tls_environ = _client_certificate_environ(conn.sock)
+            conn.state = _State.READING
         while True:
-            frame = reader.advance(conn.buffer)
-            if frame is None and reader.head_end is not None:
-                if not self._reserve(conn):
-                    return
-                if reader.expects_continue and not conn.continued:
-                    conn.continued = True
-                    with contextlib.suppress(ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
-                        conn.sock.send(_CONTINUE)  # 25 bytes into an empty send buffer; else the client waits a while
-            if frame is None:
-                data = conn.sock.recv(min(_READ_SIZE, self._room(conn)))
-                if data:
-                    conn.buffer += data
-                    continue
-                frame = reader.advance(conn.buffer, eof=True)
-            if frame is not None:
-                self._dispatch(conn, frame)
+            request = yield from self._receive(conn)
+            if request is None:
                 return
+            if isinstance(request, Refusal):
+                self.count_refused(request.reason)
+                body = error_body(request.reason, request.message)
+                status = f"{request.status} {HTTPStatus(request.status).phrase}"
+                headers = [("Content-Type", "application/json")]
+                yield from self._send(
+                    conn, response_head(status, headers, len(body), keep_alive=False, date=self._now()) + body
+                )
+                # a body announced too large may still be coming: read it away so that the client gets the answer
+                yield from self._linger(
+                    conn, self.limits.max_discard_bytes if request.status == 413 else _LINGER_DRAIN_BYTES
+                )
+                return
+            head, body, whole = request
+            if len(body) > self.limits.small_body_bytes:
+                while len(body) > self._work_free:
+                    conn.state = _State.WAITING
+                    yield _WAIT_FOR_MEMORY
+                self._work_free -= len(body)
+                conn.reserved = len(body)
+            keep_alive = head.keep_alive and whole and self.alive and not self._retiring(conn)
+            data = yield _Work(head, body, keep_alive)
+            self._release_work(conn)
+            yield from self._send(conn, data)
+            if not keep_alive:
+                yield from self._linger(conn, _LINGER_DRAIN_BYTES)
+                return
+            if conn.buffer:  # the next request came with this one
+                conn.state = _State.READING
+                self._set_deadline(conn, time.monotonic() + self.limits.request_seconds)
+            else:
+                conn.state = _State.IDLE
+                self._idle[conn] = None
+                idle = self.limits.idle_seconds if self.alive else _STOP_LINGER_SECONDS
+                self._set_deadline(conn, time.monotonic() + idle)
 
-    def _room(self, conn: _Connection) -> int:
-        """How many more bytes the connection may buffer now: up to the head limit while reading a head, then the
-        body and a next head (a pipelined request). Always positive while the request is not whole: the framer
-        answers a full head buffer or oversized chunk framing itself."""
-        reader = conn.reader
+    def _receive(self, conn: _Connection) -> Generator[Any, Any, tuple[Head, bytes, bool] | Refusal | None]:
+        """The next request (its head, its body, and whether the body came whole), a refusal, or None when the
+        client ended the connection before a whole head."""
         limits = self.limits
-        if reader is None or reader.head_end is None:
-            return limits.max_head_bytes - len(conn.buffer)
-        if reader.chunked:
-            return _READ_SIZE
-        return reader.head_end + (reader.body_length or 0) + limits.max_head_bytes - len(conn.buffer)
+        while (end := conn.buffer.find(b"\r\n\r\n")) < 0:
+            if len(conn.buffer) >= limits.max_head_bytes:
+                return Refusal(431, "head-too-large", f"request head over {limits.max_head_bytes} bytes")
+            data = yield from self._recv(conn, limits.max_head_bytes - len(conn.buffer))
+            if not data:
+                return None
+            if conn.state is _State.IDLE:  # a kept-alive connection's next request: its deadline starts now
+                del self._idle[conn]
+                conn.state = _State.READING
+                self._set_deadline(conn, time.monotonic() + limits.request_seconds)
+            self._take(conn, data)
+        if end + 4 > limits.max_head_bytes:
+            return Refusal(431, "head-too-large", f"request head over {limits.max_head_bytes} bytes")
+        head = parse_head(bytes(conn.buffer[:end]))
+        if isinstance(head, Refusal):
+            return head
+        if head.content_length > limits.max_body_bytes:
+            too_large = f"body of {head.content_length} bytes is over the {limits.max_body_bytes}-byte limit"
+            return Refusal(413, "body-too-large", too_large)
+        wanted = end + 4 + head.content_length
+        if head.expects_continue and len(conn.buffer) < wanted:
+            with contextlib.suppress(ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+                conn.sock.send(_CONTINUE)  # 25 bytes into an empty send buffer; else the client waits a while
+        while len(conn.buffer) < wanted:
+            while not self._room(conn):
+                conn.state = _State.WAITING
+                yield _WAIT_FOR_MEMORY
+            conn.state = _State.READING
+            data = yield from self._recv(conn, min(_READ_SIZE, wanted - len(conn.buffer)))
+            if not data:  # the client ended its side mid-body: the app answers 400 truncated-body
+                break
+            self._take(conn, data)
+        body = bytes(conn.buffer[end + 4 : wanted])
+        del conn.buffer[:wanted]
+        self._count_held(conn)
+        return head, body, len(body) == head.content_length
 
-    def _wanted(self, reader: RequestReader | None) -> int:
-        """The body bytes a request will hold in memory: its length, or the limit when it is chunked."""
-        if reader is None:
-            return 0
-        return self.limits.max_body_bytes if reader.chunked else reader.body_length or 0
+    def _recv(self, conn: _Connection, size: int) -> Generator[int, None, bytes]:
+        while True:
+            try:
+                return conn.sock.recv(size)
+            except (ssl.SSLWantReadError, BlockingIOError):
+                yield selectors.EVENT_READ
+            except ssl.SSLWantWriteError:
+                yield selectors.EVENT_WRITE
 
-    def _reserve(self, conn: _Connection) -> bool:
-        """Whether the body of the request being read may be read now; a large one waits for the budget."""
-        wanted = self._wanted(conn.reader)
-        if wanted <= self.limits.small_body_bytes or conn.reserved:
-            return True
-        if wanted <= self._budget and not self._waiting:
-            self._budget -= wanted
-            conn.reserved = wanted
-            return True
-        conn.state = _State.WAITING
-        self._watch(conn, 0)
-        self._waiting.append(conn)
-        return False
-
-    def _release(self, conn: _Connection) -> None:
-        """Give back a connection's reservation and let the requests waiting for the budget on, in order."""
-        self._budget += conn.reserved
-        conn.reserved = 0
-        while self._waiting:
-            waiting = self._waiting[0]
-            if waiting.state is not _State.WAITING:  # closed at its deadline meanwhile
-                self._waiting.popleft()
-                continue
-            wanted = self._wanted(waiting.reader)
-            if wanted > self._budget:
-                return
-            self._waiting.popleft()
-            self._budget -= wanted
-            waiting.reserved = wanted
-            waiting.state = _State.READING
-            self._progress(waiting)
-
-    def _dispatch(self, conn: _Connection, frame: Frame) -> None:
-        del conn.buffer[: frame.consumed]
-        conn.reader = None
-        conn.continued = False
-        if frame.kind is FrameKind.CLOSED:
-            self._close(conn)
-            return
-        if frame.kind is FrameKind.HEAD_TOO_LARGE:
-            self._refuse(conn, 431, "Request Header Fields Too Large", "head-too-large", "request head over the limit")
-            return
-        if frame.kind is FrameKind.BAD_CHUNKING:
-            self._refuse(conn, 400, "Bad Request", "bad-chunking", "the chunked body does not parse or ended early")
-            return
-        conn.discard = max(frame.discard - len(conn.buffer), 0)  # part of an unread body may be in the buffer
-        conn.state = _State.WORKING
-        self._watch(conn, 0)
-        assert self.pool is not None
-        self.pool.submit(self._work, conn, frame)
-
-    def _refuse(self, conn: _Connection, status: int, phrase: str, reason: str, message: str) -> None:
-        """Answer a request the app never sees (its framing is beyond reading), then close."""
-        self.count_refused(reason)
-        body = error_body(reason, message)
-        head = f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        self._respond(conn, head.encode() + b"Connection: close\r\n\r\n" + body, keep_alive=False)
-
-    def _respond(self, conn: _Connection, data: bytes, *, keep_alive: bool) -> None:
-        conn.output = memoryview(data)
-        conn.keep_alive = keep_alive
+    def _send(self, conn: _Connection, data: bytes) -> Generator[int, None, None]:
         conn.state = _State.WRITING
         self._set_deadline(conn, time.monotonic() + self.limits.response_seconds)
-        self._progress(conn)
-
-    def _write(self, conn: _Connection) -> None:
-        while conn.output:
-            conn.output = conn.output[conn.sock.send(conn.output) :]
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[conn.sock.send(view) :]
+            except (ssl.SSLWantWriteError, BlockingIOError):
+                yield selectors.EVENT_WRITE
+            except ssl.SSLWantReadError:
+                yield selectors.EVENT_READ
         conn.requests += 1
-        if conn.keep_alive and self.alive:
-            now = time.monotonic()
-            if conn.buffer or (isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending()):
-                conn.state = _State.READING  # the next request came with this one (pipelined)
-                self._set_deadline(conn, now + self.limits.request_seconds)
-                return
-            conn.state = _State.IDLE
-            self._set_deadline(conn, now + self.limits.idle_seconds)
-            self._watch(conn, selectors.EVENT_READ)
-            return
-        if conn.discard > self.limits.max_discard_bytes:  # a client that sends that much is not an API server
-            self._close(conn)
-            return
+
+    def _linger(self, conn: _Connection, allowance: int) -> Generator[int, None, None]:
+        """Drain what the client still sends after the last response, until it closes or the allowance is spent."""
         conn.state = _State.LINGER
         conn.buffer = bytearray()
-        conn.discard = max(conn.discard, _LINGER_DRAIN_BYTES)
+        self._count_held(conn)
         self._set_deadline(conn, time.monotonic() + self.limits.linger_seconds)
         with contextlib.suppress(OSError):
             conn.sock.shutdown(socket.SHUT_WR)  # for a TLS socket this drops TLS too: the rest is discarded raw
-
-    def _linger(self, conn: _Connection) -> None:
-        """Drain what the client still sends after the last response, until it closes or the allowance is spent."""
-        while True:
-            data = conn.sock.recv(_READ_SIZE)  # BlockingIOError: nothing yet, watched by _progress
-            conn.discard -= len(data)
-            if not data or conn.discard <= 0:
-                self._close(conn)
+        while allowance > 0:
+            data = yield from self._recv(conn, _READ_SIZE)
+            if not data:
                 return
+            allowance -= len(data)
+
+    def _retiring(self, conn: _Connection) -> bool:
+        too_old = time.monotonic() - conn.accepted >= self.limits.connection_seconds
+        return too_old or conn.requests + 1 >= self.limits.connection_requests
+
+    # -- memory -------------------------------------------------------------------------------------------------
+
+    def _room(self, conn: _Connection) -> bool:
+        """Whether the connection may read more of its body now."""
+        limits = self.limits
+        return len(conn.buffer) < limits.small_body_bytes or (
+            self._received < limits.receive_budget and self._received_by[conn.address] < limits.client_receive_budget
+        )
+
+    def _take(self, conn: _Connection, data: bytes) -> None:
+        conn.buffer += data
+        self._count_held(conn)
+
+    def _count_held(self, conn: _Connection) -> None:
+        change = len(conn.buffer) - conn.held
+        conn.held = len(conn.buffer)
+        self._received += change
+        self._received_by[conn.address] += change
+        if change < 0:
+            self._freed = True
+            if not self._received_by[conn.address]:
+                del self._received_by[conn.address]
+
+    def _release_work(self, conn: _Connection) -> None:
+        if conn.reserved:
+            self._work_free += conn.reserved
+            conn.reserved = 0
+            self._freed = True
 
     # -- the threads --------------------------------------------------------------------------------------------
 
-    def _work(self, conn: _Connection, frame: Frame) -> None:
+    def _work(self, conn: _Connection, work: _Work) -> None:
         """Runs in a pool thread: the app on one whole request; the response goes back to the loop."""
-        output = _Output()
-        keep_alive = False
         try:
-            keep_alive = self._serve(conn, frame, output)
-        except Exception:  # the last net: a worker bug must not lose the connection's slot
+            data = self._respond(conn, work)
+        except Exception:  # the last net: a worker bug must not lose the connection
             self.log.exception("Error handling request")
-            output.parts.clear()
-        finally:
-            self._done.put((conn, b"".join(output.parts), keep_alive and not frame.close))
-            self._wake()
+            body = error_body("internal-error", "internal error in the server")
+            data = response_head("500 Internal Server Error", [], len(body), keep_alive=False, date=self._now())
+            data += body
+        self._done.put((conn, data))
+        with contextlib.suppress(OSError):  # a full pipe already wakes the loop
+            os.write(self.PIPE[1], b"\0")
 
-    def _serve(self, conn: _Connection, frame: Frame, output: _Output) -> bool:
-        req = None
+    def _respond(self, conn: _Connection, work: _Work) -> bytes:
+        head = work.head
+        started: list[Any] = []
+        chunks: list[bytes] = []
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable:
+            if exc_info and started:
+                raise exc_info[1].with_traceback(exc_info[2])
+            started[:] = [status, headers]
+            return chunks.append
+
+        result = self.wsgi(self._environ(conn, head, work.body), start_response)
         try:
-            req = next(RequestParser(self.cfg, [frame.head], conn.client))
-            return self._handle(req, conn, frame, output)
-        except (StopIteration, NoMoreData):
-            return False
-        except Exception as error:  # gunicorn's answer to a request it cannot parse (400, 431, 501 ...)
-            output.parts.clear()
-            self.handle_error(req, output, conn.client, error)
-            return False
-
-    def _handle(self, req: Any, conn: _Connection, frame: Frame, output: _Output) -> bool:
-        """gunicorn's request handling (as its threaded worker does it), with the body from the loop."""
-        environ: dict[str, Any] = {}
-        resp = None
-        try:
-            self.cfg.pre_request(self, req)
-            started = datetime.now()
-            resp, environ = wsgi.create(req, output, conn.client, conn.server, self.cfg)
-            environ["wsgi.multithread"] = True
-            environ["wsgi.input"] = io.BytesIO(frame.body)  # reading it whole returns the same bytes, no copy
-            environ.update(conn.tls_environ)
-            self.nr += 1
-            if self.nr >= self.max_requests and self.alive:
-                self.log.info("Autorestarting worker after current request.")
-                self.alive = False
-            if not self.alive or not self.cfg.keepalive or frame.close or self._retiring(conn):
-                resp.force_close()
-            respiter = self.wsgi(environ, resp.start_response)
-            try:
-                if isinstance(respiter, environ["wsgi.file_wrapper"]):
-                    resp.write_file(respiter)
-                else:
-                    for item in respiter:
-                        resp.write(item)
-                resp.close()
-            finally:
-                self.log.access(resp, req, environ, datetime.now() - started)
-                if hasattr(respiter, "close"):
-                    respiter.close()
-            return not resp.should_close()
+            chunks.extend(result)
         finally:
-            try:
-                self.cfg.post_request(self, req, environ, resp)
-            except Exception:
-                self.log.exception("Exception in post_request hook")
+            if hasattr(result, "close"):
+                result.close()
+        body = b"" if head.method == "HEAD" else b"".join(chunks)
+        status, headers = started
+        return response_head(status, headers, len(body), keep_alive=work.keep_alive, date=self._now()) + body
 
-    def _balance(self) -> None:
-        """Publish the connections this worker keeps and act on its share of them (``webhook.roster``)."""
-        now = time.monotonic()
-        if self.roster is None or now < self._balance_at:
-            return
-        self._balance_at = now + _BALANCE_SECONDS
-        if self._slot is None or not self.roster.holds(self._slot):  # none was free, or lost while wedged
-            self._slot = self.roster.join(now)
-            if self._slot is None:
-                self._holding_back = False
-                return
-        kept_since = now - _KEPT_SECONDS
-        keeping = [
-            conn
-            for conn in self._open
-            if conn.accepted <= kept_since and not conn.retire and conn.state is not _State.LINGER
-        ]
-        self.roster.publish(self._slot, len(keeping), now)
-        found = share(len(keeping), self.roster.others(self._slot, now))
-        self._holding_back = not found.accept
-        # the ones retired last may still be open or reconnecting elsewhere, and the siblings' counts lag: wait
-        if not found.retire or now < self._settled_at or any(conn.retire for conn in self._open):
-            return
-        self._settled_at = now + _SETTLE_SECONDS
-        keeping.sort(key=lambda conn: conn.accepted)
-        for conn in keeping[: found.retire]:
-            conn.retire = True
-        self.log.info("Evening out the workers' connections: %d close after their next answer", found.retire)
-
-    def _retiring(self, conn: _Connection) -> bool:
-        limits = self.limits
-        too_old = time.monotonic() - conn.accepted >= limits.connection_seconds
-        return conn.retire or too_old or conn.requests + 1 >= limits.connection_requests
-
-    def _finish_done(self) -> None:
-        while True:
-            try:
-                conn, data, keep_alive = self._done.get_nowait()
-            except queue.Empty:
-                return
-            self._release(conn)
-            if not data:  # nothing to say (the client sent a partial head and left): close
-                self._close(conn)
+    def _environ(self, conn: _Connection, head: Head, body: bytes) -> dict[str, Any]:
+        """The request as WSGI (PEP 3333) gives it to the app."""
+        host, port = conn.server[:2] if isinstance(conn.server, tuple) else (str(conn.server), 0)
+        environ: dict[str, Any] = {
+            "REQUEST_METHOD": head.method,
+            "SCRIPT_NAME": "",
+            "PATH_INFO": head.path,
+            "QUERY_STRING": head.query,
+            "SERVER_NAME": host,
+            "SERVER_PORT": str(port),
+            "SERVER_PROTOCOL": head.version,
+            "REMOTE_ADDR": conn.address,
+            "REMOTE_PORT": str(conn.peer[1]) if isinstance(conn.peer, tuple) else "",
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "https" if self.tls_context is not None else "http",
+            "wsgi.input": io.BytesIO(body),
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": self.cfg.workers > 1,
+            "wsgi.run_once": False,
+            **conn.tls_environ,
+        }
+        for name, value in head.fields:
+            if "_" in name:  # would read as its dashed twin: dropped, as gunicorn does by default
                 continue
-            self._respond(conn, data, keep_alive=keep_alive)
+            key = name.upper().replace("-", "_")
+            if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+                key = "HTTP_" + key
+            environ[key] = f"{environ[key]},{value}" if key in environ and key.startswith("HTTP_") else value
+        return environ
+
+    def _now(self) -> str:
+        """The ``Date`` field's value, formatted once a second."""
+        second = int(time.time())
+        cached, text = self._date  # one tuple, replaced whole: threads never see half an update
+        if second != cached:
+            text = email.utils.formatdate(second, usegmt=True)
+            self._date = (second, text)
+        return text
 
     # -- bookkeeping --------------------------------------------------------------------------------------------
 
@@ -624,17 +600,15 @@ class AdmissionWorker(base.Worker):
         conn.deadline = deadline
         conn.deadline_id = next(self._sequence)
         heapq.heappush(self._deadlines, (deadline, conn.deadline_id, conn))
-        if len(self._deadlines) > 2 * len(self._open) + 64:
-            # Stale entries wait in the heap until their time; a kept-alive connection leaves one (120 s) per
-            # request. Rebuilt from each connection's current deadline, the heap stays a few entries per connection.
-            self._deadlines = [(c.deadline, c.deadline_id, c) for c in self._open if c.state is not _State.WORKING]
+        if len(self._deadlines) > 2 * len(self._open) + 64:  # stale entries: rebuild from the current deadlines
+            self._deadlines = [(c.deadline, c.deadline_id, c) for c in self._open]
             heapq.heapify(self._deadlines)
 
     def _expire(self, now: float) -> None:
         while self._deadlines and self._deadlines[0][0] <= now:
             _, deadline_id, conn = heapq.heappop(self._deadlines)
             if deadline_id != conn.deadline_id or conn.state in (_State.WORKING, _State.CLOSED):
-                continue  # a newer deadline replaced it, a thread has the connection, or it is closed
+                continue  # a newer deadline replaced it, a thread has the request, or it is closed
             if conn.state in (_State.HANDSHAKE, _State.READING, _State.WAITING):
                 self.count_dropped("request-deadline")
             elif conn.state is _State.WRITING:
@@ -646,23 +620,19 @@ class AdmissionWorker(base.Worker):
             return
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._watch(conn, 0)
-        util.close(conn.sock)
-        conn.state = _State.CLOSED
-        conn.buffer = bytearray()
-        conn.output = memoryview(b"")
-        self._open.discard(conn)
-        if conn.reserved:
-            self._release(conn)
-
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):  # a full pipe already wakes the loop
-            os.write(self._wake_write, b"\0")
-
-    @staticmethod
-    def _drain_wake(fd: int) -> None:
         with contextlib.suppress(OSError):
-            while os.read(fd, 4096):
-                pass
+            conn.sock.close()
+        conn.state = _State.CLOSED
+        self._open.discard(conn)
+        self._idle.pop(conn, None)
+        self._per_client[conn.address] -= 1
+        if not self._per_client[conn.address]:
+            del self._per_client[conn.address]
+        conn.buffer = bytearray()
+        self._count_held(conn)
+        self._release_work(conn)
+        if conn.steps is not None:
+            conn.steps.close()
 
     def _stop(self) -> None:
         """Stop accepting; finish what is in flight within the graceful timeout.
@@ -672,38 +642,43 @@ class AdmissionWorker(base.Worker):
         """
         assert self.pool is not None and self.poller is not None
         self._set_accepting(False)
-        if self.roster is not None and self._slot is not None:
-            self.roster.leave(self._slot)  # the siblings stop counting on this worker at once
         now = time.monotonic()
-        for conn in list(self._open):
-            if conn.state is _State.IDLE:
-                self._set_deadline(conn, min(conn.deadline, now + _STOP_LINGER_SECONDS))
+        for conn in list(self._idle):
+            self._set_deadline(conn, min(conn.deadline, now + _STOP_LINGER_SECONDS))
         deadline = now + self.cfg.graceful_timeout
         while self._open and time.monotonic() < deadline:
             self.notify()
-            self._turn(longest=0.2)
+            self._turn(0.2)
         self.pool.shutdown(wait=False)
         self.poller.close()
-        for fd in (self._wake_read, self._wake_write):
-            with contextlib.suppress(OSError):
-                os.close(fd)
         for listener in self.sockets:
             listener.close()
 
 
-def worker_class(limits: Limits, metrics: WebhookMetrics) -> type[AdmissionWorker]:
-    """The worker ``serve`` hands gunicorn: these limits, counting in these metrics, and one roster for the workers
-    of this master (made here, in the master, before it forks them)."""
+def worker_class(limits: Limits, metrics: WebhookMetrics, tls_context: Callable[[], ssl.SSLContext]) -> type:
+    """The worker ``serve`` hands gunicorn: these limits and TLS contexts, counting in these metrics."""
     return type(
         "AdmissionWorker",
         (AdmissionWorker,),
         {
             "limits": limits,
+            "tls_context": staticmethod(tls_context),
             "count_dropped": staticmethod(metrics.count_dropped_connection),
             "count_refused": staticmethod(metrics.count_bad_request),
-            "roster": Roster(),
         },
     )
+
+
+def _descriptor_limit() -> int:
+    """The soft limit on open files, raised to the hard one first (as Go's runtime does at start)."""
+    import resource  # noqa: PLC0415 - POSIX only, and only here
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def _client_certificate_environ(sock: Any) -> dict[str, str]:

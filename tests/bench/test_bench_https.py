@@ -185,3 +185,35 @@ def test_the_recovery_benchmark_kills_a_worker_and_reports_each_server(tmp_path:
     for row in report["results"]:
         assert row["before_per_s"] > 0 and row["tail_per_s"] >= 0 and len(row["rates_per_s"]) == 14
         assert 1.5 <= row["killed_at_s"] < 2.5 and sum(row["connections_per_worker"]) <= 2
+
+
+def test_the_availability_benchmark_reports_each_row_and_a_baseline(tmp_path: Path) -> None:
+    """One held-connection row, one disturbance row, with this checkout installed as the baseline too."""
+    import subprocess
+    import sys
+
+    from bench import availability_bench
+
+    site = tmp_path / "site"
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site), "."],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert installed.returncode == 0, installed.stderr
+    output = tmp_path / "availability.json"
+    arguments = ["--rows", "silent-320,malformed-512", "--rate", "5", "--seconds", "1", "--json", str(output)]
+    assert availability_bench.main([*arguments, "--baseline", str(site)]) == 0
+    report = json.loads(output.read_text())
+    assert [(row["server"], row["row"]) for row in report["results"]] == [
+        ("serve", "silent-320"),
+        ("serve", "malformed-512"),
+        ("baseline", "silent-320"),
+        ("baseline", "malformed-512"),
+    ]
+    for row in report["results"]:
+        assert row["reviews"] == 5 and row["failed"] + row["count"] == 5 and row["worker_rss_mib"] > 1
+    assert report["results"][0]["attack_opened"] >= 320

@@ -117,8 +117,9 @@ def certs_command(executable: str | Path, out_dir: Path) -> list[str]:
     return [str(executable), "certs", "--service", SERVICE, "--namespace", NAMESPACE, "--out-dir", str(out_dir)]
 
 
-def serve_options(tls: Path, port: int, *, workers: int, threads: int) -> list[str]:
-    """The options of ``serve`` that put it on 127.0.0.1:``port`` with the certificates ``certs`` wrote in ``tls``."""
+def serve_options(tls: Path, port: int, *, workers: int | None, threads: int) -> list[str]:
+    """The options of ``serve`` that put it on 127.0.0.1:``port`` with the certificates ``certs`` wrote in ``tls``
+    (``workers`` None: serve's own default, as the manifests run it)."""
     return [
         "--cert-file",
         str(tls / "tls.crt"),
@@ -128,8 +129,7 @@ def serve_options(tls: Path, port: int, *, workers: int, threads: int) -> list[s
         "127.0.0.1",
         "--port",
         str(port),
-        "--workers",
-        str(workers),
+        *([] if workers is None else ["--workers", str(workers)]),
         "--threads",
         str(threads),
         "--namespace",
@@ -143,7 +143,7 @@ def run_certs(out_dir: Path) -> None:
 
 @contextmanager
 def serving(
-    tmp: Path, *extra: str, workers: int = 2, threads: int = 4, env: dict[str, str] | None = None
+    tmp: Path, *extra: str, workers: int | None = None, threads: int = 4, env: dict[str, str] | None = None
 ) -> Iterator[Server]:
     """``serve`` with certificates for the Service name in ``tmp/tls``, ready (``/readyz`` answered 200)."""
     tls = tmp / "tls"

@@ -177,15 +177,20 @@ def test_every_bad_request_reason_is_documented():
     import re
 
     root = Path(__file__).parents[2]
-    code = "".join((root / "webhook" / name).read_text() for name in ("review.py", "app.py", "wsgi.py", "worker.py"))
+    names = ("review.py", "app.py", "wsgi.py", "worker.py", "http1.py")
+    code = "".join((root / "webhook" / name).read_text() for name in names)
     reasons = set(re.findall(r'BadReview\(\s*"([a-z-]+)"', code)) | set(re.findall(r'\d{3}: "([a-z-]+)"', code))
-    reasons |= set(re.findall(r'_refuse\(\s*conn, \d{3}, "[^"]+", "([a-z-]+)"', code))  # answered by the worker
-    assert len(reasons) >= 16
+    reasons |= set(re.findall(r'Refusal\(\s*\d{3}, "([a-z-]+)"', code))  # answered by the worker
+    assert len(reasons) >= 20
     metrics_doc = (root / "docs" / "metrics.md").read_text()
     webhook_doc = (root / "docs" / "webhook.md").read_text()
     for reason in reasons:
         assert f"`{reason}`" in metrics_doc, reason
         assert f"| `{reason}` |" in webhook_doc, reason
+    dropped = set(re.findall(r'count_dropped\("([a-z-]+)"\)', code))  # connections closed without an answer
+    assert len(dropped) == 5
+    for reason in dropped:
+        assert f"`{reason}`" in metrics_doc, reason
 
 
 def test_log_lines_have_the_shared_shape(client, caplog):

@@ -68,11 +68,12 @@ def _serve_args(tmp_path: Path, *, good: bool = True) -> argparse.Namespace:
         key_file=str(tmp_path / "tls.key"),
         bind="127.0.0.1",
         port=8443,
-        workers=2,
+        workers=1,
         threads=4,
         log_level="INFO",
         client_ca_file=None,
         client_cn=[],
+        idle_timeout=None,
         max_connection_age=None,
     )
 
@@ -164,18 +165,43 @@ def test_the_client_ca_is_asked_for_verified_and_reloaded_like_the_serving_pair(
         ).load()
 
 
-def test_max_connection_age_is_checked_and_its_help_states_the_workers_default(capsys):
+@pytest.mark.parametrize(
+    ("option", "default"),
+    [("--max-connection-age", Limits().connection_seconds), ("--idle-timeout", Limits().idle_seconds)],
+)
+def test_connection_times_are_checked_and_their_help_states_the_workers_defaults(capsys, option, default):
     parser = cli.build_parser()
     required = ["serve", "--cert-file", "c", "--key-file", "k"]
-    assert parser.parse_args([*required, "--max-connection-age", "2.5"]).max_connection_age == 2.5
-    assert parser.parse_args(required).max_connection_age is None  # the worker's own default applies
+    destination = option.removeprefix("--").replace("-", "_")
+    assert getattr(parser.parse_args([*required, option, "2.5"]), destination) == 2.5
+    assert getattr(parser.parse_args(required), destination) is None  # the worker's own default applies
     with pytest.raises(SystemExit) as exited:
-        parser.parse_args([*required, "--max-connection-age", "0"])
+        parser.parse_args([*required, option, "0"])
     assert exited.value.code == 2
-    assert "--max-connection-age: '0' must be greater than 0" in capsys.readouterr().err
+    assert f"{option}: '0' must be greater than 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--help"])
-    assert f"(default: {Limits().connection_seconds:g};" in " ".join(capsys.readouterr().out.split())
+    assert f"(default: {default:g}" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_connection_times_given_reach_the_worker(tmp_path, monkeypatch, collector, multiprocess_metrics):
+    seen = {}
+
+    class Stub:
+        def run(self) -> None:
+            pass
+
+    def gunicorn(app, options):
+        seen["options"] = options
+        return Stub()
+
+    monkeypatch.setattr(serving, "_gunicorn_application", gunicorn)
+    args = _serve_args(tmp_path)
+    args.idle_timeout, args.max_connection_age = 95.0, 30.0
+    assert serving._serve(args, PolicyConfig(), str(tmp_path)) == 0
+    limits = seen["options"]["worker_class"].limits
+    assert (limits.idle_seconds, limits.connection_seconds) == (95.0, 30.0)
+    assert seen["options"]["workers"] == 1
 
 
 def test_client_cn_without_a_client_ca_is_a_usage_error(tmp_path):
