@@ -544,7 +544,10 @@ def _result(decision: Decision, *, finding_line: Callable[[str, str | None], int
         verdict=decision.verdict,
         pinned=tuple(decision.mutation.pinned),
         violations=violations,
-        warnings=tuple(decision.validation.warnings),
+        warnings=tuple(
+            Finding(warning.rule, warning.container, warning.detail, finding_line(warning.rule, warning.container))
+            for warning in decision.validation.warnings
+        ),
         exempt_reason=decision.exempt,
         **fields,
     )

@@ -11,8 +11,9 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from difflib import get_close_matches
-from enum import Enum
+from enum import Enum, StrEnum
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -28,23 +29,34 @@ __all__ = [
     "DEFAULT_ALLOWED_VOLUME_TYPES",
     "DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES",
     "DEFAULT_HOST_DEVICE_PATHS",
+    "SHARED_NAMESPACE_CAPABILITIES",
     "VOLUME_TYPES",
     "ConfigError",
+    "GpuTaint",
     "HostPathEntry",
     "PolicyConfig",
+    "SharedNamespace",
     "Switch",
+    "TaintEffect",
     "capability_name",
     "config_from_mapping",
     "load_config",
 ]
 
-#: Capabilities a container may add: Pod Security ``baseline``'s list (kubernetes
-#: ``staging/src/k8s.io/pod-security-admission/policy/check_capabilities_baseline.go``, ``capabilities_allowed_1_0``),
-#: which is containerd's default set less ``NET_RAW``, plus ``IPC_LOCK``, which RDMA and NCCL need to pin memory for
-#: the network card (RLIMIT_MEMLOCK). Anything else is rejected, names unknown to gpu-fence included: among them
-#: ``SYS_PTRACE``, ``DAC_READ_SEARCH``, ``SYS_MODULE``, ``SYS_RAWIO`` and ``BPF``, which reach other processes, the
-#: host's files or the kernel. ``SYS_ADMIN`` and ``ALL`` are ``sys-admin-capability``'s and cannot be listed.
+#: Capabilities a container may add (``added-capability``): every one that acts only on what the container already
+#: holds (its own files and processes, the pod's network and IPC namespaces, its own memory, CPU and file limits), and
+#: so reaches no GPU it was not allocated, no other pod's process and not the node. The other Linux capabilities
+#: (capabilities(7)) are rejected, each for what it reaches: ``DAC_READ_SEARCH`` (host files by handle),
+#: ``SYS_MODULE``, ``SYS_RAWIO``, ``BPF``, ``PERFMON``, ``SYSLOG``, ``SYS_TIME``, ``SYS_BOOT``, ``AUDIT_CONTROL``,
+#: ``AUDIT_READ``, ``MAC_ADMIN``, ``MAC_OVERRIDE`` (the kernel and its global state), ``SYS_TTY_CONFIG``,
+#: ``LINUX_IMMUTABLE``, ``SYS_PACCT``, ``WAKE_ALARM``, ``BLOCK_SUSPEND`` (node devices and node state), and names
+#: unknown to gpu-fence: it is an allowlist, so a capability added to the kernel later is rejected until reviewed.
+#: docs/policy.md ("added-capability") gives the reason for each. ``SYS_ADMIN`` and ``ALL`` are
+#: ``sys-admin-capability``'s and cannot be listed; :data:`SHARED_NAMESPACE_CAPABILITIES` takes some back where the pod
+#: shares a namespace with the node or between its containers.
 DEFAULT_ALLOWED_CAPABILITIES: tuple[str, ...] = (
+    # containerd's default set (Pod Security baseline's list plus NET_RAW): files, identity and signals of the
+    # container's own processes, ports and raw sockets of the pod's network namespace.
     "AUDIT_WRITE",
     "CHOWN",
     "DAC_OVERRIDE",
@@ -53,12 +65,46 @@ DEFAULT_ALLOWED_CAPABILITIES: tuple[str, ...] = (
     "KILL",
     "MKNOD",
     "NET_BIND_SERVICE",
+    "NET_RAW",
     "SETFCAP",
     "SETGID",
     "SETPCAP",
     "SETUID",
     "SYS_CHROOT",
+    # Within the pod's own namespaces and limits: service-mesh iptables (NET_ADMIN), NCCL and RDMA locked memory
+    # (IPC_LOCK, SYS_RESOURCE), NUMA and CPU pinning (SYS_NICE), debuggers and profilers of the container's own
+    # processes (SYS_PTRACE), checkpointing (CHECKPOINT_RESTORE), the pod's IPC objects, file leases.
+    "CHECKPOINT_RESTORE",
     "IPC_LOCK",
+    "IPC_OWNER",
+    "LEASE",
+    "NET_ADMIN",
+    "NET_BROADCAST",
+    "SYS_NICE",
+    "SYS_PTRACE",
+    "SYS_RESOURCE",
+)
+
+
+class SharedNamespace(StrEnum):
+    """A pod field that shares a namespace the pod's containers would otherwise have to themselves; its value is
+    the field's name in the pod spec."""
+
+    HOST_NETWORK = "hostNetwork"  # the node's network namespace
+    SHARE_PROCESS_NAMESPACE = "shareProcessNamespace"  # one PID namespace for all the pod's containers
+
+
+#: Capabilities that reach past the pod once it shares a namespace, even where the allowlist admits them: with
+#: ``hostNetwork``, ``NET_ADMIN`` reconfigures the node's interfaces, routes and firewall (NetworkPolicy's own rules
+#: among them) and ``NET_RAW`` reads and forges the node's traffic, every pod's on that node included; with
+#: ``shareProcessNamespace``, ``SYS_PTRACE`` attaches to the other containers' processes, the GPU container's CUDA
+#: context included, from a container that was allocated no GPU. ``hostPID`` needs no entry: ``host-pid`` rejects it
+#: whatever the capabilities.
+SHARED_NAMESPACE_CAPABILITIES: Mapping[SharedNamespace, frozenset[str]] = MappingProxyType(
+    {
+        SharedNamespace.HOST_NETWORK: frozenset({"NET_ADMIN", "NET_RAW"}),
+        SharedNamespace.SHARE_PROCESS_NAMESPACE: frozenset({"SYS_PTRACE"}),
+    }
 )
 
 #: Pod annotation key prefixes with which a pod asks for CDI devices: the toolkit's NRI plugin reads
@@ -139,12 +185,32 @@ VOLUME_TYPES = frozenset(
     }
 )
 
+
+class TaintEffect(StrEnum):
+    """The taint effects that keep a pod that does not tolerate them off a node: the scheduler honours both, the
+    kubelet ``NoExecute`` only (``PreferNoSchedule`` keeps nobody off)."""
+
+    NO_SCHEDULE = "NoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+@dataclass(frozen=True)
+class GpuTaint:
+    """A taint that GPU nodes carry from the moment they register (``gpu_node_taints``)."""
+
+    key: str
+    value: str
+    effect: TaintEffect
+
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?/[-A-Za-z0-9_.]+$")
 _CAPABILITY = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _ANNOTATION_PREFIX = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 #: The capabilities that ``sys-admin-capability`` judges; the allowlist cannot open them.
 SYS_ADMIN_CAPABILITIES = frozenset({"SYS_ADMIN", "ALL"})
 
@@ -205,6 +271,12 @@ class PolicyConfig:
     allowed_volume_types: tuple[str, ...] = DEFAULT_ALLOWED_VOLUME_TYPES
     #: ``hostIPC`` on a pod: a rejection, or a warning (``host-ipc``).
     host_ipc: Switch = Switch.REJECT
+    #: Taints every GPU node carries from registration. When set, the rules that guard the node judge only pods that
+    #: can land on a GPU node (``webhook.scope``); empty, the default, every pod is judged by every rule.
+    gpu_node_taints: tuple[GpuTaint, ...] = ()
+    #: ``schedulerName`` values whose scheduler keeps pods off nodes whose taints they do not tolerate; a pod that
+    #: names another is judged as if it tolerated the GPU taints.
+    taint_aware_schedulers: tuple[str, ...] = ("default-scheduler",)
 
     def __post_init__(self) -> None:
         # Callers building a config in code may pass lists, or a switch by its name; keep every value hashable,
@@ -223,6 +295,7 @@ class PolicyConfig:
     exempt_namespace_set = _set_of("exempt_namespaces")
     exempt_service_account_set = _set_of("exempt_service_accounts")
     allowed_capability_set = _set_of("allowed_capabilities")
+    taint_aware_scheduler_set = _set_of("taint_aware_schedulers")
 
     @cached_property
     def gpu_resource_set(self) -> GpuResources:
@@ -265,6 +338,7 @@ class PolicyConfig:
 
 _SWITCHES = frozenset({"env_from_on_gpu_containers", "visible_devices_none", "host_ipc"})
 _ALLOWLIST = "host_path_allowlist"
+_TAINTS = "gpu_node_taints"
 
 
 def _matching(pattern: re.Pattern[str], what: str) -> Callable[[str, str], None]:
@@ -351,6 +425,7 @@ _CHECKS = {
     "extra_host_device_paths": _check_host_path,
     "allowed_capabilities": _check_capability,
     "forbidden_annotation_prefixes": _check_annotation_prefix,
+    "taint_aware_schedulers": _check_scheduler,
     "allowed_volume_types": _check_volume_type,
 }
 #: How a checked entry is stored: capabilities in the one spelling the policy compares.
@@ -434,6 +509,44 @@ def _host_path_allowlist(value: Any, protected: tuple[str, ...]) -> tuple[HostPa
     return tuple(entries)
 
 
+def _taint_key(key: str, value: Any) -> str:
+    """A taint key as the API validates it: a qualified name, ``[prefix/]name``, the prefix a DNS subdomain."""
+    if isinstance(value, str):
+        prefix, slash, name = value.rpartition("/")
+        if _LABEL_NAME.match(name) and (not slash or (_DNS_SUBDOMAIN.match(prefix) and len(prefix) <= 253)):
+            return value
+    raise ConfigError(f"{key}: expected a taint key such as 'nvidia.com/gpu', got {value!r:.60}")
+
+
+def _gpu_taint(key: str, item: Any) -> GpuTaint:
+    if not isinstance(item, Mapping):
+        raise ConfigError(f"{key}: expected a mapping with 'key', 'value' and 'effect', got {item!r:.60}")
+    unknown = [name for name in item if name not in ("key", "value", "effect")]
+    if unknown:
+        raise ConfigError(f"{key}: unknown key {unknown[0]!r:.60}; an entry has 'key', 'value' and 'effect'")
+    value = item.get("value", "")
+    if value is None:
+        value = ""
+    if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+        raise ConfigError(f"{key}.value: expected a taint value (a label value, may be empty), got {value!r:.60}")
+    effect = item.get("effect")
+    effects = [effect.value for effect in TaintEffect]
+    if effect not in effects:
+        raise ConfigError(
+            f"{key}.effect: expected one of {', '.join(effects)} (the effects that keep pods off a node), "
+            f"got {effect!r:.60}"
+        )
+    return GpuTaint(_taint_key(f"{key}.key", item.get("key")), value, TaintEffect(effect))
+
+
+def _gpu_node_taints(value: Any) -> tuple[GpuTaint, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(f"{_TAINTS}: expected a list of taints, got {type(value).__name__} {value!r:.60}")
+    return tuple(dict.fromkeys(_gpu_taint(f"{_TAINTS}[{index}]", item) for index, item in enumerate(value)))
+
+
 def config_from_mapping(data: Any, *, own_namespace: str | None = None) -> PolicyConfig:
     """Validate an already-parsed configuration document (a mapping of the keys of ``PolicyConfig``)."""
     if data is None:
@@ -449,6 +562,8 @@ def config_from_mapping(data: Any, *, own_namespace: str | None = None) -> Polic
             raise ConfigError(f"{key}: unknown configuration key{suggestion}")
         if key in _SWITCHES:
             values[key] = _switch(key, value)
+        elif key == _TAINTS:
+            values[key] = _gpu_node_taints(value)
         elif key != _ALLOWLIST:
             values[key] = _string_list(key, value)
     if _ALLOWLIST in data:  # after the other keys: it is checked against extra_host_device_paths too

@@ -8,9 +8,11 @@ and the CRD generated from it, ``config/crd/openreports.io_reports.yaml``:
 * ``Report`` is namespaced: one per namespace the check judged, named :data:`REPORT_NAME`, so that applying a
   later run replaces the earlier one; ``source`` is ``gpu-fence`` and ``summary`` counts the results.
 * one ``ReportResult`` per pod spec and rule: ``policy`` (the only field the CRD requires) is ``gpu-fence``,
-  ``rule`` the rule id; ``result`` is ``fail`` for a rule the pod spec breaks, ``pass`` for one it keeps, ``skip``
-  for every rule of an exempt pod spec; ``resources`` names the object that holds the pod spec, and ``properties``
-  where it was found. ``timestamp`` carries both ``seconds`` and ``nanos``, which the CRD requires together.
+  ``rule`` the rule id; ``result`` is ``fail`` for a rule the pod spec breaks, ``warn`` for one it is warned about
+  (a rule whose switch is at ``warn``, a node rule out of ``gpu_node_taints``' scope, the ``nvidia-runtime-class``
+  advice), ``pass`` for one it keeps, ``skip`` for every rule of an exempt pod spec (``summary`` counts each);
+  ``resources`` names the object that holds the pod spec, and ``properties`` where it was found. ``timestamp``
+  carries both ``seconds`` and ``nanos``, which the CRD requires together.
 
 Pure: a :class:`Report` of the check in, a YAML stream out (``kubectl apply -f -`` reads it).
 """
@@ -83,12 +85,18 @@ def _results(result: PodSpecResult, rule_ids: Sequence[str], timestamp: Mapping[
     broken: dict[str, list[str]] = {}
     for finding in result.violations:
         broken.setdefault(finding.rule, []).append(finding.message)
+    warned: dict[str, list[str]] = {}
+    for warning in result.warnings:
+        warned.setdefault(warning.rule, []).append(warning.message)
+    extra = [rule for rule in (*broken, *warned) if rule not in rule_ids]
     entries = []
-    for rule in [*rule_ids, *(rule for rule in broken if rule not in rule_ids)]:
+    for rule in [*rule_ids, *dict.fromkeys(extra)]:
         if result.verdict is Verdict.EXEMPT:
             outcome, message = "skip", f"exempt: {result.exempt_reason or 'exempt'}"
         elif rule in broken:
             outcome, message = "fail", "; ".join(broken[rule])
+        elif rule in warned:
+            outcome, message = "warn", "; ".join(warned[rule])
         else:
             outcome, message = "pass", f"{rule}: no violation"
         entries.append(
@@ -128,5 +136,5 @@ def _properties(result: PodSpecResult) -> dict[str, str]:
     if result.pinned:
         properties["pinned"] = ", ".join(result.pinned)
     if result.warnings:
-        properties["warnings"] = " | ".join(result.warnings)
+        properties["warnings"] = " | ".join(warning.message for warning in result.warnings)
     return properties

@@ -19,7 +19,8 @@ neither does being KAI's fraction container (KAI's webhook replaces the pin with
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, NamedTuple
 
 from gpu_fence import kai
@@ -37,23 +38,29 @@ from gpu_fence.vocabulary import (
     parse_visible_devices,
     requests_device_plugin_gpu,
 )
-from gpu_fence.warning_text import MAX_WARNING_CHARS, clip
+from gpu_fence.warning_text import clip
 
 from .config import (
     CDI_ANNOTATION_PREFIXES,
     HOST_PATH_VOLUME,
+    SHARED_NAMESPACE_CAPABILITIES,
     SYS_ADMIN_CAPABILITIES,
     PolicyConfig,
+    SharedNamespace,
     Switch,
     capability_name,
 )
 from .host_paths import clean_path, reaches_protected
+from .scope import reaches_gpu_nodes
+from .ways_out import way_out
 
 __all__ = [
     "CDI_ANNOTATION_PREFIXES",
+    "NVIDIA_RUNTIME_CLASS",
     "RULES",
     "Decision",
     "Mutation",
+    "Reach",
     "Rule",
     "Validation",
     "Violation",
@@ -72,17 +79,42 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Violation:
-    """One broken rule. ``container`` is None for pod-level rules; ``detail`` says what is wrong and the fix."""
+    """One broken rule (or, among ``Validation.warnings``, one piece of advice). ``container`` is None for pod-level
+    rules. ``what`` says what is wrong, naming the container, volume or annotation; ``fix`` the change to the
+    workload that clears it; ``way_out``, where the pod looks like trusted infrastructure or the rule guards the
+    node, the exemption or upstream setting that removes the need (``webhook.ways_out``)."""
 
     rule: str
     container: str | None
-    detail: str
+    what: str
+    fix: str = ""
+    way_out: str = ""
+
+    @property
+    def detail(self) -> str:
+        """What is wrong, the fix and the way out, in one line without the rule id (what the check reports)."""
+        return "; ".join(part for part in (self.what, self.fix, self.way_out) if part)
 
     @property
     def message(self) -> str:
-        """The violation in one line, led by its rule id so that people and log searches find it: what denials,
-        warnings and every report of the check say."""
+        """The violation in one line, led by its rule id so that people and log searches find it: what denials
+        and every report of the check say."""
         return f"{self.rule}: {self.detail}"
+
+    @property
+    def finding(self) -> str:
+        """The message without the way out: a denial says each way out once, however many violations share it."""
+        return f"{self.rule}: " + "; ".join(part for part in (self.what, self.fix) if part)
+
+    @property
+    def advice(self) -> str:
+        """The violation as a warning reads it, led by the rule id and the fix (warnings are short, and the fix is
+        what a reader acts on): ``rule: container "x": fix``; where there is no fix of the workload's own (the way
+        out replaces it, and the envelope says each way out once), the finding."""
+        if not self.fix:
+            return self.finding
+        subject = f"container {_quote(self.container)}: " if self.container is not None else ""
+        return f"{self.rule}: {subject}{self.fix}"
 
 
 @dataclass(frozen=True)
@@ -95,10 +127,12 @@ class Mutation:
 
 @dataclass(frozen=True)
 class Validation:
-    """Violations deny the pod (in ``enforce`` mode); warnings (each ≤ 120 characters) never do."""
+    """Violations deny the pod (in ``enforce`` mode); warnings never do. Each warning is a :class:`Violation` too,
+    with its rule id: a rule whose switch is at ``warn``, a node rule out of scope (``gpu_node_taints``), or advice
+    that is no rule's (:data:`NVIDIA_RUNTIME_CLASS`)."""
 
     violations: tuple[Violation, ...]
-    warnings: tuple[str, ...]
+    warnings: tuple[Violation, ...]
 
     @property
     def rule_ids(self) -> tuple[str, ...]:
@@ -107,11 +141,27 @@ class Validation:
         return tuple(rule.id for rule in RULES if rule.id in broken)
 
 
+class Reach(Enum):
+    """What a rule guards, which decides where it applies when ``gpu_node_taints`` scopes the policy."""
+
+    #: A GPU path (the toolkit's variables, mounts and annotations, the allocation itself): judged on every pod. A
+    #: rule about the allocation (``bound-gpu-pod``, ``kai-annotation-update``) is one even where the pod could land
+    #: on no GPU node: what it guards is that the GPU a container uses is one the scheduler allocated.
+    GPU = "gpu"
+    #: The node that holds the GPUs: judged only on pods that can land on a GPU node (``webhook.scope``).
+    NODE = "node"
+
+
 @dataclass(frozen=True)
 class Rule:
+    """One row of the rule table. A rule that guards the node declares ``Reach.NODE``: ``gpu_node_taints`` then
+    scopes it, and its violations name the exemption for trusted node agents (``webhook.ways_out``) without code of
+    its own; a violation whose ``fix`` is empty is told its way out all the same."""
+
     id: str
     summary: str
     vectors: tuple[str, ...]
+    reach: Reach = Reach.GPU
 
 
 NO_MUTATION = Mutation(patch=(), pinned=())
@@ -161,6 +211,9 @@ GATED_DEVICE_ENV = "gated-device-env"
 VOLUME_TYPE = "volume-type"
 HOST_PROCESS = "host-process"
 HOST_IPC = "host-ipc"
+#: The id of the one warning that is no rule's: an NVIDIA runtime class on a pod with no GPU container (V5), which
+#: the pin neutralises.
+NVIDIA_RUNTIME_CLASS = "nvidia-runtime-class"
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -187,19 +240,27 @@ RULES: tuple[Rule, ...] = (
         "(a warning unless env_from_on_gpu_containers: reject)",
         ("V23",),
     ),
-    Rule(PRIVILEGED, "a privileged container sees every device of the node, GPUs included", ("V6",)),
+    Rule(PRIVILEGED, "a privileged container sees every device of the node, GPUs included", ("V6",), Reach.NODE),
     Rule(
         SYS_ADMIN_CAPABILITY,
         "capabilities.add with SYS_ADMIN or ALL, which the NVIDIA toolkit treats as privileged",
         ("V7",),
+        Reach.NODE,
     ),
     Rule(
         ADDED_CAPABILITY,
-        "capabilities.add with a capability not on the allowlist (SYS_PTRACE, DAC_READ_SEARCH, SYS_MODULE, "
-        "SYS_RAWIO, BPF and every other one beyond Pod Security baseline and IPC_LOCK)",
+        "capabilities.add with a capability not on the allowlist (DAC_READ_SEARCH, SYS_MODULE, SYS_RAWIO, BPF, "
+        "PERFMON, SYS_TIME and every other one that reaches the node), or NET_ADMIN or NET_RAW with hostNetwork, or "
+        "SYS_PTRACE with shareProcessNamespace",
         ("V18",),
+        Reach.NODE,
     ),
-    Rule(HOST_PID, "hostPID: the pod's processes see, signal and inspect every process of the node", ("V19",)),
+    Rule(
+        HOST_PID,
+        "hostPID: the pod's processes see, signal and inspect every process of the node",
+        ("V19",),
+        Reach.NODE,
+    ),
     Rule(
         DEVICE_LIST_MOUNT,
         "a volumeMount under /var/run/nvidia-container-devices, which the toolkit reads as a device list",
@@ -214,17 +275,20 @@ RULES: tuple[Rule, ...] = (
         RUNTIME_ANNOTATION,
         "a pod annotation under a forbidden prefix (CRI-O devices, NRI device, CDI device and mount injection)",
         ("V20",),
+        Reach.NODE,
     ),
     Rule(
         HOST_DEVICE_PATH,
         "a hostPath volume at or above GPU device nodes, CDI specs, the driver or toolkit, the kubelet, runtime "
         "sockets and storage, /proc or /sys",
         ("V11",),
+        Reach.NODE,
     ),
     Rule(
         HOST_PATH,
         "a hostPath volume that is not on the allowlist, or mounted writable where its entry is read-only",
         ("V17",),
+        Reach.NODE,
     ),
     Rule(MIG_CONTROL_ENV, "NVIDIA_MIG_CONFIG_DEVICES or NVIDIA_MIG_MONITOR_DEVICES set", ("V14",)),
     Rule(IMEX_CHANNELS, "NVIDIA_IMEX_CHANNELS set in the pod, an IMEX channel request of its own", ("V21",)),
@@ -251,18 +315,21 @@ RULES: tuple[Rule, ...] = (
         "a volume whose type is not on the allowlist (gitRepo, fc, iscsi, nfs and every other type the kubelet sets up "
         "on the node from what the pod says)",
         ("V28",),
+        Reach.NODE,
     ),
     Rule(
         HOST_PROCESS,
         "windowsOptions.hostProcess on the pod or a container: a Windows HostProcess container runs on the node as a "
         "host process",
         ("V29",),
+        Reach.NODE,
     ),
     Rule(
         HOST_IPC,
         "hostIPC: the pod joins the node's IPC namespace and gets the node's /dev/shm writable (a warning with "
         "host_ipc: warn)",
         ("V30",),
+        Reach.NODE,
     ),
 )
 #: Rules only a plain pod UPDATE can break (``validate_update``): ``validate`` has no old object to compare with.
@@ -327,9 +394,10 @@ def _quote(text: Any) -> str:
     return '"' + clip(text if isinstance(text, str) else repr(text), _NAME_LIMIT) + '"'
 
 
-def _in_container(rule: str, container: _Container, detail: str) -> Violation:
-    """A violation by one container: its detail names the container first, quoted and clipped, as people read it."""
-    return Violation(rule, container.name, f"container {_quote(container.name)} {detail}")
+def _in_container(rule: str, container: _Container, what: str, fix: str) -> Violation:
+    """A violation by one container: what is wrong names the container first, quoted and clipped, as people read
+    it."""
+    return Violation(rule, container.name, f"container {_quote(container.name)} {what}", fix)
 
 
 def _kai_fraction_name(pod: Mapping[str, Any], config: PolicyConfig) -> str | None:
@@ -361,7 +429,8 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
         problem = Violation(
             UNPINNED_CONTAINER,
             None,
-            "the object is not a Pod (not a JSON object), so no container can be pinned; submit a Pod manifest",
+            "the object is not a Pod (not a JSON object), so no container can be pinned",
+            "submit a Pod manifest",
         )
         return _Pod({}, {}, (), (problem,), config, only is None, {})
     spec = pod.get("spec")
@@ -371,7 +440,8 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
             Violation(
                 UNPINNED_CONTAINER,
                 None,
-                "the pod has no readable spec, so no container can be pinned; give the Pod a spec object",
+                "the pod has no readable spec, so no container can be pinned",
+                "give the Pod a spec object",
             )
         )
         spec = {}
@@ -390,8 +460,8 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
                 Violation(
                     UNPINNED_CONTAINER,
                     None,
-                    f"spec.{field} is not a list, "
-                    f"so its containers cannot be pinned; make spec.{field} a list of containers",
+                    f"spec.{field} is not a list, so its containers cannot be pinned",
+                    f"make spec.{field} a list of containers",
                 )
             )
             continue
@@ -403,7 +473,8 @@ def _read_pod(pod: Any, config: PolicyConfig, only: Collection[str] | None) -> _
                     Violation(
                         UNPINNED_CONTAINER,
                         label,
-                        f"spec.{label} is not an object, so it cannot be pinned; make it a container object",
+                        f"spec.{label} is not an object, so it cannot be pinned",
+                        "make it a container object",
                     )
                 )
                 continue
@@ -573,7 +644,7 @@ def unpinned_container(pod: _Pod) -> list[Violation]:
                 _in_container(
                     UNPINNED_CONTAINER,
                     container,
-                    f"has an env that is not a list, so {VISIBLE_DEVICES_ENV}=void cannot be pinned; "
+                    f"has an env that is not a list, so {VISIBLE_DEVICES_ENV}=void cannot be pinned",
                     "make env a list of name/value",
                 )
             )
@@ -585,15 +656,15 @@ def unpinned_container(pod: _Pod) -> list[Violation]:
                 if name == pin:
                     break
             else:
-                found.append(_in_container(UNPINNED_CONTAINER, container, _unpinned_detail(container, pin)))
+                found.append(_in_container(UNPINNED_CONTAINER, container, *_unpinned_detail(container, pin)))
             continue
         missing = _missing_pins(container)
         if missing:
-            found.append(_in_container(UNPINNED_CONTAINER, container, _unpinned_detail(container, missing[0])))
+            found.append(_in_container(UNPINNED_CONTAINER, container, *_unpinned_detail(container, missing[0])))
     return found
 
 
-def _unpinned_detail(container: _Container, name: str) -> str:
+def _unpinned_detail(container: _Container, name: str) -> tuple[str, str]:
     if container.kai_fraction:
         why = "is KAI's fraction container and does not set"
     elif container.claims:
@@ -601,7 +672,7 @@ def _unpinned_detail(container: _Container, name: str) -> str:
     else:
         why = "requests no GPU and does not set"
     alias = "" if name == VISIBLE_DEVICES_ENV else f" (read by the toolkit instead of {VISIBLE_DEVICES_ENV})"
-    return f"{why} {name}{alias}; add env {name}=void (or request nvidia.com/gpu)"
+    return f"{why} {name}{alias}", f"add env {name}=void (or request nvidia.com/gpu)"
 
 
 def visible_devices_env(pod: _Pod) -> list[Violation]:
@@ -640,7 +711,7 @@ def visible_devices_env(pod: _Pod) -> list[Violation]:
                 if container.gpu
                 else f"request nvidia.com/gpu, or remove {name}"
             )
-            found.append(_in_container(VISIBLE_DEVICES, container, f"{problem}; {fix}"))
+            found.append(_in_container(VISIBLE_DEVICES, container, problem, fix))
     pod.memo["none"] = nones
     return found
 
@@ -668,7 +739,8 @@ def visible_devices_none(pod: _Pod) -> list[Violation]:
             VISIBLE_DEVICES_NONE,
             container,
             f"sets {name} to none, which NVIDIA container toolkit 1.18.0 and 1.18.1 read as all in jit-cdi mode "
-            f"(fixed in 1.18.2); set {name}=void",
+            "(fixed in 1.18.2)",
+            f"set {name}=void",
         )
         for container, name in _none_settings(pod)
     ]
@@ -703,7 +775,7 @@ def gpu_env_from(pod: _Pod) -> list[Violation]:
         _in_container(
             GPU_ENV_FROM,
             container,
-            f"gets a GPU and uses envFrom, which can set {VISIBLE_DEVICES_ENV} (or an alias) past the allocation; "
+            f"gets a GPU and uses envFrom, which can set {VISIBLE_DEVICES_ENV} (or an alias) past the allocation",
             "set the variables with env instead of envFrom",
         )
         for container in _env_from_gaps(pod)
@@ -724,8 +796,9 @@ def privileged(pod: _Pod) -> list[Violation]:
                 _in_container(
                     PRIVILEGED,
                     container,
-                    "is privileged and sees every device of the node, GPUs included; remove "
-                    "securityContext.privileged (request nvidia.com/gpu for a GPU)",
+                    "is privileged and sees every device of the node, GPUs included",
+                    "remove securityContext.privileged and add only the capabilities it needs (allowed_capabilities); "
+                    "request nvidia.com/gpu for a GPU",
                 )
             )
         capabilities = security.get("capabilities")
@@ -764,9 +837,8 @@ def sys_admin_capability(pod: _Pod) -> list[Violation]:
                     _in_container(
                         SYS_ADMIN_CAPABILITY,
                         container,
-                        f"adds capability {_quote(capability)}, which the "
-                        "NVIDIA toolkit treats as privileged; remove it from "
-                        "securityContext.capabilities.add",
+                        f"adds capability {_quote(capability)}, which the NVIDIA toolkit treats as privileged",
+                        f"remove {_quote(capability)} from securityContext.capabilities.add",
                     )
                 )
                 break
@@ -774,37 +846,98 @@ def sys_admin_capability(pod: _Pod) -> list[Violation]:
 
 
 def added_capability(pod: _Pod) -> list[Violation]:
+    """Every added capability must be on the allowlist; and those that reach past the pod once it shares a namespace
+    (``SHARED_NAMESPACE_CAPABILITIES``) must not meet that namespace."""
     allowed = pod.config.allowed_capability_set
     found: list[Violation] = []
     for container, added in _capability_additions(pod):
-        unlisted = [
-            capability
-            for capability in added
-            if capability_name(capability) not in allowed and capability_name(capability) not in SYS_ADMIN_CAPABILITIES
+        names = [(capability, capability_name(capability)) for capability in added]
+        unlisted = [raw for raw, name in names if name not in allowed and name not in SYS_ADMIN_CAPABILITIES]
+        groups = [
+            (unlisted, ", which reaches the node or other pods and is not on the allowlist (allowed_capabilities)", "")
         ]
-        if unlisted:
-            found.append(
-                _in_container(
-                    ADDED_CAPABILITY,
-                    container,
-                    f"adds capability {', '.join(_quote(c) for c in unlisted)}, which is not on the capability "
-                    "allowlist (allowed_capabilities); remove it from securityContext.capabilities.add",
-                )
-            )
+        for shared in _shared_namespaces(pod, container):
+            reaching = [raw for raw, name in names if name in allowed and name in SHARED_NAMESPACE_CAPABILITIES[shared]]
+            groups.append((reaching, f" and shares {_SHARED_WHAT[shared]}, which it then reaches", _SHARED_FIX[shared]))
+        for listed, why, unshare in groups:
+            if listed:
+                quoted = ", ".join(_quote(c) for c in listed)
+                fix = f"remove {quoted} from securityContext.capabilities.add" + (f", or {unshare}" if unshare else "")
+                found.append(_in_container(ADDED_CAPABILITY, container, f"adds capability {quoted}{why}", fix))
     return found
+
+
+#: What each shared namespace hands a capability, and how a pod stops sharing it.
+_SHARED_WHAT = {
+    SharedNamespace.HOST_NETWORK: "the node's network namespace (hostNetwork)",
+    SharedNamespace.SHARE_PROCESS_NAMESPACE: "a PID namespace with a container that gets a GPU",
+}
+_SHARED_FIX = {
+    SharedNamespace.HOST_NETWORK: "drop hostNetwork",
+    SharedNamespace.SHARE_PROCESS_NAMESPACE: "stop sharing the process namespace (shareProcessNamespace, or the "
+    "debug container's targetContainerName); with kubectl debug, --profile=baseline adds no SYS_PTRACE (the default "
+    "profile, general, does)",
+}
+
+
+def _flag(value: Any) -> bool:
+    """A boolean field as the API reads it (a YAML manifest may hold the string)."""
+    return value is True or (isinstance(value, str) and value.lower() == "true")
+
+
+def _shared_namespaces(pod: _Pod, container: _Container) -> list[SharedNamespace]:
+    """The namespaces this container shares in which :data:`SHARED_NAMESPACE_CAPABILITIES` reach further: the
+    node's network, and a PID namespace that holds another container that gets a GPU (the pod's, with
+    ``shareProcessNamespace``; for a debug container, its target's, with ``targetContainerName``). Read only for a
+    container that adds capabilities."""
+    shared: list[SharedNamespace] = []
+    spec = pod.spec
+    if _flag(spec.get("hostNetwork")):
+        shared.append(SharedNamespace.HOST_NETWORK)
+    target = container.body.get("targetContainerName") if container.field == "ephemeralContainers" else None
+    if target:
+        sharers: Collection[Any] = (target,)
+    elif _flag(spec.get("shareProcessNamespace")):
+        sharers = [body.get("name") for body in _spec_containers(spec) if body.get("name") != container.name]
+    else:
+        sharers = ()
+    if sharers and any(_gets_gpu(pod, name) for name in sharers):
+        shared.append(SharedNamespace.SHARE_PROCESS_NAMESPACE)
+    return shared
+
+
+def _spec_containers(spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """The init and regular containers of the spec (ephemeral ones never get a GPU), as far as they can be read."""
+    for field in ("initContainers", "containers"):
+        entries = spec.get(field)
+        if isinstance(entries, list):
+            yield from (body for body in entries if isinstance(body, dict))
+
+
+def _gets_gpu(pod: _Pod, name: Any) -> bool:
+    """Whether the spec's container of that name gets a GPU: a device-plugin request, a DRA claim (of any class:
+    counted, to be safe) or KAI's fraction. A name that names no readable container counts too (fail closed)."""
+    bodies = [body for body in _spec_containers(pod.spec) if body.get("name") == name]
+    if not bodies or not isinstance(name, str):
+        return True
+    kai_name = _kai_fraction_name({"metadata": pod.metadata, "spec": pod.spec}, pod.config)
+    return any(
+        requests_device_plugin_gpu(body, pod.config.gpu_resource_set) or has_resource_claims(body) or name == kai_name
+        for body in bodies
+    )
 
 
 def host_pid(pod: _Pod) -> list[Violation]:
     if not pod.whole_pod:  # immutable: judged when the pod was created
         return []
-    flag = pod.spec.get("hostPID")
-    if flag is True or (isinstance(flag, str) and flag.lower() == "true"):
+    if _flag(pod.spec.get("hostPID")):
         return [
             Violation(
                 HOST_PID,
                 None,
                 "the pod shares the node's PID namespace (hostPID), where its processes see, signal and inspect "
-                "(environment, files) other pods' processes, GPU jobs included; remove hostPID",
+                "(environment, files) other pods' processes, GPU jobs included",
+                "remove hostPID",
             )
         ]
     return []
@@ -847,9 +980,8 @@ def device_list_mount(pod: _Pod) -> list[Violation]:
                     _in_container(
                         DEVICE_LIST_MOUNT,
                         container,
-                        f"mounts a volume at {_quote(path)}, which the "
-                        "NVIDIA toolkit reads as a GPU request; remove the volumeMount and request "
-                        "nvidia.com/gpu",
+                        f"mounts a volume at {_quote(path)}, which the NVIDIA toolkit reads as a GPU request",
+                        f"remove the volumeMount at {_quote(path)} and request nvidia.com/gpu",
                     )
                 )
     return found
@@ -873,7 +1005,10 @@ def _annotation_violations(pod: _Pod, rule: str, prefixes: tuple[str, ...], asks
         return []
     return [
         Violation(
-            rule, None, f"pod annotation {_quote(key)} asks {asks}; remove the annotation and request nvidia.com/gpu"
+            rule,
+            None,
+            f"pod annotation {_quote(key)} asks {asks}",
+            f"remove the annotation {_quote(key)} and request nvidia.com/gpu",
         )
         for key in keys
         if key.startswith(prefixes)
@@ -940,8 +1075,8 @@ def host_device_path(pod: _Pod) -> list[Violation]:
         Violation(
             HOST_DEVICE_PATH,
             None,
-            f"volume {_quote(name)} mounts host path {_quote(path)}, which exposes {reached}; remove the hostPath "
-            "volume (request nvidia.com/gpu for a GPU)",
+            f"volume {_quote(name)} mounts host path {_quote(path)}, which exposes {reached}",
+            f"replace hostPath volume {_quote(name)} with another volume type (request nvidia.com/gpu for a GPU)",
         )
         for name, path, _, reached in _host_path_volumes(pod)
         if reached is not None
@@ -974,7 +1109,8 @@ def host_path(pod: _Pod) -> list[Violation]:
                     HOST_PATH,
                     None,
                     f"volume {_quote(name)} mounts host path {_quote(path)}, which is not on the hostPath "
-                    "allowlist (host_path_allowlist); use another volume type, or ask for an entry",
+                    "allowlist (host_path_allowlist)",
+                    f"replace hostPath volume {_quote(name)} with another volume type, or ask for an allowlist entry",
                 )
             )
             continue
@@ -988,7 +1124,8 @@ def host_path(pod: _Pod) -> list[Violation]:
                     HOST_PATH,
                     None,
                     f"volume {_quote(name)} mounts host path {_quote(path)} writable, which the hostPath allowlist "
-                    "allows read-only; set readOnly: true on every volumeMount of it",
+                    "allows read-only",
+                    f"set readOnly: true on every volumeMount of volume {_quote(name)}",
                 )
             )
     return found
@@ -1014,7 +1151,7 @@ def _env_variable_violations(pod: _Pod, rule: str, names: Collection[str], why: 
     if not settings:
         return []
     return [
-        _in_container(rule, container, f"sets {name}, {why}; remove it")
+        _in_container(rule, container, f"sets {name}, {why}", f"remove {name}")
         for container, name in settings
         if name in names
     ]
@@ -1050,8 +1187,9 @@ def bound_gpu_pod(pod: _Pod) -> list[Violation]:
             None,
             f"the pod is created with spec.nodeName, which skips the scheduler's resource fit, and container "
             f"{', '.join(_quote(name) for name in gpus)} requests a device-plugin GPU, which a node that does not "
-            "advertise it runs with no allocation; choose the node with a nodeSelector on kubernetes.io/hostname "
-            "(or node affinity on metadata.name) instead of nodeName",
+            "advertise it runs with no allocation",
+            "choose the node with a nodeSelector on kubernetes.io/hostname (or node affinity on metadata.name) "
+            "instead of nodeName",
         )
     ]
 
@@ -1064,7 +1202,7 @@ def kai_annotation_update(pod: _Pod) -> list[Violation]:
             KAI_ANNOTATION_UPDATE,
             None,
             f"the update {change} pod annotation {_quote(key)}, which KAI's binder reads at bind time to choose the "
-            "ConfigMap it fills, while the fraction container's reference was written and judged at creation; "
+            "ConfigMap it fills, while the fraction container's reference was written and judged at creation",
             "delete the pod and create it with the annotations it needs",
         )
         for key, change in changes
@@ -1084,8 +1222,8 @@ def gated_device_env(pod: _Pod) -> list[Violation]:
         _in_container(
             GATED_DEVICE_ENV,
             container,
-            f"sets {name}, which asks the NVIDIA toolkit for {GATED_DEVICE_ENVS[name]}, devices no allocation chose; "
-            f"remove it ({_GATED_WAY_OUT.get(name, _NVSWITCH_WAY_OUT)})",
+            f"sets {name}, which asks the NVIDIA toolkit for {GATED_DEVICE_ENVS[name]}, devices no allocation chose",
+            f"remove {name} ({_GATED_WAY_OUT.get(name, _NVSWITCH_WAY_OUT)})",
         )
         for container, name in settings
         if name in GATED_DEVICE_ENVS
@@ -1124,8 +1262,8 @@ def volume_type(pod: _Pod) -> list[Violation]:
                     VOLUME_TYPE,
                     None,
                     f"volume {_quote(volume.get('name'))} is of type {_quote(kind)}, which is not on the volume type "
-                    f"allowlist (allowed_volume_types): the kubelet sets it up on the node from what the pod says; "
-                    f"{hint}",
+                    "allowlist (allowed_volume_types): the kubelet sets it up on the node from what the pod says",
+                    hint,
                 )
             )
     return found
@@ -1152,8 +1290,8 @@ def host_process(pod: _Pod) -> list[Violation]:
                 HOST_PROCESS,
                 None,
                 "the pod sets securityContext.windowsOptions.hostProcess, which runs its containers as processes "
-                "of the Windows node with its devices and files; remove it (exempt a trusted node agent's service "
-                "account)",
+                "of the Windows node with its devices and files",
+                "remove securityContext.windowsOptions.hostProcess",
             )
         )
     for container in containers:
@@ -1162,17 +1300,19 @@ def host_process(pod: _Pod) -> list[Violation]:
                 HOST_PROCESS,
                 container,
                 "sets securityContext.windowsOptions.hostProcess, which runs it as a process of the Windows node "
-                "with its devices and files; remove it (exempt a trusted node agent's service account)",
+                "with its devices and files",
+                "remove securityContext.windowsOptions.hostProcess",
             )
         )
     return found
 
 
 def _host_ipc(pod: _Pod) -> bool:
-    if not pod.whole_pod:  # immutable: judged when the pod was created
-        return False
-    flag = pod.spec.get("hostIPC")
-    return flag is True or (isinstance(flag, str) and flag.lower() == "true")
+    # immutable: judged when the pod was created
+    return pod.whole_pod and _flag(pod.spec.get("hostIPC"))
+
+
+_HOST_IPC_FIX = "remove hostIPC (an emptyDir with medium Memory at /dev/shm serves the pod's own processes)"
 
 
 def host_ipc(pod: _Pod) -> list[Violation]:
@@ -1183,8 +1323,8 @@ def host_ipc(pod: _Pod) -> list[Violation]:
             HOST_IPC,
             None,
             "the pod shares the node's IPC namespace (hostIPC), where the runtime mounts the node's /dev/shm writable "
-            "into it and other hostIPC pods' shared memory (NCCL's among them) is open to it; remove hostIPC (an "
-            "emptyDir with medium Memory at /dev/shm serves the pod's own processes)",
+            "into it and other hostIPC pods' shared memory (NCCL's among them) is open to it",
+            _HOST_IPC_FIX,
         )
     ]
 
@@ -1223,24 +1363,34 @@ RULE_CHECKS: tuple[tuple[Rule, Callable[[_Pod], list[Violation]]], ...] = tuple(
 _CHECKS = tuple(check for rule, check in RULE_CHECKS if rule.id not in UPDATE_RULES)
 
 
-def _warnings(pod: _Pod) -> list[str]:
+def _warnings(pod: _Pod) -> list[Violation]:
     # Loops over lists that are nearly always empty, not generators: this runs for every pod admitted.
-    warnings: list[str] = []
+    warnings: list[Violation] = []
     config = pod.config
     if config.env_from_on_gpu_containers is _WARN:
         for container in _env_from_gaps(pod):
             warnings.append(
-                f"container {_quote(container.name)} requests a GPU and uses envFrom, which gpu-fence "
-                f"cannot check for {VISIBLE_DEVICES_ENV}"
+                _in_container(
+                    GPU_ENV_FROM,
+                    container,
+                    f"requests a GPU and uses envFrom, which gpu-fence cannot check for {VISIBLE_DEVICES_ENV}",
+                    "set the variables with env instead of envFrom",
+                )
             )
     if config.visible_devices_none is _WARN:
         for container, name in _none_settings(pod):
             warnings.append(
-                f"container {_quote(container.name)} sets {name}=none, which toolkit 1.18.0-1.18.1 (jit-cdi) read "
-                "as all; use void"
+                _in_container(
+                    VISIBLE_DEVICES_NONE,
+                    container,
+                    f"sets {name}=none, which toolkit 1.18.0-1.18.1 (jit-cdi) read as all",
+                    "use void",
+                )
             )
     if config.host_ipc is _WARN and _host_ipc(pod):
-        warnings.append("hostIPC gives the pod the node's /dev/shm and IPC namespace; remove hostIPC")
+        warnings.append(
+            Violation(HOST_IPC, None, "the pod shares the node's IPC namespace and /dev/shm (hostIPC)", _HOST_IPC_FIX)
+        )
     if pod.whole_pod:
         runtime_class = pod.spec.get("runtimeClassName")
         if (
@@ -1249,12 +1399,14 @@ def _warnings(pod: _Pod) -> list[str]:
             and not any(container.gpu or container.kai_fraction or container.claims for container in pod.containers)
         ):
             warnings.append(
-                f"runtimeClassName {_quote(runtime_class)} on a pod with no GPU container: its "
-                f"containers are pinned to {VISIBLE_DEVICES_ENV}=void"
+                Violation(
+                    NVIDIA_RUNTIME_CLASS,
+                    None,
+                    f"runtimeClassName {_quote(runtime_class)} on a pod with no GPU container: its containers are "
+                    f"pinned to {VISIBLE_DEVICES_ENV}=void",
+                )
             )
-    if not warnings:
-        return warnings
-    return [clip(warning, MAX_WARNING_CHARS) for warning in warnings]
+    return warnings
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1315,11 +1467,16 @@ def mutate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = Non
     return Mutation(patch=tuple(operations), pinned=tuple(pinned))
 
 
-def validate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = None) -> Validation:
+def validate(
+    pod: Any, config: PolicyConfig, *, only: Collection[str] | None = None, namespace: str | None = None
+) -> Validation:
     """Judge the pod as it will run (after all mutation): every rule of ``RULES`` but ``UPDATE_RULES``, plus warnings.
 
     With ``only`` (a ``pods/ephemeralcontainers`` UPDATE) just those ephemeral containers are judged, with the
     hostPath volumes they mount; pod-level annotations and runtime class were judged when the pod was created.
+    With ``gpu_node_taints`` configured, a pod that cannot land on a GPU node (``webhook.scope``) gets the
+    violations of the rules that guard the node as warnings. ``namespace`` (the request's; else the pod's own) is
+    named in the ways out of the violations.
     """
     view = _read_pod(pod, config, only)
     violations: list[Violation] = []
@@ -1330,32 +1487,105 @@ def validate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = N
     warnings = _warnings(view)
     if not violations and not warnings:
         return NO_VIOLATIONS
+    if violations and config.gpu_node_taints and not reaches_gpu_nodes(view.spec, config):
+        guarded = [v for v in violations if _REACH.get(v.rule) is Reach.NODE]
+        violations = [v for v in violations if _REACH.get(v.rule) is not Reach.NODE]
+        warnings = [*(_out_of_scope(v) for v in guarded), *warnings]
+    if violations:
+        violations = _with_ways_out(view, violations, namespace)
     return Validation(violations=tuple(violations), warnings=tuple(warnings))
+
+
+_REACH = {rule.id: rule.reach for rule in RULES}
+
+
+def _out_of_scope(violation: Violation) -> Violation:
+    """A node rule's violation on a pod that cannot land on a GPU node, as the warning that says why it passes."""
+    return Violation(
+        violation.rule,
+        violation.container,
+        f"{violation.what} (allowed: the pod tolerates none of gpu_node_taints, so it runs on no GPU node)",
+    )
+
+
+def _with_ways_out(view: _Pod, violations: list[Violation], namespace: str | None) -> list[Violation]:
+    """Each violation with its way out for trusted infrastructure (``webhook.ways_out``), where it has one. Only on
+    the path of a pod that breaks a rule: the bodies are looked up here, not kept for every pod."""
+    if namespace is None:
+        namespace = view.metadata.get("namespace")
+    if not isinstance(namespace, str) or not namespace:
+        namespace = "<namespace>"
+    bodies = {container.name: container.body for container in view.containers}
+    every = [*_spec_containers(view.spec), *(container.body for container in view.containers)]
+    answered: list[Violation] = []
+    for violation in violations:
+        if violation.way_out:
+            answered.append(violation)
+            continue
+        body = bodies.get(violation.container) if violation.container is not None else None
+        found = way_out(
+            guards_node=_REACH.get(violation.rule) is Reach.NODE,
+            container=body,
+            spec=view.spec,
+            containers=every,
+            namespace=namespace,
+        )
+        if found is None:
+            answered.append(violation)
+        elif found.replaces_fix:
+            answered.append(replace(violation, fix="", way_out=found.text))
+        else:
+            answered.append(replace(violation, way_out=found.text))
+    return answered
 
 
 def _annotations(pod: Any) -> Mapping[str, Any]:
     return _mapping(_mapping(pod.get("metadata")).get("annotations")) if isinstance(pod, dict) else _EMPTY
 
 
-def validate_update(pod: Any, old_pod: Any, config: PolicyConfig) -> Validation:
-    """Judge a plain pod UPDATE: the CDI and runtime annotations it adds or changes, and on a pod KAI schedules the
-    annotations KAI's binder reads that it adds, removes or changes; nothing else.
+def validate_update(pod: Any, old_pod: Any, config: PolicyConfig, *, namespace: str | None = None) -> Validation:
+    """Judge a plain pod UPDATE: the CDI and runtime annotations it adds or changes, on a pod KAI schedules the
+    annotations KAI's binder reads that it adds, removes or changes, and, where ``gpu_node_taints`` scopes the node
+    rules, tolerations that bring the pod into scope; nothing else.
 
     Containers, volumes and runtime class are immutable once a pod exists, but annotations are not: one added
     while the pod waits for its sandbox (a scheduling gate, a pending pod) reaches the runtime like one set at
     CREATE, and KAI's binder picks the ConfigMap it fills from the annotations as they are when it binds.
     Annotations that were already there were judged at CREATE (or let through in warn mode); judging them again
-    would deny every later update of the pod, finalizer removal included.
+    would deny every later update of the pod, finalizer removal included. Tolerations can be added too, and a
+    pending pod that now tolerates a GPU taint can be scheduled onto a GPU node: the node rules it was spared at
+    CREATE judge it now. The GPU rules (``cdi-annotation``, ``kai-annotation-update``) are never out of scope.
     """
     old = _annotations(old_pod)
     new = _annotations(pod)
     added = {key: value for key, value in new.items() if key not in old or old[key] != value}
     changes = _kai_changes(pod, old, new, config)
-    if not added and not changes:
+    violations: list[Violation] = []
+    if added or changes:
+        view = _Pod({"annotations": added}, _EMPTY, (), (), config, True, {"kai changes": changes})
+        violations += [*cdi_annotation(view), *runtime_annotation(view), *kai_annotation_update(view)]
+    warnings: list[Violation] = []
+    if config.gpu_node_taints and isinstance(pod, dict):
+        if _enters_scope(pod, old_pod, config):
+            # The whole pod's node rules, runtime-annotation among them (over every annotation, not only the added).
+            whole = validate(pod, config, namespace=namespace)
+            violations = [v for v in violations if _REACH.get(v.rule) is not Reach.NODE]
+            violations += [v for v in whole.violations if _REACH.get(v.rule) is Reach.NODE]
+        elif not reaches_gpu_nodes(_mapping(pod.get("spec")), config):
+            warnings = [_out_of_scope(v) for v in violations if _REACH.get(v.rule) is Reach.NODE]
+            violations = [v for v in violations if _REACH.get(v.rule) is not Reach.NODE]
+    if not violations and not warnings:
         return NO_VIOLATIONS
-    view = _Pod({"annotations": added}, _EMPTY, (), (), config, True, {"kai changes": changes})
-    violations = [*cdi_annotation(view), *runtime_annotation(view), *kai_annotation_update(view)]
-    return Validation(violations=tuple(violations), warnings=()) if violations else NO_VIOLATIONS
+    if violations:
+        violations = _with_ways_out(_read_pod(pod, config, None), violations, namespace)
+    return Validation(violations=tuple(violations), warnings=tuple(warnings))
+
+
+def _enters_scope(pod: dict[str, Any], old_pod: Any, config: PolicyConfig) -> bool:
+    """Whether the update brings a pod that could land on no GPU node into the node rules' scope (an old pod that
+    cannot be read counts as out of scope, so the new one is judged)."""
+    old_spec = _mapping(old_pod.get("spec")) if isinstance(old_pod, dict) else _EMPTY
+    return reaches_gpu_nodes(_mapping(pod.get("spec")), config) and not reaches_gpu_nodes(old_spec, config)
 
 
 def _kai_changes(
@@ -1461,4 +1691,4 @@ def evaluate(pod: Any, config: PolicyConfig, *, namespace: str) -> Decision:
         return Decision(exempt=reason, mutation=NO_MUTATION, validation=NO_VIOLATIONS)
     mutation = mutate(pod, config)
     patched = apply_patch(pod, mutation.patch) if mutation.patch else pod
-    return Decision(exempt=None, mutation=mutation, validation=validate(patched, config))
+    return Decision(exempt=None, mutation=mutation, validation=validate(patched, config, namespace=namespace))

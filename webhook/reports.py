@@ -19,8 +19,6 @@ from typing import Any, Protocol
 
 from gpu_fence.verdicts import Verdict
 
-from .policy import Violation
-
 #: Output formats of ``gpu-fence-webhook check``.
 FORMATS = ("text", "json", "junit", "sarif", "openreports")
 
@@ -43,10 +41,19 @@ class RuleInfo(Protocol):
 
 
 @dataclass(frozen=True)
-class Finding(Violation):
-    """A violation with the line that reports point at (the container's, when known)."""
+class Finding:
+    """A violation, or a warning, as the reports show it: its rule id, its container (None for the pod), its text
+    without the rule id (what is wrong, the fix, the way out) and the line that reports point at (the container's,
+    when known)."""
 
+    rule: str
+    container: str | None
+    detail: str
     line: int
+
+    @property
+    def message(self) -> str:
+        return f"{self.rule}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,7 @@ class PodSpecResult:
     uid: str = ""  # of a live pod
     pinned: tuple[str, ...] = ()
     violations: tuple[Finding, ...] = ()
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[Finding, ...] = ()  # each with its rule id: OpenReports reports it as a warned rule
     exempt_reason: str | None = None
     spec_line: int = 0
     #: from a rendered kustomization: lines are those of the rendered stream, which no file holds
@@ -114,7 +121,7 @@ def result_to_dict(result: PodSpecResult) -> dict[str, Any]:
             {"rule": finding.rule, "container": finding.container, "message": finding.message}
             for finding in result.violations
         ],
-        "warnings": list(result.warnings),
+        "warnings": [warning.message for warning in result.warnings],
     }
 
 
@@ -170,7 +177,7 @@ def render_text(report: Report, *, colour: bool = False) -> str:
                 where = f"line {finding.line}: " if finding.line else ""
                 lines.append(f"            {where}{_paint(finding.rule, 'rejected', colour)}: {finding.detail}")
             for warning in result.warnings:
-                lines.append(f"            {_paint('warning', 'warning', colour)}: {warning}")
+                lines.append(f"            {_paint('warning', 'warning', colour)}: {warning.message}")
         lines.append("")
     lines.append(summary_line(report))
     return "\n".join(lines) + "\n"
@@ -224,7 +231,7 @@ def render_junit(report: Report) -> str:
             notes = []
             if result.pinned:
                 notes.append(f"mutated: pinned NVIDIA_VISIBLE_DEVICES=void on {', '.join(result.pinned)}")
-            notes.extend(f"warning: {warning}" for warning in result.warnings)
+            notes.extend(f"warning: {warning.message}" for warning in result.warnings)
             if notes:
                 ET.SubElement(case, "system-out").text = "\n".join(notes)
     suites.set("tests", str(totals["tests"]))

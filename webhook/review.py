@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypedDict
 import orjson
 
 from gpu_fence.verdicts import ReviewVerdict
-from gpu_fence.warning_text import MAX_WARNING_CHARS, truncate_warning
+from gpu_fence.warning_text import MAX_WARNING_CHARS, split_warning, truncate_warning
 
 if TYPE_CHECKING:
     from .config import PolicyConfig
@@ -44,6 +44,9 @@ WARNING_BUDGET_CHARS = 2048
 MAX_DENY_MESSAGE_CHARS = 2048
 #: One violation's clause in a denial (a hostPath or annotation key can be long); the rest of it is cut.
 MAX_DENY_CLAUSE_CHARS = 400
+#: A warning too long for one line goes on in the next ones, up to this many; a longer one is cut (a hostPath or an
+#: annotation key can be long), so that one violation cannot take the whole budget from the others.
+MAX_WARNING_LINES = 4
 #: The API server accepts annotation values of any length, but audit events are read by people.
 MAX_AUDIT_VALUE_CHARS = 1024
 
@@ -137,7 +140,7 @@ class AdmissionReviewResponse(TypedDict):
 
 
 class PolicyViolation(Protocol):
-    """One broken rule (``webhook.policy.Violation`` is one)."""
+    """One broken rule, or one piece of advice (``webhook.policy.Violation`` is both)."""
 
     @property
     def rule(self) -> str: ...
@@ -146,7 +149,16 @@ class PolicyViolation(Protocol):
     def container(self) -> str | None: ...
 
     @property
-    def message(self) -> str: ...
+    def message(self) -> str: ...  # rule id, what is wrong, the fix, the way out: one line
+
+    @property
+    def finding(self) -> str: ...  # the message without the way out
+
+    @property
+    def advice(self) -> str: ...  # rule id and what to do, as a warning leads with it
+
+    @property
+    def way_out(self) -> str: ...  # the exemption or upstream setting for trusted infrastructure, or ""
 
 
 class PolicyMutation(Protocol):
@@ -162,11 +174,11 @@ class PolicyValidation(Protocol):
     def violations(self) -> Sequence[PolicyViolation]: ...
 
     @property
-    def warnings(self) -> Sequence[str]: ...
+    def warnings(self) -> Sequence[PolicyViolation]: ...
 
 
 class Policy(Protocol):
-    """The four policy calls the envelope needs (``webhook.policy`` provides them as module functions)."""
+    """The policy calls the envelope needs (``webhook.policy`` provides them as module functions)."""
 
     def exemption(self, pod: RawObject, config: PolicyConfig, *, namespace: str) -> str | None: ...
 
@@ -174,11 +186,20 @@ class Policy(Protocol):
         self, pod: RawObject, config: PolicyConfig, *, only: Collection[str] | None = None
     ) -> PolicyMutation: ...
 
+    def apply_patch(self, document: RawObject, patch: Collection[Mapping[str, Any]]) -> RawObject: ...
+
     def validate(
-        self, pod: RawObject, config: PolicyConfig, *, only: Collection[str] | None = None
+        self,
+        pod: RawObject,
+        config: PolicyConfig,
+        *,
+        only: Collection[str] | None = None,
+        namespace: str | None = None,
     ) -> PolicyValidation: ...
 
-    def validate_update(self, pod: RawObject, old_pod: RawObject | None, config: PolicyConfig) -> PolicyValidation: ...
+    def validate_update(
+        self, pod: RawObject, old_pod: RawObject | None, config: PolicyConfig, *, namespace: str | None = None
+    ) -> PolicyValidation: ...
 
 
 # -- the envelope --------------------------------------------------------------------------------------------------
@@ -336,10 +357,11 @@ def _judge(request: Request, endpoint: Endpoint, config: PolicyConfig, policy: P
     reason = policy.exemption(pod, config, namespace=request.namespace)
     if reason:
         return _answer(request, allowed=True, verdict=ReviewVerdict.EXEMPT, audit={"exempt": reason})
+    namespace = request.namespace
     if request.operation == "UPDATE" and request.sub_resource == "":
         if endpoint is Endpoint.MUTATE:  # containers are immutable: nothing to pin
             return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED)
-        return _validated(request, endpoint, policy.validate_update(pod, request.old_obj, config))
+        return _validated(request, endpoint, policy.validate_update(pod, request.old_obj, config, namespace=namespace))
     only = new_container_names(request)
     if only is not None and not only:
         return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED)  # no new ephemeral container
@@ -354,26 +376,43 @@ def _judge(request: Request, endpoint: Endpoint, config: PolicyConfig, policy: P
             patch=list(mutation.patch),
             audit={"pinned": ",".join(mutation.pinned)},
         )
-    return _validated(request, endpoint, policy.validate(pod, config, only=only))
+    if endpoint is Endpoint.VALIDATE_WARN:
+        # No mutating webhook runs in a warn namespace: judge the pod as it would leave it (as ``check`` does), so
+        # that what enforcing would pin is said once instead of as an unpinned-container per container.
+        mutation = policy.mutate(pod, config, only=only)
+        pinned = policy.apply_patch(pod, mutation.patch) if mutation.patch else pod
+        validation = policy.validate(pinned, config, only=only, namespace=namespace)
+        return _validated(request, endpoint, validation, would_pin=tuple(mutation.pinned))
+    return _validated(request, endpoint, policy.validate(pod, config, only=only, namespace=namespace))
 
 
-def _validated(request: Request, endpoint: Endpoint, validation: PolicyValidation) -> Outcome:
-    advice = [str(text) for text in validation.warnings]
+def _validated(
+    request: Request, endpoint: Endpoint, validation: PolicyValidation, *, would_pin: tuple[str, ...] = ()
+) -> Outcome:
+    advice = [split_warning(warning.message, max_lines=MAX_WARNING_LINES) for warning in validation.warnings]
+    if would_pin:
+        advice.insert(0, split_warning(_would_pin(would_pin), max_lines=MAX_WARNING_LINES))
     violations = tuple(validation.violations)
     if not violations:
         return _answer(request, allowed=True, verdict=ReviewVerdict.ALLOWED, warnings=budget_warnings((), advice))
     rules = tuple(dict.fromkeys(violation.rule for violation in violations))
     audit = {"rules": ",".join(rules)}
-    lines = [describe(violation) for violation in violations]
+    ways = list(dict.fromkeys(str(violation.way_out) for violation in violations if violation.way_out))
     if endpoint is Endpoint.VALIDATE_WARN:
+        groups = [
+            split_warning(describe(violation, violation.advice), max_lines=MAX_WARNING_LINES)
+            for violation in violations
+        ]
+        ways_out = [split_warning(f"gpu-fence: way out: {way}", max_lines=MAX_WARNING_LINES) for way in ways]
         return _answer(
             request,
             allowed=True,
             verdict=ReviewVerdict.WARNED,
             rules=rules,
-            warnings=budget_warnings(lines, advice),
+            warnings=budget_warnings(groups, [*ways_out, *advice]),
             audit=audit,
         )
+    lines = [describe(violation, violation.finding) for violation in violations]
     return _answer(
         request,
         allowed=False,
@@ -385,46 +424,61 @@ def _validated(request: Request, endpoint: Endpoint, validation: PolicyValidatio
             "code": 403,
             "reason": "Forbidden",
             "status": "Failure",
-            "message": deny_message(lines, [violation.rule for violation in violations]),
+            "message": deny_message(lines, [violation.rule for violation in violations], ways),
         },
     )
 
 
-def budget_warnings(
-    violation_lines: Sequence[str], advice: Sequence[str], budget: int = WARNING_BUDGET_CHARS
-) -> list[str]:
-    """The warnings to return: one per violation, then the policy's advice, in order, within ``budget``.
+def _would_pin(names: Sequence[str]) -> str:
+    count = f"{len(names)} container" + ("" if len(names) == 1 else "s")
+    return f"gpu-fence: enforce mode would pin {count} to NVIDIA_VISIBLE_DEVICES=void: {', '.join(names)}"
 
-    When they do not all fit, the first ones that do are kept and a last warning counts the rest, so that a pod
-    with many violations is told it has more, instead of the API server dropping the tail silently. The rule
-    ids of all violations stay in the ``rules`` audit annotation.
+
+def budget_warnings(
+    violation_groups: Sequence[Sequence[str]], advice: Sequence[Sequence[str]], budget: int = WARNING_BUDGET_CHARS
+) -> list[str]:
+    """The warnings to return: each violation's lines, then the advice's, in order, within ``budget``.
+
+    Each group is one violation's (or one piece of advice's) lines, each at most ``MAX_WARNING_CHARS`` long
+    (``split_warning``); a group is kept whole or not at all. When they do not all fit, the first groups that do
+    are kept and a last warning counts the rest, so that a pod with many violations is told it has more, instead of
+    the API server dropping the tail silently. The rule ids of all violations stay in the ``rules`` audit
+    annotation.
     """
-    warnings = [truncate_warning(line) for line in [*violation_lines, *advice]]
-    if sum(map(len, warnings)) <= budget:
-        return warnings
+    groups = [[truncate_warning(line) for line in group] for group in [*violation_groups, *advice]]
+    if sum(len(line) for group in groups for line in group) <= budget:
+        return [line for group in groups for line in group]
     room = budget - MAX_WARNING_CHARS  # the summary is one warning, at most MAX_WARNING_CHARS long
-    kept: list[str] = []
+    kept: list[list[str]] = []
     used = 0
-    for warning in warnings:
-        if used + len(warning) > room:
+    for group in groups:
+        size = sum(map(len, group))
+        if used + size > room:
             break
-        kept.append(warning)
-        used += len(warning)
-    more_violations = max(0, len(violation_lines) - len(kept))
-    more_advice = len(warnings) - len(kept) - more_violations
+        kept.append(group)
+        used += size
+    more_violations = max(0, len(violation_groups) - len(kept))
+    more_advice = len(groups) - len(kept) - more_violations
     counts = [_count(more_violations, "violation"), _count(more_advice, "warning")]
     summary = (
         f"gpu-fence: … and {', '.join(c for c in counts if c)} (see the audit annotation or gpu-fence-webhook check)"
     )
-    return [*kept, truncate_warning(summary)]
+    return [*(line for group in kept for line in group), truncate_warning(summary)]
 
 
-def deny_message(lines: Sequence[str], rules: Sequence[str], limit: int = MAX_DENY_MESSAGE_CHARS) -> str:
-    """``gpu-fence: N violation(s): <first clauses>; and M more (<their rule ids>)``, at most ``limit`` long.
+def deny_message(
+    lines: Sequence[str], rules: Sequence[str], ways: Sequence[str] = (), limit: int = MAX_DENY_MESSAGE_CHARS
+) -> str:
+    """``gpu-fence: N violation(s): <first clauses>; and M more (<their rule ids>). Way out: <ways>``, at most
+    ``limit`` long.
 
     The first violation is always listed (cut to ``MAX_DENY_CLAUSE_CHARS`` if need be); later ones while they
-    fit with room left for the closing count. ``rules[i]`` is the rule id of ``lines[i]``.
+    fit with room left for the closing count and the ways out. ``rules[i]`` is the rule id of ``lines[i]``. Each
+    way out (the exemption or upstream setting for trusted infrastructure) is said once, however many violations
+    share it, and together they take at most ``MAX_DENY_CLAUSE_CHARS``.
     """
+    tail = truncate_warning(". Way out: " + " | ".join(ways), MAX_DENY_CLAUSE_CHARS) if ways else ""
+    limit -= len(tail)
     head = f"gpu-fence: {len(lines)} violation(s): "
     # room for "; and N more violation(s) (" + every rule id, which is what the tail can grow to
     reserve = len("; and  more violation(s) ()") + len(str(len(lines))) + len(", ".join(dict.fromkeys(rules)))
@@ -442,7 +496,7 @@ def deny_message(lines: Sequence[str], rules: Sequence[str], limit: int = MAX_DE
     rest = len(lines) - len(clauses)
     if rest:
         message += f"; and {rest} more violation(s) ({', '.join(dict.fromkeys(rules[len(clauses) :]))})"
-    return message[:limit]
+    return message[:limit] + tail
 
 
 def _count(number: int, noun: str) -> str:
@@ -451,13 +505,13 @@ def _count(number: int, noun: str) -> str:
     return f"{number} more {noun}" + ("" if number == 1 else "s")
 
 
-def describe(violation: PolicyViolation) -> str:
+def describe(violation: PolicyViolation, text: str) -> str:
     """One line per violation, led by the rule id so that people and log searches find it.
 
-    The policy's messages already name the rule, the container and the fix; a message that does not is
-    completed here rather than trusted.
+    ``text`` is one of the violation's own lines (its finding for a denial, its advice for a warning), which already
+    name the rule, the container and the fix; a line that does not is completed here rather than trusted.
     """
-    message = str(violation.message)
+    message = str(text)
     if message.startswith(f"{violation.rule}:"):
         return message
     container = str(violation.container or "")

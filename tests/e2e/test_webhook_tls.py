@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import jsonpatch
@@ -201,8 +202,22 @@ def bypass_pods() -> dict[str, tuple[dict, str]]:
         "hostPath /sys/fs/cgroup": (pods.host_path_pod("/sys/fs/cgroup"), "host-device-path"),
         "hostPath /etc/kubernetes/manifests": (pods.host_path_pod("/etc/kubernetes/manifests"), "host-device-path"),
         "writable hostPath off the allowlist": (pods.host_path_pod("/srv/shared"), "host-path"),
-        "SYS_PTRACE": (
-            pods.pod(pods.gpu_container("cuda", securityContext={"capabilities": {"add": ["SYS_PTRACE"]}})),
+        "SYS_PTRACE beside a GPU container's processes": (
+            pods.pod(
+                pods.gpu_container("cuda"),
+                pods.container("debugger", **pinned, securityContext={"capabilities": {"add": ["SYS_PTRACE"]}}),
+                shareProcessNamespace=True,
+            ),
+            "added-capability",
+        ),
+        "NET_ADMIN in the node's network namespace": (
+            pods.pod(
+                pods.gpu_container("cuda", securityContext={"capabilities": {"add": ["NET_ADMIN"]}}), hostNetwork=True
+            ),
+            "added-capability",
+        ),
+        "PERFMON": (
+            pods.pod(pods.gpu_container("cuda", securityContext={"capabilities": {"add": ["PERFMON"]}})),
             "added-capability",
         ),
         "DAC_READ_SEARCH": (
@@ -300,6 +315,112 @@ def test_an_update_that_retargets_kai_s_binder_is_denied_and_kai_s_own_updates_a
         server.post("/validate", review_of(after, operation="UPDATE", old=created)).document["response"]["allowed"]
         is True
     )
+
+
+def test_the_node_reaching_round_3_rules_name_the_node_agent_way_out_and_warn_in_short_lines(server):
+    """volume-type, host-process and host-ipc guard the node: a denial says the node agent's exemption once, and warn
+    mode leads each warning with its rule id and fix, in lines of at most 120 characters."""
+    agent = pods.pod(
+        pods.container("agent", image=CUDA, securityContext={"windowsOptions": {"hostProcess": True}}),
+        volumes=[{"name": "repo", "gitRepo": {"repository": "https://example.com/agent-config.git"}}],
+        hostIPC=True,
+        serviceAccountName="node-agent",
+    )
+    review = review_of(agent, namespace="ops")
+    pinned = copy.deepcopy(review)
+    pinned["request"]["object"] = jsonpatch.apply_patch(
+        review["request"]["object"], decoded_patch(server.post("/mutate", review))
+    )
+    denied = server.post("/validate", pinned).document["response"]
+    assert denied["allowed"] is False
+    assert denied["auditAnnotations"]["rules"].split(",") == ["volume-type", "host-process", "host-ipc"]
+    assert denied["status"]["message"].count('add "ops/node-agent" to exempt_service_accounts') == 1
+    warned = server.post("/validate/warn", review).document["response"]
+    lines = warned["warnings"]
+    assert warned["allowed"] is True and all(len(line) <= 120 for line in lines)
+    assert {line.split(":")[0] for line in lines if not line.startswith(" ")} >= {
+        "volume-type",
+        "host-process",
+        "host-ipc",
+        "gpu-fence",
+    }
+    assert any("init container into an emptyDir" in line for line in lines)  # gitRepo's own fix, not cut off
+    assert any(line.startswith("gpu-fence: enforce mode would pin 1 container") for line in lines)
+
+
+def kubectl_debug_review(profile: str) -> dict:
+    """``kubectl debug -it trainer --image=busybox --target=cuda --profile=...`` as the API server sends it: an
+    UPDATE of pods/ephemeralcontainers of a running GPU pod (kubernetes/kubectl pkg/cmd/debug/profiles.go: the
+    general profile adds SYS_PTRACE, baseline adds nothing)."""
+    running = pods.pod(pods.gpu_container("cuda", environment=[]), name="trainer", nodeName="gpu-node-1")
+    debugged = copy.deepcopy(running)
+    debug = pods.container("debugger-x7k2q", image="busybox:1.36", targetContainerName="cuda", stdin=True, tty=True)
+    if profile == "general":
+        debug["securityContext"] = {"capabilities": {"add": ["SYS_PTRACE"]}}
+    debugged["spec"]["ephemeralContainers"] = [debug]
+    review = review_of(debugged, operation="UPDATE", old=running)
+    review["request"]["subResource"] = "ephemeralcontainers"
+    return review
+
+
+def test_kubectl_debug_into_a_gpu_container_needs_the_baseline_profile(server):
+    """The decision of docs/policy.md: the default profile's SYS_PTRACE into a GPU container's processes is denied,
+    naming --profile=baseline; the baseline profile's debug container is pinned and admitted."""
+    answers = {}
+    for profile in ("general", "baseline"):
+        review = kubectl_debug_review(profile)
+        patch = decoded_patch(server.post("/mutate", review))
+        assert patch and all(op["path"].startswith("/spec/ephemeralContainers/0") for op in patch)
+        review["request"]["object"] = jsonpatch.apply_patch(review["request"]["object"], patch)
+        answers[profile] = server.post("/validate", review).document["response"]
+    denied = answers["general"]
+    assert denied["allowed"] is False and denied["auditAnnotations"]["rules"] == "added-capability"
+    assert "--profile=baseline" in denied["status"]["message"]
+    assert answers["baseline"]["allowed"] is True
+
+
+SCOPED_POLICY = """\
+gpu_node_taints:
+  - {key: nvidia.com/gpu, value: present, effect: NoSchedule}
+taint_aware_schedulers: [default-scheduler, kai-scheduler]
+"""
+
+
+@contextmanager
+def serving_policy(tmp_path_factory, name: str, policy: str) -> Iterator[Server]:
+    """A webhook of its own, serving this policy.yaml (``serve --config``)."""
+    tmp = tmp_path_factory.mktemp(name)
+    config = tmp / "policy.yaml"
+    config.write_text(policy)
+    with serving(tmp, "--config", str(config)) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def scoped_server(tmp_path_factory) -> Iterator[Server]:
+    """A webhook whose policy scopes the node rules to pods that can land on a GPU node (``gpu_node_taints``)."""
+    with serving_policy(tmp_path_factory, "scoped", SCOPED_POLICY) as started:
+        yield started
+
+
+def test_the_taint_scope_relaxes_node_rules_never_the_gpu_rules(scoped_server):
+    """Out of scope, hostIPC warns; a KAI annotation changed on the same pod is denied all the same, and an update
+    that also adds a GPU toleration is denied for both."""
+    created = as_kai_leaves_it(kai_fraction_pod(pods.container("app", image=CUDA)))
+    del created["spec"]["runtimeClassName"]  # a runtime class alone would put it in scope
+    created["spec"]["hostIPC"] = True
+    created["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+    at_create = scoped_server.post("/validate", review_of(created)).document["response"]
+    assert at_create["allowed"] is True and any(w.startswith("host-ipc") for w in at_create["warnings"])
+    retargeted = copy.deepcopy(created)
+    retargeted["metadata"]["annotations"]["runai/shared-gpu-configmap"] = "app-bcdfghj-shared-gpu"
+    response = scoped_server.post("/validate", review_of(retargeted, operation="UPDATE", old=created)).document
+    assert response["response"]["auditAnnotations"]["rules"] == "kai-annotation-update"
+    tolerating = copy.deepcopy(retargeted)
+    tolerating["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    response = scoped_server.post("/validate", review_of(tolerating, operation="UPDATE", old=created)).document
+    assert response["response"]["allowed"] is False
+    assert response["response"]["auditAnnotations"]["rules"] == "kai-annotation-update,host-ipc"
 
 
 def admitted(server: Server, document: dict, *, after_mutation=lambda pod: pod, namespace: str = "default") -> dict:
@@ -404,9 +525,12 @@ def test_env_from_on_a_gpu_container_and_a_user_set_none_warn_by_default(server)
         pods.container("tools", image=CUDA, environment=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]),
     )
     response = server.post("/validate", review_of(document)).document["response"]
-    assert response["allowed"] is True and len(response["warnings"]) == 2
-    assert all(len(w) <= 120 for w in response["warnings"])
-    assert any("envFrom" in w for w in response["warnings"]) and any("use void" in w for w in response["warnings"])
+    warnings = response["warnings"]
+    assert response["allowed"] is True and all(len(w) <= 120 for w in warnings)
+    # one warning each, led by its rule id; what does not fit in 120 characters goes on in the next line
+    assert [w.split(":")[0] for w in warnings if not w.startswith(" ")] == ["gpu-env-from", "visible-devices-none"]
+    said = " ".join(w.strip() for w in warnings)
+    assert "with env instead of envFrom" in said and "use void" in said
 
 
 CONFIGURED_POLICY = """\
@@ -422,10 +546,7 @@ visible_devices_none: reject
 @pytest.fixture(scope="module")
 def configured_server(tmp_path_factory) -> Iterator[Server]:
     """A second webhook, serving a policy.yaml that sets the allowlist, aliases and switches (``serve --config``)."""
-    tmp = tmp_path_factory.mktemp("configured")
-    config = tmp / "policy.yaml"
-    config.write_text(CONFIGURED_POLICY)
-    with serving(tmp, "--config", str(config)) as started:
+    with serving_policy(tmp_path_factory, "configured", CONFIGURED_POLICY) as started:
         yield started
 
 

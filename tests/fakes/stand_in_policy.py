@@ -11,18 +11,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tests.fakes.pods import apply_patch
+
 
 @dataclass(frozen=True)
 class Violation:
+    """A violation (or a warning) with one text for every form the envelope asks for, and a way out if given."""
+
     rule: str
     container: str
     message: str
+    way_out: str = ""
+
+    @property
+    def finding(self) -> str:
+        return self.message
+
+    @property
+    def advice(self) -> str:
+        return self.message
+
+
+def advice(text: str) -> Violation:
+    """A warning of the stand-in's (the policy's warnings carry a rule id; this one carries none of its own)."""
+    return Violation("advice", "", text)
 
 
 @dataclass(frozen=True)
 class Validation:
     violations: tuple[Violation, ...]
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[Violation, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -48,7 +66,7 @@ class StandInPolicy:
 
     def __init__(self, fail: Exception | None = None, warnings: tuple[str, ...] = ()) -> None:
         self.fail = fail
-        self.warnings = warnings
+        self.warnings = tuple(advice(text) for text in warnings)
         self.calls: list[tuple[str, object]] = []
 
     def exemption(self, pod, config, *, namespace):
@@ -89,7 +107,11 @@ class StandInPolicy:
             pinned.append(container["name"])
         return Mutation(tuple(patch), tuple(pinned))
 
-    def validate(self, pod, config, *, only=None):
+    def apply_patch(self, document, patch):
+        self.calls.append(("apply_patch", len(patch)))
+        return apply_patch(document, patch)
+
+    def validate(self, pod, config, *, only=None, namespace=None):
         self.calls.append(("validate", only))
         if self.fail:
             raise self.fail
@@ -116,7 +138,7 @@ class StandInPolicy:
                     )
         return Validation(tuple(found), self.warnings)
 
-    def validate_update(self, pod, old_pod, config):
+    def validate_update(self, pod, old_pod, config, *, namespace=None):
         self.calls.append(("validate_update", None))
         if self.fail:
             raise self.fail

@@ -30,6 +30,8 @@ CONFIG_VARIABLES = {
     "visibleDevicesNone": "visible_devices_none",
     "allowedVolumeTypes": "allowed_volume_types",
     "hostIpc": "host_ipc",
+    "gpuNodeTaints": "gpu_node_taints",
+    "taintAwareSchedulers": "taint_aware_schedulers",
 }
 
 
@@ -60,6 +62,8 @@ def cel_variables_for(config: PolicyConfig) -> tuple[tuple[str, str], ...]:
         "visibleDevicesNone": config.visible_devices_none.value,
         "allowedVolumeTypes": list(config.allowed_volume_types),
         "hostIpc": config.host_ipc.value,
+        "gpuNodeTaints": [{"key": t.key, "value": t.value, "effect": t.effect.value} for t in config.gpu_node_taints],
+        "taintAwareSchedulers": list(config.taint_aware_schedulers),
     }
     return tuple((name, cel_literal(value)) for name, value in values.items())
 
@@ -101,14 +105,19 @@ def cel_denials(
     operation: str = "CREATE",
     sub_resource: str = "",
     config: PolicyConfig | None = None,
+    mode: str | None = "enforce",
+    overrides: tuple[tuple[str, str], ...] = (),
 ) -> set[str]:
     """The rule ids whose validation evaluates to false (a CEL error fails the test: failurePolicy is Fail).
 
     ``oldObject`` is null on CREATE; ``request.subResource`` is omitted when empty, as the API server sends it.
     A request that a matchCondition excludes is not evaluated at all: no denials. With ``config``, the
-    configuration variables hold its values instead of the shipped defaults.
+    configuration variables hold its values instead of the shipped defaults; ``overrides`` replace other variables'
+    expressions, as a component's patch would. ``mode`` is the namespace's ``gpu-fence.io/mode`` label (None: no
+    label); the default, an enforced namespace, is where every rule is judged.
     """
-    variables, validations, conditions = compiled(() if config is None else cel_variables_for(config))
+    replaced = (() if config is None else cel_variables_for(config)) + overrides
+    variables, validations, conditions = compiled(replaced)
     request: dict[str, Any] = {"operation": operation, "namespace": "team-a"}
     if sub_resource:
         request["subResource"] = sub_resource
@@ -116,7 +125,19 @@ def cel_denials(
         "object": celpy.json_to_cel(as_api_server_sends(pod)),
         "oldObject": None if old is None else celpy.json_to_cel(as_api_server_sends(old)),
         "request": celpy.json_to_cel(request),
+        "namespaceObject": celpy.json_to_cel(
+            {"metadata": {"name": "team-a", "labels": {"kubernetes.io/metadata.name": "team-a"}}}
+        ),
     }
+    if mode is not None:
+        activation["namespaceObject"] = celpy.json_to_cel(
+            {
+                "metadata": {
+                    "name": "team-a",
+                    "labels": {"kubernetes.io/metadata.name": "team-a", "gpu-fence.io/mode": mode},
+                }
+            }
+        )
     matched = [condition.evaluate(activation) for condition in conditions]
     assert all(isinstance(result, celtypes.BoolType) for result in matched), f"matchCondition error: {matched}"
     if not all(matched):

@@ -6,6 +6,7 @@ skip: a manifest that was never rendered was never tested.
 
 from __future__ import annotations
 
+import re
 import shutil
 from functools import cache
 from pathlib import Path
@@ -18,6 +19,9 @@ from tests.fakes.processes import run_captured
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
+#: A release's manifests as docs/install.md names them (the directory, or one below it, at a tag); tests replace it
+#: with the checkout's own directory, keeping what follows ``manifests``.
+RELEASE_URL = re.compile(r"https://github\.com/gpu-fence/gpu-fence//manifests((?:/[\w/-]*)?)\?ref=v[\d.]+")
 #: The namespace every object of the base lives in; overlays keep it.
 NAMESPACE = "gpu-fence"
 

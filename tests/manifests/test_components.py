@@ -14,10 +14,9 @@ import yaml
 
 from tests.fakes.processes import run_captured
 
-from .conftest import MANIFESTS, REPO, kubectl, render
+from .conftest import MANIFESTS, RELEASE_URL, REPO, kubectl, render
 
 SELECTED = ("ServiceMonitor", "PrometheusRule")
-RELEASE_URL = re.compile(r"https://github\.com/gpu-fence/gpu-fence//manifests(/[\w/-]*)\?ref=v[\d.]+")
 
 
 def build(directory: Path, kustomization: str) -> list[dict[str, Any]]:

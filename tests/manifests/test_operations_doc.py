@@ -175,11 +175,12 @@ def test_dropping_the_old_ca_after_a_ca_key_leak_leaves_only_the_current_ca_trus
 
 
 def _admitted_while_webhook_is_down(objects: list[dict[str, Any]], pod: dict[str, Any]) -> bool:
-    """What the API server decides for a pod in an unlabelled namespace when no webhook replica answers."""
+    """What the API server decides for a pod in an enforced namespace (labelled so: the base warns elsewhere) when
+    no webhook replica answers."""
     from .cel import cel_denials
     from .selectors import namespace_labels, selector_matches
 
-    labels = namespace_labels(pod["metadata"]["namespace"])
+    labels = namespace_labels(pod["metadata"]["namespace"], "enforce")
     for obj in objects:
         if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             for hook in obj["webhooks"]:

@@ -23,10 +23,18 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_fence.webhook.config import DEFAULT_ALLOWED_CAPABILITIES, HostPathEntry, PolicyConfig, Switch
+from gpu_fence.webhook.config import (
+    DEFAULT_ALLOWED_CAPABILITIES,
+    GpuTaint,
+    HostPathEntry,
+    PolicyConfig,
+    Switch,
+    TaintEffect,
+)
 from gpu_fence.webhook.policy import RULES, UPDATE_RULES
 from tests.fakes.pods import KAI_PREFIX, as_kai_leaves_it, kai_reference
 from tests.fakes.processes import run_captured
+from tests.fakes.stacks import StackPod, stack_pods
 
 from .cel import CONFIG_VARIABLES, cel_denials, cel_variables_for, compiled, policy_spec
 from .conftest import kubectl, one, render
@@ -208,7 +216,75 @@ CAPABILITY_CASES = [
     ("SYS_ADMIN", "SYS_PTRACE"),
     ("IPC_LOCKX",),
     ("XIPC_LOCK",),
+    ("SYS_TIME",),
+    ("PERFMON",),
+    ("NET_ADMIN", "NET_RAW"),
+    ("SYS_NICE", "SYS_RESOURCE", "IPC_LOCK"),
+    ("CAP_SYS_PTRACE",),
+    ("checkpoint_restore",),
 ]
+
+
+def ptrace(name: str = "dbg", **fields: Any) -> dict[str, Any]:
+    return container(name, VOID, securityContext={"capabilities": {"add": ["SYS_PTRACE"]}}, **fields)
+
+
+def net(capability: str, name: str = "app") -> dict[str, Any]:
+    return container(name, VOID, securityContext={"capabilities": {"add": [capability]}})
+
+
+#: A pod that breaks every rule that guards the node (and one GPU rule, visible-devices-env), to be scoped by
+#: gpu_node_taints through its tolerations and scheduling fields.
+def taint_pod(tolerations: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
+    body = pod(
+        container(
+            "app",
+            nvd("all"),
+            securityContext={"privileged": True, "capabilities": {"add": ["SYS_ADMIN", "SYS_TIME"]}},
+            volumeMounts=[{"name": "dev", "mountPath": "/dev-host"}, {"name": "data", "mountPath": "/data"}],
+        ),
+        annotations={"devices.crio.io": "/dev/nvidia0"},
+        hostPID=True,
+        volumes=[{"name": "dev", "hostPath": {"path": "/dev"}}, {"name": "data", "hostPath": {"path": "/data"}}],
+        **spec,
+    )
+    if tolerations is not None:
+        body["spec"]["tolerations"] = tolerations
+    return body
+
+
+GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}
+TAINT_FIXTURES: dict[str, dict[str, Any]] = {
+    "taint none": taint_pod(),
+    "taint empty list": taint_pod([]),
+    "taint exact": taint_pod([GPU_TAINT_TOLERATION]),
+    "taint no operator": taint_pod([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
+    "taint exists no key": taint_pod([{"operator": "Exists"}]),
+    "taint exists no key NoSchedule": taint_pod([{"operator": "Exists", "effect": "NoSchedule"}]),
+    "taint exists key": taint_pod([{"key": "nvidia.com/gpu", "operator": "Exists"}]),
+    "taint other effect": taint_pod([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}]),
+    "taint wrong value": taint_pod([{"key": "nvidia.com/gpu", "operator": "Equal", "value": "absent"}]),
+    "taint other key": taint_pod([{"key": "dedicated", "operator": "Exists"}]),
+    "taint operator Gt": taint_pod([{"key": "nvidia.com/gpu", "operator": "Gt", "value": "1"}]),
+    "taint node name": taint_pod(nodeName="gpu-node-1"),
+    "taint runtime class": taint_pod(runtimeClassName="gvisor"),
+    "taint other scheduler": taint_pod(schedulerName="my-scheduler"),
+    "taint default scheduler": taint_pod(schedulerName="default-scheduler"),
+    # volume-type, host-process and host-ipc are node rules; bound-gpu-pod and gated-device-env guard GPUs
+    "taint node-reaching none": pod(
+        container("app", VOID, securityContext={"windowsOptions": {"hostProcess": True}}),
+        volumes=[{"name": "repo", "gitRepo": {"repository": "https://example.com/r.git"}}],
+        hostIPC=True,
+    ),
+    "taint node-reaching tolerated": pod(
+        container("app", VOID, securityContext={"windowsOptions": {"hostProcess": True}}),
+        volumes=[{"name": "repo", "gitRepo": {"repository": "https://example.com/r.git"}}],
+        hostIPC=True,
+        tolerations=[GPU_TAINT_TOLERATION],
+    ),
+    "taint gated device env": pod(gpu("cuda", {"name": "NVIDIA_NVSWITCH", "value": "enabled"})),
+    "taint bound gpu pod": pod(gpu("cuda"), nodeName="cpu-node-1"),
+}
 ANNOTATION_CASES = [
     "io.kubernetes.cri-o.Devices",
     "devices.crio.io/app",
@@ -375,6 +451,27 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "nri-annotation": pod(container("app", VOID), annotations={"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=0"}),
     "harmless-annotation": pod(container("app", VOID), annotations={"example.com/cdi.k8s.io": "x"}),
     "mirror-pod": pod(container(), annotations={"kubernetes.io/config.mirror": "abc"}),
+    "host-network-net-admin": pod(
+        gpu("cuda", securityContext={"capabilities": {"add": ["NET_ADMIN"]}}), hostNetwork=True
+    ),
+    "host-network-init-net-raw": pod(gpu(), initContainers=[net("cap_net_raw", "i")], hostNetwork=True),
+    "host-network-false-net-admin": pod(net("NET_ADMIN"), hostNetwork=False),
+    "shared-ptrace-gpu-sibling": pod(gpu("trainer"), ptrace(), shareProcessNamespace=True),
+    "shared-ptrace-init-debugger": pod(gpu("trainer"), initContainers=[ptrace()], shareProcessNamespace=True),
+    "shared-ptrace-no-gpu": pod(container("web", VOID), ptrace(), shareProcessNamespace=True),
+    "shared-ptrace-in-the-gpu-container": pod(
+        gpu("trainer", securityContext={"capabilities": {"add": ["SYS_PTRACE"]}}),
+        container("log", VOID),
+        shareProcessNamespace=True,
+    ),
+    "shared-ptrace-claims-sibling": pod(
+        container("claims", VOID, resources={"claims": [{"name": "g"}]}),
+        ptrace(),
+        shareProcessNamespace=True,
+        resourceClaims=[{"name": "g", "resourceClaimTemplateName": "t"}],
+    ),
+    "unshared-ptrace": pod(gpu("trainer"), ptrace()),
+    **TAINT_FIXTURES,
     "mig-config": pod(container("app", VOID, {"name": "NVIDIA_MIG_CONFIG_DEVICES", "value": "all"})),
     "mig-monitor": pod(container("app", VOID, {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})),
     "init-unpinned": pod(container("app", VOID), initContainers=[container("init")]),
@@ -541,10 +638,14 @@ CONFIGS: dict[str, PolicyConfig] = {
             HostPathEntry("/data"),
         )
     ),
-    "capabilities": PolicyConfig(allowed_capabilities=(*DEFAULT_ALLOWED_CAPABILITIES, "SYS_PTRACE", "NET_RAW")),
+    "capabilities": PolicyConfig(allowed_capabilities=(*DEFAULT_ALLOWED_CAPABILITIES, "SYS_TIME", "PERFMON")),
     "no-capabilities": PolicyConfig(allowed_capabilities=()),
     "prefixes": PolicyConfig(forbidden_annotation_prefixes=("example.com/devices", "sysctl.noderesource.dev")),
     "switches": PolicyConfig(env_from_on_gpu_containers=Switch.REJECT, visible_devices_none=Switch.REJECT),
+    "taints": PolicyConfig(
+        gpu_node_taints=(GpuTaint("nvidia.com/gpu", "present", TaintEffect.NO_SCHEDULE),),
+        taint_aware_schedulers=("default-scheduler", "kai-scheduler"),
+    ),
     "volumes": PolicyConfig(
         allowed_volume_types=("configMap", "secret", "emptyDir", "projected", "persistentVolumeClaim", "nfs")
     ),
@@ -583,17 +684,21 @@ CONFIGURED_FIXTURES["ib read-only, a debug container writable"]["spec"]["ephemer
 #: default-configuration parity test above at the price of a CEL evaluation each.
 RELEVANT = {
     "allowlist": ("host-path",),
-    "capabilities": ("caps", "init-caps", "nccl", "sys-admin", "cap-", "net-admin", "ephemeral-sys-admin"),
+    "capabilities": ("caps", "init-caps", "nccl", "sys-admin", "cap-", "net-admin", "ephemeral-sys-admin", "host-n"),
     "no-capabilities": ("caps", "init-caps", "nccl"),
     "prefixes": ("annotation", "cdi", "nri", "harmless", "mirror"),
     "switches": ("none", "env-from", "kai", "dra", "pinned", "void", "all", "gpu", "init", "ephemeral", "upper"),
+    "taints": ("taint", "privileged", "host-pid", "nccl", "shared-ptrace"),
     "volumes": ("volume", "nccl", "host-path /dev/shm"),
     "host-ipc-warn": ("host-ipc", "host-pid"),
 }
 #: (configuration, fixture) pairs that the configuration changes from the default (each asserted to change).
 CONFIGURED = [
     ("allowlist", "host-path /tmp/nvidia-mps"),
-    ("capabilities", "caps SYS_PTRACE"),
+    ("capabilities", "caps SYS_TIME"),
+    ("taints", "taint none"),
+    ("taints", "taint other effect"),
+    ("taints", "taint node-reaching none"),
     ("prefixes", "annotation sysctl.noderesource.dev/pod"),
     ("switches", "none-on-sidecar"),
     ("switches", "env-from-on-gpu"),
@@ -730,7 +835,7 @@ UPDATES: dict[str, tuple[dict[str, str] | None, dict[str, str] | None]] = {
         {"kubernetes.io/config.mirror": "a", NRI: "nvidia.com/gpu=all"},
     ),
 }
-#: Unpinned, privileged, SYS_ADMIN and SYS_PTRACE, hostPID and hostIPC, a device-list mount, a protected and an
+#: Unpinned, privileged, SYS_ADMIN and SYS_TIME, hostPID and hostIPC, a device-list mount, a protected and an
 #: unlisted hostPath, a gitRepo volume, MIG, IMEX and gated device env, a HostProcess container, a GPU container on a
 #: pod created with nodeName: everything but the annotation rules (and the two that only warn by default).
 EVERYTHING_ELSE_WRONG = pod(
@@ -742,7 +847,7 @@ EVERYTHING_ELSE_WRONG = pod(
         {"name": "NVIDIA_NVSWITCH", "value": "enabled"},
         securityContext={
             "privileged": True,
-            "capabilities": {"add": ["SYS_ADMIN", "SYS_PTRACE"]},
+            "capabilities": {"add": ["SYS_ADMIN", "SYS_TIME"]},
             "windowsOptions": {"hostProcess": True},
         },
         volumeMounts=[
@@ -797,6 +902,92 @@ def test_update_fixtures_deny_and_allow() -> None:
     assert outcomes["runtime annotation kept"] == set()
 
 
+# With gpu_node_taints, a plain UPDATE that adds a toleration bringing the pod into the node rules' scope is judged
+# by them (validate_update); one that does not, or a pod already in scope, is judged on its annotations alone.
+
+TAINTS = CONFIGS["taints"]
+
+
+def tolerating(document: dict[str, Any], *tolerations: dict[str, Any]) -> dict[str, Any]:
+    changed = copy.deepcopy(document)
+    changed["spec"]["tolerations"] = [*changed["spec"].get("tolerations", []), *tolerations]
+    return changed
+
+
+def python_scoped_update_violations(pod: dict[str, Any], old: dict[str, Any]) -> set[str]:
+    from gpu_fence.webhook.policy import validate_update
+
+    return {violation.rule for violation in validate_update(pod, old, TAINTS).violations}
+
+
+OUT_OF_SCOPE = taint_pod()
+#: The node rules of volume types and host namespaces: a gitRepo volume, the node's IPC namespace, a Windows
+#: HostProcess container, on a pod that tolerates no GPU taint.
+NODE_REACHING = pod(
+    container("app", VOID, securityContext={"windowsOptions": {"hostProcess": True}}),
+    volumes=[{"name": "repo", "gitRepo": {"repository": "https://example.com/r.git"}}],
+    hostIPC=True,
+)
+#: A KAI fraction pod as created, under a KAI scheduler the taint configuration takes as taint-aware, in the node's
+#: IPC namespace, without the runtime class KAI's runtime enforcement sets (which alone would bring it into scope):
+#: out of the node rules' scope, but KAI's binder reads its annotations all the same.
+KAI_OUT_OF_SCOPE = kai_left(container("main"), container("sidecar", VOID), hostIPC=True)
+del KAI_OUT_OF_SCOPE["spec"]["runtimeClassName"]
+
+
+def kai_retargeted(document: dict[str, Any]) -> dict[str, Any]:
+    changed = copy.deepcopy(document)
+    changed["metadata"]["annotations"]["runai/shared-gpu-configmap"] = "main-bcdfghj-shared-gpu"
+    return changed
+
+
+TOLERATION_UPDATES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "gpu toleration added": (OUT_OF_SCOPE, tolerating(OUT_OF_SCOPE, GPU_TAINT_TOLERATION)),
+    "tolerate-everything added": (OUT_OF_SCOPE, tolerating(OUT_OF_SCOPE, {"operator": "Exists"})),
+    "unrelated toleration added": (OUT_OF_SCOPE, tolerating(OUT_OF_SCOPE, {"key": "dedicated", "operator": "Exists"})),
+    "second gpu toleration": (
+        tolerating(OUT_OF_SCOPE, GPU_TAINT_TOLERATION),
+        tolerating(OUT_OF_SCOPE, GPU_TAINT_TOLERATION, {"operator": "Exists"}),
+    ),
+    "runtime annotation added out of scope": (
+        OUT_OF_SCOPE,
+        annotated(OUT_OF_SCOPE, {"devices.crio.io": "/dev/nvidia0", "mounts.nri.io/pod": "x"}),
+    ),
+    "cdi annotation added out of scope": (
+        OUT_OF_SCOPE,
+        annotated(OUT_OF_SCOPE, {"devices.crio.io": "/dev/nvidia0", NRI: "nvidia.com/gpu=all"}),
+    ),
+    "gpu toleration added to a node-reaching pod": (NODE_REACHING, tolerating(NODE_REACHING, GPU_TAINT_TOLERATION)),
+    "kai prefix changed out of scope": (KAI_OUT_OF_SCOPE, kai_retargeted(KAI_OUT_OF_SCOPE)),
+    "kai prefix changed and a gpu toleration added": (
+        KAI_OUT_OF_SCOPE,
+        tolerating(kai_retargeted(KAI_OUT_OF_SCOPE), GPU_TAINT_TOLERATION),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOLERATION_UPDATES))
+def test_cel_judges_a_toleration_update_as_validate_update_does(name: str) -> None:
+    old, new = TOLERATION_UPDATES[name]
+    assert cel_denials(new, old, operation="UPDATE", config=TAINTS) == python_scoped_update_violations(new, old)
+
+
+def test_toleration_updates_deny_and_allow() -> None:
+    node_rules = {"privileged", "sys-admin-capability", "added-capability", "host-pid", "runtime-annotation"}
+    node_rules |= {"host-device-path", "host-path"}
+    outcomes = {name: python_scoped_update_violations(new, old) for name, (old, new) in TOLERATION_UPDATES.items()}
+    assert outcomes["gpu toleration added"] == outcomes["tolerate-everything added"] == node_rules
+    assert outcomes["unrelated toleration added"] == outcomes["second gpu toleration"] == set()
+    assert outcomes["runtime annotation added out of scope"] == set()
+    assert outcomes["cdi annotation added out of scope"] == {"cdi-annotation"}  # a GPU path: judged on every pod
+    assert outcomes["gpu toleration added to a node-reaching pod"] == {"volume-type", "host-process", "host-ipc"}
+    assert outcomes["kai prefix changed out of scope"] == {"kai-annotation-update"}  # the allocation: every pod
+    assert outcomes["kai prefix changed and a gpu toleration added"] == {"kai-annotation-update", "host-ipc"}
+    # without a taint configured, an added toleration changes nothing
+    old, new = TOLERATION_UPDATES["gpu toleration added"]
+    assert cel_denials(new, old, operation="UPDATE") == set()
+
+
 # kubectl debug: an UPDATE of pods/ephemeralcontainers is judged on the ephemeral containers it adds (and the
 # hostPath volumes they mount), as the webhook judges it (webhook.review.new_container_names + validate(only=)).
 
@@ -822,6 +1013,9 @@ def debugged(base: dict[str, Any], *ephemeral: dict[str, Any], volumes: list[dic
     return pod_copy
 
 
+TWO_CONTAINERS = pod(gpu("trainer"), container("web", VOID))
+SHARED_TWO = pod(gpu("trainer"), container("web", VOID), shareProcessNamespace=True)
+HOST_NETWORK_POD = pod(gpu("trainer"), hostNetwork=True)
 BROKEN_POD = annotated(EVERYTHING_ELSE_WRONG, {NRI: "nvidia.com/gpu=all", "devices.crio.io": "/dev/nvidia0"})
 OLD_DEBUG = container("old-debug", nvd("all"), securityContext={"privileged": True})
 HOST_DEV = {"name": "host-dev", "hostPath": {"path": "/dev/nvidia0"}}
@@ -865,6 +1059,20 @@ DEBUG_UPDATES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             volumes=[HOST_DEV],
         ),
     ),
+    "ptrace debugger targets the GPU container": (
+        TWO_CONTAINERS,
+        debugged(TWO_CONTAINERS, ptrace("debug", targetContainerName="trainer")),
+    ),
+    "ptrace debugger targets the CPU container": (
+        TWO_CONTAINERS,
+        debugged(TWO_CONTAINERS, ptrace("debug", targetContainerName="web")),
+    ),
+    "ptrace debugger without a target": (TWO_CONTAINERS, debugged(TWO_CONTAINERS, ptrace("debug"))),
+    "ptrace debugger in a shared pod": (SHARED_TWO, debugged(SHARED_TWO, ptrace("debug"))),
+    "net-admin debugger in a host-network pod": (
+        HOST_NETWORK_POD,
+        debugged(HOST_NETWORK_POD, net("NET_ADMIN", "debug")),
+    ),
     "clean pod, device hostPath not mounted by the debugger": (
         debugged(pod(container("app", VOID)), volumes=[HOST_DEV]),
         debugged(pod(container("app", VOID)), container("debug", VOID), volumes=[HOST_DEV]),
@@ -891,6 +1099,12 @@ def test_debug_fixtures_deny_and_allow() -> None:
     assert outcomes["debugger mounts the pod's /dev hostPath"] == {"host-device-path"}
     assert outcomes["clean pod, debugger mounts a device hostPath"] == {"host-device-path"}
     assert outcomes["clean pod, device hostPath not mounted by the debugger"] == set()
+    assert outcomes["ptrace debugger targets the GPU container"] == {"added-capability"}
+    assert outcomes["ptrace debugger in a shared pod"] == {"added-capability"}
+    assert outcomes["net-admin debugger in a host-network pod"] == {"added-capability"}
+    assert (
+        outcomes["ptrace debugger targets the CPU container"] == outcomes["ptrace debugger without a target"] == set()
+    )
     # the same pods as a CREATE are judged whole
     broken = DEBUG_UPDATES["clean pinned debugger on a broken pod"][1]
     assert cel_denials(broken) == set(RULE_IDS) - WARN_BY_DEFAULT - UPDATE_RULES
@@ -1041,3 +1255,63 @@ def test_the_documented_patch_renders_and_admits_the_rdma_devices(tmp_path: Path
     ib = read_only(host_path_pod("/dev/infiniband"))
     assert python_violations(ib, rdma) == cel_denials(ib, config=rdma) == set()
     assert "host-path" in cel_denials(ib)
+
+
+# The manifests of common stacks (tests/webhook/data/stacks/), pinned as the mutating webhook leaves them (a policy
+# cannot mutate): the ordinary workloads pass the policy, what reaches the node is denied by the same rules as the
+# webhook denies it with.
+
+STACK_PODS = stack_pods()
+
+
+@pytest.mark.parametrize("stack", STACK_PODS, ids=lambda stack: stack.id)
+def test_cel_admits_the_stacks_workloads_and_denies_what_reaches_the_node(stack: StackPod) -> None:
+    from gpu_fence.webhook.config import load_config
+    from gpu_fence.webhook.policy import apply_patch, mutate
+
+    pinned = apply_patch(stack.pod, mutate(stack.pod, load_config(None)).patch)
+    denied = cel_denials(pinned)
+    assert denied == set(stack.expected.rules) == python_violations(pinned)
+
+
+# Where nothing pins (a warn namespace: no mutating webhook runs there), a container without the pin is no
+# violation of its own: the webhook says once what enforcing would pin, and the policy's Warn binding must not
+# warn once per container instead. Where the webhook pins (enforce, by label or by default), it is one.
+
+UNPINNED = pod(gpu("cuda"), container("sidecar"), container("logger"))
+ENFORCE_BY_DEFAULT = (("enforceByDefault", "true"),)
+
+
+@pytest.mark.parametrize(
+    ("mode", "overrides", "judged"),
+    [
+        ("enforce", (), True),
+        ("warn", (), False),
+        (None, (), False),  # the shipped default: warn
+        ("typo", (), False),
+        (None, ENFORCE_BY_DEFAULT, True),  # components/enforce
+        ("typo", ENFORCE_BY_DEFAULT, True),
+        ("warn", ENFORCE_BY_DEFAULT, False),
+    ],
+)
+def test_unpinned_containers_are_judged_only_where_the_webhook_pins(mode, overrides, judged) -> None:
+    denied = cel_denials(UNPINNED, mode=mode, overrides=overrides)
+    assert denied == ({"unpinned-container"} if judged else set())
+    broken = pod(gpu("cuda"), container("sidecar", nvd("all")))  # every other rule is judged in every mode
+    assert cel_denials(broken, mode=mode, overrides=overrides) == {"visible-devices-env"}
+
+
+def test_the_enforce_component_sets_enforce_by_default_in_the_policy(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    relative = os.path.relpath(Path(__file__).resolve().parents[2] / "manifests", site)
+    (site / "kustomization.yaml").write_text(
+        f"resources:\n  - {relative}/overlays/vap\ncomponents:\n  - {relative}/components/enforce\n"
+    )
+    result = run_captured([kubectl(), "kustomize", str(site)], timeout=120)
+    assert result.returncode == 0, result.stderr
+    [policy] = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "ValidatingAdmissionPolicy"]
+    variables = {v["name"]: v["expression"].strip() for v in policy["spec"]["variables"]}
+    assert variables["enforceByDefault"] == "true"
+    shipped = {v["name"]: v["expression"].strip() for v in policy_spec()["variables"]}
+    assert shipped["enforceByDefault"] == "false"

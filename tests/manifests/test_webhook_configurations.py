@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import copy
+import os
+from pathlib import Path
 from typing import Any
 
 import celpy
 import pytest
+import yaml
 from celpy import celtypes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_fence.webhook.worker import WEBHOOK_TIMEOUT_SECONDS
+from tests.fakes.processes import run_captured
 
-from .conftest import KUSTOMIZATIONS, NAMESPACE, find, one, render
+from .conftest import KUSTOMIZATIONS, MANIFESTS, NAMESPACE, find, kubectl, one, render
 from .selectors import namespace_labels, selector_matches
 
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
@@ -111,16 +116,65 @@ MODES_WARN_BY_DEFAULT = {
 
 @pytest.mark.parametrize("target", KUSTOMIZATIONS)
 def test_each_namespace_gets_exactly_the_mode_its_label_asks_for(target: str) -> None:
-    expected = MODES_WARN_BY_DEFAULT if target == "overlays/warn-only" else MODES_ENFORCE_BY_DEFAULT
+    """Warn unless a namespace is labelled enforce: nothing breaks on install. overlays/enforce (the base with
+    components/enforce) enforces every namespace not labelled warn or off."""
+    expected = MODES_ENFORCE_BY_DEFAULT if target == "overlays/enforce" else MODES_WARN_BY_DEFAULT
     objects = render(target)
     for mode, calls in expected.items():
         assert calls_for(objects, namespace_labels("team-a", mode)) == calls, mode
 
 
+def with_enforce_component(tmp_path: Path, overlay: str) -> list[dict[str, Any]]:
+    """A site's own kustomization: an overlay plus the one line that switches to enforcing."""
+    site = tmp_path / "site"
+    site.mkdir()
+    relative = os.path.relpath(MANIFESTS, site)
+    (site / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {relative}/{overlay}\ncomponents:\n  - {relative}/components/enforce\n"
+    )
+    result = run_captured([kubectl(), "kustomize", str(site)], timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.mark.parametrize("overlay", ["base", "overlays/gpu-operator", "overlays/vap", "overlays/warn-only"])
+def test_the_enforce_component_is_one_line_on_top_of_any_overlay(tmp_path: Path, overlay: str) -> None:
+    objects = with_enforce_component(tmp_path, overlay)
+    for mode, calls in MODES_ENFORCE_BY_DEFAULT.items():
+        assert calls_for(objects, namespace_labels("team-a", mode)) == calls, mode
+    for binding in find(objects, "ValidatingAdmissionPolicyBinding"):
+        selector = binding["spec"]["matchResources"]["namespaceSelector"]
+        enforced = {
+            mode: selector_matches(selector, namespace_labels("team-a", mode)) for mode in MODES_ENFORCE_BY_DEFAULT
+        }
+        if binding["spec"]["validationActions"] == ["Deny"]:
+            assert enforced == {None: True, "enforce": True, "warn": False, "off": False, "typo": True}
+        else:
+            assert enforced == {None: False, "enforce": False, "warn": True, "off": False, "typo": False}
+
+
+def test_the_vap_bindings_follow_the_webhooks_mode_by_default() -> None:
+    for binding in find(render("overlays/vap"), "ValidatingAdmissionPolicyBinding"):
+        selector = binding["spec"]["matchResources"]["namespaceSelector"]
+        matched = {mode for mode in MODES_WARN_BY_DEFAULT if selector_matches(selector, namespace_labels("x", mode))}
+        assert matched == ({"enforce"} if binding["spec"]["validationActions"] == ["Deny"] else {None, "warn", "typo"})
+
+
 def test_gpu_operator_overlay_leaves_the_operator_namespace_alone() -> None:
     objects = render("overlays/gpu-operator")
     assert calls_for(objects, namespace_labels("gpu-operator")) == set()
-    assert calls_for(objects, namespace_labels("team-a")) == {"mutate", "/validate"}
+    assert calls_for(objects, namespace_labels("gpu-operator", "enforce")) == set()
+    assert calls_for(objects, namespace_labels("team-a")) == {"/validate/warn"}
+
+
+@pytest.mark.parametrize("target", KUSTOMIZATIONS)
+@pytest.mark.parametrize("namespace", ["kube-public", "kube-node-lease"])
+def test_kube_public_and_kube_node_lease_are_judged_like_any_other(target: str, namespace: str) -> None:
+    """They hold no pods, and the webhooks see only pods: excluding them would save nothing and blind gpu-fence
+    to a pod someone did create there."""
+    objects = render(target)
+    assert calls_for(objects, namespace_labels(namespace, "enforce")) == {"mutate", "/validate"}
 
 
 def calls_webhook(
@@ -182,7 +236,7 @@ def test_match_conditions_skip_mirror_pods_and_nothing_else_on_create(target: st
         if kind == "MutatingWebhookConfiguration":
             assert names == ["not-a-mirror-pod"]
         else:
-            assert names == ["not-a-mirror-pod", "create-or-judged-annotation-change"]
+            assert names == ["not-a-mirror-pod", "create-or-judged-update"]
         assert not calls_webhook(hook, obj=pod_with(MIRROR))
         assert calls_webhook(hook, obj=pod_with({"team": "a"}))
         assert calls_webhook(hook, obj=pod_with())
@@ -226,6 +280,44 @@ def test_plain_pod_updates_reach_validation_only_when_they_add_or_change_a_devic
         assert update(pod_with(), pod_with({"nvidia.cdi.k8s.io": "nvidia.com/gpu=all"}))  # no '/' boundary
         # a mirror pod stays skipped, even when its update adds one
         assert not update(pod_with(MIRROR), pod_with({**MIRROR, "cdi.k8s.io/gpu": "nvidia.com/gpu=all"}))
+
+
+TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def tolerating(document: dict[str, Any], *tolerations: dict[str, str]) -> dict[str, Any]:
+    document["spec"]["tolerations"] = [*document["spec"].get("tolerations", []), *tolerations]
+    return document
+
+
+@pytest.mark.parametrize("target", KUSTOMIZATIONS)
+def test_an_update_that_adds_a_toleration_reaches_validation(target: str) -> None:
+    """Tolerations are the one scheduling field a pod author can add to a created pod; with gpu_node_taints, a
+    pending pod that starts to tolerate a GPU taint must meet the node rules it was spared."""
+    for hook in validating_hooks(target):
+        added = tolerating(pod_with(), TOLERATION)
+        assert calls_webhook(hook, operation="UPDATE", obj=added, old=pod_with())
+        more = tolerating(pod_with(), {"operator": "Exists"}, TOLERATION)
+        assert calls_webhook(hook, operation="UPDATE", obj=more, old=tolerating(pod_with(), {"operator": "Exists"}))
+        kept = tolerating(pod_with(labels={"x": "y"}), TOLERATION)
+        assert not calls_webhook(hook, operation="UPDATE", obj=kept, old=tolerating(pod_with(), TOLERATION))
+
+
+def test_the_webhook_denies_an_added_gpu_toleration_that_the_condition_sends() -> None:
+    from gpu_fence.webhook.config import config_from_mapping
+    from gpu_fence.webhook.policy import validate_update
+
+    config = config_from_mapping({"gpu_node_taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]})
+    hook = validating_hooks("base")[0]
+    old = pod_with()
+    old["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    new = tolerating(copy.deepcopy(old), TOLERATION)
+    assert calls_webhook(hook, operation="UPDATE", obj=new, old=old)
+    assert [v.rule for v in validate_update(new, old, config).violations] == ["privileged"]
+    relabelled = copy.deepcopy(new)
+    relabelled["metadata"]["labels"] = {"x": "y"}
+    assert not calls_webhook(hook, operation="UPDATE", obj=relabelled, old=new)
+    assert validate_update(relabelled, new, config).violations == ()
 
 
 KAI = "kai-scheduler"

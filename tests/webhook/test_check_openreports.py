@@ -22,7 +22,7 @@ import yaml
 from gpu_fence.verdicts import Verdict
 from gpu_fence.webhook import cli
 from gpu_fence.webhook.openreports import REPORT_NAME, reports
-from gpu_fence.webhook.policy import RULES, UPDATE_RULES
+from gpu_fence.webhook.policy import NVIDIA_RUNTIME_CLASS, RULES, UPDATE_RULES
 from gpu_fence.webhook.reports import Finding, PodSpecResult, Report
 from tests.fakes.kubeapi_pods import FakePodsApi, pod, write_kubeconfig
 
@@ -156,9 +156,9 @@ def test_examples_one_report_per_namespace_results_per_rule_and_pod(capsys: pyte
     ]
     default, kube_system = objects
     rule_ids = [rule.id for rule in RULES if rule.id not in UPDATE_RULES]  # check sees objects, not updates
-    # 33 pod specs in default, each judged by every rule a pod spec can break
-    assert len(default["results"]) == 33 * len(rule_ids)
-    assert {result["rule"] for result in default["results"]} == set(rule_ids)
+    # 33 pod specs in default, each judged by every rule a pod spec can break; and the one warning that is no rule's
+    assert len(default["results"]) == 33 * len(rule_ids) + 1
+    assert {result["rule"] for result in default["results"]} == {*rule_ids, NVIDIA_RUNTIME_CLASS}
     assert {result["policy"] for result in default["results"]} == {"gpu-fence"}
     failed = {(r["resources"][0]["name"], r["rule"]) for r in default["results"] if r["result"] == "fail"}
     assert failed == {
@@ -184,6 +184,17 @@ def test_examples_one_report_per_namespace_results_per_rule_and_pod(capsys: pyte
         ("bypass-host-process", "host-process"),
         ("bypass-host-ipc", "host-ipc"),
     }
+    # a warning is a warn result, counted in summary.warn, never a pass
+    warned = {(r["resources"][0]["name"], r["rule"]) for r in default["results"] if r["result"] == "warn"}
+    assert warned == {
+        ("bypass-visible-devices-none", "visible-devices-none"),
+        ("bypass-gpu-env-from", "gpu-env-from"),
+        ("nvidia-runtime-no-gpu", "nvidia-runtime-class"),
+    }
+    assert default["summary"]["warn"] == 3 and default["summary"]["fail"] == len(failed)
+    assert default["summary"]["pass"] == len(default["results"]) - 3 - len(failed)
+    [none] = [r for r in default["results"] if r["result"] == "warn" and r["rule"] == "visible-devices-none"]
+    assert none["message"].startswith('visible-devices-none: container "app" sets NVIDIA_VISIBLE_DEVICES=none')
     [privileged] = [
         r for r in default["results"] if r["result"] == "fail" and r["resources"][0]["name"] == "bypass-privileged"
     ]

@@ -42,7 +42,7 @@ REJECTED = PodSpecResult(
         Finding("privileged", "main", 'container "main" is privileged', 20),
         Finding("cdi-annotation", None, 'pod annotation "cdi.k8s.io/x"', 9),
     ),
-    warnings=("a warning",),
+    warnings=(Finding("gpu-env-from", "main", "a warning", 20),),
     spec_line=12,
 )
 EXEMPT = PodSpecResult(
@@ -75,7 +75,7 @@ def test_text_shows_pins_findings_warnings_exemption_and_the_summary() -> None:
         "            pinned NVIDIA_VISIBLE_DEVICES=void on: sidecar\n"
         '            line 20: privileged: container "main" is privileged\n'
         '            line 9: cdi-annotation: pod annotation "cdi.k8s.io/x"\n'
-        "            warning: a warning\n"
+        "            warning: gpu-env-from: a warning\n"
     ) in text
     assert (
         "kube/agent.yaml\n"

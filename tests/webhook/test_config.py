@@ -16,9 +16,11 @@ from gpu_fence.webhook.config import (
     DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES,
     DEFAULT_HOST_DEVICE_PATHS,
     ConfigError,
+    GpuTaint,
     HostPathEntry,
     PolicyConfig,
     Switch,
+    TaintEffect,
     config_from_mapping,
     load_config,
 )
@@ -44,12 +46,49 @@ def test_defaults_without_a_file():
     assert config.visible_devices_aliases == config.exempt_service_accounts == config.extra_host_device_paths == ()
     assert config.host_path_allowlist == ()
     assert config.allowed_capabilities == DEFAULT_ALLOWED_CAPABILITIES
-    assert "IPC_LOCK" in config.allowed_capabilities and "SYS_PTRACE" not in config.allowed_capabilities
+    assert {"IPC_LOCK", "SYS_RESOURCE", "SYS_NICE", "NET_ADMIN", "NET_RAW"} <= set(config.allowed_capabilities)
+    assert not {"DAC_READ_SEARCH", "BPF", "SYS_MODULE", "PERFMON", "SYS_ADMIN"} & set(config.allowed_capabilities)
     assert config.forbidden_annotation_prefixes == DEFAULT_FORBIDDEN_ANNOTATION_PREFIXES
     assert config.env_from_on_gpu_containers is config.visible_devices_none is Switch.WARN
+    assert config.gpu_node_taints == () and config.taint_aware_schedulers == ("default-scheduler",)
     assert config.allowed_volume_types == DEFAULT_ALLOWED_VOLUME_TYPES
     assert "gitRepo" not in config.allowed_volume_types and "persistentVolumeClaim" in config.allowed_volume_types
     assert config.host_ipc is Switch.REJECT
+
+
+def test_gpu_node_taints_are_read_with_their_effect(tmp_path):
+    path = write(
+        tmp_path,
+        "gpu_node_taints:\n"
+        "  - {key: nvidia.com/gpu, value: present, effect: NoSchedule}\n"
+        "  - {key: sku, effect: NoExecute}\n"
+        "taint_aware_schedulers: [default-scheduler, kai-scheduler]\n",
+    )
+    config = load_config(path)
+    assert config.gpu_node_taints == (
+        GpuTaint("nvidia.com/gpu", "present", TaintEffect.NO_SCHEDULE),
+        GpuTaint("sku", "", TaintEffect.NO_EXECUTE),
+    )
+    assert config.taint_aware_scheduler_set == {"default-scheduler", "kai-scheduler"}
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("gpu_node_taints: nvidia.com/gpu\n", ["gpu_node_taints", "expected a list"]),
+        ("gpu_node_taints: [nvidia.com/gpu]\n", ["gpu_node_taints[0]", "'key', 'value' and 'effect'"]),
+        ("gpu_node_taints: [{key: gpu, effect: PreferNoSchedule}]\n", ["gpu_node_taints[0].effect", "NoSchedule"]),
+        ("gpu_node_taints: [{key: gpu}]\n", ["gpu_node_taints[0].effect", "keep pods off"]),
+        ("gpu_node_taints: [{key: 'bad key', effect: NoSchedule}]\n", ["gpu_node_taints[0].key", "taint key"]),
+        ("gpu_node_taints: [{key: gpu, value: 'a b', effect: NoSchedule}]\n", ["gpu_node_taints[0].value"]),
+        ("gpu_node_taints: [{key: gpu, effect: NoSchedule, operator: Exists}]\n", ["unknown key 'operator'"]),
+        ("taint_aware_schedulers: ' kai'\n", ["taint_aware_schedulers", "expected a list"]),
+    ],
+)
+def test_bad_gpu_node_taints_name_the_key(tmp_path, text, needles):
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text))
+    assert all(needle in str(caught.value) for needle in needles), str(caught.value)
 
 
 def test_own_namespace_is_always_exempt(tmp_path):

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_fence.verdicts import ReviewVerdict
-from gpu_fence.warning_text import MAX_WARNING_CHARS
+from gpu_fence.warning_text import CONTINUATION, MAX_WARNING_CHARS
 from gpu_fence.webhook import policy as real_policy
 from gpu_fence.webhook import review as review_module
 from gpu_fence.webhook.config import PolicyConfig
@@ -40,6 +40,7 @@ from gpu_fence.webhook.review import (
 )
 from tests.fakes.pods import mangled_pods, pods
 from tests.fakes.stand_in_policy import StandInPolicy, Validation, Violation
+from tests.fakes.stand_in_policy import advice as stand_in_advice
 
 FIXTURES = Path(__file__).parent / "admissionreviews"
 
@@ -178,19 +179,52 @@ def test_validate_allows_the_mutated_pod(gpu_mix):
     assert outcome.response["response"]["allowed"] is True
 
 
-def test_warn_mode_allows_and_returns_each_violation_as_a_short_warning(gpu_mix):
+def test_warn_mode_judges_the_pod_as_pinned_and_splits_long_warnings(gpu_mix):
+    """No mutating webhook runs in a warn namespace: the pod is judged as it would leave it, so the containers it
+    would pin are named once, not as one unpinned-container each; a warning too long for one line goes on in the
+    next, nothing cut."""
     containers = gpu_mix["request"]["object"]["spec"]["containers"]
     containers[1]["securityContext"] = {"privileged": True}
-    containers[1]["name"] = "log-shipper-with-a-very-long-name-" + "x" * 120
-    outcome = review(gpu_mix, Endpoint.VALIDATE_WARN, None, StandInPolicy(warnings=("envFrom cannot be seen into",)))
+    long_name = "log-shipper-with-a-very-long-name-" + "x" * 120
+    containers[1]["name"] = long_name
+    policy = StandInPolicy(warnings=("envFrom cannot be seen into",))
+    outcome = review(gpu_mix, Endpoint.VALIDATE_WARN, None, policy)
     response = outcome.response["response"]
     assert outcome.verdict is ReviewVerdict.WARNED
-    assert response["allowed"] is True and "status" not in response
-    assert outcome.rules == ("unpinned-container", "privileged")
-    assert len(response["warnings"]) == 4
-    assert all(len(w) <= MAX_WARNING_CHARS for w in response["warnings"])
-    assert response["warnings"][-1] == "envFrom cannot be seen into"
-    assert any(w.startswith("privileged: container") and w.endswith("…") for w in response["warnings"])
+    assert response["allowed"] is True and "status" not in response and "patch" not in response
+    assert outcome.rules == ("privileged",)
+    warnings = response["warnings"]
+    assert all(len(w) <= MAX_WARNING_CHARS for w in warnings) and not any("…" in w for w in warnings)
+    first = warnings.index(next(w for w in warnings if w.startswith("privileged: container")))
+    would_pin = next(
+        i for i, w in enumerate(warnings) if w.startswith("gpu-fence: enforce mode would pin 2 containers")
+    )
+    said = " ".join(w.strip() for w in warnings[first:would_pin])
+    assert long_name in said.replace(" ", "") and all(w.startswith("  ") for w in warnings[first + 1 : would_pin])
+    assert warnings[-1] == "envFrom cannot be seen into" and not any("unpinned" in w for w in warnings)
+    assert policy.calls[-2:] == [("apply_patch", 2), ("validate", None)]  # the pins, applied before validation
+
+
+def test_warn_mode_says_nothing_of_pins_when_nothing_would_be_pinned(gpu_mix):
+    gpu_mix["request"]["object"] = mutated(gpu_mix)
+    outcome = review(gpu_mix, Endpoint.VALIDATE_WARN, None, StandInPolicy())
+    assert outcome.verdict is ReviewVerdict.ALLOWED and "warnings" not in outcome.response["response"]
+
+
+def test_a_way_out_shared_by_violations_is_said_once():
+    shared = 'node-exporter reads the node by design: add "monitoring/ne" to exempt_service_accounts'
+
+    class NodeAgent(StandInPolicy):
+        def validate(self, pod, config, *, only=None, namespace=None):
+            found = tuple(Violation("host-path", "", f"host-path: volume v{i}", shared) for i in range(3))
+            return Validation(found)
+
+    denied = review(crowded(1), Endpoint.VALIDATE, None, NodeAgent()).response["response"]["status"]["message"]
+    assert denied.count(shared) == 1 and denied.endswith(f". Way out: {shared}")
+    assert denied.startswith("gpu-fence: 3 violation(s): host-path: volume v0; host-path: volume v1")
+    warned = review(crowded(1), Endpoint.VALIDATE_WARN, None, NodeAgent()).response["response"]["warnings"]
+    assert sum("exempt_service_accounts" in w for w in warned) == 1
+    assert any(w.startswith("gpu-fence: way out: node-exporter") for w in warned)
 
 
 def test_policy_warnings_come_back_on_allowed_validations():
@@ -230,7 +264,7 @@ def _more(summary: str) -> int:
 
 
 def test_warn_mode_keeps_warnings_within_budget_and_counts_the_rest():
-    outcome = review(crowded(80), Endpoint.VALIDATE_WARN, None, StandInPolicy())
+    outcome = review(crowded(80, privileged=True), Endpoint.VALIDATE_WARN, None, StandInPolicy())
     warnings = outcome.response["response"]["warnings"]
     assert outcome.verdict is ReviewVerdict.WARNED and outcome.response["response"]["allowed"] is True
     assert sum(len(w) for w in warnings) <= review_module.WARNING_BUDGET_CHARS < API_SERVER_WARNING_CHARS
@@ -238,20 +272,21 @@ def test_warn_mode_keeps_warnings_within_budget_and_counts_the_rest():
     *shown, summary = warnings
     # the first violations, in order, then one line that says how many were left out and where to find them
     assert shown == [
-        f"unpinned-container: container 'worker-{i:03d}': request nvidia.com/gpu, or set NVIDIA_VISIBLE_DEVICES=void"
+        f"privileged: container 'worker-{i:03d}': privileged containers see every GPU; remove "
+        "securityContext.privileged"
         for i in range(len(shown))
     ]
     assert summary.startswith("gpu-fence: ") and "audit annotation" in summary and "check" in summary
-    assert len(shown) + _more(summary) == 80
+    assert len(shown) + _more(summary) == 80 and "1 more warning " in summary  # what it would pin, after them
     # every rule stays in the audit annotation, whatever was cut
-    assert outcome.response["response"]["auditAnnotations"] == {"rules": "unpinned-container"}
+    assert outcome.response["response"]["auditAnnotations"] == {"rules": "privileged"}
 
 
 def test_policy_warnings_after_a_full_budget_are_counted_not_lost_silently():
     advice = tuple(f"container 'worker-{i:03d}' requests a GPU and uses envFrom" for i in range(5))
-    outcome = review(crowded(80), Endpoint.VALIDATE_WARN, None, StandInPolicy(warnings=advice))
+    outcome = review(crowded(80, privileged=True), Endpoint.VALIDATE_WARN, None, StandInPolicy(warnings=advice))
     *_, summary = outcome.response["response"]["warnings"]
-    assert "5 more warnings" in summary and len(summary) <= MAX_WARNING_CHARS
+    assert "6 more warnings" in summary and len(summary) <= MAX_WARNING_CHARS  # with what it would pin
 
 
 def test_a_denial_keeps_its_advisory_warnings_within_budget():
@@ -264,9 +299,11 @@ def test_a_denial_keeps_its_advisory_warnings_within_budget():
 
 
 def test_few_warnings_come_back_whole_without_a_summary():
-    outcome = review(crowded(3), Endpoint.VALIDATE_WARN, None, StandInPolicy(warnings=("envFrom advice",)))
+    outcome = review(
+        crowded(3, privileged=True), Endpoint.VALIDATE_WARN, None, StandInPolicy(warnings=("envFrom advice",))
+    )
     warnings = outcome.response["response"]["warnings"]
-    assert len(warnings) == 4 and warnings[-1] == "envFrom advice"
+    assert len(warnings) == 5 and warnings[-1] == "envFrom advice" and "would pin 3 containers" in warnings[-2]
     assert not any("more violation" in w for w in warnings)
 
 
@@ -292,14 +329,16 @@ def test_one_huge_violation_is_cut_not_dropped():
     )
 
     class OneHuge(StandInPolicy):
-        def validate(self, pod, config, *, only=None):
+        def validate(self, pod, config, *, only=None, namespace=None):
             return Validation((huge,))
 
     denied = review(crowded(1), Endpoint.VALIDATE, None, OneHuge()).response["response"]["status"]["message"]
     assert len(denied) <= review_module.MAX_DENY_MESSAGE_CHARS
     assert denied.startswith("gpu-fence: 1 violation(s): host-device-path: volume 'v'") and "more" not in denied
     warned = review(crowded(1), Endpoint.VALIDATE_WARN, None, OneHuge()).response["response"]["warnings"]
-    assert len(warned) == 1 and len(warned[0]) == MAX_WARNING_CHARS
+    *lines, would_pin = warned  # the violation in at most four lines, cut in the last; then what it would pin
+    assert len(lines) == review_module.MAX_WARNING_LINES and lines[-1].endswith("…")
+    assert lines[0].startswith("host-device-path: volume 'v'") and "would pin" in would_pin
 
 
 @settings(max_examples=60, deadline=None)
@@ -311,18 +350,20 @@ def test_any_number_and_size_of_violations_fits_and_is_accounted_for(lengths, ad
     violations = tuple(Violation("privileged", f"c{i}", "privileged: " + "x" * n) for i, n in enumerate(lengths))
 
     class Many(StandInPolicy):
-        def validate(self, pod, config, *, only=None):
-            return Validation(violations, tuple(advice))
+        def validate(self, pod, config, *, only=None, namespace=None):
+            return Validation(violations, tuple(stand_in_advice(text) for text in advice))
 
     warned = review(crowded(1), Endpoint.VALIDATE_WARN, None, Many()).response["response"]
     warnings = warned.get("warnings", [])
     assert sum(len(w) for w in warnings) <= review_module.WARNING_BUDGET_CHARS
     assert all(len(w) <= MAX_WARNING_CHARS for w in warnings)
-    if len(warnings) < len(violations) + len(advice):
-        summary = warnings[-1]
-        shown = len(warnings) - 1
-        counted = sum(int(n) for n in re.findall(r"(\d+) more (?:violation|warning)s?", summary))
-        assert shown + counted == len(violations) + len(advice)
+    groups = len(violations) + len(advice) + 1  # and what enforcing would pin (the one container)
+    firsts = [w for w in warnings if not w.startswith(CONTINUATION)]  # each violation's or advice's first line
+    if warnings and re.match(r"gpu-fence: … and ", warnings[-1]):
+        counted = sum(int(n) for n in re.findall(r"(\d+) more (?:violation|warning)s?", warnings[-1]))
+        assert len(firsts) - 1 + counted == groups
+    else:
+        assert len(firsts) == groups
     if violations:
         denied = review(crowded(1), Endpoint.VALIDATE, None, Many()).response["response"]
         assert len(denied["status"]["message"]) <= review_module.MAX_DENY_MESSAGE_CHARS
