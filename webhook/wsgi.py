@@ -181,7 +181,7 @@ def content_length(environ: dict[str, Any]) -> int | None:
     value = environ.get("CONTENT_LENGTH")
     if value is None or (encoding is not None and "chunked" in _tokens(encoding)):
         return None
-    value = value.strip()
+    value = value.strip(" \t")  # HTTP's optional whitespace only: str.strip() would also drop \x1c-\x1f
     if not value.isascii() or not value.isdigit():
         return 0
     return int(value)
