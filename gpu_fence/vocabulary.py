@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from enum import Enum
-from typing import Any
+from typing import Any, TypeGuard
 
 from .kai import FRACTION_ANNOTATIONS, FRACTION_CONTAINER_ANNOTATION
 
@@ -123,7 +123,7 @@ def iter_containers(pod_spec: Mapping[str, Any]) -> Iterator[tuple[str, int, Map
                 yield field, index, container
 
 
-def _is_mapping(value: Any) -> bool:
+def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
     """``isinstance(value, Mapping)``, answered by the cheap concrete test for the dicts that JSON and YAML decoders
     produce; the ABC check (several times slower) runs only for other types."""
     return isinstance(value, dict) or (value is not None and isinstance(value, Mapping))
