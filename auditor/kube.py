@@ -31,16 +31,8 @@ from typing import Any
 from gpu_fence.kubeconfig import KubeConfigError, load_configuration
 
 from .model import Finding, IdentitySource
+from .pods import container_names_by_id
 
-KAI_GPU_GROUP_LABEL = "runai-gpu-group"
-KAI_MULTI_GROUP_PREFIX = KAI_GPU_GROUP_LABEL + "/"
-STATUS_FIELDS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
-#: The pod spec list each status list describes: an Event's fieldPath must name the list the container is in.
-SPEC_FIELDS = {
-    "initContainerStatuses": "initContainers",
-    "containerStatuses": "containers",
-    "ephemeralContainerStatuses": "ephemeralContainers",
-}
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 EVENT_REASON = "GPUOverreach"
 COMPONENT = "gpu-fence-auditor"
@@ -289,51 +281,6 @@ class PodCache:
             if isinstance(uid, str):
                 pods[uid] = pod
         return pods
-
-
-# --- reading identity out of a pod dict (pure) -------------------------------------------------------------
-
-
-def strip_runtime(container_id: str) -> str:
-    """``containerd://<id>`` / ``cri-o://<id>`` / ``docker://<id>`` → ``<id>`` (the cgroup's form)."""
-    return container_id.split("://", 1)[-1]
-
-
-def containers_by_id(pod: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
-    """container id → (container name, spec list: ``containers``, ``initContainers`` or ``ephemeralContainers``),
-    over init, regular and ephemeral container statuses."""
-    found: dict[str, tuple[str, str]] = {}
-    status = pod.get("status")
-    if not isinstance(status, Mapping):
-        return found
-    for field in STATUS_FIELDS:
-        entries = status.get(field)
-        for entry in entries if isinstance(entries, list) else ():
-            if isinstance(entry, Mapping) and entry.get("containerID") and entry.get("name"):
-                found[strip_runtime(str(entry["containerID"]))] = (str(entry["name"]), SPEC_FIELDS[field])
-    return found
-
-
-def container_names_by_id(pod: Mapping[str, Any]) -> dict[str, str]:
-    """container id → container name, over init, regular and ephemeral container statuses."""
-    return {container_id: name for container_id, (name, _) in containers_by_id(pod).items()}
-
-
-def pod_labels(pod: Mapping[str, Any]) -> dict[str, str]:
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
-
-
-def kai_gpu_groups(pod: Mapping[str, Any]) -> frozenset[str]:
-    """The KAI GPU groups a pod belongs to: label ``runai-gpu-group=<g>``, or ``runai-gpu-group/<g>`` (multi-GPU
-    fractions), both set by the KAI binder on fraction pods and on their reservation pods."""
-    groups: set[str] = set()
-    for key, value in pod_labels(pod).items():
-        if key == KAI_GPU_GROUP_LABEL and value:
-            groups.add(value)
-        elif key.startswith(KAI_MULTI_GROUP_PREFIX) and key != KAI_MULTI_GROUP_PREFIX:
-            groups.add(key[len(KAI_MULTI_GROUP_PREFIX) :])
-    return frozenset(groups)
 
 
 # --- Events ------------------------------------------------------------------------------------------------

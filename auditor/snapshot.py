@@ -39,7 +39,6 @@ from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCE_SET, kai_fraction_containe
 
 from .deviceids import normalize_device_id
 from .dra import DEFAULT_GPU_DRIVERS, SliceView, claimed_devices, slice_note
-from .kube import containers_by_id, kai_gpu_groups, pod_labels
 from .model import (
     ActivityUnknown,
     ClaimedDevice,
@@ -54,6 +53,7 @@ from .model import (
 )
 from .offered import count_offered
 from .podresources.allocations import ContainerAllocation, DeviceAllocation
+from .pods import containers_by_id, kai_gpu_groups, pod_labels
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,10 @@ from gpu_fence.auditor.kube import (
     KubernetesUnavailable,
     PodCache,
     api_request,
-    container_names_by_id,
-    kai_gpu_groups,
     load_api_client,
 )
 from gpu_fence.auditor.model import Finding, FindingKind, IdentitySource
+from gpu_fence.auditor.pods import container_names_by_id
 from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
 
 CID = "a" * 64
@@ -140,13 +139,6 @@ def test_pod_cache_that_never_reached_the_api_is_unavailable(tmp_path):
 def test_load_api_client_names_what_to_fix(tmp_path):
     with pytest.raises(KubernetesUnavailable, match="--kubeconfig FILE"):
         load_api_client(str(tmp_path / "missing"))
-
-
-def test_kai_groups_from_single_and_multi_fraction_labels():
-    single = make_pod("a", "p", "u", "n", [], labels={"runai-gpu-group": "g1"})
-    multi = make_pod("a", "p", "u", "n", [], labels={"runai-gpu-group/g2": "g2", "runai-gpu-group/g3": "g3"})
-    assert kai_gpu_groups(single) == {"g1"} and kai_gpu_groups(multi) == {"g2", "g3"}
-    assert kai_gpu_groups(make_pod("a", "p", "u", "n", [])) == frozenset()
 
 
 def finding(kind=FindingKind.USED_UNALLOCATED, gpu="GPU-1", pid=1, pod="train"):
