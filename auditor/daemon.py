@@ -34,6 +34,7 @@ from gpu_fence.exit_status import ExitStatus
 from .audit import audit
 from .collect import CollectError, collect
 from .model import AuditPolicy, AuditResult, FailureReason, NodeSnapshot
+from .podresources.calls import KubeletFailure, KubeletMethod
 from .report import render
 from .server import Health, serve_http
 from .settings import AuditSettings, RunSettings, add_once_parser, add_run_parser, label_clash
@@ -88,9 +89,9 @@ class Auditor:
         self._podresources: PodResourcesSource | None = None
         self._nvml: NvmlSource | None = None
         #: PodResources RPCs made, by method, over every client this auditor built (one is rebuilt per outage).
-        self.kubelet_calls: Counter[str] = Counter()
+        self.kubelet_calls: Counter[KubeletMethod] = Counter()
         #: PodResources RPCs that failed, by (method, reason), over the same clients.
-        self.kubelet_failures: Counter[tuple[str, str]] = Counter()
+        self.kubelet_failures: Counter[tuple[KubeletMethod, KubeletFailure]] = Counter()
         self.cycles = 0  # cycles attempted
 
     def _freeze_long_lived(self) -> None:

@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 
 from .model import Activity, AuditResult, DraResolution, FailureReason, FindingKind, NodeSnapshot, SliceState
 from .podresources.calls import METHODS as KUBELET_METHODS
-from .podresources.calls import REASONS as KUBELET_FAILURE_REASONS
+from .podresources.calls import KubeletFailure, KubeletMethod
 
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -259,7 +259,7 @@ class _LatestAudit(Collector):
             for uuid, count in result.unattributed_unknown_memory:
                 unattributed_unknown.add_metric([self.node, uuid], count)
             for uuid, reason in snapshot.unlisted:
-                unlisted.add_metric([self.node, uuid, reason], 1)
+                unlisted.add_metric([self.node, uuid, reason.value], 1)
             for uuid, why in snapshot.activity_unknown:
                 activity_unknown.add_metric([self.node, uuid, why.value], 1)
             for uuid, count in snapshot.offered_replicas or ():
@@ -344,9 +344,9 @@ class AuditorMetrics:
         for reason in FailureReason:
             self.failures.labels(reason=reason.value)
         for method in KUBELET_METHODS:
-            self.kubelet_calls.labels(method=method)
-            for kubelet_reason in KUBELET_FAILURE_REASONS:
-                self.kubelet_failures.labels(method=method, reason=kubelet_reason)
+            self.kubelet_calls.labels(method=method.value)
+            for kubelet_failure in KubeletFailure:
+                self.kubelet_failures.labels(method=method.value, reason=kubelet_failure.value)
         self._kubelet_seen: Tally[tuple[str, ...]] = Tally()
         self._failures_seen: Tally[tuple[str, ...]] = Tally()
 
@@ -361,20 +361,23 @@ class AuditorMetrics:
         self.failures.labels(reason=reason.value).inc()
 
     def sync_kubelet_calls(
-        self, calls: Mapping[str, int], failures: Mapping[tuple[str, str], int] | None = None
+        self,
+        calls: Mapping[KubeletMethod, int],
+        failures: Mapping[tuple[KubeletMethod, KubeletFailure], int] | None = None,
     ) -> None:
         """Add the PodResources client's own call and failure counts since the last sync (the client counts, we
         export)."""
-        _add_since(self.kubelet_calls, self._kubelet_seen, {(method,): n for method, n in calls.items()})
-        _add_since(self.kubelet_failures, self._failures_seen, failures or {})
+        _add_since(self.kubelet_calls, self._kubelet_seen, (((method,), n) for method, n in calls.items()))
+        _add_since(self.kubelet_failures, self._failures_seen, (failures or {}).items())
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
 
-def _add_since(counter: Counter, seen: Tally[tuple[str, ...]], counts: Mapping[tuple[str, ...], int]) -> None:
-    """Increase ``counter`` (labels in its order) by what ``counts`` grew since ``seen``, and remember it."""
-    for labels, count in counts.items():
+def _add_since(counter: Counter, seen: Tally[tuple[str, ...]], counts: Iterable[tuple[tuple[str, ...], int]]) -> None:
+    """Increase ``counter`` (labels in its order) by what ``counts`` (labels, count) grew since ``seen``, and remember
+    it."""
+    for labels, count in counts:
         delta = count - seen[labels]
         if delta > 0:
             counter.labels(*labels).inc(delta)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import Enum, StrEnum
 
 from gpu_fence import kai
 
@@ -40,6 +40,19 @@ class FailureReason(Enum):
     KUBERNETES_API = "kubernetes-api"
     PROC = "proc"
     INTERNAL = "internal"
+
+
+class NvmlReason(StrEnum):
+    """Why NVML could not be used, or could not read a device or a process list (``auditor.nvml``): an ``NvmlError``'s
+    or ``NvmlProblem``'s ``reason``, and the ``reason`` of ``gpu_fence_gpu_processes_unknown`` (``docs/nvml.md``). A
+    ``StrEnum``: a member is the label value itself."""
+
+    LIBRARY_MISSING = "library-missing"
+    DRIVER_NOT_LOADED = "driver-not-loaded"
+    NO_PERMISSION = "no-permission"
+    GPU_LOST = "gpu-lost"
+    NOT_SUPPORTED = "not-supported"
+    UNKNOWN = "unknown"
 
 
 class SliceState(Enum):
@@ -286,7 +299,7 @@ class NodeSnapshot:
     activity_unknown: tuple[tuple[str, ActivityUnknown], ...] = ()
     #: (GPU or MIG device UUID, NVML's reason) for the devices whose processes NVML could not list this cycle:
     #: what runs there is unknown, so their unattributed memory is too
-    unlisted: tuple[tuple[str, str], ...] = ()
+    unlisted: tuple[tuple[str, NvmlReason], ...] = ()
     dra_slices: SliceState = SliceState.UNUSED
     #: UUID → allocation ids the device plugins offer for it (GetAllocatableResources); None when unknown
     offered_replicas: tuple[tuple[str, int], ...] | None = None

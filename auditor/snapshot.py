@@ -49,6 +49,7 @@ from .model import (
     Identity,
     IdentitySource,
     NodeSnapshot,
+    NvmlReason,
     ViewLimit,
 )
 from .offered import count_offered
@@ -181,7 +182,7 @@ def assemble(
     degraded: Iterable[FailureReason] = (),
     activity_devices: Iterable[str] = (),
     activity_unknown: Sequence[tuple[str, ActivityUnknown]] = (),
-    unlisted: Sequence[tuple[str, str]] = (),
+    unlisted: Sequence[tuple[str, NvmlReason]] = (),
     slices: SliceView | None = None,
     offered: Sequence[DeviceAllocation] | None = None,
 ) -> NodeSnapshot:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from gpu_fence.auditor.model import IDLE, Activity, ActivityUnknown, Gpu
-from gpu_fence.auditor.nvml import NO_INSTANCE, REASONS, Nvml, NvmlError, NvmlSnapshot
+from gpu_fence.auditor.model import IDLE, Activity, ActivityUnknown, Gpu, NvmlReason
+from gpu_fence.auditor.nvml import NO_INSTANCE, Nvml, NvmlError, NvmlSnapshot
 from tests.fakes.nvml import (
     CONFIG_ENV,
     GIB,
@@ -549,7 +549,7 @@ def test_init_failure_is_an_nvml_error_with_a_reason(
         nvml.open()
     assert raised.value.reason == reason
     assert hint in str(raised.value)
-    assert raised.value.reason in REASONS
+    assert isinstance(raised.value.reason, NvmlReason)
     nvml.close()  # closing what never opened is harmless
 
 
@@ -694,7 +694,7 @@ def test_default_library_missing_says_how_to_point_at_it(tmp_path: Path) -> None
 def test_docs_explain_every_reason() -> None:
     text = (REPO / "docs" / "nvml.md").read_text()
 
-    assert all(f"`{reason}`" in text for reason in REASONS)
+    assert all(f"`{reason}`" in text for reason in NvmlReason)
 
 
 # ---- per-process activity: NVML's utilisation samples (docs/nvml.md, "Per-process utilisation") ----------------
