@@ -37,6 +37,9 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 EVENT_REASON = "GPUOverreach"
 COMPONENT = "gpu-fence-auditor"
 EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
+#: (namespace, pod uid or name, container, finding kind, GPU): one Event each. Its repr names the Event, so that an
+#: auditor that restarts finds the Events it posted before.
+EventKey = tuple[str | None, str | None, str | None, str, str | None]
 
 
 class KubernetesUnavailable(Exception):
@@ -293,9 +296,9 @@ def _now_rfc3339(timestamp: float) -> str:
 def _field_path(finding: Finding) -> str | None:
     """Where in the pod the finding points. Without the pod list (fallback identity) the container's list is
     unknown; ``spec.containers`` is then the likeliest, as PodResources lists regular containers and sidecars."""
-    if not finding.container:
+    if not finding.ref.container:
         return None
-    return f"spec.{finding.container_field or 'containers'}{{{finding.container}}}"
+    return f"spec.{finding.container_field or 'containers'}{{{finding.ref.container}}}"
 
 
 class EventRecorder:
@@ -317,21 +320,22 @@ class EventRecorder:
         self.max_entries = max_entries
         self.max_per_cycle = max_per_cycle
         self._clock = clock
-        self._seen: OrderedDict[tuple, tuple[str, float, int]] = OrderedDict()  # key → (event name, time, count)
+        self._seen: OrderedDict[EventKey, tuple[str, float, int]] = OrderedDict()  # key → (event name, time, count)
         self.failures = 0
         self.last_error: str | None = None
 
     @staticmethod
-    def finding_key(finding: Finding) -> tuple:
+    def finding_key(finding: Finding) -> EventKey:
         """What makes two findings 'the same' for Events: the pid is left out (processes restart)."""
-        return (finding.namespace, finding.pod_uid or finding.pod, finding.container, finding.kind.value, finding.gpu)
+        ref = finding.ref
+        return (ref.namespace, ref.pod_uid or ref.pod, ref.container, finding.kind.value, finding.gpu)
 
     def record(self, findings: Iterable[Finding]) -> int:
         """Emit what is new or due; returns the number of API writes made. Never raises."""
         writes = 0
         now = self._clock()
         for finding in findings:
-            if finding.namespace is None or finding.pod is None:
+            if finding.ref.namespace is None or finding.ref.pod is None:
                 continue  # unattributed processes have no pod to put an Event on
             if writes >= self.max_per_cycle:
                 break
@@ -356,28 +360,29 @@ class EventRecorder:
             writes += 1
         return writes
 
-    def _remember(self, key: tuple, value: tuple[str, float, int]) -> None:
+    def _remember(self, key: EventKey, value: tuple[str, float, int]) -> None:
         self._seen[key] = value
         self._seen.move_to_end(key)
         while len(self._seen) > self.max_entries:
             self._seen.popitem(last=False)
 
-    def _event_name(self, finding: Finding, key: tuple) -> str:
+    def _event_name(self, finding: Finding, key: EventKey) -> str:
         digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
-        return f"{(finding.pod or 'pod')[:200]}.gpu-fence-{digest}"
+        return f"{(finding.ref.pod or 'pod')[:200]}.gpu-fence-{digest}"
 
     def _body(self, finding: Finding, name: str, now: float, count: int) -> dict[str, Any]:
         stamp = _now_rfc3339(now)
+        ref = finding.ref
         return {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": name, "namespace": finding.namespace},
+            "metadata": {"name": name, "namespace": ref.namespace},
             "involvedObject": {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "namespace": finding.namespace,
-                "name": finding.pod,
-                "uid": finding.pod_uid,
+                "namespace": ref.namespace,
+                "name": ref.pod,
+                "uid": ref.pod_uid,
                 "fieldPath": _field_path(finding),
             },
             "reason": EVENT_REASON,
@@ -396,11 +401,11 @@ class EventRecorder:
             self._api_client,
             "POST",
             EVENTS_PATH,
-            path_params={"namespace": str(finding.namespace)},
+            path_params={"namespace": str(finding.ref.namespace)},
             body=self._body(finding, name, now, count),
         )
 
-    def _create(self, finding: Finding, key: tuple, now: float) -> str:
+    def _create(self, finding: Finding, key: EventKey, now: float) -> str:
         name = self._event_name(finding, key)
         try:
             self._post(finding, name, now, 1)
@@ -409,7 +414,7 @@ class EventRecorder:
                 raise
         return name
 
-    def _bump(self, finding: Finding, name: str, count: int, now: float, key: tuple) -> None:
+    def _bump(self, finding: Finding, name: str, count: int, now: float, key: EventKey) -> None:
         message = f"{finding.kind.value}: {finding.message}"[:1024]
         patch = {"count": count, "lastTimestamp": _now_rfc3339(now), "message": message}
         try:
@@ -417,7 +422,7 @@ class EventRecorder:
                 self._api_client,
                 "PATCH",
                 EVENTS_PATH + "/{name}",
-                path_params={"namespace": str(finding.namespace), "name": name},
+                path_params={"namespace": str(finding.ref.namespace), "name": name},
                 body=patch,
                 content_type="application/merge-patch+json",
             )

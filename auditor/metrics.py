@@ -30,7 +30,16 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .model import Activity, AuditResult, DraResolution, FailureReason, FindingKind, NodeSnapshot, SliceState
+from .model import (
+    Activity,
+    AuditResult,
+    ContainerRef,
+    DraResolution,
+    FailureReason,
+    FindingKind,
+    NodeSnapshot,
+    SliceState,
+)
 from .podresources.calls import METHODS as KUBELET_METHODS
 from .podresources.calls import KubeletFailure, KubeletMethod
 
@@ -51,10 +60,14 @@ def label_name(key: str) -> str:
     return "label_" + _LABEL_CHARS.sub("_", key)
 
 
-def _container_label(container: str | None, container_id: str | None) -> str:
-    if container is not None:
-        return container
-    return f"id:{container_id[:12]}" if container_id else ""
+def _who(node: str, ref: ContainerRef) -> tuple[str, str, str, str]:
+    """The ``node``, ``namespace``, ``pod`` and ``container`` labels of a container's series: a container known by
+    id alone is ``id:`` and the id's first 12 characters."""
+    if ref.container is not None:
+        container = ref.container
+    else:
+        container = f"id:{ref.container_id[:12]}" if ref.container_id else ""
+    return (node, ref.namespace or "", ref.pod or "", container)
 
 
 class _LatestAudit(Collector):
@@ -196,7 +209,7 @@ class _LatestAudit(Collector):
             labelled_pods: dict[tuple[str, str], tuple[str, ...]] = {}
             unread = dict(snapshot.unlisted)
             for row in result.rows:
-                who = (self.node, row.namespace or "", row.pod or "", _container_label(row.container, row.container_id))
+                who = _who(self.node, row.ref)
                 allowed = set(row.allocated) | {gpus[u].parent_uuid for u in row.allocated if u in gpus}
                 # A DRA device that could not be resolved may be any GPU: outside what is known to be allowed, the
                 # container's memory is neither entitled nor overreach, but unknown.
@@ -213,19 +226,14 @@ class _LatestAudit(Collector):
                 for device in row.dra_devices:
                     if device.resolution is not DraResolution.RESOLVED:
                         unresolved_values[(*who, device.driver, device.resolution.value)] += 1
-                if self.pod_label_keys and row.namespace and row.pod:
-                    values = dict(row.labels)
-                    labelled_pods[(row.namespace, row.pod)] = tuple(values.get(k, "") for k in self.pod_label_keys)
+                namespace, pod = row.ref.namespace, row.ref.pod
+                if self.pod_label_keys and namespace and pod:
+                    chosen = dict(row.labels)
+                    labelled_pods[(namespace, pod)] = tuple(chosen.get(k, "") for k in self.pod_label_keys)
             for finding in result.findings:
                 if finding.kind is FindingKind.UNATTRIBUTED_PROCESS:
                     continue
-                who = (
-                    self.node,
-                    finding.namespace or "",
-                    finding.pod or "",
-                    _container_label(finding.container, finding.container_id),
-                )
-                finding_values[(*who, finding.kind.value)] += 1
+                finding_values[(*_who(self.node, finding.ref), finding.kind.value)] += 1
             for labels, value in memory_values.items():
                 memory.add_metric(list(labels), value)
             for labels, value in allocated_values.items():

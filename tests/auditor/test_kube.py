@@ -16,7 +16,7 @@ from gpu_fence.auditor.kube import (
     api_request,
     load_api_client,
 )
-from gpu_fence.auditor.model import Finding, FindingKind, IdentitySource
+from gpu_fence.auditor.model import ContainerRef, Finding, FindingKind, IdentitySource
 from gpu_fence.auditor.pods import container_names_by_id
 from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
 
@@ -142,7 +142,7 @@ def test_load_api_client_names_what_to_fix(tmp_path):
 
 
 def finding(kind=FindingKind.USED_UNALLOCATED, gpu="GPU-1", pid=1, pod="train"):
-    return Finding(kind, "ml", pod, "main", gpu, pid=pid, memory_bytes=1, message="m", pod_uid=f"uid-{pod}")
+    return Finding(kind, ContainerRef("ml", pod, "main", f"uid-{pod}"), gpu, pid=pid, memory_bytes=1, message="m")
 
 
 def test_events_are_deduplicated_and_re_emitted_by_patch_after_the_interval(api):
@@ -164,7 +164,7 @@ def test_events_are_deduplicated_and_re_emitted_by_patch_after_the_interval(api)
 def test_unattributed_findings_get_no_event_and_a_down_api_is_retried_next_cycle(api):
     fake, client = api
     recorder = EventRecorder(client, "node-a")
-    host = Finding(FindingKind.UNATTRIBUTED_PROCESS, None, None, None, "GPU-1", pid=5, message="host")
+    host = Finding(FindingKind.UNATTRIBUTED_PROCESS, ContainerRef(None, None, None), "GPU-1", pid=5, message="host")
     fake.down = True
     assert recorder.record([host, finding()]) == 0
     assert recorder.failures == 1 and "503" in recorder.last_error
@@ -215,12 +215,9 @@ def test_event_points_at_the_containers_own_spec_list(api, field, path):
     fake, client = api
     overreach = Finding(
         FindingKind.VISIBLE_UNALLOCATED,
-        "ml",
-        "train",
-        "main",
+        ContainerRef("ml", "train", "main", "uid-train"),
         "GPU-1",
         message="m",
-        pod_uid="uid-train",
         container_field=field,
     )
     assert EventRecorder(client, "node-a").record([overreach]) == 1
