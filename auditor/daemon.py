@@ -43,7 +43,7 @@ from .sources import HostProcSource, NvmlSource, OfferedSource, PodResourcesSour
 from .webconfig import TlsContexts, WebConfigError, load_web_config
 
 if TYPE_CHECKING:
-    from .kube import ApiBudget
+    from .kube import ApiBudget, KubeClient
     from .metrics import AuditorMetrics
 
 
@@ -78,7 +78,7 @@ class Auditor:
             exempt_namespaces=settings.exempt_namespaces,
             kai_reservation_namespace=settings.kai_reservation_namespace,
         )
-        self.api_client: Any = None
+        self.api_client: KubeClient | None = None
         self.api_problem: str | None = None
         #: how long the Kubernetes API calls may wait; ``run`` bounds each cycle's calls together (``api_budget``)
         self.api_budget: ApiBudget | None = None
@@ -135,18 +135,18 @@ class Auditor:
             self._offered = OfferedReplicas(self.settings.allocatable_interval)
             if self.api_client is not None:
                 self._pods = PodCache(self.api_client, self.node, relist_interval=self.settings.pod_relist_interval)
-                self._slices = self._open_slices()
+                self._slices = self._open_slices(self.api_client)
         if self._podresources is None:
             self._podresources = self._open_podresources()
         if self._nvml is None:
             self._nvml = self._open_nvml()
         return Sources(self._podresources, self._nvml, self._hostproc, self._pods, self._slices, self._offered)
 
-    def _open_slices(self) -> SliceSource:
+    def _open_slices(self, api_client: KubeClient) -> SliceSource:
         """The node's ResourceSlices: listed now (bounded by the API client's timeout), then watched with ``watch``."""
         from .resourceslices import ResourceSliceCache
 
-        slices = ResourceSliceCache(self.api_client, self.node, drivers=self.settings.dra_gpu_drivers)
+        slices = ResourceSliceCache(api_client, self.node, drivers=self.settings.dra_gpu_drivers)
         slices.sync()
         if self.watch:
             slices.start()
@@ -263,7 +263,7 @@ def backoff(interval: float, failures_in_row: int, maximum: float) -> float:
     if failures_in_row <= 0:
         return interval
     # The exponent is bounded: 2**n of a days-long outage would overflow a float and end the loop.
-    return min(interval * 2 ** min(failures_in_row - 1, 64), max(maximum, interval))
+    return min(interval * 2.0 ** min(failures_in_row - 1, 64), max(maximum, interval))
 
 
 def run_daemon(args: argparse.Namespace) -> ExitStatus:

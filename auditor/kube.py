@@ -25,6 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -97,9 +98,19 @@ class ApiBudget:
             self._left -= seconds
 
 
+@dataclass(frozen=True)
+class KubeClient:
+    """What every request of the auditor goes through: the ``kubernetes`` client's ``ApiClient`` (configuration,
+    credentials, TLS, connection pool; used through ``param_serialize`` and ``call_api`` alone) and the budget its
+    calls wait within."""
+
+    api: Any
+    budget: ApiBudget
+
+
 def load_api_client(
     kubeconfig: str | None, *, timeout: float = API_CALL_SECONDS, budget: ApiBudget | None = None
-) -> Any:
+) -> KubeClient:
     """An ``ApiClient`` configured as ``gpu_fence.kubeconfig`` finds it, failing fast (no retries); its calls wait
     as ``budget`` allows (by default at most ``timeout`` seconds each)."""
     from kubernetes import client
@@ -113,9 +124,7 @@ def load_api_client(
             "(pass --kubeconfig FILE, run in a pod, or use --no-kubernetes)"
         ) from error
     configuration.retries = 0  # a cycle must not stall on an API that is down: the next cycle retries
-    api_client = client.ApiClient(configuration)
-    api_client.gpu_fence_budget = budget if budget is not None else ApiBudget(per_call=timeout)
-    return api_client
+    return KubeClient(client.ApiClient(configuration), budget if budget is not None else ApiBudget(per_call=timeout))
 
 
 class ApiError(Exception):
@@ -127,7 +136,7 @@ class ApiError(Exception):
         self.reason = reason
 
 
-def api_request(api_client: Any, method: str, path: str, **options: Any) -> bytes:
+def api_request(api_client: KubeClient, method: str, path: str, **options: Any) -> bytes:
     """One request (``options`` as :func:`open_request` takes them); the response body, read whole. Raises
     ``ApiError`` on a non-2xx status and ``ApiBudgetSpent`` when the cycle has no time left for it; socket, TLS and
     timeout errors pass through as the client raises them. On the cycle's thread the call waits at most what the
@@ -137,7 +146,7 @@ def api_request(api_client: Any, method: str, path: str, **options: Any) -> byte
     started = time.monotonic()
     try:
         response = open_request(api_client, method, path, **options)
-        data = response.read()
+        data: bytes = response.read()
     finally:
         if budget is not None:
             budget.spend(time.monotonic() - started)
@@ -147,7 +156,7 @@ def api_request(api_client: Any, method: str, path: str, **options: Any) -> byte
 
 
 def open_request(
-    api_client: Any,
+    api_client: KubeClient,
     method: str,
     path: str,
     *,
@@ -165,15 +174,14 @@ def open_request(
     budget has left, in all; elsewhere (the ResourceSlice watch) it connects within the per-call bound and waits
     ``read_timeout`` (default: that bound) for the next bytes, spending nothing of the cycle's time.
     """
-    budget = getattr(api_client, "gpu_fence_budget", None)
-    per_call = budget.per_call if budget is not None else API_CALL_SECONDS
+    per_call = api_client.budget.per_call
     cycle = _cycle_budget(api_client)
     waits = (per_call, per_call if read_timeout is None else read_timeout)  # connect, then each read
     timeout = cycle.timeout() if cycle is not None else waits
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = content_type
-    method, url, headers, serialized, _ = api_client.param_serialize(
+    method, url, headers, serialized, _ = api_client.api.param_serialize(
         method,
         path,
         path_params=dict(path_params) if path_params else None,
@@ -182,13 +190,12 @@ def open_request(
         body=dict(body) if body is not None else None,
         auth_settings=["BearerToken"],  # the only scheme the client knows; it re-reads a rotated in-cluster token
     )
-    return api_client.call_api(method, url, header_params=headers, body=serialized, _request_timeout=timeout)
+    return api_client.api.call_api(method, url, header_params=headers, body=serialized, _request_timeout=timeout)
 
 
-def _cycle_budget(api_client: Any) -> ApiBudget | None:
+def _cycle_budget(api_client: KubeClient) -> ApiBudget | None:
     """The client's budget when this thread's calls draw on it (see ``ApiBudget``), else None."""
-    budget = getattr(api_client, "gpu_fence_budget", None)
-    return budget if budget is not None and budget.applies() else None
+    return api_client.budget if api_client.budget.applies() else None
 
 
 def describe_error(error: Exception) -> str:
@@ -204,7 +211,7 @@ class PodCache:
 
     def __init__(
         self,
-        api_client: Any,
+        api_client: KubeClient,
         node: str,
         *,
         relist_interval: float = 60.0,
@@ -306,7 +313,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        api_client: Any,
+        api_client: KubeClient,
         node: str,
         *,
         reemit_after: float = 3600.0,

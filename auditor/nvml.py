@@ -15,12 +15,15 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from types import ModuleType, TracebackType
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeAlias
 
 from .model import IDLE, Activity, ActivityUnknown, Gpu, NvmlReason
+
+#: The ``pynvml`` module: it ships no type information, so what it holds and returns is ``Any``.
+Pynvml: TypeAlias = Any
 
 #: ``gpuInstanceId`` / ``computeInstanceId`` of a process when its GPU is not in MIG mode (nvml.h).
 NO_INSTANCE = 0xFFFFFFFF
@@ -121,13 +124,13 @@ class NvmlError(Exception):
         self.code = code
 
 
-def _pynvml() -> ModuleType:
+def _pynvml() -> Pynvml:
     import pynvml  # noqa: PLC0415 - imported on open, so importing this module stays free
 
     return pynvml
 
 
-def _code(error: BaseException) -> int | None:
+def _code(error: BaseException | None) -> int | None:
     value = getattr(error, "value", None)
     return value if isinstance(value, int) else None
 
@@ -178,7 +181,7 @@ def _load_library(lib_path: str) -> ctypes.CDLL:
         ) from None
 
 
-def _bind(pynvml: ModuleType, lib_path: str | None) -> None:
+def _bind(pynvml: Pynvml, lib_path: str | None) -> None:
     with _binding.lock:
         if _binding.users and lib_path != _binding.path:
             raise NvmlError(
@@ -246,7 +249,7 @@ class _Kept:
 class _Reader:
     """One snapshot's worth of NVML calls. Knows the order of the walk; the values go into the dataclasses."""
 
-    def __init__(self, pynvml: ModuleType, kept: _Kept) -> None:
+    def __init__(self, pynvml: Pynvml, kept: _Kept) -> None:
         self.nv = pynvml
         self.kept = kept
         self.devices: list[Gpu] = []
@@ -302,7 +305,7 @@ class _Reader:
             raise _Failed(action, error) from None
 
     def _may(
-        self, device: str, action: str, function: Callable[..., Any], *args: Any, quiet: Iterable[int] = ()
+        self, device: str, action: str, function: Callable[..., Any], *args: Any, quiet: Collection[int] = ()
     ) -> Any:
         """A call the device can do without: None on failure, a problem unless the code is an expected one.
 
@@ -490,7 +493,7 @@ class _Reader:
 
     def _list(
         self, device: str, handle: Any, kind: str, functions: Iterable[str], quiet: Iterable[int] = ()
-    ) -> list | None:
+    ) -> list[Any] | None:
         """One process list through pynvml (its size protocol), newest struct version the driver has; None when it
         could not be read (a problem, and the device is ``unlisted``).
 
@@ -596,12 +599,12 @@ class _Reader:
                 total[4] += 1
         self.kept.activity_since[uuid] = newest  # past what was read, garbage too, so it is not read again
         if garbage is not None:
-            pid, values = garbage
+            bad_pid, bad_values = garbage
             self._problem(
                 uuid,
                 NvmlReason.UNKNOWN,
-                f"process {pid} reported a utilisation above 100% (SM, memory, encoder, decoder: "
-                f"{', '.join(map(str, values))}); the device's per-process activity is unknown this cycle",
+                f"process {bad_pid} reported a utilisation above 100% (SM, memory, encoder, decoder: "
+                f"{', '.join(map(str, bad_values))}); the device's per-process activity is unknown this cycle",
             )
             return ActivityUnknown.ERROR
         return {

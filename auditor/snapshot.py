@@ -315,7 +315,7 @@ def _tie_by_use(
     """
     used: dict[str, set[str]] = defaultdict(set)
     for process in processes:
-        if process.container_id in unnamed:
+        if process.container_id is not None and process.container_id in unnamed:
             used[process.container_id].add(process.gpu_uuid)
     holds: dict[int, frozenset[str]] = {}
     holders: dict[str, list[_Draft]] = defaultdict(list)  # GPU → untied kubelet containers that may use it

@@ -162,7 +162,8 @@ class PodResourcesClient:
                     ("grpc.enable_retries", 0),  # retries are ours to decide: the kubelet's rate limit is shared
                 ],
             )
-            self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
+            # grpcio-tools writes the stub class without annotations (api_pb2 alone has a .pyi)
+            self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
     def _call(self, method: KubeletMethod, request: Any) -> Any:

@@ -304,20 +304,20 @@ def test_an_api_budget_bounds_each_call_and_all_of_a_cycles_calls_together():
 
 def test_a_spent_budget_fails_api_calls_at_once_and_each_call_spends_what_it_took(api):
     fake, client = api
-    client.gpu_fence_budget.renew(0)
+    client.budget.renew(0)
     cache = PodCache(client, "node-a", min_relist_interval=0)
     assert not cache.refresh() and "ApiBudgetSpent" in cache.last_error
     assert fake.pod_lists() == []  # nothing was sent
-    client.gpu_fence_budget.renew(5)  # the next cycle's budget
+    client.budget.renew(5)  # the next cycle's budget
     assert cache.refresh() and cache.last_error is None and len(fake.pod_lists()) == 1
-    assert 0 < client.gpu_fence_budget.timeout() < 5
+    assert 0 < client.budget.timeout() < 5
 
 
 def test_the_cycles_budget_binds_its_own_thread_not_the_resourceslice_watchs(api):
     """The watch shares the client from its own thread: a spent cycle budget must not fail its requests, and its long
     reads must not be charged to the cycle."""
     _fake, client = api
-    client.gpu_fence_budget.renew(0)  # this thread's cycle has no time left
+    client.budget.renew(0)  # this thread's cycle has no time left
     with pytest.raises(ApiBudgetSpent):
         api_request(client, "GET", "/api/v1/pods")
     answers: list[bytes | BaseException] = []
@@ -332,5 +332,5 @@ def test_the_cycles_budget_binds_its_own_thread_not_the_resourceslice_watchs(api
     thread.start()
     thread.join(timeout=30)
     assert len(answers) == 1 and isinstance(answers[0], bytes), answers
-    client.gpu_fence_budget.renew(5)
-    assert client.gpu_fence_budget.timeout() == 5  # the other thread spent nothing of it
+    client.budget.renew(5)
+    assert client.budget.timeout() == 5  # the other thread spent nothing of it
