@@ -7,7 +7,6 @@ import ctypes.util
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +21,7 @@ from tests.fakes.nvml import (
     FakeGpu,
     FakeMig,
     FakeMpsServer,
+    FakeNvmlClock,
     FakeNvmlConfig,
     FakeNvmlCounters,
     FakeProcess,
@@ -764,7 +764,7 @@ def test_the_next_snapshot_reads_only_samples_newer_than_the_last_one(fake_lib: 
     assert again.problems == ()
 
 
-def test_live_samples_keep_coming_across_snapshots(open_nvml: OpenNvml) -> None:
+def test_live_samples_keep_coming_across_snapshots(fake_lib: Path, open_nvml: OpenNvml) -> None:
     config = FakeNvmlConfig(
         gpus=(FakeGpu(0),),
         processes=(FakeProcess(0, pid=11),),
@@ -772,8 +772,10 @@ def test_live_samples_keep_coming_across_snapshots(open_nvml: OpenNvml) -> None:
         util_period_us=20_000,
     )
     nvml = open_nvml(config)
+    clock = FakeNvmlClock(fake_lib)
+    clock.set(1_000_000_000)
     first = nvml.snapshot()
-    time.sleep(0.05)  # past a sampling period of the fake driver: a newer sample exists
+    clock.set(1_000_000_000 + 20_000)  # one sampling period of the fake driver later: a newer sample exists
     second = nvml.snapshot()
 
     assert activity(first)[(11, GPU0)] == activity(second)[(11, GPU0)] == Activity(sm=0.25)
