@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_fence import kai
+from gpu_fence.kai import GPU_GROUP_LABEL, MULTI_GPU_GROUP_LABEL_PREFIX
 
 STATUS_FIELDS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
 #: The pod spec list each status list describes: an Event's fieldPath must name the list the container is in.
@@ -54,8 +54,8 @@ def kai_gpu_groups(pod: Mapping[str, Any]) -> frozenset[str]:
     fractions), both set by the KAI binder on fraction pods and on their reservation pods."""
     groups: set[str] = set()
     for key, value in pod_labels(pod).items():
-        if key == kai.GPU_GROUP_LABEL and value:
+        if key == GPU_GROUP_LABEL and value:
             groups.add(value)
-        elif key.startswith(kai.MULTI_GPU_GROUP_LABEL_PREFIX) and key != kai.MULTI_GPU_GROUP_LABEL_PREFIX:
-            groups.add(key[len(kai.MULTI_GPU_GROUP_LABEL_PREFIX) :])
+        elif key.startswith(MULTI_GPU_GROUP_LABEL_PREFIX) and key != MULTI_GPU_GROUP_LABEL_PREFIX:
+            groups.add(key[len(MULTI_GPU_GROUP_LABEL_PREFIX) :])
     return frozenset(groups)
