@@ -33,6 +33,7 @@ from .model import (
     AuditPolicy,
     AuditResult,
     Container,
+    ContainerRef,
     Finding,
     FindingKind,
     Gpu,
@@ -92,7 +93,7 @@ def audit(snapshot: NodeSnapshot, policy: AuditPolicy | None = None) -> AuditRes
         unattributed_memory[process.gpu_uuid] += process.used_memory_bytes or 0
         if process.used_memory_bytes is None:
             unknown_memory[process.gpu_uuid] += 1
-    rows.sort(key=lambda r: (r.namespace or "", r.pod or "", r.container or "", r.container_id or ""))
+    rows.sort(key=lambda r: (r.ref.namespace or "", r.ref.pod or "", r.ref.container or "", r.ref.container_id or ""))
     findings.sort(key=_finding_order)
     return AuditResult(
         tuple(rows),
@@ -262,9 +263,7 @@ def unattributed_process(
         why = "it runs outside any Kubernetes pod (a host process)"
     return Finding(
         FindingKind.UNATTRIBUTED_PROCESS,
-        None,
-        None,
-        None,
+        ContainerRef(None, None, None, process.pod_uid, process.container_id),
         process.gpu_uuid,
         pid=process.pid,
         memory_bytes=process.used_memory_bytes,
@@ -272,8 +271,6 @@ def unattributed_process(
             f"process {process.pid} uses {_bytes_text(process.used_memory_bytes)} on "
             f"{_describe(process.gpu_uuid, gpus)} and {why}"
         ),
-        pod_uid=process.pod_uid,
-        container_id=process.container_id,
     )
 
 
@@ -357,11 +354,7 @@ def _row(
     # Where it is unknown (MIG, MPS, an error), the row says why, on every device the container uses or holds.
     unsampled = {uuid: unknown_activity[uuid] for uuid in (*entitled, *memory) if uuid in unknown_activity}
     return Row(
-        namespace=container.namespace,
-        pod=container.pod,
-        pod_uid=container.pod_uid,
-        container=container.container,
-        container_id=container.container_id,
+        ref=container.ref,
         allocated=tuple(sorted(entitled)),
         allocation_counts=tuple(sorted(Counter(container.allocated).items())),
         visible=None if container.visible is None else tuple(sorted(container.visible)),
@@ -399,25 +392,22 @@ def _finding(
 ) -> Finding:
     return Finding(
         kind,
-        container.namespace,
-        container.pod,
-        container.container,
+        container.ref,
         gpu,
         pid=pid,
         memory_bytes=memory_bytes,
         message=message,
-        pod_uid=container.pod_uid,
-        container_id=container.container_id,
         container_field=container.spec_field,
     )
 
 
-def _finding_order(finding: Finding) -> tuple:
+def _finding_order(finding: Finding) -> tuple[int, str, str, str, str, int]:
+    ref = finding.ref
     return (
         _KIND_ORDER[finding.kind],
-        finding.namespace or "",
-        finding.pod or "",
-        finding.container or "",
+        ref.namespace or "",
+        ref.pod or "",
+        ref.container or "",
         finding.gpu or "",
         finding.pid or 0,
     )

@@ -34,6 +34,7 @@ from gpu_fence.exit_status import ExitStatus
 from .audit import audit
 from .collect import CollectError, collect
 from .model import AuditPolicy, AuditResult, FailureReason, NodeSnapshot
+from .podresources.calls import KubeletFailure, KubeletMethod
 from .report import render
 from .server import Health, serve_http
 from .settings import AuditSettings, RunSettings, add_once_parser, add_run_parser, label_clash
@@ -42,7 +43,7 @@ from .sources import HostProcSource, NvmlSource, OfferedSource, PodResourcesSour
 from .webconfig import TlsContexts, WebConfigError, load_web_config
 
 if TYPE_CHECKING:
-    from .kube import ApiBudget
+    from .kube import ApiBudget, KubeClient
     from .metrics import AuditorMetrics
 
 
@@ -77,7 +78,7 @@ class Auditor:
             exempt_namespaces=settings.exempt_namespaces,
             kai_reservation_namespace=settings.kai_reservation_namespace,
         )
-        self.api_client: Any = None
+        self.api_client: KubeClient | None = None
         self.api_problem: str | None = None
         #: how long the Kubernetes API calls may wait; ``run`` bounds each cycle's calls together (``api_budget``)
         self.api_budget: ApiBudget | None = None
@@ -88,9 +89,9 @@ class Auditor:
         self._podresources: PodResourcesSource | None = None
         self._nvml: NvmlSource | None = None
         #: PodResources RPCs made, by method, over every client this auditor built (one is rebuilt per outage).
-        self.kubelet_calls: Counter[str] = Counter()
+        self.kubelet_calls: Counter[KubeletMethod] = Counter()
         #: PodResources RPCs that failed, by (method, reason), over the same clients.
-        self.kubelet_failures: Counter[tuple[str, str]] = Counter()
+        self.kubelet_failures: Counter[tuple[KubeletMethod, KubeletFailure]] = Counter()
         self.cycles = 0  # cycles attempted
 
     def _freeze_long_lived(self) -> None:
@@ -134,18 +135,18 @@ class Auditor:
             self._offered = OfferedReplicas(self.settings.allocatable_interval)
             if self.api_client is not None:
                 self._pods = PodCache(self.api_client, self.node, relist_interval=self.settings.pod_relist_interval)
-                self._slices = self._open_slices()
+                self._slices = self._open_slices(self.api_client)
         if self._podresources is None:
             self._podresources = self._open_podresources()
         if self._nvml is None:
             self._nvml = self._open_nvml()
         return Sources(self._podresources, self._nvml, self._hostproc, self._pods, self._slices, self._offered)
 
-    def _open_slices(self) -> SliceSource:
+    def _open_slices(self, api_client: KubeClient) -> SliceSource:
         """The node's ResourceSlices: listed now (bounded by the API client's timeout), then watched with ``watch``."""
         from .resourceslices import ResourceSliceCache
 
-        slices = ResourceSliceCache(self.api_client, self.node, drivers=self.settings.dra_gpu_drivers)
+        slices = ResourceSliceCache(api_client, self.node, drivers=self.settings.dra_gpu_drivers)
         slices.sync()
         if self.watch:
             slices.start()
@@ -262,7 +263,7 @@ def backoff(interval: float, failures_in_row: int, maximum: float) -> float:
     if failures_in_row <= 0:
         return interval
     # The exponent is bounded: 2**n of a days-long outage would overflow a float and end the loop.
-    return min(interval * 2 ** min(failures_in_row - 1, 64), max(maximum, interval))
+    return min(interval * 2.0 ** min(failures_in_row - 1, 64), max(maximum, interval))
 
 
 def run_daemon(args: argparse.Namespace) -> ExitStatus:
@@ -381,9 +382,9 @@ def run_daemon(args: argparse.Namespace) -> ExitStatus:
                     finding.message,
                     level=logging.WARNING,
                     kind=finding.kind.value,
-                    namespace=finding.namespace,
-                    pod=finding.pod,
-                    container=finding.container,
+                    namespace=finding.ref.namespace,
+                    pod=finding.ref.pod,
+                    container=finding.ref.container,
                     gpu=finding.gpu,
                     pid=finding.pid,
                     memory_bytes=finding.memory_bytes,

@@ -95,7 +95,8 @@ class SliceView:
 def _device(driver: str, pool: str, device: Any) -> SliceDevice | None:
     if not isinstance(device, Mapping) or not isinstance(device.get("name"), str):
         return None
-    body = device.get("basic") if isinstance(device.get("basic"), Mapping) else device  # v1beta1 nests it
+    basic = device.get("basic")
+    body = basic if isinstance(basic, Mapping) else device  # v1beta1 nests it
     attributes = body.get("attributes")
     attributes = attributes if isinstance(attributes, Mapping) else {}
 

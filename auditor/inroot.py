@@ -98,7 +98,7 @@ def _how(flags: int, resolve: int) -> tuple[_OpenHow, int]:
 def _openat2(directory: int, path: str, flags: int, resolve: int) -> int:
     _, address = _how(flags, resolve)
     # the empty path names the directory itself, as in the walk
-    fd = _syscall()(SYS_OPENAT2, directory, (path or ".").encode("utf-8", "surrogateescape"), address, _HOW_SIZE)
+    fd: int = _syscall()(SYS_OPENAT2, directory, (path or ".").encode("utf-8", "surrogateescape"), address, _HOW_SIZE)
     if fd < 0:
         number = ctypes.get_errno()
         raise OSError(number, os.strerror(number), path)

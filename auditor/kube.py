@@ -25,26 +25,22 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from gpu_fence.kubeconfig import KubeConfigError, load_configuration
 
 from .model import Finding, IdentitySource
+from .pods import container_names_by_id
 
-KAI_GPU_GROUP_LABEL = "runai-gpu-group"
-KAI_MULTI_GROUP_PREFIX = KAI_GPU_GROUP_LABEL + "/"
-STATUS_FIELDS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
-#: The pod spec list each status list describes: an Event's fieldPath must name the list the container is in.
-SPEC_FIELDS = {
-    "initContainerStatuses": "initContainers",
-    "containerStatuses": "containers",
-    "ephemeralContainerStatuses": "ephemeralContainers",
-}
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 EVENT_REASON = "GPUOverreach"
 COMPONENT = "gpu-fence-auditor"
 EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
+#: (namespace, pod uid or name, container, finding kind, GPU): one Event each. Its repr names the Event, so that an
+#: auditor that restarts finds the Events it posted before.
+EventKey = tuple[str | None, str | None, str | None, str, str | None]
 
 
 class KubernetesUnavailable(Exception):
@@ -102,9 +98,19 @@ class ApiBudget:
             self._left -= seconds
 
 
+@dataclass(frozen=True)
+class KubeClient:
+    """What every request of the auditor goes through: the ``kubernetes`` client's ``ApiClient`` (configuration,
+    credentials, TLS, connection pool; used through ``param_serialize`` and ``call_api`` alone) and the budget its
+    calls wait within."""
+
+    api: Any
+    budget: ApiBudget
+
+
 def load_api_client(
     kubeconfig: str | None, *, timeout: float = API_CALL_SECONDS, budget: ApiBudget | None = None
-) -> Any:
+) -> KubeClient:
     """An ``ApiClient`` configured as ``gpu_fence.kubeconfig`` finds it, failing fast (no retries); its calls wait
     as ``budget`` allows (by default at most ``timeout`` seconds each)."""
     from kubernetes import client
@@ -118,9 +124,7 @@ def load_api_client(
             "(pass --kubeconfig FILE, run in a pod, or use --no-kubernetes)"
         ) from error
     configuration.retries = 0  # a cycle must not stall on an API that is down: the next cycle retries
-    api_client = client.ApiClient(configuration)
-    api_client.gpu_fence_budget = budget if budget is not None else ApiBudget(per_call=timeout)
-    return api_client
+    return KubeClient(client.ApiClient(configuration), budget if budget is not None else ApiBudget(per_call=timeout))
 
 
 class ApiError(Exception):
@@ -132,7 +136,7 @@ class ApiError(Exception):
         self.reason = reason
 
 
-def api_request(api_client: Any, method: str, path: str, **options: Any) -> bytes:
+def api_request(api_client: KubeClient, method: str, path: str, **options: Any) -> bytes:
     """One request (``options`` as :func:`open_request` takes them); the response body, read whole. Raises
     ``ApiError`` on a non-2xx status and ``ApiBudgetSpent`` when the cycle has no time left for it; socket, TLS and
     timeout errors pass through as the client raises them. On the cycle's thread the call waits at most what the
@@ -142,7 +146,7 @@ def api_request(api_client: Any, method: str, path: str, **options: Any) -> byte
     started = time.monotonic()
     try:
         response = open_request(api_client, method, path, **options)
-        data = response.read()
+        data: bytes = response.read()
     finally:
         if budget is not None:
             budget.spend(time.monotonic() - started)
@@ -152,7 +156,7 @@ def api_request(api_client: Any, method: str, path: str, **options: Any) -> byte
 
 
 def open_request(
-    api_client: Any,
+    api_client: KubeClient,
     method: str,
     path: str,
     *,
@@ -170,15 +174,14 @@ def open_request(
     budget has left, in all; elsewhere (the ResourceSlice watch) it connects within the per-call bound and waits
     ``read_timeout`` (default: that bound) for the next bytes, spending nothing of the cycle's time.
     """
-    budget = getattr(api_client, "gpu_fence_budget", None)
-    per_call = budget.per_call if budget is not None else API_CALL_SECONDS
+    per_call = api_client.budget.per_call
     cycle = _cycle_budget(api_client)
     waits = (per_call, per_call if read_timeout is None else read_timeout)  # connect, then each read
     timeout = cycle.timeout() if cycle is not None else waits
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = content_type
-    method, url, headers, serialized, _ = api_client.param_serialize(
+    method, url, headers, serialized, _ = api_client.api.param_serialize(
         method,
         path,
         path_params=dict(path_params) if path_params else None,
@@ -187,13 +190,12 @@ def open_request(
         body=dict(body) if body is not None else None,
         auth_settings=["BearerToken"],  # the only scheme the client knows; it re-reads a rotated in-cluster token
     )
-    return api_client.call_api(method, url, header_params=headers, body=serialized, _request_timeout=timeout)
+    return api_client.api.call_api(method, url, header_params=headers, body=serialized, _request_timeout=timeout)
 
 
-def _cycle_budget(api_client: Any) -> ApiBudget | None:
+def _cycle_budget(api_client: KubeClient) -> ApiBudget | None:
     """The client's budget when this thread's calls draw on it (see ``ApiBudget``), else None."""
-    budget = getattr(api_client, "gpu_fence_budget", None)
-    return budget if budget is not None and budget.applies() else None
+    return api_client.budget if api_client.budget.applies() else None
 
 
 def describe_error(error: Exception) -> str:
@@ -209,7 +211,7 @@ class PodCache:
 
     def __init__(
         self,
-        api_client: Any,
+        api_client: KubeClient,
         node: str,
         *,
         relist_interval: float = 60.0,
@@ -291,51 +293,6 @@ class PodCache:
         return pods
 
 
-# --- reading identity out of a pod dict (pure) -------------------------------------------------------------
-
-
-def strip_runtime(container_id: str) -> str:
-    """``containerd://<id>`` / ``cri-o://<id>`` / ``docker://<id>`` → ``<id>`` (the cgroup's form)."""
-    return container_id.split("://", 1)[-1]
-
-
-def containers_by_id(pod: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
-    """container id → (container name, spec list: ``containers``, ``initContainers`` or ``ephemeralContainers``),
-    over init, regular and ephemeral container statuses."""
-    found: dict[str, tuple[str, str]] = {}
-    status = pod.get("status")
-    if not isinstance(status, Mapping):
-        return found
-    for field in STATUS_FIELDS:
-        entries = status.get(field)
-        for entry in entries if isinstance(entries, list) else ():
-            if isinstance(entry, Mapping) and entry.get("containerID") and entry.get("name"):
-                found[strip_runtime(str(entry["containerID"]))] = (str(entry["name"]), SPEC_FIELDS[field])
-    return found
-
-
-def container_names_by_id(pod: Mapping[str, Any]) -> dict[str, str]:
-    """container id → container name, over init, regular and ephemeral container statuses."""
-    return {container_id: name for container_id, (name, _) in containers_by_id(pod).items()}
-
-
-def pod_labels(pod: Mapping[str, Any]) -> dict[str, str]:
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
-
-
-def kai_gpu_groups(pod: Mapping[str, Any]) -> frozenset[str]:
-    """The KAI GPU groups a pod belongs to: label ``runai-gpu-group=<g>``, or ``runai-gpu-group/<g>`` (multi-GPU
-    fractions), both set by the KAI binder on fraction pods and on their reservation pods."""
-    groups: set[str] = set()
-    for key, value in pod_labels(pod).items():
-        if key == KAI_GPU_GROUP_LABEL and value:
-            groups.add(value)
-        elif key.startswith(KAI_MULTI_GROUP_PREFIX) and key != KAI_MULTI_GROUP_PREFIX:
-            groups.add(key[len(KAI_MULTI_GROUP_PREFIX) :])
-    return frozenset(groups)
-
-
 # --- Events ------------------------------------------------------------------------------------------------
 
 
@@ -346,9 +303,9 @@ def _now_rfc3339(timestamp: float) -> str:
 def _field_path(finding: Finding) -> str | None:
     """Where in the pod the finding points. Without the pod list (fallback identity) the container's list is
     unknown; ``spec.containers`` is then the likeliest, as PodResources lists regular containers and sidecars."""
-    if not finding.container:
+    if not finding.ref.container:
         return None
-    return f"spec.{finding.container_field or 'containers'}{{{finding.container}}}"
+    return f"spec.{finding.container_field or 'containers'}{{{finding.ref.container}}}"
 
 
 class EventRecorder:
@@ -356,7 +313,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        api_client: Any,
+        api_client: KubeClient,
         node: str,
         *,
         reemit_after: float = 3600.0,
@@ -370,21 +327,22 @@ class EventRecorder:
         self.max_entries = max_entries
         self.max_per_cycle = max_per_cycle
         self._clock = clock
-        self._seen: OrderedDict[tuple, tuple[str, float, int]] = OrderedDict()  # key → (event name, time, count)
+        self._seen: OrderedDict[EventKey, tuple[str, float, int]] = OrderedDict()  # key → (event name, time, count)
         self.failures = 0
         self.last_error: str | None = None
 
     @staticmethod
-    def finding_key(finding: Finding) -> tuple:
+    def finding_key(finding: Finding) -> EventKey:
         """What makes two findings 'the same' for Events: the pid is left out (processes restart)."""
-        return (finding.namespace, finding.pod_uid or finding.pod, finding.container, finding.kind.value, finding.gpu)
+        ref = finding.ref
+        return (ref.namespace, ref.pod_uid or ref.pod, ref.container, finding.kind.value, finding.gpu)
 
     def record(self, findings: Iterable[Finding]) -> int:
         """Emit what is new or due; returns the number of API writes made. Never raises."""
         writes = 0
         now = self._clock()
         for finding in findings:
-            if finding.namespace is None or finding.pod is None:
+            if finding.ref.namespace is None or finding.ref.pod is None:
                 continue  # unattributed processes have no pod to put an Event on
             if writes >= self.max_per_cycle:
                 break
@@ -409,28 +367,29 @@ class EventRecorder:
             writes += 1
         return writes
 
-    def _remember(self, key: tuple, value: tuple[str, float, int]) -> None:
+    def _remember(self, key: EventKey, value: tuple[str, float, int]) -> None:
         self._seen[key] = value
         self._seen.move_to_end(key)
         while len(self._seen) > self.max_entries:
             self._seen.popitem(last=False)
 
-    def _event_name(self, finding: Finding, key: tuple) -> str:
+    def _event_name(self, finding: Finding, key: EventKey) -> str:
         digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
-        return f"{(finding.pod or 'pod')[:200]}.gpu-fence-{digest}"
+        return f"{(finding.ref.pod or 'pod')[:200]}.gpu-fence-{digest}"
 
     def _body(self, finding: Finding, name: str, now: float, count: int) -> dict[str, Any]:
         stamp = _now_rfc3339(now)
+        ref = finding.ref
         return {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": name, "namespace": finding.namespace},
+            "metadata": {"name": name, "namespace": ref.namespace},
             "involvedObject": {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "namespace": finding.namespace,
-                "name": finding.pod,
-                "uid": finding.pod_uid,
+                "namespace": ref.namespace,
+                "name": ref.pod,
+                "uid": ref.pod_uid,
                 "fieldPath": _field_path(finding),
             },
             "reason": EVENT_REASON,
@@ -449,11 +408,11 @@ class EventRecorder:
             self._api_client,
             "POST",
             EVENTS_PATH,
-            path_params={"namespace": str(finding.namespace)},
+            path_params={"namespace": str(finding.ref.namespace)},
             body=self._body(finding, name, now, count),
         )
 
-    def _create(self, finding: Finding, key: tuple, now: float) -> str:
+    def _create(self, finding: Finding, key: EventKey, now: float) -> str:
         name = self._event_name(finding, key)
         try:
             self._post(finding, name, now, 1)
@@ -462,7 +421,7 @@ class EventRecorder:
                 raise
         return name
 
-    def _bump(self, finding: Finding, name: str, count: int, now: float, key: tuple) -> None:
+    def _bump(self, finding: Finding, name: str, count: int, now: float, key: EventKey) -> None:
         message = f"{finding.kind.value}: {finding.message}"[:1024]
         patch = {"count": count, "lastTimestamp": _now_rfc3339(now), "message": message}
         try:
@@ -470,7 +429,7 @@ class EventRecorder:
                 self._api_client,
                 "PATCH",
                 EVENTS_PATH + "/{name}",
-                path_params={"namespace": str(finding.namespace), "name": name},
+                path_params={"namespace": str(finding.ref.namespace), "name": name},
                 body=patch,
                 content_type="application/merge-patch+json",
             )

@@ -30,9 +30,18 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .model import Activity, AuditResult, DraResolution, FailureReason, FindingKind, NodeSnapshot, SliceState
+from .model import (
+    Activity,
+    AuditResult,
+    ContainerRef,
+    DraResolution,
+    FailureReason,
+    FindingKind,
+    NodeSnapshot,
+    SliceState,
+)
 from .podresources.calls import METHODS as KUBELET_METHODS
-from .podresources.calls import REASONS as KUBELET_FAILURE_REASONS
+from .podresources.calls import KubeletFailure, KubeletMethod
 
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -51,10 +60,14 @@ def label_name(key: str) -> str:
     return "label_" + _LABEL_CHARS.sub("_", key)
 
 
-def _container_label(container: str | None, container_id: str | None) -> str:
-    if container is not None:
-        return container
-    return f"id:{container_id[:12]}" if container_id else ""
+def _who(node: str, ref: ContainerRef) -> tuple[str, str, str, str]:
+    """The ``node``, ``namespace``, ``pod`` and ``container`` labels of a container's series: a container known by
+    id alone is ``id:`` and the id's first 12 characters."""
+    if ref.container is not None:
+        container = ref.container
+    else:
+        container = f"id:{ref.container_id[:12]}" if ref.container_id else ""
+    return (node, ref.namespace or "", ref.pod or "", container)
 
 
 class _LatestAudit(Collector):
@@ -196,7 +209,7 @@ class _LatestAudit(Collector):
             labelled_pods: dict[tuple[str, str], tuple[str, ...]] = {}
             unread = dict(snapshot.unlisted)
             for row in result.rows:
-                who = (self.node, row.namespace or "", row.pod or "", _container_label(row.container, row.container_id))
+                who = _who(self.node, row.ref)
                 allowed = set(row.allocated) | {gpus[u].parent_uuid for u in row.allocated if u in gpus}
                 # A DRA device that could not be resolved may be any GPU: outside what is known to be allowed, the
                 # container's memory is neither entitled nor overreach, but unknown.
@@ -213,19 +226,14 @@ class _LatestAudit(Collector):
                 for device in row.dra_devices:
                     if device.resolution is not DraResolution.RESOLVED:
                         unresolved_values[(*who, device.driver, device.resolution.value)] += 1
-                if self.pod_label_keys and row.namespace and row.pod:
-                    values = dict(row.labels)
-                    labelled_pods[(row.namespace, row.pod)] = tuple(values.get(k, "") for k in self.pod_label_keys)
+                namespace, pod = row.ref.namespace, row.ref.pod
+                if self.pod_label_keys and namespace and pod:
+                    chosen = dict(row.labels)
+                    labelled_pods[(namespace, pod)] = tuple(chosen.get(k, "") for k in self.pod_label_keys)
             for finding in result.findings:
                 if finding.kind is FindingKind.UNATTRIBUTED_PROCESS:
                     continue
-                who = (
-                    self.node,
-                    finding.namespace or "",
-                    finding.pod or "",
-                    _container_label(finding.container, finding.container_id),
-                )
-                finding_values[(*who, finding.kind.value)] += 1
+                finding_values[(*_who(self.node, finding.ref), finding.kind.value)] += 1
             for labels, value in memory_values.items():
                 memory.add_metric(list(labels), value)
             for labels, value in allocated_values.items():
@@ -259,7 +267,7 @@ class _LatestAudit(Collector):
             for uuid, count in result.unattributed_unknown_memory:
                 unattributed_unknown.add_metric([self.node, uuid], count)
             for uuid, reason in snapshot.unlisted:
-                unlisted.add_metric([self.node, uuid, reason], 1)
+                unlisted.add_metric([self.node, uuid, reason.value], 1)
             for uuid, why in snapshot.activity_unknown:
                 activity_unknown.add_metric([self.node, uuid, why.value], 1)
             for uuid, count in snapshot.offered_replicas or ():
@@ -344,9 +352,9 @@ class AuditorMetrics:
         for reason in FailureReason:
             self.failures.labels(reason=reason.value)
         for method in KUBELET_METHODS:
-            self.kubelet_calls.labels(method=method)
-            for kubelet_reason in KUBELET_FAILURE_REASONS:
-                self.kubelet_failures.labels(method=method, reason=kubelet_reason)
+            self.kubelet_calls.labels(method=method.value)
+            for kubelet_failure in KubeletFailure:
+                self.kubelet_failures.labels(method=method.value, reason=kubelet_failure.value)
         self._kubelet_seen: Tally[tuple[str, ...]] = Tally()
         self._failures_seen: Tally[tuple[str, ...]] = Tally()
 
@@ -361,20 +369,23 @@ class AuditorMetrics:
         self.failures.labels(reason=reason.value).inc()
 
     def sync_kubelet_calls(
-        self, calls: Mapping[str, int], failures: Mapping[tuple[str, str], int] | None = None
+        self,
+        calls: Mapping[KubeletMethod, int],
+        failures: Mapping[tuple[KubeletMethod, KubeletFailure], int] | None = None,
     ) -> None:
         """Add the PodResources client's own call and failure counts since the last sync (the client counts, we
         export)."""
-        _add_since(self.kubelet_calls, self._kubelet_seen, {(method,): n for method, n in calls.items()})
-        _add_since(self.kubelet_failures, self._failures_seen, failures or {})
+        _add_since(self.kubelet_calls, self._kubelet_seen, (((method,), n) for method, n in calls.items()))
+        _add_since(self.kubelet_failures, self._failures_seen, (failures or {}).items())
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
 
-def _add_since(counter: Counter, seen: Tally[tuple[str, ...]], counts: Mapping[tuple[str, ...], int]) -> None:
-    """Increase ``counter`` (labels in its order) by what ``counts`` grew since ``seen``, and remember it."""
-    for labels, count in counts.items():
+def _add_since(counter: Counter, seen: Tally[tuple[str, ...]], counts: Iterable[tuple[tuple[str, ...], int]]) -> None:
+    """Increase ``counter`` (labels in its order) by what ``counts`` (labels, count) grew since ``seen``, and remember
+    it."""
+    for labels, count in counts:
         delta = count - seen[labels]
         if delta > 0:
             counter.labels(*labels).inc(delta)

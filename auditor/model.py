@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import Enum, StrEnum
 
 from gpu_fence import kai
 
@@ -40,6 +40,19 @@ class FailureReason(Enum):
     KUBERNETES_API = "kubernetes-api"
     PROC = "proc"
     INTERNAL = "internal"
+
+
+class NvmlReason(StrEnum):
+    """Why NVML could not be used, or could not read a device or a process list (``auditor.nvml``): an ``NvmlError``'s
+    or ``NvmlProblem``'s ``reason``, and the ``reason`` of ``gpu_fence_gpu_processes_unknown`` (``docs/nvml.md``). A
+    ``StrEnum``: a member is the label value itself."""
+
+    LIBRARY_MISSING = "library-missing"
+    DRIVER_NOT_LOADED = "driver-not-loaded"
+    NO_PERMISSION = "no-permission"
+    GPU_LOST = "gpu-lost"
+    NOT_SUPPORTED = "not-supported"
+    UNKNOWN = "unknown"
 
 
 class SliceState(Enum):
@@ -217,9 +230,35 @@ class ClaimedDevice:
         return f"claim {self.claim_namespace}/{self.claim_name}: {named}"
 
 
+@dataclass(frozen=True, slots=True)
+class ContainerRef:
+    """Which container: the names the kubelet or the API give it (namespace, pod, container) and the ids of its
+    cgroup (pod uid, container id), each None where no source said it. The one identity a ``Container``, its audited
+    ``Row`` and its ``Finding``s carry."""
+
+    namespace: str | None
+    pod: str | None
+    container: str | None
+    pod_uid: str | None = None
+    container_id: str | None = None
+
+    def with_ids(self, pod_uid: str | None, container_id: str | None) -> ContainerRef:
+        """These names, with the ids of the cgroup that a source tied them to."""
+        return ContainerRef(self.namespace, self.pod, self.container, pod_uid, container_id)
+
+    def describe(self) -> str:
+        """``namespace/pod/container`` (the container id's first 12 characters where the container has no name), or
+        ``container <id>`` where no pod names it."""
+        if self.namespace is None and self.pod is None:
+            return f"container {self.container_id[:12]}" if self.container_id else "(no container)"
+        name = self.container if self.container is not None else (self.container_id or "?")[:12]
+        return f"{self.namespace}/{self.pod}/{name}"
+
+
 @dataclass(frozen=True)
-class Container:
-    """One container of the node, joined from every source that knows it.
+class Container(ContainerRef):
+    """One container of the node, joined from every source that knows it: its identity (the fields of
+    ``ContainerRef``, first; ``ref`` is that identity alone) and what the sources say about it.
 
     ``allocated`` holds one GPU/MIG UUID per kubelet allocation id (a time-slicing replica ``GPU-x::3``
     becomes ``GPU-x``; two replicas of one card appear twice). ``visible`` is the union over the views of all its
@@ -234,11 +273,6 @@ class Container:
     ``nested_pod_uids``: other pods named in cgroups its processes sit in below its own.
     """
 
-    namespace: str | None
-    pod: str | None
-    container: str | None
-    pod_uid: str | None = None
-    container_id: str | None = None
     allocated: tuple[str, ...] = ()
     unresolved_allocations: tuple[str, ...] = ()  # device-plugin ids that name no GPU (``resource:id``)
     #: every device of a GPU driver its DRA claims give it, resolved or not (resolved ones are also in ``allocated``)
@@ -260,11 +294,9 @@ class Container:
     nested_pod_uids: frozenset[str] = frozenset()
 
     @property
-    def key(self) -> tuple[str, str]:
-        """A key unique on the node: the container id when known, else the kubelet's names."""
-        if self.container_id:
-            return ("id", self.container_id)
-        return ("name", f"{self.namespace}/{self.pod}/{self.container}")
+    def ref(self) -> ContainerRef:
+        """The container's identity as a value of its own, for the row and the findings about it."""
+        return ContainerRef(self.namespace, self.pod, self.container, self.pod_uid, self.container_id)
 
 
 @dataclass(frozen=True)
@@ -286,7 +318,7 @@ class NodeSnapshot:
     activity_unknown: tuple[tuple[str, ActivityUnknown], ...] = ()
     #: (GPU or MIG device UUID, NVML's reason) for the devices whose processes NVML could not list this cycle:
     #: what runs there is unknown, so their unattributed memory is too
-    unlisted: tuple[tuple[str, str], ...] = ()
+    unlisted: tuple[tuple[str, NvmlReason], ...] = ()
     dra_slices: SliceState = SliceState.UNUSED
     #: UUID → allocation ids the device plugins offer for it (GetAllocatableResources); None when unknown
     offered_replicas: tuple[tuple[str, int], ...] | None = None
@@ -308,11 +340,7 @@ class AuditPolicy:
 class Row:
     """The audited state of one container: the metering record."""
 
-    namespace: str | None
-    pod: str | None
-    pod_uid: str | None
-    container: str | None
-    container_id: str | None
+    ref: ContainerRef
     allocated: tuple[str, ...]  # distinct UUIDs the container may use (kubelet, DRA, KAI reservation)
     allocation_counts: tuple[tuple[str, int], ...]  # UUID → allocation ids held (replicas count 1 each)
     visible: tuple[str, ...] | None
@@ -337,16 +365,15 @@ class Row:
 
 @dataclass(frozen=True)
 class Finding:
+    """What the audit found wrong, about a container (``ref``) or about a process outside every known container
+    (``ref`` then holds only the pod uid and container id its cgroup names, if any)."""
+
     kind: FindingKind
-    namespace: str | None
-    pod: str | None
-    container: str | None
+    ref: ContainerRef
     gpu: str | None
     pid: int | None = None
     memory_bytes: int | None = None
     message: str = ""
-    pod_uid: str | None = None
-    container_id: str | None = None
     container_field: str | None = None  # the container's pod spec list (see Container.spec_field)
 
 

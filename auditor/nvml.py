@@ -15,18 +15,18 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from types import ModuleType, TracebackType
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeAlias
 
-from .model import IDLE, Activity, ActivityUnknown, Gpu
+from .model import IDLE, Activity, ActivityUnknown, Gpu, NvmlReason
+
+#: The ``pynvml`` module: it ships no type information, so what it holds and returns is ``Any``.
+Pynvml: TypeAlias = Any
 
 #: ``gpuInstanceId`` / ``computeInstanceId`` of a process when its GPU is not in MIG mode (nvml.h).
 NO_INSTANCE = 0xFFFFFFFF
-
-#: Every ``NvmlError.reason`` / ``NvmlProblem.reason``.
-REASONS = ("library-missing", "driver-not-loaded", "no-permission", "gpu-lost", "not-supported", "unknown")
 
 # nvml.h return codes (a stable ABI), so mapping them needs no pynvml import.
 _NOT_SUPPORTED = 3
@@ -41,25 +41,25 @@ _GPU_IS_LOST = 15
 _ARGUMENT_VERSION_MISMATCH = 25
 
 _REASON_BY_CODE = {
-    _LIBRARY_NOT_FOUND: "library-missing",
-    _DRIVER_NOT_LOADED: "driver-not-loaded",
-    _NO_PERMISSION: "no-permission",
-    _GPU_IS_LOST: "gpu-lost",
-    _NOT_SUPPORTED: "not-supported",
-    _FUNCTION_NOT_FOUND: "not-supported",  # the driver's NVML predates the call
+    _LIBRARY_NOT_FOUND: NvmlReason.LIBRARY_MISSING,
+    _DRIVER_NOT_LOADED: NvmlReason.DRIVER_NOT_LOADED,
+    _NO_PERMISSION: NvmlReason.NO_PERMISSION,
+    _GPU_IS_LOST: NvmlReason.GPU_LOST,
+    _NOT_SUPPORTED: NvmlReason.NOT_SUPPORTED,
+    _FUNCTION_NOT_FOUND: NvmlReason.NOT_SUPPORTED,  # the driver's NVML predates the call
 }
 
 _ADVICE = {
-    "library-missing": (
+    NvmlReason.LIBRARY_MISSING: (
         "point --nvml-lib at the host's libnvidia-ml.so.1 (with the GPU Operator's driver container it is under "
         "/run/nvidia/driver, e.g. /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1)"
     ),
-    "driver-not-loaded": (
+    NvmlReason.DRIVER_NOT_LOADED: (
         "the NVIDIA kernel driver is not loaded on this node, or this container cannot see /dev/nvidiactl; "
         "check the driver and give the auditor every GPU (NVIDIA_VISIBLE_DEVICES=all, or privileged)"
     ),
-    "no-permission": "run the auditor privileged (or with access to /dev/nvidia*) so NVML can query every GPU",
-    "gpu-lost": "the GPU has fallen off the bus; drain the node and reset or replace the GPU",
+    NvmlReason.NO_PERMISSION: "run the auditor privileged (or with access to /dev/nvidia*) so NVML can query every GPU",
+    NvmlReason.GPU_LOST: "the GPU has fallen off the bus; drain the node and reset or replace the GPU",
 }
 
 # The three process lists NVML keeps per device, with the pynvml functions to try, newest struct version first.
@@ -96,7 +96,7 @@ class NvmlProblem:
     """
 
     device: str | None  # the GPU or MIG device UUID, when known (a GPU that failed before its UUID: None)
-    reason: str
+    reason: NvmlReason
     message: str
 
 
@@ -109,37 +109,37 @@ class NvmlSnapshot:
     #: devices whose per-process utilisation NVML reported (their processes carry an ``activity``)
     activity_devices: frozenset[str] = frozenset()
     #: (device UUID, reason) of the devices whose process lists NVML could not read: their processes are unknown
-    unlisted: tuple[tuple[str, str], ...] = ()
+    unlisted: tuple[tuple[str, NvmlReason], ...] = ()
     #: (device UUID, why) of every device not in ``activity_devices``: their processes' ``activity`` is None
     activity_unknown: tuple[tuple[str, ActivityUnknown], ...] = ()
 
 
 class NvmlError(Exception):
-    """NVML could not be used at all. ``reason`` is one of ``REASONS``; the message says what to fix."""
+    """NVML could not be used at all, and why (``reason``); the message says what to fix."""
 
-    def __init__(self, reason: str, message: str, *, code: int | None = None) -> None:
+    def __init__(self, reason: NvmlReason, message: str, *, code: int | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.code = code
 
 
-def _pynvml() -> ModuleType:
+def _pynvml() -> Pynvml:
     import pynvml  # noqa: PLC0415 - imported on open, so importing this module stays free
 
     return pynvml
 
 
-def _code(error: BaseException) -> int | None:
+def _code(error: BaseException | None) -> int | None:
     value = getattr(error, "value", None)
     return value if isinstance(value, int) else None
 
 
-def _reason(code: int | None) -> str:
-    return _REASON_BY_CODE.get(code, "unknown") if code is not None else "unknown"
+def _reason(code: int | None) -> NvmlReason:
+    return _REASON_BY_CODE.get(code, NvmlReason.UNKNOWN) if code is not None else NvmlReason.UNKNOWN
 
 
-def _with_advice(message: str, reason: str) -> str:
+def _with_advice(message: str, reason: NvmlReason) -> str:
     advice = _ADVICE.get(reason)
     return f"{message}; {advice}" if advice else message
 
@@ -167,7 +167,7 @@ _binding = _Binding()
 def _load_library(lib_path: str) -> ctypes.CDLL:
     if os.path.isdir(lib_path):
         raise NvmlError(
-            "library-missing",
+            NvmlReason.LIBRARY_MISSING,
             f"--nvml-lib {lib_path} is a directory; give the library file in it, e.g. "
             f"{os.path.join(lib_path, 'libnvidia-ml.so.1')}",
         )
@@ -175,17 +175,17 @@ def _load_library(lib_path: str) -> ctypes.CDLL:
         return ctypes.CDLL(lib_path)
     except OSError as error:
         raise NvmlError(
-            "library-missing",
-            _with_advice(f"cannot load the NVML library {lib_path}: {error}", "library-missing"),
+            NvmlReason.LIBRARY_MISSING,
+            _with_advice(f"cannot load the NVML library {lib_path}: {error}", NvmlReason.LIBRARY_MISSING),
             code=_LIBRARY_NOT_FOUND,
         ) from None
 
 
-def _bind(pynvml: ModuleType, lib_path: str | None) -> None:
+def _bind(pynvml: Pynvml, lib_path: str | None) -> None:
     with _binding.lock:
         if _binding.users and lib_path != _binding.path:
             raise NvmlError(
-                "unknown",
+                NvmlReason.UNKNOWN,
                 f"cannot open NVML library {lib_path or 'libnvidia-ml.so.1'} while "
                 f"{_binding.path or 'libnvidia-ml.so.1'} is open in this process (pynvml holds one library per "
                 "process); close the other Nvml first",
@@ -209,10 +209,10 @@ def _init_error(error: BaseException, lib_path: str | None) -> NvmlError:
     library = lib_path or "libnvidia-ml.so.1"
     if code == _LIBRARY_NOT_FOUND:
         message = f"the NVML library {library} was not found on the library path"
-        return NvmlError("library-missing", _with_advice(message, "library-missing"), code=code)
+        return NvmlError(NvmlReason.LIBRARY_MISSING, _with_advice(message, NvmlReason.LIBRARY_MISSING), code=code)
     if code == _FUNCTION_NOT_FOUND:
         message = f"{library} does not export nvmlInitWithFlags: it is not an NVML library, or one too old to use"
-        return NvmlError("library-missing", _with_advice(message, "library-missing"), code=code)
+        return NvmlError(NvmlReason.LIBRARY_MISSING, _with_advice(message, NvmlReason.LIBRARY_MISSING), code=code)
     reason = _reason(code)
     return NvmlError(reason, _with_advice(f"NVML initialisation failed ({library}): {error}", reason), code=code)
 
@@ -249,7 +249,7 @@ class _Kept:
 class _Reader:
     """One snapshot's worth of NVML calls. Knows the order of the walk; the values go into the dataclasses."""
 
-    def __init__(self, pynvml: ModuleType, kept: _Kept) -> None:
+    def __init__(self, pynvml: Pynvml, kept: _Kept) -> None:
         self.nv = pynvml
         self.kept = kept
         self.devices: list[Gpu] = []
@@ -258,7 +258,7 @@ class _Reader:
         self.activity: dict[str, dict[int, Activity]] = {}  # device NVML sampled → pid → its activity
         self.unknown_activity: dict[str, ActivityUnknown] = {}  # every other device → why
         self.totals: dict[str, int | None] = {}  # device → memory, to tell a process's size from garbage
-        self.unlisted: dict[str, str] = {}  # device → why a process list of it could not be read
+        self.unlisted: dict[str, NvmlReason] = {}  # device → why a process list of it could not be read
 
     def read(self) -> NvmlSnapshot:
         try:
@@ -270,7 +270,7 @@ class _Reader:
         for index in range(count):
             self._read_gpu(index)
         if count and not self.devices:
-            first = self.problems[0].reason if self.problems else "unknown"
+            first = self.problems[0].reason if self.problems else NvmlReason.UNKNOWN
             details = "; ".join(problem.message for problem in self.problems)
             raise NvmlError(first, f"none of the {count} GPUs could be read: {details}")
         order = {device.uuid: position for position, device in enumerate(self.devices)}
@@ -305,7 +305,7 @@ class _Reader:
             raise _Failed(action, error) from None
 
     def _may(
-        self, device: str, action: str, function: Callable[..., Any], *args: Any, quiet: Iterable[int] = ()
+        self, device: str, action: str, function: Callable[..., Any], *args: Any, quiet: Collection[int] = ()
     ) -> Any:
         """A call the device can do without: None on failure, a problem unless the code is an expected one.
 
@@ -321,7 +321,7 @@ class _Reader:
                 self._problem(device, _reason(code), f"could not {action}: {error}")
             return None
 
-    def _problem(self, device: str | None, reason: str, message: str) -> None:
+    def _problem(self, device: str | None, reason: NvmlReason, message: str) -> None:
         self.problems.append(NvmlProblem(device, reason, _with_advice(message, reason)))
 
     def _driver_version(self) -> str | None:
@@ -452,7 +452,9 @@ class _Reader:
             share = min(1.0, total / gpu.memory_total_bytes)
         else:
             share = None
-            self._problem(uuid, "not-supported", "neither slice counts nor memory sizes are readable; share unknown")
+            self._problem(
+                uuid, NvmlReason.NOT_SUPPORTED, "neither slice counts nor memory sizes are readable; share unknown"
+            )
         return gpu.mig_device(
             uuid,
             mig_index=slot,
@@ -491,7 +493,7 @@ class _Reader:
 
     def _list(
         self, device: str, handle: Any, kind: str, functions: Iterable[str], quiet: Iterable[int] = ()
-    ) -> list | None:
+    ) -> list[Any] | None:
         """One process list through pynvml (its size protocol), newest struct version the driver has; None when it
         could not be read (a problem, and the device is ``unlisted``).
 
@@ -560,7 +562,9 @@ class _Reader:
                 self.kept.activity_calls[uuid] = (name,)
                 return self._activity_by_pid(uuid, samples, since)
             else:
-                self._problem(uuid, "unknown", "could not read per-process utilisation: the sample count kept changing")
+                self._problem(
+                    uuid, NvmlReason.UNKNOWN, "could not read per-process utilisation: the sample count kept changing"
+                )
                 return ActivityUnknown.ERROR
         self.kept.activity_calls[uuid] = ()
         return ActivityUnknown.NOT_SUPPORTED
@@ -595,12 +599,12 @@ class _Reader:
                 total[4] += 1
         self.kept.activity_since[uuid] = newest  # past what was read, garbage too, so it is not read again
         if garbage is not None:
-            pid, values = garbage
+            bad_pid, bad_values = garbage
             self._problem(
                 uuid,
-                "unknown",
-                f"process {pid} reported a utilisation above 100% (SM, memory, encoder, decoder: "
-                f"{', '.join(map(str, values))}); the device's per-process activity is unknown this cycle",
+                NvmlReason.UNKNOWN,
+                f"process {bad_pid} reported a utilisation above 100% (SM, memory, encoder, decoder: "
+                f"{', '.join(map(str, bad_values))}); the device's per-process activity is unknown this cycle",
             )
             return ActivityUnknown.ERROR
         return {
@@ -638,7 +642,7 @@ class _Reader:
                     target = gpu.uuid
                     self._problem(
                         gpu.uuid,
-                        "unknown",
+                        NvmlReason.UNKNOWN,
                         f"{kind} process {process.pid} runs in MIG mode but in no known MIG device (GPU instance "
                         f"{_instance(gi)}, compute instance {_instance(ci)}); counted on the whole GPU",
                     )
@@ -653,7 +657,7 @@ class _Reader:
         if used is not None and total and used > total:
             self._problem(
                 uuid,
-                "unknown",
+                NvmlReason.UNKNOWN,
                 f"{kind} process {pid} reported {used} bytes, more than the device's "
                 f"{total}; its memory is counted as unknown",
             )
@@ -722,7 +726,7 @@ class Nvml:
         """Devices and processes now. Per-device failures are problems in the snapshot; NvmlError only when no
         GPU at all could be read. No pynvml exception escapes."""
         if not self._open:
-            raise NvmlError("unknown", "NVML is not open: call Nvml.open() (or use `with Nvml(...)`) first")
+            raise NvmlError(NvmlReason.UNKNOWN, "NVML is not open: call Nvml.open() (or use `with Nvml(...)`) first")
         pynvml = _pynvml()
         try:
             return _Reader(pynvml, self._kept).read()
@@ -732,7 +736,9 @@ class Nvml:
             reason = _reason(_code(error))
             raise NvmlError(reason, _with_advice(f"NVML failed: {error}", reason), code=_code(error)) from None
         except pynvml.NVMLLibraryMismatchError as error:
-            raise NvmlError("not-supported", f"this driver's NVML lacks a call pynvml needs: {error}") from None
+            raise NvmlError(
+                NvmlReason.NOT_SUPPORTED, f"this driver's NVML lacks a call pynvml needs: {error}"
+            ) from None
 
     def __enter__(self) -> Nvml:
         self.open()

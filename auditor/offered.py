@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCE_SET
 
 from .podresources.allocations import DeviceAllocation
+from .podresources.calls import KubeletFailure
 
 if TYPE_CHECKING:
     from .sources import PodResourcesSource
@@ -53,7 +54,7 @@ class OfferedReplicas:
 
     def read(self, kubelet: PodResourcesSource) -> tuple[DeviceAllocation, ...] | None:
         """The latest answer, asking ``kubelet`` first when due; None before the first answer or after a failure."""
-        from .podresources.client import UNIMPLEMENTED, KubeletUnavailable
+        from .podresources.client import KubeletUnavailable
 
         now = self._clock()
         if self._asked_at is not None and now - self._asked_at < self._wait:
@@ -64,7 +65,7 @@ class OfferedReplicas:
         except KubeletUnavailable as error:
             self._answer = None
             self.last_error = str(error)
-            self._wait = self.interval if error.reason == UNIMPLEMENTED else self.retry_after
+            self._wait = self.interval if error.reason is KubeletFailure.UNIMPLEMENTED else self.retry_after
         else:
             self.last_error = None
             self._wait = self.interval

@@ -11,7 +11,16 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from .model import ActivityUnknown, AuditResult, ClaimedDevice, DraResolution, Finding, NodeSnapshot, Row
+from .model import (
+    ActivityUnknown,
+    AuditResult,
+    ClaimedDevice,
+    ContainerRef,
+    DraResolution,
+    Finding,
+    NodeSnapshot,
+    Row,
+)
 
 FORMATS = ("text", "json", "junit")
 #: Why a container's activity on a device is unknown, in the words of the junit output (docs/metrics.md).
@@ -76,11 +85,7 @@ def to_json(snapshot: NodeSnapshot, result: AuditResult) -> dict[str, Any]:
 
 def _row_json(row: Row) -> dict[str, Any]:
     return {
-        "namespace": row.namespace,
-        "pod": row.pod,
-        "pod_uid": row.pod_uid,
-        "container": row.container,
-        "container_id": row.container_id,
+        **_ref_json(row.ref),
         "allocated": list(row.allocated),
         "visible": None if row.visible is None else list(row.visible),
         "used": list(row.used),
@@ -120,24 +125,29 @@ def _claimed_json(device: ClaimedDevice) -> dict[str, Any]:
 
 
 def _finding_json(finding: Finding) -> dict[str, Any]:
+    ref = finding.ref
     return {
         "kind": finding.kind.value,
-        "namespace": finding.namespace,
-        "pod": finding.pod,
-        "container": finding.container,
+        "namespace": ref.namespace,
+        "pod": ref.pod,
+        "container": ref.container,
         "gpu": finding.gpu,
         "pid": finding.pid,
         "memory_bytes": finding.memory_bytes,
         "message": finding.message,
-        "pod_uid": finding.pod_uid,
-        "container_id": finding.container_id,
+        "pod_uid": ref.pod_uid,
+        "container_id": ref.container_id,
     }
 
 
-def _who(namespace: str | None, pod: str | None, container: str | None, container_id: str | None) -> str:
-    if namespace is None and pod is None:
-        return f"container {container_id[:12]}" if container_id else "(no container)"
-    return f"{namespace}/{pod}/{container if container is not None else (container_id or '?')[:12]}"
+def _ref_json(ref: ContainerRef) -> dict[str, str | None]:
+    return {
+        "namespace": ref.namespace,
+        "pod": ref.pod,
+        "pod_uid": ref.pod_uid,
+        "container": ref.container,
+        "container_id": ref.container_id,
+    }
 
 
 def _short(uuids: tuple[str, ...] | None) -> str:
@@ -181,7 +191,7 @@ def to_text(snapshot: NodeSnapshot, result: AuditResult) -> str:
             if row.claimed_namespace or row.claimed_pod:
                 flag += f" (claims {row.claimed_namespace or '?'}/{row.claimed_pod or '?'})"
             lines.append(
-                f"{_who(row.namespace, row.pod, row.container, row.container_id)[:48]:<48} "
+                f"{row.ref.describe()[:48]:<48} "
                 f"{_short(row.allocated)[:26]:<26} {_short(row.visible)[:26]:<26} {_short(row.used)[:26]:<26} "
                 f"{','.join(_sm_cells(row)) or '-':<14} {_memory_text(row)}{flag}"
             )
@@ -196,15 +206,13 @@ def to_text(snapshot: NodeSnapshot, result: AuditResult) -> str:
     for row, device in unresolved:
         cdi = f" (CDI {', '.join(device.cdi_devices)})" if device.cdi_devices and device.device else ""
         lines.append(
-            f"unresolved DRA device: {_who(row.namespace, row.pod, row.container, row.container_id)}: "
-            f"{device.describe()}{cdi}: {device.resolution.value}"
+            f"unresolved DRA device: {row.ref.describe()}: {device.describe()}{cdi}: {device.resolution.value}"
         )
     lines.append("")
     if not result.findings:
         lines.append("no findings: every container sees and uses only the GPUs it was allocated")
     for finding in result.findings:
-        who = _who(finding.namespace, finding.pod, finding.container, finding.container_id)
-        lines.append(f"{finding.kind.value}: {who}: {finding.message}")
+        lines.append(f"{finding.kind.value}: {finding.ref.describe()}: {finding.message}")
     return "\n".join(lines) + "\n"
 
 
@@ -216,23 +224,24 @@ def to_junit(snapshot: NodeSnapshot, result: AuditResult) -> str:
         timestamp=rfc3339(snapshot.time),
         tests=str(len(result.rows) + 1),
     )
-    by_container: dict[tuple, list[Finding]] = {}
+    by_container: dict[ContainerRef, list[Finding]] = {}
     unattributed: list[Finding] = []
     for finding in result.findings:
-        if finding.namespace is None and finding.container_id is None and finding.pod_uid is None:
+        ref = finding.ref
+        if ref.namespace is None and ref.container_id is None and ref.pod_uid is None:
             unattributed.append(finding)
         else:
-            key = (finding.namespace, finding.pod, finding.container, finding.container_id)
-            by_container.setdefault(key, []).append(finding)
+            by_container.setdefault(ref, []).append(finding)
     failures = 0
     for row in result.rows:
+        ref = row.ref
         case = ET.SubElement(
             suite,
             "testcase",
-            classname=f"{snapshot.node}.{row.namespace}.{row.pod}",
-            name=str(row.container if row.container is not None else row.container_id),
+            classname=f"{snapshot.node}.{ref.namespace}.{ref.pod}",
+            name=str(ref.container if ref.container is not None else ref.container_id),
         )
-        for finding in by_container.pop((row.namespace, row.pod, row.container, row.container_id), []):
+        for finding in by_container.pop(ref, []):
             failures += 1
             failure = ET.SubElement(case, "failure", type=finding.kind.value, message=finding.message)
             failure.text = finding.message

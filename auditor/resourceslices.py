@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .dra import API_VERSIONS, DEFAULT_GPU_DRIVERS, GROUP, SliceIndex, SliceView
-from .kube import ApiError, api_request, describe_error, open_request
+from .kube import ApiError, KubeClient, api_request, describe_error, open_request
 from .model import SliceState
 
 #: Seconds a watch lasts before the server ends it (``timeoutSeconds``); the client then reopens it.
@@ -44,7 +44,7 @@ class ResourceSliceCache:
 
     def __init__(
         self,
-        api_client: Any,
+        api_client: KubeClient,
         node: str,
         *,
         drivers: tuple[str, ...] = DEFAULT_GPU_DRIVERS,
@@ -196,7 +196,7 @@ class ResourceSliceCache:
                 self._stop.wait(self.retry_min)  # a server that ends watches at once must not make this spin
 
     def _backoff(self, failures: int) -> float:
-        return min(self.retry_max, self.retry_min * 2 ** min(failures - 1, 32))
+        return min(self.retry_max, self.retry_min * 2.0 ** min(failures - 1, 32))
 
     def _watch(self) -> int:
         """One watch, until the server ends it; the number of events applied."""
@@ -240,7 +240,8 @@ class ResourceSliceCache:
             if obj.get("code") == 410:
                 raise _Gone
             raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or obj.get("message") or ""))
-        metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        metadata = obj.get("metadata")
+        metadata = metadata if isinstance(metadata, dict) else {}
         version, name = metadata.get("resourceVersion"), metadata.get("name")
         with self._lock:
             if kind in ("ADDED", "MODIFIED") and isinstance(name, str):

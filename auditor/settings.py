@@ -13,7 +13,6 @@ import os
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from gpu_fence import kai
 from gpu_fence.command_line import positive
@@ -112,7 +111,7 @@ class RunSettings:
         )
 
 
-def add_once_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_once_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The ``once`` subcommand's parser; the caller sets the function it runs."""
     once = subparsers.add_parser(
         "once",
@@ -126,7 +125,7 @@ def add_once_parser(subparsers: Any) -> argparse.ArgumentParser:
     return once
 
 
-def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The ``run`` subcommand's parser; the caller sets the function it runs."""
     run = subparsers.add_parser(
         "run",

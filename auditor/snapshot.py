@@ -39,21 +39,23 @@ from gpu_fence.vocabulary import DEFAULT_GPU_RESOURCE_SET, kai_fraction_containe
 
 from .deviceids import normalize_device_id
 from .dra import DEFAULT_GPU_DRIVERS, SliceView, claimed_devices, slice_note
-from .kube import containers_by_id, kai_gpu_groups, pod_labels
 from .model import (
     ActivityUnknown,
     ClaimedDevice,
     Container,
+    ContainerRef,
     FailureReason,
     Gpu,
     GpuProcess,
     Identity,
     IdentitySource,
     NodeSnapshot,
+    NvmlReason,
     ViewLimit,
 )
 from .offered import count_offered
 from .podresources.allocations import ContainerAllocation, DeviceAllocation
+from .pods import containers_by_id, kai_gpu_groups, pod_labels
 
 
 @dataclass(frozen=True)
@@ -84,11 +86,7 @@ class RuntimeContainer:
 
 @dataclass
 class _Draft:
-    namespace: str | None
-    pod: str | None
-    container: str | None
-    pod_uid: str | None = None
-    container_id: str | None = None
+    ref: ContainerRef
     allocated: tuple[str, ...] = ()
     unresolved: tuple[str, ...] = ()
     dra: tuple[ClaimedDevice, ...] = ()
@@ -181,7 +179,7 @@ def assemble(
     degraded: Iterable[FailureReason] = (),
     activity_devices: Iterable[str] = (),
     activity_unknown: Sequence[tuple[str, ActivityUnknown]] = (),
-    unlisted: Sequence[tuple[str, str]] = (),
+    unlisted: Sequence[tuple[str, NvmlReason]] = (),
     slices: SliceView | None = None,
     offered: Sequence[DeviceAllocation] | None = None,
 ) -> NodeSnapshot:
@@ -200,9 +198,7 @@ def assemble(
     for allocation in allocations:
         allocated, unresolved, dra = normalize_allocation(allocation, devices, slices, options.gpu_dra_drivers)
         draft = _Draft(
-            allocation.namespace,
-            allocation.pod,
-            allocation.container,
+            ContainerRef(allocation.namespace, allocation.pod, allocation.container),
             allocated=allocated,
             unresolved=unresolved,
             dra=dra,
@@ -224,9 +220,9 @@ def assemble(
             if named is None:
                 if container_id not in runtime:
                     continue  # not running and not in PodResources (a finished init container)
-                named = _Draft(namespace, name, container_name)
+                named = _Draft(ContainerRef(namespace, name, container_name))
                 drafts[(namespace, name, container_name)] = named
-            named.pod_uid, named.container_id, named.labels = uid, container_id, chosen
+            named.ref, named.labels = named.ref.with_ids(uid, container_id), chosen
             named.identity, named.spec_field = Identity.KUBERNETES, spec_field
             if namespace == options.kai_reservation_namespace or container_name == fraction:
                 named.kai_groups = groups
@@ -240,11 +236,11 @@ def assemble(
     unnamed = {cid: found for cid, found in runtime.items() if cid not in by_id and found.pod_uid not in (pods or {})}
     fresh = identity_source is IdentitySource.KUBERNETES
     if not fresh and unnamed:
-        holders = [d for d in drafts.values() if d.namespace != options.kai_reservation_namespace]
+        holders = [d for d in drafts.values() if d.ref.namespace != options.kai_reservation_namespace]
         for container_id, draft in _tie_by_use(unnamed, processes, holders, parents).items():
             found = unnamed[container_id]
             draft.identity = Identity.FALLBACK
-            draft.pod_uid, draft.container_id, draft.runtime = found.pod_uid, container_id, found
+            draft.ref, draft.runtime = draft.ref.with_ids(found.pod_uid, container_id), found
             by_id[container_id] = draft
 
     #    Reported (by uid) only when it holds a GPU process or a GPU device node, or could not be read whole.
@@ -257,8 +253,8 @@ def assemble(
             continue
         metadata = ((pods or {}).get(found.pod_uid) or {}).get("metadata") or {}
         namespace, name = metadata.get("namespace"), metadata.get("name")
-        draft = _Draft(namespace, name, None, identity=Identity.UID)
-        draft.pod_uid, draft.container_id, draft.runtime = found.pod_uid, container_id, found
+        draft = _Draft(ContainerRef(namespace, name, None, found.pod_uid, container_id), identity=Identity.UID)
+        draft.runtime = found
         draft.unconfirmed = untied.get((namespace, name) if metadata else None, frozenset())
         drafts[(namespace or "", name or "", container_id)] = draft
         by_id[container_id] = draft
@@ -319,12 +315,12 @@ def _tie_by_use(
     """
     used: dict[str, set[str]] = defaultdict(set)
     for process in processes:
-        if process.container_id in unnamed:
+        if process.container_id is not None and process.container_id in unnamed:
             used[process.container_id].add(process.gpu_uuid)
     holds: dict[int, frozenset[str]] = {}
     holders: dict[str, list[_Draft]] = defaultdict(list)  # GPU → untied kubelet containers that may use it
     for draft in drafts:
-        if draft.in_kubelet and draft.container_id is None and draft.allocated:
+        if draft.in_kubelet and draft.ref.container_id is None and draft.allocated:
             holds[id(draft)] = _holds(draft, parents)
             for uuid in holds[id(draft)]:
                 holders[uuid].append(draft)
@@ -359,9 +355,9 @@ def _untied_holdings(
     for draft in drafts:
         if not draft.in_kubelet or not draft.allocated:
             continue
-        if draft.container_id is not None and draft.container_id in runtime:
+        if draft.ref.container_id is not None and draft.ref.container_id in runtime:
             continue  # tied to a running container
-        pod = (draft.namespace, draft.pod)
+        pod = (draft.ref.namespace, draft.ref.pod)
         held[pod if pod in known else None].update(_holds(draft, parents))
     return {pod: frozenset(uuids) for pod, uuids in held.items()}
 
@@ -373,7 +369,7 @@ def _nested_note(containers: Iterable[Container]) -> tuple[str, ...]:
     if not nesting:
         return ()
     shown = "; ".join(
-        f"{_who(c)} names pod {', '.join(sorted(c.nested_pod_uids))}"
+        f"{c.describe()} names pod {', '.join(sorted(c.nested_pod_uids))}"
         for c in sorted(nesting, key=lambda c: c.container_id or "")[:3]
     )
     more = f" and {len(nesting) - 3} more" if len(nesting) > 3 else ""
@@ -383,24 +379,19 @@ def _nested_note(containers: Iterable[Container]) -> tuple[str, ...]:
     )
 
 
-def _who(container: Container) -> str:
-    if container.namespace is None:
-        return f"container {(container.container_id or '?')[:12]}"
-    return f"{container.namespace}/{container.pod}/{container.container or (container.container_id or '?')[:12]}"
-
-
 def _freeze(draft: _Draft, cards: Mapping[int, str]) -> Container:
     """The frozen container; ``cards`` maps a card's minor to its UUID (built once per cycle)."""
     found = draft.runtime
     visible = None
     if found is not None and found.visible_minors is not None:
         visible = frozenset(cards[minor] for minor in found.visible_minors if minor in cards)
+    ref = draft.ref
     return Container(
-        namespace=draft.namespace,
-        pod=draft.pod,
-        container=draft.container,
-        pod_uid=draft.pod_uid,
-        container_id=draft.container_id,
+        ref.namespace,
+        ref.pod,
+        ref.container,
+        ref.pod_uid,
+        ref.container_id,
         allocated=draft.allocated,
         unresolved_allocations=draft.unresolved,
         dra_devices=draft.dra,

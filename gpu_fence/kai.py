@@ -24,6 +24,8 @@ __all__ = [
     "DEFAULT_SCHEDULER_NAMES",
     "FRACTION_ANNOTATIONS",
     "FRACTION_CONTAINER_ANNOTATION",
+    "GPU_GROUP_LABEL",
+    "MULTI_GPU_GROUP_LABEL_PREFIX",
     "SHARED_GPU_CONFIG_MAP_ANNOTATION",
     "SHARED_GPU_CONFIG_MAP_PREFIX",
     "capabilities_config_map",
@@ -34,6 +36,11 @@ __all__ = [
 DEFAULT_SCHEDULER_NAMES: tuple[str, ...] = ("kai-scheduler",)
 #: Where KAI runs the reservation pods that hold the GPUs its fractional pods share.
 DEFAULT_RESERVATION_NAMESPACE = "kai-resource-reservation"
+#: The pod label by which KAI's binder ties a fraction pod to the reservation pod that holds its GPU (on both), and
+#: the prefix of the one label per GPU a multi-GPU fraction pod carries (``<prefix><group>``): ``GPUGroup`` and
+#: ``MultiGpuGroupLabelPrefix`` in KAI's ``pkg/common/constants/constants.go``.
+GPU_GROUP_LABEL = "runai-gpu-group"
+MULTI_GPU_GROUP_LABEL_PREFIX = GPU_GROUP_LABEL + "/"
 #: Pod annotations by which a pod asks KAI for a fraction of a GPU (by share, or by memory).
 FRACTION_ANNOTATIONS = ("gpu-fraction", "gpu-memory")
 #: The pod annotation that names the container holding the fraction (else the first container).

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tests.fakes.polling import wait_for
+from tests.fakes.polling import TimedOut, wait_for
 
 
 def test_returns_the_first_truthy_value_and_retries_what_is_not_there_yet() -> None:
@@ -39,3 +39,15 @@ def test_an_unexpected_error_ends_the_wait_at_once() -> None:
     with pytest.raises(RuntimeError, match="exited"):
         wait_for(broken, "a broken thing", timeout=30)
     assert next(calls) == 1
+
+
+def test_a_wait_that_runs_out_is_told_apart_from_a_check_that_fails() -> None:
+    with pytest.raises(TimedOut, match="waiting for nothing"):
+        wait_for(lambda: False, "nothing", timeout=0.05, interval=0.01)
+
+    def failing() -> bool:
+        raise AssertionError("the check's own")
+
+    with pytest.raises(AssertionError, match="the check's own") as raised:
+        wait_for(failing, "a failing check", timeout=30)
+    assert not isinstance(raised.value, TimedOut)

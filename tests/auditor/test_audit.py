@@ -47,7 +47,7 @@ def node(containers, processes, gpus=GPUS) -> NodeSnapshot:
 
 
 def kinds(result) -> list[tuple[str, str | None, str | None]]:
-    return [(f.kind.value, f.container, f.gpu) for f in result.findings]
+    return [(f.kind.value, f.ref.container, f.gpu) for f in result.findings]
 
 
 def test_exclusive_gpus_in_use_are_clean_and_metered():
@@ -63,7 +63,7 @@ def test_exclusive_gpus_in_use_are_clean_and_metered():
         )
     )
     assert result.findings == ()
-    rows = {r.container: r for r in result.rows}
+    rows = {r.ref.container: r for r in result.rows}
     assert rows["a"].used == (G0,) and dict(rows["a"].memory_bytes) == {G0: 5 * GIB}
     assert rows["b"].allocated == (G1,) and rows["b"].visible == (G1,)
 
@@ -117,7 +117,7 @@ def test_container_seeing_all_gpus_but_using_none_is_visible_unallocated_only():
 def test_host_process_is_unattributed_with_null_names_and_counted_per_gpu():
     result = audit(node([], [GpuProcess(1, G0, GIB, None, None), GpuProcess(2, G0, GIB, None, None)]))
     assert [f.kind for f in result.findings] == [FindingKind.UNATTRIBUTED_PROCESS] * 2
-    assert all(f.namespace is None and f.pod is None and f.container is None for f in result.findings)
+    assert all(f.ref.namespace is None and f.ref.pod is None and f.ref.container is None for f in result.findings)
     assert "host process" in result.findings[0].message
     assert result.unattributed_memory_bytes == ((G0, 2 * GIB),)
 
@@ -191,7 +191,7 @@ def test_kai_fraction_container_may_use_the_gpu_of_its_reservation_pod_only():
         )
     )
     assert kinds(result) == [("used-unallocated", "train", G2), ("visible-unallocated", "rogue", G1)]
-    assert {r.container: r.allocated for r in result.rows}["train"] == (G1,)
+    assert {r.ref.container: r.allocated for r in result.rows}["train"] == (G1,)
 
 
 def test_process_with_unknown_container_id_is_unattributed_and_names_its_cgroup():
@@ -219,7 +219,7 @@ def test_a_dra_device_shared_by_containers_entitles_each_and_meters_each_by_its_
     holders = [container(name, cid, allocated=(G1,), dra_devices=(held,)) for name, cid in (("a", "c1"), ("b", "c2"))]
     result = audit(node(holders, [GpuProcess(1, G1, GIB, "uid-a", "c1"), GpuProcess(2, G1, 3 * GIB, "uid-b", "c2")]))
     assert result.findings == ()
-    assert [(r.container, r.allocation_counts, r.memory_bytes) for r in result.rows] == [
+    assert [(r.ref.container, r.allocation_counts, r.memory_bytes) for r in result.rows] == [
         ("a", ((G1, 1),), ((G1, GIB),)),
         ("b", ((G1, 1),), ((G1, 3 * GIB),)),
     ]
@@ -299,7 +299,7 @@ def test_a_held_gpu_without_processes_is_idle_where_sampled_and_unknown_where_no
             sampled=(G0, G2),
         )
     )
-    rows = {row.container: row for row in result.rows}
+    rows = {row.ref.container: row for row in result.rows}
     assert dict(rows["waiting"].activity) == {G0: IDLE}  # G1 is not sampled: no figure, not a zero
     assert dict(rows["other"].activity) == {G2: Activity(sm=0.5)}
 

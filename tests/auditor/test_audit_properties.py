@@ -72,8 +72,8 @@ def test_a_container_never_gets_a_finding_for_a_gpu_it_is_allocated(snapshot, po
     reservations = kai_reservation_gpus(snapshot.containers, policy)
     allocated = {c.container_id: entitlement(c, reservations) for c in snapshot.containers}
     for finding in result.findings:
-        if finding.container_id in allocated and finding.gpu is not None:
-            assert finding.gpu not in allocated[finding.container_id]
+        if finding.ref.container_id in allocated and finding.gpu is not None:
+            assert finding.gpu not in allocated[finding.ref.container_id]
 
 
 @settings(max_examples=150, deadline=None)
@@ -105,7 +105,7 @@ def test_a_container_read_only_in_part_is_always_reported(snapshot, policy):
     """A bound met while reading a container is never a place to hide: it is a finding unless the namespace is
     exempt."""
     result = audit(snapshot, policy)
-    incomplete = {f.container_id for f in result.findings if f.kind is FindingKind.INCOMPLETE_VIEW}
+    incomplete = {f.ref.container_id for f in result.findings if f.kind is FindingKind.INCOMPLETE_VIEW}
     expected = {
         c.container_id for c in snapshot.containers if c.view_limits and c.namespace not in policy.exempt_namespaces
     }
@@ -133,7 +133,7 @@ def test_what_one_more_process_shows_never_takes_a_finding_away(snapshot, policy
     grown = replace(snapshot, containers=containers)
 
     def judged(node: NodeSnapshot) -> set[tuple[FindingKind, str | None]]:
-        return {(f.kind, f.container_id) for f in audit(node, policy).findings}
+        return {(f.kind, f.ref.container_id) for f in audit(node, policy).findings}
 
     assert judged(snapshot) <= judged(grown)
 
@@ -143,7 +143,7 @@ def test_what_one_more_process_shows_never_takes_a_finding_away(snapshot, policy
 def test_exempt_namespaces_never_get_findings_and_audit_is_deterministic(snapshot):
     policy = AuditPolicy(exempt_namespaces=frozenset({"gpu-operator"}))
     result = audit(snapshot, policy)
-    assert all(f.namespace != "gpu-operator" for f in result.findings)
+    assert all(f.ref.namespace != "gpu-operator" for f in result.findings)
     assert len(result.rows) == len(snapshot.containers)
     reversed_snapshot = NodeSnapshot(
         snapshot.node, snapshot.time, snapshot.gpus[::-1], snapshot.containers[::-1], snapshot.processes[::-1]

@@ -13,7 +13,7 @@ import pytest
 from gpu_fence.auditor.collect import SERVICEACCOUNT_NAMESPACE, CollectError, collect
 from gpu_fence.auditor.dra import SliceIndex, SliceView
 from gpu_fence.auditor.hostproc import HostProc
-from gpu_fence.auditor.model import DraResolution, FailureReason, Gpu, Identity, IdentitySource, SliceState
+from gpu_fence.auditor.model import DraResolution, FailureReason, Gpu, Identity, IdentitySource, NvmlReason, SliceState
 from gpu_fence.auditor.nvml import NvmlError, NvmlProblem, NvmlProcess, NvmlSnapshot
 from gpu_fence.auditor.offered import OfferedReplicas
 from gpu_fence.auditor.podresources.allocations import (
@@ -22,6 +22,7 @@ from gpu_fence.auditor.podresources.allocations import (
     DeviceAllocation,
     DynamicResource,
 )
+from gpu_fence.auditor.podresources.calls import KubeletFailure
 from gpu_fence.auditor.podresources.client import KubeletUnavailable
 from gpu_fence.auditor.snapshot import SnapshotOptions
 from gpu_fence.auditor.sources import (
@@ -221,8 +222,8 @@ def test_an_api_that_stops_answering_degrades_the_cycle_with_its_stale_list(tree
 
 def test_an_nvml_problem_degrades_the_cycle_and_says_where(tree):
     problems = (
-        NvmlProblem(G0, "gpu-lost", "GPU 1 left out of this snapshot: lost"),
-        NvmlProblem(None, "unknown", "could not count"),
+        NvmlProblem(G0, NvmlReason.GPU_LOST, "GPU 1 left out of this snapshot: lost"),
+        NvmlProblem(None, NvmlReason.UNKNOWN, "could not count"),
     )
     driver = Driver(NvmlSnapshot((Gpu(G0, 0, 0, "H100"),), PROCESSES, problems))
     snapshot = collect(sources(HostProc(str(tree)), driver=driver, pods=Pods()), OPTIONS)
@@ -232,8 +233,10 @@ def test_an_nvml_problem_degrades_the_cycle_and_says_where(tree):
 
 def test_a_device_nvml_could_not_list_reaches_the_snapshot_with_its_reason(tree):
     """What the metrics leave absent (not 0) and count: the cycle must carry it from NVML's snapshot."""
-    problems = (NvmlProblem(G0, "no-permission", "could not list compute processes: no permission"),)
-    driver = Driver(NvmlSnapshot((Gpu(G0, 0, 0, "H100"),), PROCESSES, problems, unlisted=((G0, "no-permission"),)))
+    problems = (NvmlProblem(G0, NvmlReason.NO_PERMISSION, "could not list compute processes: no permission"),)
+    driver = Driver(
+        NvmlSnapshot((Gpu(G0, 0, 0, "H100"),), PROCESSES, problems, unlisted=((G0, NvmlReason.NO_PERMISSION),))
+    )
     snapshot = collect(sources(HostProc(str(tree)), driver=driver, pods=Pods()), OPTIONS)
     assert snapshot.unlisted == ((G0, "no-permission"),)
     assert snapshot.degraded == {FailureReason.NVML}
@@ -250,12 +253,16 @@ def test_a_gpu_process_that_exited_says_why_it_has_no_container(tree):
     ("broken", "source", "reason"),
     [
         (
-            {"kubelet": Kubelet(error=KubeletUnavailable("connection-refused", "connection refused on kubelet.sock"))},
+            {
+                "kubelet": Kubelet(
+                    error=KubeletUnavailable(KubeletFailure.CONNECTION_REFUSED, "connection refused on kubelet.sock")
+                )
+            },
             FailureReason.KUBELET,
             "kubelet PodResources API unavailable: connection refused on kubelet.sock",
         ),
         (
-            {"driver": Driver(error=NvmlError("driver-not-loaded", "the NVIDIA kernel driver is not loaded"))},
+            {"driver": Driver(error=NvmlError(NvmlReason.DRIVER_NOT_LOADED, "the NVIDIA kernel driver is not loaded"))},
             FailureReason.NVML,
             "the NVIDIA kernel driver is not loaded",
         ),
@@ -318,7 +325,9 @@ def test_the_offer_is_asked_of_the_cycles_kubelet_only_when_due(tree):
         assert snapshot.offered_replicas == ((G0, 2),) and snapshot.notes == ()
         now[0] += 100
     assert kubelet.asked == 1
-    kubelet.offer_error = KubeletUnavailable("timeout", "kubelet PodResources GetAllocatableResources: timeout")
+    kubelet.offer_error = KubeletUnavailable(
+        KubeletFailure.TIMEOUT, "kubelet PodResources GetAllocatableResources: timeout"
+    )
     snapshot = collect(sources(HostProc(str(tree)), kubelet=kubelet, pods=Pods(), offered=offered), OPTIONS)
     assert kubelet.asked == 2 and snapshot.offered_replicas is None  # unknown, not the last answer
     assert snapshot.notes == (

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,20 +22,9 @@ from gpu_fence.auditor.model import IdentitySource
 from tests.fakes.node_scenario import Ctr, NodeScenario, uuid_of
 from tests.fakes.nvml import GIB, FakeError
 from tests.fakes.podresources_server import GET_ABSENT, offered
+from tests.fakes.polling import wait_for
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
-
-
-def wait_for(predicate, what: str, limit: float = 30.0, step: float = 0.05):
-    """Poll until ``predicate()`` is truthy (returning it) or fail after ``limit`` seconds."""
-    deadline = time.monotonic() + limit
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(step)
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -220,7 +208,7 @@ def test_run_survives_kubelet_restart_and_outage_and_reports_health(scenario):
         assert value(daemon.metrics(), "gpu_fence_audit_kubelet_calls_total", method="List") >= done
 
         scenario.kubelet.stop()
-        wait_for(lambda: daemon.get("/healthz")[0] == 503, "healthz to fail while the kubelet is down", limit=60)
+        wait_for(lambda: daemon.get("/healthz")[0] == 503, "healthz to fail while the kubelet is down", timeout=60)
         assert "PodResources" in daemon.get("/healthz")[1]
         outage = daemon.metrics()
         assert value(outage, "gpu_fence_audit_cycle_failures_total", reason="kubelet") >= 1
@@ -232,7 +220,7 @@ def test_run_survives_kubelet_restart_and_outage_and_reports_health(scenario):
         assert "PodResources" in failed[-1]["message"] and failed[-1]["failures_in_row"] >= 1
 
         scenario.kubelet.start()
-        wait_for(lambda: daemon.get("/healthz")[0] == 200, "healthz to recover", limit=60)
+        wait_for(lambda: daemon.get("/healthz")[0] == 200, "healthz to recover", timeout=60)
         assert value(daemon.metrics(), "gpu_fence_container_gpu_memory_bytes", pod="train") == 4 * GIB
         done = daemon.cycles()
         wait_for(lambda: daemon.cycles() >= done + 3, "cycles after the outage")
@@ -270,10 +258,12 @@ def test_a_hung_api_server_degrades_cycles_but_never_the_health(scenario, hangs)
     try:
         started = next(e for e in daemon.lines if e["event"] == "started")
         assert started["api_budget_seconds"] == 0.5
-        deadline = time.monotonic() + 6
-        while time.monotonic() < deadline:
-            assert daemon.get("/healthz")[0] == 200
-            threading.Event().wait(0.1)
+
+        def healthy_through_cycles() -> bool:
+            assert daemon.get("/healthz")[0] == 200  # at every poll: a failure ends the wait at once
+            return daemon.cycles() >= 8  # 8 intervals: over twice the health window
+
+        wait_for(healthy_through_cycles, "eight cycles, healthy throughout", interval=0.1, not_yet=())
         cycles = [e for e in daemon.lines if e["event"] == "cycle"]
         assert len(cycles) >= 4 and max(c["duration_seconds"] for c in cycles) < 1.5
         if hangs == "everything":

@@ -40,7 +40,8 @@ def test_this_kernel_has_openat2_and_the_probe_says_so() -> None:
 
 @pytest.fixture(params=["openat2", "walk"])
 def use_openat2(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Each test runs once per way to resolve, and proves that way was the one taken."""
+    """Each test runs once per way to resolve, and proves that way was the one taken: the two ways are private, and
+    which one ran is the point, so the other is replaced by one that fails."""
     if request.param == "openat2":
         if not inroot.openat2_available():
             pytest.skip("this kernel has no openat2: the walk alone is used, and tested")

@@ -14,11 +14,10 @@ from gpu_fence.auditor.kube import (
     KubernetesUnavailable,
     PodCache,
     api_request,
-    container_names_by_id,
-    kai_gpu_groups,
     load_api_client,
 )
-from gpu_fence.auditor.model import Finding, FindingKind, IdentitySource
+from gpu_fence.auditor.model import ContainerRef, Finding, FindingKind, IdentitySource
+from gpu_fence.auditor.pods import container_names_by_id
 from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
 
 CID = "a" * 64
@@ -142,15 +141,8 @@ def test_load_api_client_names_what_to_fix(tmp_path):
         load_api_client(str(tmp_path / "missing"))
 
 
-def test_kai_groups_from_single_and_multi_fraction_labels():
-    single = make_pod("a", "p", "u", "n", [], labels={"runai-gpu-group": "g1"})
-    multi = make_pod("a", "p", "u", "n", [], labels={"runai-gpu-group/g2": "g2", "runai-gpu-group/g3": "g3"})
-    assert kai_gpu_groups(single) == {"g1"} and kai_gpu_groups(multi) == {"g2", "g3"}
-    assert kai_gpu_groups(make_pod("a", "p", "u", "n", [])) == frozenset()
-
-
 def finding(kind=FindingKind.USED_UNALLOCATED, gpu="GPU-1", pid=1, pod="train"):
-    return Finding(kind, "ml", pod, "main", gpu, pid=pid, memory_bytes=1, message="m", pod_uid=f"uid-{pod}")
+    return Finding(kind, ContainerRef("ml", pod, "main", f"uid-{pod}"), gpu, pid=pid, memory_bytes=1, message="m")
 
 
 def test_events_are_deduplicated_and_re_emitted_by_patch_after_the_interval(api):
@@ -172,7 +164,7 @@ def test_events_are_deduplicated_and_re_emitted_by_patch_after_the_interval(api)
 def test_unattributed_findings_get_no_event_and_a_down_api_is_retried_next_cycle(api):
     fake, client = api
     recorder = EventRecorder(client, "node-a")
-    host = Finding(FindingKind.UNATTRIBUTED_PROCESS, None, None, None, "GPU-1", pid=5, message="host")
+    host = Finding(FindingKind.UNATTRIBUTED_PROCESS, ContainerRef(None, None, None), "GPU-1", pid=5, message="host")
     fake.down = True
     assert recorder.record([host, finding()]) == 0
     assert recorder.failures == 1 and "503" in recorder.last_error
@@ -223,12 +215,9 @@ def test_event_points_at_the_containers_own_spec_list(api, field, path):
     fake, client = api
     overreach = Finding(
         FindingKind.VISIBLE_UNALLOCATED,
-        "ml",
-        "train",
-        "main",
+        ContainerRef("ml", "train", "main", "uid-train"),
         "GPU-1",
         message="m",
-        pod_uid="uid-train",
         container_field=field,
     )
     assert EventRecorder(client, "node-a").record([overreach]) == 1
@@ -315,20 +304,20 @@ def test_an_api_budget_bounds_each_call_and_all_of_a_cycles_calls_together():
 
 def test_a_spent_budget_fails_api_calls_at_once_and_each_call_spends_what_it_took(api):
     fake, client = api
-    client.gpu_fence_budget.renew(0)
+    client.budget.renew(0)
     cache = PodCache(client, "node-a", min_relist_interval=0)
     assert not cache.refresh() and "ApiBudgetSpent" in cache.last_error
     assert fake.pod_lists() == []  # nothing was sent
-    client.gpu_fence_budget.renew(5)  # the next cycle's budget
+    client.budget.renew(5)  # the next cycle's budget
     assert cache.refresh() and cache.last_error is None and len(fake.pod_lists()) == 1
-    assert 0 < client.gpu_fence_budget.timeout() < 5
+    assert 0 < client.budget.timeout() < 5
 
 
 def test_the_cycles_budget_binds_its_own_thread_not_the_resourceslice_watchs(api):
     """The watch shares the client from its own thread: a spent cycle budget must not fail its requests, and its long
     reads must not be charged to the cycle."""
     _fake, client = api
-    client.gpu_fence_budget.renew(0)  # this thread's cycle has no time left
+    client.budget.renew(0)  # this thread's cycle has no time left
     with pytest.raises(ApiBudgetSpent):
         api_request(client, "GET", "/api/v1/pods")
     answers: list[bytes | BaseException] = []
@@ -343,5 +332,5 @@ def test_the_cycles_budget_binds_its_own_thread_not_the_resourceslice_watchs(api
     thread.start()
     thread.join(timeout=30)
     assert len(answers) == 1 and isinstance(answers[0], bytes), answers
-    client.gpu_fence_budget.renew(5)
-    assert client.gpu_fence_budget.timeout() == 5  # the other thread spent nothing of it
+    client.budget.renew(5)
+    assert client.budget.timeout() == 5  # the other thread spent nothing of it

@@ -17,6 +17,7 @@ from gpu_fence.auditor.model import (
     Gpu,
     GpuProcess,
     NodeSnapshot,
+    NvmlReason,
     SliceState,
 )
 
@@ -274,7 +275,7 @@ def test_unknown_stays_unknown_a_device_nvml_could_not_list_or_measure_has_no_se
         gpus,
         (Container("ml", "train", "main", "uid-1", "c1", allocated=(G1,)),),
         (GpuProcess(1, G1, GIB, "uid-1", "c1"), GpuProcess(2, G0, GIB), GpuProcess(3, G0, None)),
-        unlisted=((G1, "no-permission"),),
+        unlisted=((G1, NvmlReason.NO_PERMISSION),),
     )
     metrics = AuditorMetrics("n")
     metrics.observe(snapshot, audit(snapshot), 0.01)
@@ -376,7 +377,7 @@ def test_memory_beside_an_unresolved_dra_device_is_allocated_unknown_not_overrea
 
 def test_kubelet_calls_and_their_failures_are_exported_at_zero_from_the_start():
     """An alert on increase() sees the first failure only as a rise from an earlier sample of the same series."""
-    from gpu_fence.auditor.podresources.calls import METHODS, REASONS
+    from gpu_fence.auditor.podresources.calls import METHODS, KubeletFailure
 
     families = {f.name: f for f in text_string_to_metric_families(AuditorMetrics("n").exposition().decode())}
     calls = {s.labels["method"]: s.value for s in families["gpu_fence_audit_kubelet_calls"].samples}
@@ -385,4 +386,4 @@ def test_kubelet_calls_and_their_failures_are_exported_at_zero_from_the_start():
         (s.labels["method"], s.labels["reason"]): s.value
         for s in families["gpu_fence_audit_kubelet_call_failures"].samples
     }
-    assert failures == {(method, reason): 0.0 for method in METHODS for reason in REASONS}
+    assert failures == {(method, reason): 0.0 for method in METHODS for reason in KubeletFailure}

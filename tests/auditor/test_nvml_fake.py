@@ -22,6 +22,7 @@ from tests.fakes.nvml import (
     FakeGpu,
     FakeMig,
     FakeMpsServer,
+    FakeNvmlClock,
     FakeNvmlConfig,
     FakeNvmlCounters,
     FakeProcess,
@@ -298,6 +299,22 @@ def test_live_samples_are_stamped_at_the_latest_period_before_now(fake_lib: Path
     stamp = written[0][1]
     assert stamp % 250_000 == 0 and before - 250_000 < stamp <= after
     assert process_utilization(lib, handle(lib, 0), 1, stamp)[0] in (NOT_FOUND, SUCCESS)  # SUCCESS: a new period
+
+
+def test_a_test_sets_the_clock_live_samples_are_stamped_with_and_a_new_configuration_resets_it(
+    fake_lib: Path, init_with
+) -> None:
+    lib = ctypes.CDLL(str(fake_lib))
+    clock = FakeNvmlClock(fake_lib)
+    assert init_with("util_period 250000\ngpu 0 GPU-a 0 1 A\nutil 0 7 30 0 0 0\n") == SUCCESS
+    clock.set(10_100_000)
+    assert process_utilization(lib, handle(lib, 0), 1, 0)[2][0][1] == 10_000_000
+    assert process_utilization(lib, handle(lib, 0), 1, 10_000_000)[0] == NOT_FOUND  # time stood still
+    clock.set(10_250_000)
+    assert process_utilization(lib, handle(lib, 0), 1, 10_000_000)[2][0][1] == 10_250_000
+
+    assert lib.nvmlShutdown() == SUCCESS and lib.nvmlInit_v2() == SUCCESS  # the configuration read again
+    assert process_utilization(lib, handle(lib, 0), 1, 0)[2][0][1] > 10_250_000  # the real clock again
 
 
 @pytest.mark.usefixtures("bound_sampled")

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_fence.auditor.model import ActivityUnknown
-from gpu_fence.auditor.nvml import REASONS, Nvml, NvmlError, NvmlSnapshot
+from gpu_fence.auditor.model import ActivityUnknown, NvmlReason
+from gpu_fence.auditor.nvml import Nvml, NvmlError, NvmlSnapshot
 from tests.fakes.nvml import (
     CONFIG_ENV,
     GIB,
@@ -169,12 +169,12 @@ def read_once(lib: Path, config: FakeNvmlConfig, path: Path) -> tuple[bool, Nvml
 @SETTINGS
 def test_no_nvml_error_escapes_whatever_fails(fake_lib: Path, config_path: Path, errors: tuple[FakeError, ...]) -> None:
     """Any call failing with any code, anywhere: open raises NvmlError or works, snapshot returns or raises
-    NvmlError, close never raises; every reason is one of REASONS. Failures confined to other devices never
+    NvmlError, close never raises; every reason is an NvmlReason. Failures confined to other devices never
     cost a healthy GPU its place in the snapshot (once NVML is open: a failed init loses every GPU alike)."""
     opened, outcome = read_once(fake_lib, FAILING_NODE.with_errors(*errors), config_path)
     untouched = all(error.device not in (None, 2) for error in errors)  # GPU 2 itself never fails
     if isinstance(outcome, NvmlError):
-        assert outcome.reason in REASONS
+        assert isinstance(outcome.reason, NvmlReason)
         if opened:
             assert not untouched, f"one GPU's failure hid the healthy GPU 2: {outcome}"
             assert str(outcome)
@@ -183,7 +183,7 @@ def test_no_nvml_error_escapes_whatever_fails(fake_lib: Path, config_path: Path,
             assert (4, fake_gpu_uuid(2), None, "graphics") in {
                 (p.pid, p.device_uuid, p.used_memory_bytes, p.kind) for p in outcome.processes
             }
-        assert all(problem.reason in REASONS and problem.message for problem in outcome.problems)
+        assert all(isinstance(problem.reason, NvmlReason) and problem.message for problem in outcome.problems)
         known = {device.uuid for device in outcome.devices}
         assert all(process.device_uuid in known for process in outcome.processes)
         unknown = dict(outcome.activity_unknown)

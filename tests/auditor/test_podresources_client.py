@@ -14,14 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gpu_fence.auditor.podresources.calls import KubeletFailure
 from gpu_fence.auditor.podresources.client import (
-    CONNECTION_REFUSED,
-    PERMISSION_DENIED,
-    RATE_LIMITED,
-    SOCKET_MISSING,
-    TIMEOUT,
-    UNAVAILABLE,
-    UNIMPLEMENTED,
     ClaimDevice,
     ContainerAllocation,
     DeviceAllocation,
@@ -160,9 +154,9 @@ def test_allocatable_where_the_kubelet_lacks_it(kubelet: FakeKubelet, client: Po
     kubelet.allocatable_mode = mode
     with pytest.raises(KubeletUnavailable) as raised:
         client.allocatable()
-    assert raised.value.reason == UNIMPLEMENTED
+    assert raised.value.reason == KubeletFailure.UNIMPLEMENTED
     assert "KubeletPodResourcesGetAllocatable" in str(raised.value)
-    assert client.failures == {("GetAllocatableResources", UNIMPLEMENTED): 1}
+    assert client.failures == {("GetAllocatableResources", KubeletFailure.UNIMPLEMENTED): 1}
     assert client.list()  # List still works on the same channel
     assert client.calls == {"GetAllocatableResources": 1, "List": 1}
 
@@ -173,8 +167,11 @@ def test_allocatable_fails_as_list_does_and_each_failure_is_counted(socket_path:
         for method in (client.allocatable, client.list):
             with pytest.raises(KubeletUnavailable) as raised:
                 method()
-            assert raised.value.reason == SOCKET_MISSING
-    assert failures == {("GetAllocatableResources", SOCKET_MISSING): 1, ("List", SOCKET_MISSING): 1}
+            assert raised.value.reason == KubeletFailure.SOCKET_MISSING
+    assert failures == {
+        ("GetAllocatableResources", KubeletFailure.SOCKET_MISSING): 1,
+        ("List", KubeletFailure.SOCKET_MISSING): 1,
+    }
     assert calls == {"GetAllocatableResources": 1, "List": 1}
 
 
@@ -193,7 +190,7 @@ def test_get_where_the_kubelet_lacks_it(kubelet: FakeKubelet, client: PodResourc
     kubelet.get_mode = mode
     with pytest.raises(KubeletUnavailable) as raised:
         client.get("ml", "trainer")
-    assert raised.value.reason == UNIMPLEMENTED
+    assert raised.value.reason == KubeletFailure.UNIMPLEMENTED
     assert "KubeletPodResourcesGet" in str(raised.value)
     assert client.list()  # List still works on the same channel
 
@@ -211,7 +208,7 @@ def test_kubelet_down_then_back(kubelet: FakeKubelet, client: PodResourcesClient
     kubelet.stop()
     with pytest.raises(KubeletUnavailable) as raised:
         client.list()
-    assert raised.value.reason == SOCKET_MISSING
+    assert raised.value.reason == KubeletFailure.SOCKET_MISSING
     kubelet.start()
     # works at once: the failed channel was dropped, so no reconnect backoff stands in the way
     assert len(client.list()) == 6
@@ -222,7 +219,7 @@ def test_kubelet_down_then_back(kubelet: FakeKubelet, client: PodResourcesClient
 def test_socket_missing_names_the_path_and_the_mount(socket_path: Path, client: PodResourcesClient) -> None:
     with pytest.raises(KubeletUnavailable) as raised:
         client.list()
-    assert raised.value.reason == SOCKET_MISSING
+    assert raised.value.reason == KubeletFailure.SOCKET_MISSING
     message = str(raised.value)
     assert str(socket_path) in message
     assert f"mount the host directory {socket_path.parent}" in message
@@ -236,7 +233,7 @@ def test_stale_socket_file_is_connection_refused(socket_path: Path, client: PodR
     stale.close()  # the file stays; nothing listens, as after a kubelet crash
     with pytest.raises(KubeletUnavailable) as raised:
         client.list()
-    assert raised.value.reason == CONNECTION_REFUSED
+    assert raised.value.reason == KubeletFailure.CONNECTION_REFUSED
     assert "kubelet is down" in str(raised.value)
 
 
@@ -245,7 +242,7 @@ def test_a_file_that_is_not_a_socket(socket_path: Path, client: PodResourcesClie
     socket_path.write_text("")
     with pytest.raises(KubeletUnavailable) as raised:
         client.list()
-    assert raised.value.reason == UNAVAILABLE
+    assert raised.value.reason == KubeletFailure.UNAVAILABLE
     assert "is not a socket" in str(raised.value)
 
 
@@ -253,7 +250,7 @@ def test_timeout(kubelet: FakeKubelet, socket_path: Path) -> None:
     kubelet.hang = True
     with PodResourcesClient(str(socket_path), timeout=0.2) as impatient, pytest.raises(KubeletUnavailable) as raised:
         impatient.list()
-    assert raised.value.reason == TIMEOUT
+    assert raised.value.reason == KubeletFailure.TIMEOUT
     assert "timeout" in str(raised.value)
     assert "0.2 s" in str(raised.value)
 
@@ -262,7 +259,7 @@ def test_rate_limited(kubelet: FakeKubelet, client: PodResourcesClient) -> None:
     kubelet.fail_with = (grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
     with pytest.raises(KubeletUnavailable) as raised:
         client.list()
-    assert raised.value.reason == RATE_LIMITED
+    assert raised.value.reason == KubeletFailure.RATE_LIMITED
     assert kubelet.calls == {"List": 1}  # never retried: the limit is shared with other agents
 
 
@@ -284,7 +281,7 @@ def test_a_server_without_our_service_is_unimplemented(socket_path: Path, client
             client.list()
     finally:
         server.stop(grace=None).wait(timeout=10)
-    assert raised.value.reason == UNIMPLEMENTED
+    assert raised.value.reason == KubeletFailure.UNIMPLEMENTED
 
 
 def test_construction_connects_to_nothing(socket_path: Path) -> None:
@@ -319,6 +316,6 @@ def test_permission_denied_on_the_socket(kubelet: FakeKubelet, socket_path: Path
     result = run_captured(command, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     outcome = json.loads(result.stdout)
-    assert outcome["reason"] == PERMISSION_DENIED
+    assert outcome["reason"] == KubeletFailure.PERMISSION_DENIED
     assert "must run as root" in outcome["message"]
     assert kubelet.calls == {}

@@ -15,7 +15,7 @@ from gpu_fence.auditor.model import SliceState
 from gpu_fence.auditor.resourceslices import ResourceSliceCache
 from tests.fakes.kubeapi_pods_events import FakeKubeApi
 from tests.fakes.kubeapi_resourceslices import DraGpu, DraMig, compute_domain_slice, nvidia_slice
-from tests.fakes.prometheus import wait_for
+from tests.fakes.polling import wait_for
 
 NODE = "gpu-node-1"
 CARD = DraGpu(0, 3, "GPU-00000000-0000-4000-8000-000000000000")
@@ -110,12 +110,12 @@ def test_the_watch_applies_changes_without_a_list_per_change(api, cache):
     slices = cache()
     assert slices.sync()
     slices.start()
-    wait_for(lambda: api.resource_slices.watches_open == 1, 10, "the watch to open", interval=0.02)
+    wait_for(lambda: api.resource_slices.watches_open == 1, "the watch to open", timeout=10, interval=0.02)
     moved = DraMig(OTHER, "MIG-00000001-0000-4000-8000-0000000000ff", placement_start=4)
     api.resource_slices.put(nvidia_slice(NODE, [CARD, OTHER], [MIG, moved], generation=2))
-    wait_for(lambda: "gpu-0-mig-1g10gb-19-4" in uuids(slices), 10, "the MODIFIED slice", interval=0.02)
+    wait_for(lambda: "gpu-0-mig-1g10gb-19-4" in uuids(slices), "the MODIFIED slice", timeout=10, interval=0.02)
     api.resource_slices.delete(f"{NODE}-gpu.nvidia.com-x7k2p")
-    wait_for(lambda: uuids(slices) == {}, 10, "the DELETED slice", interval=0.02)
+    wait_for(lambda: uuids(slices) == {}, "the DELETED slice", timeout=10, interval=0.02)
     assert slices.lists == 1 and slices.view.state is SliceState.FRESH
     watches = [q for _, path, q in api.slice_requests() if q.get("watch") == ["1"]]
     assert watches[0]["resourceVersion"] == ["103"] and watches[0]["allowWatchBookmarks"] == ["true"]
@@ -125,7 +125,7 @@ def test_a_watch_the_server_ends_is_reopened_from_where_it_was(api, cache):
     slices = cache(watch_timeout=1)
     assert slices.sync()
     slices.start()
-    wait_for(lambda: slices.watches >= 2, 15, "a second watch after the server ended the first", interval=0.02)
+    wait_for(lambda: slices.watches >= 2, "a second watch after the server ended the first", timeout=15, interval=0.02)
     assert slices.lists == 1 and slices.view.state is SliceState.FRESH
 
 
@@ -135,20 +135,20 @@ def test_an_expired_version_relists(api, cache):
     api.resource_slices.put(nvidia_slice(NODE, [CARD], [], generation=2))
     api.resource_slices.compact()  # the version the list gave is gone before the watch opens
     slices.start()
-    wait_for(lambda: slices.lists == 2, 10, "the relist after 410", interval=0.02)
-    wait_for(lambda: uuids(slices) == {"gpu-3": CARD.uuid}, 10, "the relisted slices", interval=0.02)
+    wait_for(lambda: slices.lists == 2, "the relist after 410", timeout=10, interval=0.02)
+    wait_for(lambda: uuids(slices) == {"gpu-3": CARD.uuid}, "the relisted slices", timeout=10, interval=0.02)
 
 
 def test_an_api_that_goes_down_mid_watch_leaves_stale_slices_then_recovers(api, cache):
     slices = cache()
     assert slices.sync()
     slices.start()
-    wait_for(lambda: api.resource_slices.watches_open == 1, 10, "the watch to open", interval=0.02)
+    wait_for(lambda: api.resource_slices.watches_open == 1, "the watch to open", timeout=10, interval=0.02)
     api.down = True
-    wait_for(lambda: slices.view.state is SliceState.STALE, 10, "the stale state", interval=0.02)
+    wait_for(lambda: slices.view.state is SliceState.STALE, "the stale state", timeout=10, interval=0.02)
     assert uuids(slices)["gpu-3"] == CARD.uuid and "503" in (slices.view.last_error or "")
     api.down = False
-    wait_for(lambda: slices.view.state is SliceState.FRESH, 10, "recovery", interval=0.02)
+    wait_for(lambda: slices.view.state is SliceState.FRESH, "recovery", timeout=10, interval=0.02)
     assert slices.view.last_error is None
 
 
@@ -170,7 +170,7 @@ def test_close_ends_an_open_watch_at_once(api, cache):
     slices = cache(watch_timeout=300)
     assert slices.sync()
     slices.start()
-    wait_for(lambda: api.resource_slices.watches_open == 1, 10, "the watch to open", interval=0.02)
+    wait_for(lambda: api.resource_slices.watches_open == 1, "the watch to open", timeout=10, interval=0.02)
     started = time.monotonic()
     slices.close()
     assert time.monotonic() - started < 5

@@ -22,7 +22,8 @@ from gpu_fence.auditor.server import Health, serve_http
 from gpu_fence.auditor.webconfig import TlsContexts, WebConfigError, load_web_config
 from gpu_fence.webhook.certs import KeyPair, new_ca, new_serving_cert
 from tests.fakes.client_certs import client_ca, client_identity
-from tests.fakes.prometheus import PrometheusServer, wait_for
+from tests.fakes.polling import wait_for
+from tests.fakes.prometheus import PrometheusServer
 
 NAME = "gpu-fence-auditor.gpu-fence.svc"
 
@@ -139,8 +140,9 @@ def test_prometheus_scrapes_it_with_the_matching_scrape_config(tmp_path: Path, p
         with PrometheusServer(tmp_path / "prometheus", scrape_configs=[job]) as prometheus:
             wait_for(
                 lambda: prometheus.query('gpu_fence_audit_kubelet_calls_total{job="gpu-fence-auditor",method="List"}'),
-                60,
                 "Prometheus to scrape the auditor over TLS with its client certificate",
+                timeout=60,
+                interval=0.1,
             )
             [up] = prometheus.query('up{job="gpu-fence-auditor"}')
             assert up["value"][1] == "1"

@@ -70,7 +70,7 @@ class FakeKubeApi:
         self.pods: dict[str, dict[str, Any]] = {}
         self.events: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
-        self.down = False
+        self._down = False
         #: hold every request without an answer (an API server that hangs) until ``hanging`` is cleared or the fake
         #: stops; then answer 503
         self.hanging = False
@@ -85,6 +85,15 @@ class FakeKubeApi:
         self.port = 0
 
     # --- state ---------------------------------------------------------------------------------------------
+
+    @property
+    def down(self) -> bool:
+        return self._down
+
+    @down.setter
+    def down(self, down: bool) -> None:
+        self._down = down
+        self.resource_slices.wake()  # an open watch ends when the API goes down
 
     def add_pod(self, pod: dict[str, Any], *, uid: str | None = None) -> None:
         """Serve ``pod`` in the pod list; ``uid`` files an object whose own metadata has none (a malformed pod)."""

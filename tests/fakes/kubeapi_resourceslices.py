@@ -181,7 +181,8 @@ def in_version(obj: dict[str, Any], version: str) -> dict[str, Any]:
 
 
 class FakeResourceSlices:
-    """The ResourceSlice store and its endpoints; ``is_down`` says whether the API server is failing."""
+    """The ResourceSlice store and its endpoints; ``is_down`` says whether the API server is failing (whoever changes
+    what it says calls ``wake()``, so that open watches see it)."""
 
     def __init__(self, is_down: Callable[[], bool] = lambda: False) -> None:
         self.served: tuple[str, ...] = VERSIONS
@@ -213,11 +214,17 @@ class FakeResourceSlices:
         with self._condition:
             self._compacted = self._version
             self._events.clear()
+            self._condition.notify_all()
 
     def stop(self) -> None:
         """End every open watch (the server is going away)."""
         with self._condition:
             self._stopped = True
+            self._condition.notify_all()
+
+    def wake(self) -> None:
+        """Open watches look again at what ends them (``is_down`` changed)."""
+        with self._condition:
             self._condition.notify_all()
 
     def _record(self, kind: str, obj: dict[str, Any]) -> None:
@@ -274,12 +281,14 @@ class FakeResourceSlices:
                 _chunk(handler, gone)
             while since > self._compacted:
                 with self._condition:
-                    pending = [e for e in self._events if e[0] > sent]
-                    if not pending:
-                        if self._stopped or self._is_down() or time.monotonic() >= deadline:
-                            break
-                        self._condition.wait(timeout=0.05)
-                        continue
+                    # woken by a new event, a compaction, the API going down or the fake stopping; else the deadline
+                    self._condition.wait_for(
+                        lambda after=sent: self._newer(after) or self._ended(since),
+                        timeout=max(0.0, deadline - time.monotonic()),
+                    )
+                    pending = self._newer(sent)
+                    if not pending and (self._ended(since) or time.monotonic() >= deadline):
+                        break
                 for number, kind, obj in pending:
                     sent = number
                     if _on(obj, node):
@@ -291,6 +300,15 @@ class FakeResourceSlices:
         finally:
             with self._condition:
                 self.watches_open -= 1
+
+    def _newer(self, sent: int) -> list[tuple[int, str, dict[str, Any]]]:
+        """The events after ``sent`` (under the lock)."""
+        return [event for event in self._events if event[0] > sent]
+
+    def _ended(self, since: int) -> bool:
+        """Whether a watch from ``since`` is over: the fake stopped, the API is down, or compaction passed it (under
+        the lock)."""
+        return self._stopped or self._is_down() or since <= self._compacted
 
 
 def _on(obj: dict[str, Any], node: str | None) -> bool:

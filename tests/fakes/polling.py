@@ -12,6 +12,12 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+
+class TimedOut(AssertionError):
+    """A wait ran out: a failed check, as pytest reports it, that callers who expect a timeout can tell apart from an
+    ``AssertionError`` the check itself raised."""
+
+
 #: What a check may raise while the thing is not there yet: a refused connection, a half-written answer.
 NOT_YET: tuple[type[Exception], ...] = (OSError, ValueError, KeyError)
 
@@ -24,8 +30,8 @@ def wait_for(
     interval: float = 0.05,
     not_yet: tuple[type[Exception], ...] = NOT_YET,
 ) -> T:
-    """Poll ``check`` until it returns something truthy, and return that; fail after ``timeout`` seconds with an
-    ``AssertionError`` that names ``what`` (and the last "not yet" error, if any).
+    """Poll ``check`` until it returns something truthy, and return that; fail after ``timeout`` seconds with
+    ``TimedOut``, an ``AssertionError`` that names ``what`` (and the last "not yet" error, if any).
 
     Exceptions in ``not_yet`` mean "not yet" and are retried; any other ends the wait at once. The pause between
     polls is the poll interval, not a guess at how long the thing takes.
@@ -42,5 +48,5 @@ def wait_for(
                 return value
         if time.monotonic() >= deadline:
             detail = f" (last: {last_error!r})" if last_error is not None else ""
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{detail}")
+            raise TimedOut(f"timed out after {timeout:g} s waiting for {what}{detail}")
         time.sleep(interval)

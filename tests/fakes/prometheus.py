@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from tests.fakes import polling
 from tests.fakes.http_listener import Listener, forward
 from tests.fakes.processes import run_captured
 
@@ -88,22 +89,13 @@ class ProcessExited(RuntimeError):
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Poll ``check`` until it returns something truthy or ``timeout`` passes; returns that value.
-
-    Connection errors and not-yet-valid answers (OSError, ValueError, KeyError) mean "not yet"; anything else
-    (such as :class:`ProcessExited`) ends the wait at once.
-    """
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except (OSError, ValueError, KeyError) as error:
-            last_error = error
-        time.sleep(interval)  # a poll interval, not a wait for the thing itself
-    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}" + (f" ({last_error})" if last_error else ""))
+    """``tests.fakes.polling.wait_for`` as this module's callers call it (the timeout before what is waited for), and a
+    wait that runs out raising ``TimeoutError``, which they catch to say what was missing. Connection errors and
+    not-yet-valid answers mean "not yet"; anything else (such as :class:`ProcessExited`) ends the wait at once."""
+    try:
+        return polling.wait_for(check, what, timeout=timeout, interval=interval)
+    except polling.TimedOut as timed_out:
+        raise TimeoutError(str(timed_out)) from None
 
 
 @dataclass(eq=False)

@@ -230,7 +230,7 @@ def test_certificate_job_is_granted_exactly_the_calls_certs_makes(tmp_path: Path
 
 def test_auditor_is_granted_exactly_the_calls_it_makes(tmp_path: Path) -> None:
     from gpu_fence.auditor.kube import EventRecorder, PodCache, load_api_client
-    from gpu_fence.auditor.model import Finding, FindingKind, SliceState
+    from gpu_fence.auditor.model import ContainerRef, Finding, FindingKind, SliceState
     from gpu_fence.auditor.resourceslices import ResourceSliceCache
     from tests.fakes.kubeapi_pods_events import FakeKubeApi, make_pod
     from tests.fakes.kubeapi_resourceslices import DraGpu, nvidia_slice
@@ -253,14 +253,11 @@ def test_auditor_is_granted_exactly_the_calls_it_makes(tmp_path: Path) -> None:
         events = EventRecorder(client, "gpu-node-1", reemit_after=60, clock=lambda: now[0])
         finding = Finding(
             FindingKind.USED_UNALLOCATED,
-            "ml",
-            "train",
-            "main",
+            ContainerRef("ml", "train", "main", "uid-1"),
             "GPU-1",
             pid=1,
             memory_bytes=1,
             message="m",
-            pod_uid="uid-1",
         )
         assert events.record([finding]) == 1  # create
         now[0] += 61

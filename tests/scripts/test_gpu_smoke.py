@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import time
 import uuid
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fakes.nvml import CONFIG_ENV, FakeGpu, FakeNvmlConfig, build_fake_nvml, fake_gpu_uuid
+from tests.fakes.polling import wait_for
 from tests.fakes.processes import run_captured
 from tests.fakes.wheel import build_wheel
 
@@ -514,21 +514,24 @@ def test_sigterm_stops_the_cuda_process_and_the_kubelet(fake_lib: Path, tmp_path
 def wait_for_line(process: subprocess.Popen, marker: str, limit: float = 60) -> int:
     """Read the smoke's progress lines until ``marker``; the CUDA pid it announced."""
     assert process.stderr is not None
-    end = time.monotonic() + limit
-    pid = None
-    while time.monotonic() < end:
-        readable, _, _ = select.select([process.stderr], [], [], max(0.0, end - time.monotonic()))
+    stderr = process.stderr
+    announced: list[int] = []
+
+    def marker_read() -> int | None:
+        readable, _, _ = select.select([stderr], [], [], 0.1)  # the poll interval: a line wakes it at once
         if not readable:
-            continue
-        line = process.stderr.readline()
+            return None
+        line = stderr.readline()
         if not line:
-            break
+            raise AssertionError(f"the smoke ended before it printed {marker!r}")
         if "CUDA process pid" in line:
-            pid = int(line.split("CUDA process pid", 1)[1].split()[0])
+            announced.append(int(line.split("CUDA process pid", 1)[1].split()[0]))
         if marker in line:
-            assert pid is not None
-            return pid
-    raise AssertionError(f"the smoke never printed {marker!r}")
+            assert announced
+            return announced[-1]
+        return None
+
+    return wait_for(marker_read, f"the smoke to print {marker!r}", timeout=limit, interval=0)
 
 
 def test_a_holder_that_ignores_its_closed_stdin_is_terminated_and_reaped() -> None:

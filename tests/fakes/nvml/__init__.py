@@ -341,6 +341,21 @@ class FakeNvmlCounters:
         self._lib.fakeNvmlResetCounts()
 
 
+class FakeNvmlClock:
+    """The time the fake's live samples are stamped with, set by the test (``fakeNvmlSetClock``) through the same
+    loaded library the code under test uses, as ``FakeNvmlCounters`` reads its counters. A new configuration load
+    (the next init after every Nvml closed) goes back to the real clock."""
+
+    def __init__(self, library: Path | str) -> None:
+        self._lib = ctypes.CDLL(str(library))
+        self._lib.fakeNvmlSetClock.argtypes = [ctypes.c_ulonglong]
+        self._lib.fakeNvmlSetClock.restype = None
+
+    def set(self, microseconds: int) -> None:
+        """From now on the fake says it is ``microseconds`` (CPU time); 0 goes back to the real clock."""
+        self._lib.fakeNvmlSetClock(microseconds)
+
+
 def set_config(path: Path | str) -> None:
     """Point the fake at ``path`` for the next init in this process."""
     os.environ[CONFIG_ENV] = str(path)

@@ -23,7 +23,9 @@
  * handle kept across a re-init stays a valid pointer (it then names whatever the new file put there).
  *
  * Extra exported symbols for tests (not NVML): fakeNvmlCallCount(name), fakeNvmlResultCount(name, code),
- * fakeNvmlResetCounts().
+ * fakeNvmlResetCounts(), and fakeNvmlSetClock(us): the CPU time in microseconds the fake says it is, for live
+ * samples' timestamps (0, and at every configuration load: the real clock), so that a test moves time instead of
+ * sleeping through it.
  */
 
 #include <errno.h>
@@ -176,6 +178,7 @@ static struct error_rule errors[MAX_ERRORS];
 static int error_count;
 static FILE *log_file;
 static unsigned long long util_period_us;
+static unsigned long long fixed_now_us; /* 0: the real clock (fakeNvmlSetClock) */
 
 /* ---- call accounting: lets tests assert that pynvml's size-probe path really ran ---- */
 
@@ -300,6 +303,7 @@ static void clear_state(void) {
     error_count = 0;
     default_max_slices = 7;
     util_period_us = 100000;
+    __atomic_store_n(&fixed_now_us, 0, __ATOMIC_RELAXED);
     snprintf(driver_version, sizeof driver_version, "%s", "550.163.01");
     if (log_file) fclose(log_file);
     log_file = NULL;
@@ -951,7 +955,11 @@ PROCESS_CALL(nvmlDeviceGetMPSComputeRunningProcesses_v2, F_MPS_V2, K_MPS)
 
 /* ---- per-process utilisation: nvml.h's lastSeenTimeStamp and size protocol ---- */
 
+void fakeNvmlSetClock(unsigned long long us) { __atomic_store_n(&fixed_now_us, us, __ATOMIC_RELAXED); }
+
 static unsigned long long now_us(void) {
+    unsigned long long fixed = __atomic_load_n(&fixed_now_us, __ATOMIC_RELAXED);
+    if (fixed) return fixed;
     struct timeval now;
     gettimeofday(&now, NULL);
     return (unsigned long long)now.tv_sec * 1000000ull + (unsigned long long)now.tv_usec;
