@@ -27,18 +27,19 @@ def breakdown(containers: int, number: int) -> list[tuple[str, float]]:
     """(step, µs) for the steps of a ``/validate`` review of the pinned pod, in the order the server runs them."""
     from gpu_fence.webhook import policy
     from gpu_fence.webhook.config import load_config
+    from gpu_fence.webhook.policy.pod import _read_pod
     from gpu_fence.webhook.review import Endpoint, parse, review
 
     config = load_config(None)
     body = reviews.validate_body(containers)
     document = orjson.loads(body)
     pod = document["request"]["object"]
-    view = policy._read_pod(pod, config, None)
+    view = _read_pod(pod, config, None)
     outcome = review(document, Endpoint.VALIDATE, config, policy)
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("orjson.loads (body)", lambda: orjson.loads(body)),
         ("review.parse (envelope)", lambda: parse(document)),
-        ("policy._read_pod", lambda: policy._read_pod(pod, config, None)),
+        ("policy._read_pod", lambda: _read_pod(pod, config, None)),
     ]
     timed = [(label, best_microseconds(function, number)) for label, function in steps]
     # Each rule as validate runs it: some rules share a pass over the pod (the capabilities added, the hostPath

@@ -1,0 +1,74 @@
+"""The JSON Patch: RFC 6901 pointers, and applying the ``add`` operations ``mutate`` emits."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from gpu_fence.vocabulary import CONTAINER_FIELDS
+
+# --------------------------------------------------------------------------------------------------------------
+# The policy's entry points
+
+
+def _escape(segment: str) -> str:
+    """RFC 6901: ``~`` first, then ``/``, or ``~1`` written by the first step would be read back as ``/``."""
+    return segment.replace("~", "~0").replace("/", "~1")
+
+
+def _pointer(*segments: str | int) -> str:
+    return "".join("/" + _escape(str(segment)) for segment in segments)
+
+
+_FIELD_POINTERS = {field: _pointer("spec", field) for field in CONTAINER_FIELDS}
+
+
+def _copy_json(value: Any) -> Any:
+    """A deep copy of JSON data (dicts, lists, scalars), several times cheaper than ``copy.deepcopy``."""
+    if isinstance(value, dict):
+        return {key: _copy_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copy_json(item) for item in value]
+    return value
+
+
+def apply_patch(document: Any, patch: Collection[Mapping[str, Any]]) -> Any:
+    """Apply the ``add`` operations that ``mutate`` emits, copying only the objects on each path.
+
+    The input is left untouched and unchanged subtrees are shared with the result, which keeps ``evaluate``
+    cheap; a full deep copy of every pod would dominate the policy's own cost.
+    """
+    copies: dict[tuple[str, ...], Any] = {}
+
+    def writable(tokens: tuple[str, ...]) -> Any:
+        if tokens in copies:
+            return copies[tokens]
+        if not tokens:
+            source = document
+        else:
+            parent = writable(tokens[:-1])
+            key = tokens[-1]
+            source = parent[int(key)] if isinstance(parent, list) else parent[key]
+        duplicate = list(source) if isinstance(source, list) else dict(source)
+        if tokens:
+            parent = copies[tokens[:-1]]
+            parent[int(tokens[-1]) if isinstance(parent, list) else tokens[-1]] = duplicate
+        copies[tokens] = duplicate
+        return duplicate
+
+    for operation in patch:
+        if operation.get("op") != "add":
+            raise ValueError(f"apply_patch supports only 'add', not {operation.get('op')!r}")
+        path = operation["path"]
+        tokens = tuple(path.split("/")[1:])
+        if "~" in path:  # unescape in the reverse order of escaping: "~01" is "~1", not "/"
+            tokens = tuple(token.replace("~1", "/").replace("~0", "~") for token in tokens)
+        target = writable(tokens[:-1])
+        value = _copy_json(operation["value"])
+        if isinstance(target, list) and tokens[-1] == "-":
+            target.append(value)
+        elif isinstance(target, list):
+            target.insert(int(tokens[-1]), value)
+        else:
+            target[tokens[-1]] = value
+    return copies.get((), document)
