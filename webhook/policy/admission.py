@@ -1,4 +1,10 @@
-"""The policy's entry points: ``mutate``, ``validate``, ``validate_update``, ``exemption``, ``evaluate``."""
+"""The policy's entry points, as admission calls them: :func:`mutate` (the pin), :func:`validate` (every rule on
+the pod as it will run), :func:`validate_update` (a plain pod UPDATE), :func:`exemption`, and :func:`evaluate`, which
+chains them as the offline check does.
+
+They never raise on malformed input and never modify it: what cannot be read is treated conservatively and a
+decision is always returned.
+"""
 
 from __future__ import annotations
 
@@ -11,25 +17,22 @@ from gpu_fence import kai
 from ..config import PolicyConfig
 from ..scope import reaches_gpu_nodes
 from ..ways_out import way_out
-from .advice import _warnings
-from .patch import _FIELD_POINTERS, apply_patch
-from .pod import _EMPTY, _mapping, _missing_pins, _Pod, _read_pod
-from .rules import _CHECKS
-from .rules.allocation import _NO_CHANGES, kai_annotation_update
-from .rules.annotations import cdi_annotation, runtime_annotation
-from .rules.privileges import _spec_containers
-from .values import (
-    MIRROR_POD_ANNOTATION,
-    NO_MUTATION,
-    NO_VIOLATIONS,
-    PIN_VALUE,
-    RULES,
-    Decision,
-    Mutation,
-    Reach,
-    Validation,
-    Violation,
-)
+from .advice import advice
+from .patch import apply_patch, pin_operations
+from .pod import EMPTY, AnnotationChange, KaiChange, Passes, PodView, mapping, read_pod, spec_containers
+from .registry import Reach
+from .rules import RULES
+from .rules.allocation import kai_annotation_update
+from .rules.device_annotations import cdi_annotation, runtime_annotation
+from .values import NO_MUTATION, NO_VIOLATIONS, AddOperation, Decision, Mutation, Validation, Violation
+
+#: The annotation the kubelet puts on the mirror of a static pod (see :func:`exemption`).
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+
+#: What ``validate`` runs: every rule but those only a plain pod UPDATE can break, in the table's order.
+_ON_CREATE = tuple(rule.check for rule in RULES if not rule.update_only)
+#: The rules that guard the node: ``gpu_node_taints`` scopes them, and their violations name a way out.
+_GUARD_NODE = frozenset(rule.id for rule in RULES if rule.reach is Reach.NODE)
 
 
 def mutate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = None) -> Mutation:
@@ -43,32 +46,16 @@ def mutate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = Non
     fill the variable. ``only`` restricts the pin to these ephemeral containers (``pods/ephemeralcontainers``
     UPDATE).
     """
-    view = _read_pod(pod, config, only)
-    operations: list[dict[str, Any]] = []
+    view = read_pod(pod, config, only)
+    operations: list[AddOperation] = []
     pinned: list[str] = []
     for container in view.containers:
-        pins = container.pins
-        if not pins or not container.env_readable:
+        if not container.pins or not container.env_readable:
             continue  # a GPU container; or nothing can be appended, which unpinned-container reports
-        path = f"{_FIELD_POINTERS[container.field]}/{container.index}/env"
-        if container.body.get("env") is None:  # absent or null: add the whole array ("/env/-" needs one)
-            operations.append({"op": "add", "path": path, "value": [{"name": n, "value": PIN_VALUE} for n in pins]})
-        elif len(pins) == 1:  # _missing_pins inline for the usual single pin: this runs for every container
-            pin = pins[0]
-            for name, _ in container.env:
-                if name == pin:
-                    break
-            else:
-                operations.append({"op": "add", "path": path + "/-", "value": {"name": pin, "value": PIN_VALUE}})
-                pinned.append(container.name)
-            continue
-        else:
-            missing = _missing_pins(container)
-            if not missing:
-                continue
-            for name in missing:
-                operations.append({"op": "add", "path": path + "/-", "value": {"name": name, "value": PIN_VALUE}})
-        pinned.append(container.name)
+        added = pin_operations(container)
+        if added:
+            operations += added
+            pinned.append(container.name)
     if not operations:
         return NO_MUTATION
     return Mutation(patch=tuple(operations), pinned=tuple(pinned))
@@ -85,25 +72,22 @@ def validate(
     violations of the rules that guard the node as warnings. ``namespace`` (the request's; else the pod's own) is
     named in the ways out of the violations.
     """
-    view = _read_pod(pod, config, only)
+    view = read_pod(pod, config, only)
     violations: list[Violation] = []
-    for check in _CHECKS:  # a plain loop: one call per rule per review, nearly all of them answering []
+    for check in _ON_CREATE:  # a plain loop: one call per rule per review, nearly all of them answering []
         found = check(view)
         if found:
             violations += found
-    warnings = _warnings(view)
+    warnings = advice(view)
     if not violations and not warnings:
         return NO_VIOLATIONS
     if violations and config.gpu_node_taints and not reaches_gpu_nodes(view.spec, config):
-        guarded = [v for v in violations if _REACH.get(v.rule) is Reach.NODE]
-        violations = [v for v in violations if _REACH.get(v.rule) is not Reach.NODE]
+        guarded = [v for v in violations if v.rule in _GUARD_NODE]
+        violations = [v for v in violations if v.rule not in _GUARD_NODE]
         warnings = [*(_out_of_scope(v) for v in guarded), *warnings]
     if violations:
         violations = _with_ways_out(view, violations, namespace)
     return Validation(violations=tuple(violations), warnings=tuple(warnings))
-
-
-_REACH = {rule.id: rule.reach for rule in RULES}
 
 
 def _out_of_scope(violation: Violation) -> Violation:
@@ -115,7 +99,7 @@ def _out_of_scope(violation: Violation) -> Violation:
     )
 
 
-def _with_ways_out(view: _Pod, violations: list[Violation], namespace: str | None) -> list[Violation]:
+def _with_ways_out(view: PodView, violations: list[Violation], namespace: str | None) -> list[Violation]:
     """Each violation with its way out for trusted infrastructure (``webhook.ways_out``), where it has one. Only on
     the path of a pod that breaks a rule: the bodies are looked up here, not kept for every pod."""
     if namespace is None:
@@ -123,7 +107,7 @@ def _with_ways_out(view: _Pod, violations: list[Violation], namespace: str | Non
     if not isinstance(namespace, str) or not namespace:
         namespace = "<namespace>"
     bodies = {container.name: container.body for container in view.containers}
-    every = [*_spec_containers(view.spec), *(container.body for container in view.containers)]
+    every = [*spec_containers(view.spec), *(container.body for container in view.containers)]
     answered: list[Violation] = []
     for violation in violations:
         if violation.way_out:
@@ -131,7 +115,7 @@ def _with_ways_out(view: _Pod, violations: list[Violation], namespace: str | Non
             continue
         body = bodies.get(violation.container) if violation.container is not None else None
         found = way_out(
-            guards_node=_REACH.get(violation.rule) is Reach.NODE,
+            guards_node=violation.rule in _GUARD_NODE,
             container=body,
             spec=view.spec,
             containers=every,
@@ -147,7 +131,7 @@ def _with_ways_out(view: _Pod, violations: list[Violation], namespace: str | Non
 
 
 def _annotations(pod: Any) -> Mapping[str, Any]:
-    return _mapping(_mapping(pod.get("metadata")).get("annotations")) if isinstance(pod, dict) else _EMPTY
+    return mapping(mapping(pod.get("metadata")).get("annotations")) if isinstance(pod, dict) else EMPTY
 
 
 def validate_update(pod: Any, old_pod: Any, config: PolicyConfig, *, namespace: str | None = None) -> Validation:
@@ -169,49 +153,47 @@ def validate_update(pod: Any, old_pod: Any, config: PolicyConfig, *, namespace: 
     changes = _kai_changes(pod, old, new, config)
     violations: list[Violation] = []
     if added or changes:
-        view = _Pod({"annotations": added}, _EMPTY, (), (), config, True, {"kai changes": changes})
+        view = PodView({"annotations": added}, EMPTY, (), (), config, True, Passes(), tuple(changes))
         violations += [*cdi_annotation(view), *runtime_annotation(view), *kai_annotation_update(view)]
     warnings: list[Violation] = []
     if config.gpu_node_taints and isinstance(pod, dict):
         if _enters_scope(pod, old_pod, config):
             # The whole pod's node rules, runtime-annotation among them (over every annotation, not only the added).
             whole = validate(pod, config, namespace=namespace)
-            violations = [v for v in violations if _REACH.get(v.rule) is not Reach.NODE]
-            violations += [v for v in whole.violations if _REACH.get(v.rule) is Reach.NODE]
-        elif not reaches_gpu_nodes(_mapping(pod.get("spec")), config):
-            warnings = [_out_of_scope(v) for v in violations if _REACH.get(v.rule) is Reach.NODE]
-            violations = [v for v in violations if _REACH.get(v.rule) is not Reach.NODE]
+            violations = [v for v in violations if v.rule not in _GUARD_NODE]
+            violations += [v for v in whole.violations if v.rule in _GUARD_NODE]
+        elif not reaches_gpu_nodes(mapping(pod.get("spec")), config):
+            warnings = [_out_of_scope(v) for v in violations if v.rule in _GUARD_NODE]
+            violations = [v for v in violations if v.rule not in _GUARD_NODE]
     if not violations and not warnings:
         return NO_VIOLATIONS
     if violations:
-        violations = _with_ways_out(_read_pod(pod, config, None), violations, namespace)
+        violations = _with_ways_out(read_pod(pod, config, None), violations, namespace)
     return Validation(violations=tuple(violations), warnings=tuple(warnings))
 
 
 def _enters_scope(pod: dict[str, Any], old_pod: Any, config: PolicyConfig) -> bool:
     """Whether the update brings a pod that could land on no GPU node into the node rules' scope (an old pod that
     cannot be read counts as out of scope, so the new one is judged)."""
-    old_spec = _mapping(old_pod.get("spec")) if isinstance(old_pod, dict) else _EMPTY
-    return reaches_gpu_nodes(_mapping(pod.get("spec")), config) and not reaches_gpu_nodes(old_spec, config)
+    old_spec = mapping(old_pod.get("spec")) if isinstance(old_pod, dict) else EMPTY
+    return reaches_gpu_nodes(mapping(pod.get("spec")), config) and not reaches_gpu_nodes(old_spec, config)
 
 
-def _kai_changes(
-    pod: Any, old: Mapping[str, Any], new: Mapping[str, Any], config: PolicyConfig
-) -> list[tuple[str, str]]:
-    """``(key, "adds" | "removes" | "changes")`` for each annotation KAI's binder reads at bind time that the update
+def _kai_changes(pod: Any, old: Mapping[str, Any], new: Mapping[str, Any], config: PolicyConfig) -> list[KaiChange]:
+    """Each annotation KAI's binder reads at bind time that the update
     touches, on a pod under a configured KAI scheduler (``schedulerName`` is immutable; on any other pod the
     annotations mean nothing to KAI)."""
-    scheduler = _mapping(pod.get("spec")).get("schedulerName") if isinstance(pod, dict) else None
+    scheduler = mapping(pod.get("spec")).get("schedulerName") if isinstance(pod, dict) else None
     if not isinstance(scheduler, str) or scheduler not in config.kai_scheduler_set:
-        return _NO_CHANGES
-    changes: list[tuple[str, str]] = []
+        return []
+    changes: list[KaiChange] = []
     for key in kai.BIND_TIME_ANNOTATIONS:
         if key in new and key not in old:
-            changes.append((key, "adds"))
+            changes.append(KaiChange(key, AnnotationChange.ADDS))
         elif key in old and key not in new:
-            changes.append((key, "removes"))
+            changes.append(KaiChange(key, AnnotationChange.REMOVES))
         elif key in new and new[key] != old[key]:
-            changes.append((key, "changes"))
+            changes.append(KaiChange(key, AnnotationChange.CHANGES))
     return changes
 
 
@@ -227,9 +209,9 @@ def exemption(pod: Any, config: PolicyConfig, *, namespace: str) -> str | None:
         return f"namespace {namespace} is exempt"
     if not isinstance(pod, dict):
         return None
-    if MIRROR_POD_ANNOTATION in _mapping(_mapping(pod.get("metadata")).get("annotations")):
+    if MIRROR_POD_ANNOTATION in mapping(mapping(pod.get("metadata")).get("annotations")):
         return "mirror pod of a static pod (the kubelet runs it from its own manifest)"
-    spec = _mapping(pod.get("spec"))
+    spec = mapping(pod.get("spec"))
     # The ServiceAccount admission plugin defaults an empty name to "default" before webhooks run.
     account = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
     if isinstance(account, str) and isinstance(namespace, str):

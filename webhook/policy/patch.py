@@ -1,14 +1,22 @@
-"""The JSON Patch: RFC 6901 pointers, and applying the ``add`` operations ``mutate`` emits."""
+"""The JSON Patch of the pin: the RFC 6902 ``add`` operations that pin a container (with RFC 6901 pointers), and
+:func:`apply_patch`, which applies them to a copy of the pod (``evaluate`` and warn mode judge the pod as pinned).
+
+The rules of the patch (docs/policy.md): the whole ``env`` array is added where a container has none (``/env/-``
+needs one to append to); an existing entry is never touched and never duplicated, so the pinned pod gets no patch.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gpu_fence.vocabulary import CONTAINER_FIELDS
 
-# --------------------------------------------------------------------------------------------------------------
-# The policy's entry points
+from .pod import ContainerView, missing_pins
+from .values import AddOperation
+
+#: What a container is pinned to: explicit, because an unset variable means ``all`` on legacy CUDA images.
+PIN_VALUE = "void"
 
 
 def _escape(segment: str) -> str:
@@ -21,6 +29,19 @@ def _pointer(*segments: str | int) -> str:
 
 
 _FIELD_POINTERS = {field: _pointer("spec", field) for field in CONTAINER_FIELDS}
+
+
+def pin_operations(container: ContainerView) -> Sequence[AddOperation]:
+    """The operations that pin the container: its whole ``env`` where it has none (absent or null), else an entry
+    for each pin name it has no entry for; none when it has them all."""
+    if container.body.get("env") is None:
+        path = f"{_FIELD_POINTERS[container.field]}/{container.position}/env"
+        return [{"op": "add", "path": path, "value": [{"name": name, "value": PIN_VALUE} for name in container.pins]}]
+    missing = missing_pins(container)
+    if not missing:
+        return ()
+    path = f"{_FIELD_POINTERS[container.field]}/{container.position}/env/-"
+    return [{"op": "add", "path": path, "value": {"name": name, "value": PIN_VALUE}} for name in missing]
 
 
 def _copy_json(value: Any) -> Any:

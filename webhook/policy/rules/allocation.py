@@ -1,28 +1,39 @@
-"""The rules that guard the allocation itself: pods created bound to a node, KAI's bind-time annotations."""
+"""The rules that guard the allocation itself: a GPU container of a pod created bound to a node (no scheduler fit,
+so possibly no allocation), and a pod UPDATE that changes what KAI's binder reads when it fills a fraction's
+ConfigMap. Both are GPU rules even where the pod could land on no GPU node (``Reach.GPU``): what they guard is that
+the GPU a container uses is one the scheduler allocated.
+"""
 
 from __future__ import annotations
 
-from ..pod import _Pod
-from ..values import BOUND_GPU_POD, KAI_ANNOTATION_UPDATE, Violation, _quote
+from ..pod import PodView
+from ..registry import rule
+from ..values import RuleId, Violation, quote
 
 
-def bound_gpu_pod(pod: _Pod) -> list[Violation]:
+@rule(
+    RuleId.BOUND_GPU_POD,
+    "a pod created with spec.nodeName that has a device-plugin GPU container: it skips the scheduler's resource "
+    "fit, and a node that does not advertise the resource runs it with no allocation",
+    vectors=("V25",),
+)
+def bound_gpu_pod(pod: PodView) -> list[Violation]:
     """A pod created bound to a node is never fitted by the scheduler; the kubelet drops the extended resources its
     node does not advertise before its own fit, and no device plugin allocates them, so such a "GPU container" gets
     no allocation and keeps the image's ``NVIDIA_VISIBLE_DEVICES`` (docs/threat-model.md). Judged at creation only:
     ``spec.nodeName`` cannot be changed by an update, only set by a binding, which is the scheduler's."""
     node = pod.spec.get("nodeName")
-    if node is None or node == "" or not pod.whole_pod:  # _bound_at_creation, inline: once per pod admitted
+    if node is None or node == "" or not pod.whole_pod:  # bound_at_creation, inline: once per pod admitted
         return []
     gpus = [container.name for container in pod.containers if container.gpu]
     if not gpus:
         return []
     return [
         Violation(
-            BOUND_GPU_POD,
+            RuleId.BOUND_GPU_POD,
             None,
             f"the pod is created with spec.nodeName, which skips the scheduler's resource fit, and container "
-            f"{', '.join(_quote(name) for name in gpus)} requests a device-plugin GPU, which a node that does not "
+            f"{', '.join(quote(name) for name in gpus)} requests a device-plugin GPU, which a node that does not "
             "advertise it runs with no allocation",
             "choose the node with a nodeSelector on kubernetes.io/hostname (or node affinity on metadata.name) "
             "instead of nodeName",
@@ -30,19 +41,22 @@ def bound_gpu_pod(pod: _Pod) -> list[Violation]:
     ]
 
 
-def kai_annotation_update(pod: _Pod) -> list[Violation]:
-    """Only ``validate_update`` finds changes to judge (it puts them in the memo): ``validate`` has no old pod."""
-    changes: list[tuple[str, str]] = pod.memo.get("kai changes", _NO_CHANGES)
+@rule(
+    RuleId.KAI_ANNOTATION_UPDATE,
+    "a pod UPDATE that adds, removes or changes an annotation KAI's binder reads at bind time (the fraction, its "
+    "container, the ConfigMap prefix) on a pod KAI schedules",
+    vectors=("V26",),
+    update_only=True,
+)
+def kai_annotation_update(pod: PodView) -> list[Violation]:
+    """Only ``validate_update`` finds changes to judge (``PodView.kai_changes``): ``validate`` has no old pod."""
     return [
         Violation(
-            KAI_ANNOTATION_UPDATE,
+            RuleId.KAI_ANNOTATION_UPDATE,
             None,
-            f"the update {change} pod annotation {_quote(key)}, which KAI's binder reads at bind time to choose the "
-            "ConfigMap it fills, while the fraction container's reference was written and judged at creation",
+            f"the update {change.value} pod annotation {quote(key)}, which KAI's binder reads at bind time to choose "
+            "the ConfigMap it fills, while the fraction container's reference was written and judged at creation",
             "delete the pod and create it with the annotations it needs",
         )
-        for key, change in changes
+        for key, change in pod.kai_changes
     ]
-
-
-_NO_CHANGES: list[tuple[str, str]] = []

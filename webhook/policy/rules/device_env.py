@@ -1,4 +1,9 @@
-"""The rules of the toolkit's other device variables: MIG control, IMEX channels, the gated devices."""
+"""The rules of the toolkit's device variables other than the visible devices: MIG control, IMEX channels and the
+gated node devices (NVSwitch, GPUDirect Storage, InfiniBand, GDRCopy). The pod sets none of them: what a
+container gets is the allocation's to say.
+
+The three rules read one pass over the containers' watched env (:func:`~webhook.policy.pod.device_variables`).
+"""
 
 from __future__ import annotations
 
@@ -6,58 +11,54 @@ from collections.abc import Collection
 
 from gpu_fence.vocabulary import GATED_DEVICE_ENVS, IMEX_CHANNELS_ENV
 
-from ..pod import _MIG_CONTROL_NAMES, _OTHER_WATCHED_NAMES, _Container, _in_container, _Pod
-from ..values import GATED_DEVICE_ENV, IMEX_CHANNELS, MIG_CONTROL_ENV, Violation
+from ..pod import MIG_CONTROL_NAMES, PodView, device_variables, in_container
+from ..registry import rule
+from ..values import RuleId, Violation
 
 
-def _device_variables(pod: _Pod) -> list[tuple[_Container, str]]:
-    """Each ``(container, name)`` that sets a MIG, IMEX or gated device variable: found in one pass over the
-    watched env by the first of the three rules that read them; the others read that pass."""
-    settings = pod.memo.get("device variables")
-    if settings is None:
-        settings = [
-            (container, name)
-            for container in pod.containers
-            for name, _ in container.env
-            if name in _OTHER_WATCHED_NAMES
-        ]
-        pod.memo["device variables"] = settings
-    return settings
+@rule(RuleId.MIG_CONTROL_ENV, "NVIDIA_MIG_CONFIG_DEVICES or NVIDIA_MIG_MONITOR_DEVICES set", vectors=("V14",))
+def mig_control_env(pod: PodView) -> list[Violation]:
+    return _env_variable_violations(
+        pod, RuleId.MIG_CONTROL_ENV, MIG_CONTROL_NAMES, "which controls MIG on the whole GPU"
+    )
 
 
-def _env_variable_violations(pod: _Pod, rule: str, names: Collection[str], why: str) -> list[Violation]:
-    settings = _device_variables(pod)
-    if not settings:
-        return []
-    return [
-        _in_container(rule, container, f"sets {name}, {why}", f"remove {name}")
-        for container, name in settings
-        if name in names
-    ]
-
-
-def mig_control_env(pod: _Pod) -> list[Violation]:
-    return _env_variable_violations(pod, MIG_CONTROL_ENV, _MIG_CONTROL_NAMES, "which controls MIG on the whole GPU")
-
-
-def imex_channels_env(pod: _Pod) -> list[Violation]:
+@rule(RuleId.IMEX_CHANNELS, "NVIDIA_IMEX_CHANNELS set in the pod, an IMEX channel request of its own", vectors=("V21",))
+def imex_channels_env(pod: PodView) -> list[Violation]:
     return _env_variable_violations(
         pod,
-        IMEX_CHANNELS,
+        RuleId.IMEX_CHANNELS,
         (IMEX_CHANNELS_ENV,),
         "an IMEX channel request that no allocation made (the device plugin or DRA driver sets it)",
     )
 
 
-def gated_device_env(pod: _Pod) -> list[Violation]:
-    settings = pod.memo.get("device variables")  # the memo first: within validate, the MIG rule's pass
-    if settings is None:
-        settings = _device_variables(pod)
+def _env_variable_violations(pod: PodView, rule_id: RuleId, names: Collection[str], why: str) -> list[Violation]:
+    settings = device_variables(pod)
     if not settings:
         return []
     return [
-        _in_container(
-            GATED_DEVICE_ENV,
+        in_container(rule_id, container, f"sets {name}, {why}", f"remove {name}")
+        for container, name in settings
+        if name in names
+    ]
+
+
+@rule(
+    RuleId.GATED_DEVICE_ENV,
+    "NVIDIA_NVSWITCH, NVIDIA_GDS, NVIDIA_MOFED or NVIDIA_GDRCOPY set in the pod: requests for node devices "
+    "(NVSwitch, GPUDirect Storage, InfiniBand, GDRCopy) that no allocation made",
+    vectors=("V27",),
+)
+def gated_device_env(pod: PodView) -> list[Violation]:
+    settings = pod.passes.device_variables  # the pass first: within validate, the MIG rule's
+    if settings is None:
+        settings = device_variables(pod)
+    if not settings:
+        return []
+    return [
+        in_container(
+            RuleId.GATED_DEVICE_ENV,
             container,
             f"sets {name}, which asks the NVIDIA toolkit for {GATED_DEVICE_ENVS[name]}, devices no allocation chose",
             f"remove {name} ({_GATED_WAY_OUT.get(name, _NVSWITCH_WAY_OUT)})",

@@ -1,22 +1,20 @@
-"""The rules of mounts and volumes."""
+"""The rules of mounts and volumes: a mount where the toolkit reads a device list, hostPath volumes (the protected
+paths that reach the node, and an allowlist for the rest) and volume types the kubelet sets up on the node.
+
+The three volume rules share one pass over the volumes, which keeps those with a key beyond ``name`` and the allowed
+types (nearly every pod has none), and the two hostPath rules one over the hostPath volumes
+(:func:`~webhook.policy.pod.other_volumes`, :func:`~webhook.policy.pod.host_path_volumes`).
+"""
 
 from __future__ import annotations
-
-from collections.abc import Iterator, Mapping
-from typing import Any
 
 from gpu_fence.vocabulary import DEVICE_LIST_MOUNT_PREFIXES
 
 from ...config import HOST_PATH_VOLUME
-from ...host_paths import clean_path, reaches_protected
-from ..pod import _Container, _in_container, _mapping, _Pod
-from ..values import DEVICE_LIST_MOUNT, HOST_DEVICE_PATH, HOST_PATH, VOLUME_TYPE, Violation, _quote
-
-
-def _volume_mounts(container: _Container) -> Iterator[Mapping[str, Any]]:
-    mounts = container.body.get("volumeMounts")
-    if isinstance(mounts, list):
-        yield from (mount for mount in mounts if isinstance(mount, dict))
+from ...host_paths import clean_path
+from ..pod import PodView, host_path_volumes, in_container, other_volumes, volume_mounts
+from ..registry import Reach, rule
+from ..values import RuleId, Violation, quote
 
 
 def _is_device_list_path(cleaned: str) -> bool:
@@ -35,7 +33,12 @@ _DEVICE_LIST_MARKER = DEVICE_LIST_MOUNT_PREFIXES[0].rsplit("/", 1)[-1]
 _DEVICE_LIST_COMPONENT = "/" + _DEVICE_LIST_MARKER
 
 
-def device_list_mount(pod: _Pod) -> list[Violation]:
+@rule(
+    RuleId.DEVICE_LIST_MOUNT,
+    "a volumeMount under /var/run/nvidia-container-devices, which the toolkit reads as a device list",
+    vectors=("V8",),
+)
+def device_list_mount(pod: PodView) -> list[Violation]:
     found: list[Violation] = []
     for container in pod.containers:
         mounts = container.body.get("volumeMounts")
@@ -47,99 +50,70 @@ def device_list_mount(pod: _Pod) -> list[Violation]:
             path = mount.get("mountPath")
             if isinstance(path, str) and _DEVICE_LIST_MARKER in path and _is_device_list_path(clean_path(path)):
                 found.append(
-                    _in_container(
-                        DEVICE_LIST_MOUNT,
+                    in_container(
+                        RuleId.DEVICE_LIST_MOUNT,
                         container,
-                        f"mounts a volume at {_quote(path)}, which the NVIDIA toolkit reads as a GPU request",
-                        f"remove the volumeMount at {_quote(path)} and request nvidia.com/gpu",
+                        f"mounts a volume at {quote(path)}, which the NVIDIA toolkit reads as a GPU request",
+                        f"remove the volumeMount at {quote(path)} and request nvidia.com/gpu",
                     )
                 )
     return found
 
 
-def _other_volumes(pod: _Pod) -> list[dict[str, Any]]:
-    """The volumes that have a key but ``name`` and the allowed volume types: hostPath volumes (never an allowed
-    type) and those ``volume-type`` rejects. One pass over the volumes for the three rules that read them; nearly
-    every pod has none."""
-    others = pod.memo.get("other volumes")
-    if others is None:
-        volumes = pod.spec.get("volumes")
-        allowed = pod.config.allowed_volume_keys
-        others = (
-            [v for v in volumes if isinstance(v, dict) and not v.keys() <= allowed] if isinstance(volumes, list) else []
-        )
-        pod.memo["other volumes"] = others
-    return others
-
-
-def _host_path_volumes(pod: _Pod) -> list[tuple[Any, str, str, str | None]]:
-    """``(name, path, cleaned path, the protected path it reaches or None)`` of each hostPath volume under
-    judgement: all of them, or with ``only`` those the new ephemeral containers mount (the rest were judged when
-    the pod was created). Read once per pod: two rules share it."""
-    found = pod.memo.get("host paths")
-    if found is not None:
-        return found
-    found = []
-    hosts = [volume for volume in _other_volumes(pod) if "hostPath" in volume]
-    if hosts:
-        mounted: set[str] | None = None
-        if not pod.whole_pod:
-            mounted = {m["name"] for c in pod.containers for m in _volume_mounts(c) if isinstance(m.get("name"), str)}
-        for volume in hosts:
-            path = _mapping(volume.get("hostPath")).get("path")
-            name = volume.get("name")
-            if not isinstance(path, str) or (
-                mounted is not None and (not isinstance(name, str) or name not in mounted)
-            ):
-                continue
-            cleaned = clean_path(path)
-            reached = next((p for p in pod.config.host_device_paths if reaches_protected(cleaned, p)), None)
-            found.append((name, path, cleaned, reached))
-    pod.memo["host paths"] = found
-    return found
-
-
-def host_device_path(pod: _Pod) -> list[Violation]:
+@rule(
+    RuleId.HOST_DEVICE_PATH,
+    "a hostPath volume at or above GPU device nodes, CDI specs, the driver or toolkit, the kubelet, runtime "
+    "sockets and storage, /proc or /sys",
+    vectors=("V11",),
+    reach=Reach.NODE,
+)
+def host_device_path(pod: PodView) -> list[Violation]:
     return [
         Violation(
-            HOST_DEVICE_PATH,
+            RuleId.HOST_DEVICE_PATH,
             None,
-            f"volume {_quote(name)} mounts host path {_quote(path)}, which exposes {reached}",
-            f"replace hostPath volume {_quote(name)} with another volume type (request nvidia.com/gpu for a GPU)",
+            f"volume {quote(name)} mounts host path {quote(path)}, which exposes {reached}",
+            f"replace hostPath volume {quote(name)} with another volume type (request nvidia.com/gpu for a GPU)",
         )
-        for name, path, _, reached in _host_path_volumes(pod)
+        for name, path, _, reached in host_path_volumes(pod)
         if reached is not None
     ]
 
 
-def _writable_volumes(pod: _Pod) -> set[str]:
+def _writable_volumes(pod: PodView) -> set[str]:
     """Names of the volumes that a container under judgement mounts without ``readOnly: true``."""
     return {
         mount["name"]
         for container in pod.containers
-        for mount in _volume_mounts(container)
+        for mount in volume_mounts(container)
         if isinstance(mount.get("name"), str) and mount.get("readOnly") is not True
     }
 
 
-def host_path(pod: _Pod) -> list[Violation]:
+@rule(
+    RuleId.HOST_PATH,
+    "a hostPath volume that is not on the allowlist, or mounted writable where its entry is read-only",
+    vectors=("V17",),
+    reach=Reach.NODE,
+)
+def host_path(pod: PodView) -> list[Violation]:
     """Every hostPath that ``host-device-path`` does not already reject must be on the allowlist, exactly (its
     sub-paths are not: see docs/policy.md), and mounted read-only unless its entry allows writes."""
     allowlist = pod.config.host_path_writable
     found: list[Violation] = []
     writable: set[str] | None = None
-    for name, path, cleaned, reached in _host_path_volumes(pod):
+    for name, path, cleaned, reached in host_path_volumes(pod):
         if reached is not None:  # host-device-path's
             continue
         allowed = allowlist.get(cleaned)
         if allowed is None:
             found.append(
                 Violation(
-                    HOST_PATH,
+                    RuleId.HOST_PATH,
                     None,
-                    f"volume {_quote(name)} mounts host path {_quote(path)}, which is not on the hostPath "
+                    f"volume {quote(name)} mounts host path {quote(path)}, which is not on the hostPath "
                     "allowlist (host_path_allowlist)",
-                    f"replace hostPath volume {_quote(name)} with another volume type, or ask for an allowlist entry",
+                    f"replace hostPath volume {quote(name)} with another volume type, or ask for an allowlist entry",
                 )
             )
             continue
@@ -150,23 +124,30 @@ def host_path(pod: _Pod) -> list[Violation]:
         if name in writable:
             found.append(
                 Violation(
-                    HOST_PATH,
+                    RuleId.HOST_PATH,
                     None,
-                    f"volume {_quote(name)} mounts host path {_quote(path)} writable, which the hostPath allowlist "
+                    f"volume {quote(name)} mounts host path {quote(path)} writable, which the hostPath allowlist "
                     "allows read-only",
-                    f"set readOnly: true on every volumeMount of volume {_quote(name)}",
+                    f"set readOnly: true on every volumeMount of volume {quote(name)}",
                 )
             )
     return found
 
 
-def volume_type(pod: _Pod) -> list[Violation]:
+@rule(
+    RuleId.VOLUME_TYPE,
+    "a volume whose type is not on the allowlist (gitRepo, fc, iscsi, nfs and every other type the kubelet sets up "
+    "on the node from what the pod says)",
+    vectors=("V28",),
+    reach=Reach.NODE,
+)
+def volume_type(pod: PodView) -> list[Violation]:
     """A volume's type is each of its keys but ``name`` (the API allows one; it defaults a volume with none to
     ``emptyDir``, so none is no violation). Judged at creation only: volumes cannot be added by an update, and an
     ephemeral container that mounts one reuses what the kubelet set up when the pod started."""
     if not pod.whole_pod:
         return []
-    others = _other_volumes(pod)
+    others = other_volumes(pod)
     if not others:
         return []
     allowed = pod.config.allowed_volume_keys
@@ -178,9 +159,9 @@ def volume_type(pod: _Pod) -> list[Violation]:
             hint = _VOLUME_TYPE_HINTS.get(kind, "use a persistentVolumeClaim, or ask for the type to be allowed")
             found.append(
                 Violation(
-                    VOLUME_TYPE,
+                    RuleId.VOLUME_TYPE,
                     None,
-                    f"volume {_quote(volume.get('name'))} is of type {_quote(kind)}, which is not on the volume type "
+                    f"volume {quote(volume.get('name'))} is of type {quote(kind)}, which is not on the volume type "
                     "allowlist (allowed_volume_types): the kubelet sets it up on the node from what the pod says",
                     hint,
                 )
