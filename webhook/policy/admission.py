@@ -19,7 +19,7 @@ from ..scope import reaches_gpu_nodes
 from ..ways_out import way_out
 from .advice import advice
 from .patch import apply_patch, pin_operations
-from .pod import EMPTY, AnnotationChange, KaiChange, Passes, PodView, mapping, read_pod, spec_containers
+from .pod import EMPTY, AnnotationChange, KaiChange, Passes, PodView, mapping, missing_pins, read_pod, spec_containers
 from .registry import Reach
 from .rules import RULES
 from .rules.allocation import kai_annotation_update
@@ -52,9 +52,9 @@ def mutate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = Non
     for container in view.containers:
         if not container.pins or not container.env_readable:
             continue  # a GPU container; or nothing can be appended, which unpinned-container reports
-        added = pin_operations(container)
-        if added:
-            operations += added
+        missing = missing_pins(container)
+        if missing:
+            operations += pin_operations(container, missing)
             pinned.append(container.name)
     if not operations:
         return NO_MUTATION

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpu_fence.vocabulary import CONTAINER_FIELDS
 
-from .pod import ContainerView, missing_pins
+from .pod import ContainerView
 from .values import AddOperation
 
 #: What a container is pinned to: explicit, because an unset variable means ``all`` on legacy CUDA images.
@@ -31,17 +31,13 @@ def _pointer(*segments: str | int) -> str:
 _FIELD_POINTERS = {field: _pointer("spec", field) for field in CONTAINER_FIELDS}
 
 
-def pin_operations(container: ContainerView) -> Sequence[AddOperation]:
-    """The operations that pin the container: its whole ``env`` where it has none (absent or null), else an entry
-    for each pin name it has no entry for; none when it has them all."""
+def pin_operations(container: ContainerView, missing: Sequence[str]) -> list[AddOperation]:
+    """The operations that pin the container to void under the names ``missing`` (those it has no entry for): its
+    whole ``env`` where it has none (absent or null), else one entry each."""
+    path = f"{_FIELD_POINTERS[container.field]}/{container.position}/env"
     if container.body.get("env") is None:
-        path = f"{_FIELD_POINTERS[container.field]}/{container.position}/env"
-        return [{"op": "add", "path": path, "value": [{"name": name, "value": PIN_VALUE} for name in container.pins]}]
-    missing = missing_pins(container)
-    if not missing:
-        return ()
-    path = f"{_FIELD_POINTERS[container.field]}/{container.position}/env/-"
-    return [{"op": "add", "path": path, "value": {"name": name, "value": PIN_VALUE}} for name in missing]
+        return [{"op": "add", "path": path, "value": [{"name": name, "value": PIN_VALUE} for name in missing]}]
+    return [{"op": "add", "path": path + "/-", "value": {"name": name, "value": PIN_VALUE}} for name in missing]
 
 
 def _copy_json(value: Any) -> Any:

@@ -152,13 +152,13 @@ def kai_fraction_name(pod: Mapping[str, Any], config: PolicyConfig) -> str | Non
     scheduler = spec.get("schedulerName")
     if not isinstance(scheduler, str) or scheduler not in config.kai_scheduler_set:
         return None
-    node = spec.get("nodeName")
-    if node is not None and node != "":  # bound_at_creation, inline: once per pod admitted
+    if bound_at_creation(spec):
         return None
     return kai_fraction_container(pod, config.kai_scheduler_set)
 
 
 def bound_at_creation(spec: Mapping[str, Any]) -> bool:
+    """Whether the pod is created bound to a node (``spec.nodeName``), so that no scheduler ever fits it."""
     node = spec.get("nodeName")
     return node is not None and node != ""
 

@@ -6,7 +6,7 @@ the GPU a container uses is one the scheduler allocated.
 
 from __future__ import annotations
 
-from ..pod import PodView
+from ..pod import PodView, bound_at_creation
 from ..registry import rule
 from ..values import RuleId, Violation, quote
 
@@ -22,8 +22,7 @@ def bound_gpu_pod(pod: PodView) -> list[Violation]:
     node does not advertise before its own fit, and no device plugin allocates them, so such a "GPU container" gets
     no allocation and keeps the image's ``NVIDIA_VISIBLE_DEVICES`` (docs/threat-model.md). Judged at creation only:
     ``spec.nodeName`` cannot be changed by an update, only set by a binding, which is the scheduler's."""
-    node = pod.spec.get("nodeName")
-    if node is None or node == "" or not pod.whole_pod:  # bound_at_creation, inline: once per pod admitted
+    if not pod.whole_pod or not bound_at_creation(pod.spec):
         return []
     gpus = [container.name for container in pod.containers if container.gpu]
     if not gpus:

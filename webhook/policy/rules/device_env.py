@@ -51,9 +51,7 @@ def _env_variable_violations(pod: PodView, rule_id: RuleId, names: Collection[st
     vectors=("V27",),
 )
 def gated_device_env(pod: PodView) -> list[Violation]:
-    settings = pod.passes.device_variables  # the pass first: within validate, the MIG rule's
-    if settings is None:
-        settings = device_variables(pod)
+    settings = device_variables(pod)
     if not settings:
         return []
     return [

@@ -221,7 +221,7 @@ HOST_IPC_FIX = "remove hostIPC (an emptyDir with medium Memory at /dev/shm serve
     reach=Reach.NODE,
 )
 def host_ipc(pod: PodView) -> list[Violation]:
-    if not pod.spec.get("hostIPC") or pod.config.host_ipc is not Switch.REJECT or not shares_host_ipc(pod):
+    if pod.config.host_ipc is not Switch.REJECT or not shares_host_ipc(pod):
         return []
     return [
         Violation(

@@ -39,15 +39,6 @@ def unpinned_container(pod: PodView) -> list[Violation]:
                 )
             )
             continue
-        pins = container.pins
-        if len(pins) == 1:  # missing_pins inline for the usual single pin: this runs for every container
-            pin = pins[0]
-            for name, _ in container.env:
-                if name == pin:
-                    break
-            else:
-                found.append(in_container(RuleId.UNPINNED_CONTAINER, container, *_unpinned_detail(container, pin)))
-            continue
         missing = missing_pins(container)
         if missing:
             found.append(in_container(RuleId.UNPINNED_CONTAINER, container, *_unpinned_detail(container, missing[0])))
@@ -75,7 +66,7 @@ def visible_devices_env(pod: PodView) -> list[Violation]:
     """Also records the values it accepts that the toolkit reads as ``none`` (:func:`none_settings`)."""
     names = pod.config.visible_devices_names
     found: list[Violation] = []
-    nones: list[tuple[ContainerView, str]] = _NO_NONES  # accepted values the toolkit reads as none (none_settings)
+    nones: list[tuple[ContainerView, str]] = []  # accepted values the toolkit reads as none (none_settings)
     for container in pod.containers:
         for name, entry in container.env:
             if name not in names:
@@ -99,7 +90,7 @@ def visible_devices_env(pod: PodView) -> list[Violation]:
                 problem = f"is KAI's fraction container and sets {name}, which the toolkit reads instead of KAI's value"
             elif (parsed := parse_visible_devices(value or "")).grants_no_gpu:
                 if parsed.visibility is Visibility.NONE:
-                    nones = [*nones, (container, name)]
+                    nones.append((container, name))
                 continue
             else:
                 problem = f"sets {name}={quote(value)} but requests no GPU"
@@ -111,9 +102,6 @@ def visible_devices_env(pod: PodView) -> list[Violation]:
             found.append(in_container(RuleId.VISIBLE_DEVICES, container, problem, fix))
     pod.passes.none_settings = nones
     return found
-
-
-_NO_NONES: list[tuple[ContainerView, str]] = []  # shared, never appended to: the usual answer
 
 
 def none_settings(pod: PodView) -> list[tuple[ContainerView, str]]:
