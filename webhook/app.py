@@ -22,6 +22,7 @@ from prometheus_client import disable_created_metrics
 from werkzeug.exceptions import HTTPException
 
 from .metrics import CONTENT_TYPE, WebhookMetrics
+from .reasons import BadRequestReason
 from .review import Policy
 from .wsgi import MAX_BODY_BYTES, ROUTES, ClientAuth, ReviewEndpoints, ReviewLog, error_body, internal_error
 
@@ -32,7 +33,12 @@ __all__ = ["MAX_BODY_BYTES", "create_app"]
 
 log = logging.getLogger("gpu_fence.webhook")
 
-_HTTP_REASONS = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large", 415: "wrong-content-type"}
+_HTTP_REASONS = {
+    404: BadRequestReason.NOT_FOUND,
+    405: BadRequestReason.METHOD_NOT_ALLOWED,
+    413: BadRequestReason.BODY_TOO_LARGE,
+    415: BadRequestReason.WRONG_CONTENT_TYPE,
+}
 
 
 def create_app(
@@ -95,7 +101,7 @@ def create_app(
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException) -> Response:
         code = error.code or 400
-        reason = _HTTP_REASONS.get(code, f"http-{code}")
+        reason = _HTTP_REASONS.get(code, BadRequestReason.HTTP_ERROR)
         message = {
             404: f"no endpoint at {request.path}; use POST /mutate, /validate or /validate/warn",
             405: f"{request.method} is not allowed on {request.path}",

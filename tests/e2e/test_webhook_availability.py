@@ -27,6 +27,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import reviews
+from gpu_fence.webhook.reasons import DropReason
 from gpu_fence.webhook.worker import WEBHOOK_TIMEOUT_SECONDS
 from gpu_fence.webhook.wsgi import MAX_BODY_BYTES
 from tests.fakes.slow_clients import MALFORMED, Attack, exchange, post_head
@@ -153,7 +154,9 @@ def test_reviews_are_answered_while_a_client_holds_idle_kept_alive_connections(s
         problems = reviews_as_the_api_server_sends_them(server)
     assert problems == []
     after = dropped(server)
-    reclaimed = sum(after.get(reason, 0) - before.get(reason, 0) for reason in ("idle-evicted", "client-limit"))
+    reclaimed = sum(
+        after.get(reason, 0) - before.get(reason, 0) for reason in (DropReason.IDLE_EVICTED, DropReason.CLIENT_LIMIT)
+    )
     assert reclaimed >= count - 128, f"the server reclaimed {reclaimed} of the attacker's {count} connections"
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_fence.webhook.reasons import BadRequestReason, DropReason
 from tests.fakes.client_certs import ClientIdentity, client_ca, client_identity
 from tests.fakes.webhook_server import Reply, Server, send, serving
 
@@ -87,28 +88,31 @@ def test_the_api_servers_certificate_gets_reviews_answered(setup):
 
 
 def test_a_client_without_a_certificate_gets_health_and_metrics_but_no_review(setup):
-    before = counter(setup, "gpu_fence_webhook_bad_requests_total", "client-certificate-required")
+    before = counter(setup, "gpu_fence_webhook_bad_requests_total", BadRequestReason.CLIENT_CERTIFICATE_REQUIRED)
     for path in ("/mutate", "/validate", "/validate/warn"):
         reply = call(setup, None, "POST", path, review())
-        assert reply.status == 403 and reply.document["error"] == "client-certificate-required", path
+        assert reply.status == 403 and reply.document["error"] == BadRequestReason.CLIENT_CERTIFICATE_REQUIRED, path
         assert "response" not in reply.document  # no AdmissionReview: nothing to forge a denial count with
     assert call(setup, None, "GET", "/healthz").status == 200
     assert call(setup, None, "GET", "/readyz").status == 200
-    assert counter(setup, "gpu_fence_webhook_bad_requests_total", "client-certificate-required") == before + 3
+    assert (
+        counter(setup, "gpu_fence_webhook_bad_requests_total", BadRequestReason.CLIENT_CERTIFICATE_REQUIRED)
+        == before + 3
+    )
 
 
 def test_a_certificate_from_the_client_ca_with_another_cn_is_refused(setup):
     reply = call(setup, setup.other_cn, "POST", "/validate", review())
-    assert reply.status == 403 and reply.document["error"] == "client-not-allowed"
+    assert reply.status == 403 and reply.document["error"] == BadRequestReason.CLIENT_NOT_ALLOWED
 
 
 def test_a_certificate_from_another_ca_fails_the_handshake_for_every_path(setup):
-    before = counter(setup, "gpu_fence_webhook_connections_dropped_total", "tls-handshake-failed")
+    before = counter(setup, "gpu_fence_webhook_connections_dropped_total", DropReason.TLS_HANDSHAKE_FAILED)
     for method, path in (("POST", "/validate"), ("GET", "/healthz")):
         with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
             call(setup, setup.other_ca, method, path, review() if method == "POST" else None)
     deadline = time.monotonic() + 10
-    while counter(setup, "gpu_fence_webhook_connections_dropped_total", "tls-handshake-failed") < before + 2:
+    while counter(setup, "gpu_fence_webhook_connections_dropped_total", DropReason.TLS_HANDSHAKE_FAILED) < before + 2:
         assert time.monotonic() < deadline, "failed handshakes were not counted"
         time.sleep(0.05)  # polling the metric, bounded by the deadline
 
@@ -159,4 +163,4 @@ def test_the_install_guides_certificates_get_reviews_answered(tmp_path):
         finally:
             conn.close()
         assert reply.status == 200 and reply.document["response"]["allowed"] is False
-        assert server.post("/validate", review()).document["error"] == "client-certificate-required"
+        assert server.post("/validate", review()).document["error"] == BadRequestReason.CLIENT_CERTIFICATE_REQUIRED

@@ -29,6 +29,7 @@ import pytest
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_fence.webhook.reasons import BadRequestReason
 from tests.fakes import pods
 from tests.fakes.pods import as_kai_leaves_it, kai_fraction_pod, kai_reference
 from tests.fakes.processes import run_captured
@@ -588,26 +589,38 @@ def _bad_cases() -> list[tuple[str, bytes, str | None, int, str]]:
     del no_uid["request"]["uid"]
     wrong_kind = fixture("pod-create-kubectl") | {"kind": "Pod"}
     return [
-        ("/validate", b"this is not json", "application/json", 400, "invalid-json"),
-        ("/validate", json.dumps(fixture("pod-create-kubectl")).encode(), "text/plain", 415, "wrong-content-type"),
-        ("/validate", json.dumps(fixture("pod-create-kubectl")).encode(), None, 415, "wrong-content-type"),
+        ("/validate", b"this is not json", "application/json", 400, BadRequestReason.INVALID_JSON),
+        (
+            "/validate",
+            json.dumps(fixture("pod-create-kubectl")).encode(),
+            "text/plain",
+            415,
+            BadRequestReason.WRONG_CONTENT_TYPE,
+        ),
+        (
+            "/validate",
+            json.dumps(fixture("pod-create-kubectl")).encode(),
+            None,
+            415,
+            BadRequestReason.WRONG_CONTENT_TYPE,
+        ),
         (
             "/validate",
             (FIXTURES / "pod-create-v1beta1.json").read_bytes(),
             "application/json",
             400,
-            "wrong-api-version",
+            BadRequestReason.WRONG_API_VERSION,
         ),
-        ("/mutate", json.dumps(wrong_kind).encode(), "application/json", 400, "wrong-kind"),
+        ("/mutate", json.dumps(wrong_kind).encode(), "application/json", 400, BadRequestReason.WRONG_KIND),
         (
             "/mutate",
             b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}',
             "application/json",
             400,
-            "missing-request",
+            BadRequestReason.MISSING_REQUEST,
         ),
-        ("/validate/warn", json.dumps(no_uid).encode(), "application/json", 400, "missing-uid"),
-        ("/validate", b"", "application/json", 400, "empty-body"),
+        ("/validate/warn", json.dumps(no_uid).encode(), "application/json", 400, BadRequestReason.MISSING_UID),
+        ("/validate", b"", "application/json", 400, BadRequestReason.EMPTY_BODY),
     ]
 
 
@@ -623,13 +636,13 @@ def test_bad_input_is_a_clear_json_4xx(server, case):
 def test_body_over_3_mib_is_413(server):
     body = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","pad":"' + b"x" * (3 * 1024 * 1024) + b'"}'
     reply = server.post("/validate", body)
-    assert reply.status == 413 and reply.document["error"] == "body-too-large"
+    assert reply.status == 413 and reply.document["error"] == BadRequestReason.BODY_TOO_LARGE
 
 
 def test_unknown_paths_and_methods_are_json(server):
-    assert server.get("/admit").status == 404 and server.get("/admit").document["error"] == "not-found"
+    assert server.get("/admit").status == 404 and server.get("/admit").document["error"] == BadRequestReason.NOT_FOUND
     reply = server.get("/validate")
-    assert reply.status == 405 and reply.document["error"] == "method-not-allowed"
+    assert reply.status == 405 and reply.document["error"] == BadRequestReason.METHOD_NOT_ALLOWED
 
 
 def test_tls_1_2_and_1_3_are_served_with_keep_alive(server):
@@ -668,7 +681,7 @@ def test_metrics_merge_all_workers(server):
         == 12
     )
     assert reviews(after, "mutate", "patched") - reviews(before, "mutate", "patched") == 12
-    key = ("gpu_fence_webhook_bad_requests_total", (("reason", "invalid-json"),))
+    key = ("gpu_fence_webhook_bad_requests_total", (("reason", BadRequestReason.INVALID_JSON),))
     assert after[key] - before.get(key, 0) == 1
     count = ("gpu_fence_webhook_review_duration_seconds_count", (("endpoint", "validate"),))
     assert after[count] - before.get(count, 0) == 12
