@@ -61,8 +61,7 @@ def create_app(
     if policy is None:
         from . import policy as policy_module  # noqa: PLC0415 - the default; tests inject stand-ins
 
-        policy = policy_module  # type: ignore[assignment]
-    assert policy is not None
+        policy = policy_module
     # No ``_created`` series beside each counter and histogram: undocumented, and Prometheus does not need them.
     # Process-wide and read at scrape time, so gunicorn workers forked from this process inherit it.
     disable_created_metrics()
@@ -70,14 +69,15 @@ def create_app(
     app = Flask("gpu_fence_webhook")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions["gpu_fence_metrics"] = metrics
-    app.wsgi_app = ReviewEndpoints(
+    endpoints = ReviewEndpoints(
         app.wsgi_app,
         config,
         policy,
-        metrics,  # type: ignore[method-assign]
+        metrics,
         review_log if review_log is not None else ReviewLog(log),
         client_auth=client_auth,
     )
+    app.wsgi_app = endpoints  # type: ignore[method-assign]  # Flask's documented way to put middleware in front
 
     # The review paths are routed in Flask too, for POST only, so that Flask answers every other method on them
     # (405 naming the method, OPTIONS with Allow); a POST is answered by ReviewEndpoints and never gets here.
@@ -123,7 +123,7 @@ def _answered_in_front_of_flask() -> Response:
     raise RuntimeError("review endpoints are answered by webhook.wsgi.ReviewEndpoints, in front of Flask")
 
 
-def _json(status: int, document: dict) -> Response:
+def _json(status: int, document: dict[str, str]) -> Response:
     return _json_bytes(status, orjson.dumps(document))
 
 

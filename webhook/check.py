@@ -611,6 +611,8 @@ def list_cluster_pods(namespace: str | None, kubeconfig: str | None) -> list[dic
         kwargs: dict[str, Any] = {"limit": CLUSTER_PAGE_SIZE, "_preload_content": False, "_request_timeout": (10, 60)}
         if token:
             kwargs["_continue"] = token
+        # With _preload_content=False the client returns the raw urllib3 response, not the V1PodList it declares.
+        response: Any
         try:
             if namespace:
                 response = api.list_namespaced_pod(namespace, **kwargs)

@@ -286,13 +286,10 @@ def parse(body: object) -> Request:
         and kind.get("group", "") == ""
         and kind.get("version") == "v1"
     )
-    sub_resource = request.get("subResource") or ""
-    namespace = request.get("namespace") or ""
+    sub_resource = _string_field(request, "subResource")
+    namespace = _string_field(request, "namespace")
     obj = request.get("object")
     old_obj = request.get("oldObject")
-    for label, value in (("subResource", sub_resource), ("namespace", namespace)):
-        if not isinstance(value, str):
-            raise BadReview(BadRequestReason.MALFORMED_REQUEST, f"request.{label} must be a string")
     if obj is not None and not isinstance(obj, dict):
         raise BadReview(BadRequestReason.MALFORMED_REQUEST, "request.object must be an object or null")
     if old_obj is not None and not isinstance(old_obj, dict):
@@ -306,7 +303,8 @@ def parse(body: object) -> Request:
     if not namespace:
         # Current API servers default the object's namespace from the URL before admission; older ones sent
         # an empty one. request.namespace is authoritative; the object is a fallback only.
-        namespace = metadata.get("namespace") if isinstance(metadata.get("namespace"), str) else ""
+        fallback = metadata.get("namespace")
+        namespace = fallback if isinstance(fallback, str) else ""
     name = request.get("name") or metadata.get("name") or ""
     if not name and isinstance(metadata.get("generateName"), str):
         name = metadata["generateName"] + "*"
@@ -321,6 +319,14 @@ def parse(body: object) -> Request:
         obj=obj,
         old_obj=old_obj,
     )
+
+
+def _string_field(request: dict[str, Any], key: str) -> str:
+    """``request[key]`` where the API sends a string or nothing (then ``""``)."""
+    value = request.get(key) or ""
+    if not isinstance(value, str):
+        raise BadReview(BadRequestReason.MALFORMED_REQUEST, f"request.{key} must be a string")
+    return value
 
 
 def review(body: object, endpoint: Endpoint, config: PolicyConfig, policy: Policy) -> Outcome:

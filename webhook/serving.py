@@ -86,9 +86,15 @@ class _TimedSSLSocket(ssl.SSLSocket):
 class _ServerContext(ssl.SSLContext):
     """A server context whose sockets time out (see :class:`_TimedSSLSocket`), the handshake included."""
 
-    def wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> ssl.SSLSocket:  # type: ignore[override]
+    sslsocket_class: type[_TimedSSLSocket]
+
+    def wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
         sock.settimeout(self.sslsocket_class.io_timeout)  # the handshake reads before any setblocking call
         return super().wrap_socket(sock, *args, **kwargs)
+
+
+#: What identifies the certificate files as loaded: (inode, mtime in ns, size) of each.
+_Signature = tuple[tuple[int, int, int], ...]
 
 
 class ServeError(Exception):
@@ -124,8 +130,8 @@ class CertificateStore:
         self._socket_class = type("TimedSSLSocket", (_TimedSSLSocket,), {"io_timeout": io_timeout})
         self._lock = threading.Lock()
         self._context: ssl.SSLContext | None = None
-        self._signature: tuple | None = None
-        self._rejected: tuple | None = None
+        self._signature: _Signature | None = None
+        self._rejected: _Signature | None = None
         self._next_check = 0.0
         self.not_after: float | None = None
 
@@ -180,7 +186,7 @@ class CertificateStore:
         )
         return True
 
-    def _stat(self) -> tuple:
+    def _stat(self) -> _Signature:
         files = [self.cert_file, self.key_file, *([self.client_ca_file] if self.client_ca_file else [])]
         try:
             found = [os.stat(name) for name in files]
@@ -227,7 +233,7 @@ class CertificateStore:
 # -- logs ----------------------------------------------------------------------------------------------------------
 
 
-def logging_config(level: str) -> dict:
+def logging_config(level: str) -> dict[str, Any]:
     """The shared JSON-lines configuration, plus gunicorn's own loggers: its messages as JSON lines too (event
     ``log``), and no access log."""
     return logs.logging_config(
@@ -275,7 +281,7 @@ def _logger_class() -> type:
     """
     from gunicorn.glogging import Logger  # noqa: PLC0415 - the CLI imports this module for --help too
 
-    class NoAccessLog(Logger):
+    class NoAccessLog(Logger):  # type: ignore[misc]  # gunicorn ships no type information
         def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
             return None
 
@@ -293,7 +299,7 @@ def _stderr_fd() -> int | None:
 def _gunicorn_application(app: Any, options: dict[str, Any]) -> Any:
     from gunicorn.app.base import BaseApplication  # noqa: PLC0415 - the CLI imports this module for --help too
 
-    class Server(BaseApplication):
+    class Server(BaseApplication):  # type: ignore[misc]  # gunicorn ships no type information
         def load_config(self) -> None:
             for key, value in options.items():
                 if key in self.cfg.settings:  # older gunicorn lacks some settings (control_socket_disable)

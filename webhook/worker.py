@@ -46,7 +46,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Generator
 from concurrent import futures
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 from gunicorn.workers import base
 
@@ -174,7 +174,7 @@ class _Connection:
         self.steps: Generator[Any, Any, None] | None = None
 
 
-class AdmissionWorker(base.Worker):
+class AdmissionWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no type information
     """gunicorn worker: an event loop for the connections, a thread pool for the application (see module doc)."""
 
     limits: Limits = Limits()
@@ -441,11 +441,13 @@ class AdmissionWorker(base.Worker):
     def _recv(self, conn: _Connection, size: int) -> Generator[int, None, bytes]:
         while True:
             try:
-                return conn.sock.recv(size)
+                data: bytes = conn.sock.recv(size)
             except (ssl.SSLWantReadError, BlockingIOError):
                 yield selectors.EVENT_READ
             except ssl.SSLWantWriteError:
                 yield selectors.EVENT_WRITE
+            else:
+                return data
 
     def _send(self, conn: _Connection, data: bytes) -> Generator[int, None, None]:
         conn.state = _State.WRITING
@@ -527,7 +529,9 @@ class AdmissionWorker(base.Worker):
         started: list[Any] = []
         chunks: list[bytes] = []
 
-        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable:
+        def start_response(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Callable[[bytes], None]:
             if exc_info and started:
                 raise exc_info[1].with_traceback(exc_info[2])
             started[:] = [status, headers]
@@ -693,5 +697,7 @@ def _client_certificate_environ(sock: Any) -> dict[str, str]:
     certificate = sock.getpeercert()
     if not certificate:
         return {CLIENT_VERIFY: "NONE"}
-    names = [value for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName"]
+    # a subject is relative distinguished names of (key, value) pairs (ssl.SSLSocket.getpeercert)
+    subject = cast(tuple[tuple[tuple[str, str], ...], ...], certificate.get("subject", ()))
+    names = [value for rdn in subject for key, value in rdn if key == "commonName"]
     return {CLIENT_VERIFY: CLIENT_VERIFIED, CLIENT_CN: names[-1] if names else ""}
