@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpu_fence.webhook.reasons import BadRequestReason, DropReason
 from gpu_fence.webhook.worker import WEBHOOK_TIMEOUT_SECONDS, Limits
 from gpu_fence.webhook.wsgi import MAX_BODY_BYTES
+from tests.fakes.polling import wait_for
 from tests.fakes.webhook_server import HOSTNAME, Server, serving
 
 pytestmark = pytest.mark.e2e
@@ -188,17 +189,20 @@ def test_a_client_that_does_not_read_its_answers_is_closed_and_counted(server):
     sock = tls(server, receive_buffer=4096)
     sock.setblocking(False)
     request = b"GET /metrics HTTP/1.1\r\nHost: h\r\n\r\n"
-    deadline = time.monotonic() + 30
-    closed = False
-    while time.monotonic() < deadline and not closed:
+
+    def closed() -> bool:
         try:
             sock.send(request)
         except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
-            time.sleep(0.01)  # the server is not reading: keep offering, as an attacker would
+            return False  # the server is not reading: keep offering, as an attacker would
         except OSError:
-            closed = True
-    sock.close()
-    assert closed, "the server kept a connection whose client reads nothing"
+            return True
+        return False
+
+    try:
+        wait_for(closed, "the server to close a connection whose client reads nothing", timeout=30, interval=0.01)
+    finally:
+        sock.close()
     after = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": DropReason.RESPONSE_DEADLINE})
     assert after >= before + 1
 
@@ -211,10 +215,15 @@ def test_a_stopping_server_answers_on_kept_alive_connections_then_exits(tmp_path
             [(status, headers, _)] = responses(sock, 1)
             assert status == 200 and headers["connection"] == "keep-alive"
         stopping.process.send_signal(signal.SIGTERM)
-        time.sleep(0.3)  # let the signal reach the worker before the request below is sent
-        idle[0].sendall(post("/validate", review_body()))
-        [(status, headers, _)] = responses(idle[0], 1)
-        assert status == 200 and headers["connection"] == "close"
+
+        def answered_closing() -> bool:
+            """A review on a kept-alive connection is answered; once the worker has the signal, with close."""
+            idle[0].sendall(post("/validate", review_body()))
+            [(status, headers, _)] = responses(idle[0], 1)
+            assert status == 200
+            return headers["connection"] == "close"
+
+        wait_for(answered_closing, "the stopping worker to answer with Connection: close", timeout=10)
         assert stopping.process.wait(timeout=15) == 0
         for sock in idle:
             sock.close()
