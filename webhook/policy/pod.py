@@ -67,7 +67,8 @@ class HostPathVolume(NamedTuple):
     reaches: str | None
 
 
-class SecurityContexts(NamedTuple):
+@dataclass(slots=True)
+class SecurityContexts:
     """What the rules read from the containers' security contexts, in one pass over them."""
 
     privileged: list[ContainerView]

