@@ -18,13 +18,13 @@ from ..config import PolicyConfig
 from ..scope import reaches_gpu_nodes
 from ..ways_out import way_out
 from .advice import advice
-from .patch import apply_patch, pin_operations
-from .pod import EMPTY, AnnotationChange, KaiChange, Passes, PodView, mapping, missing_pins, read_pod, spec_containers
+from .patch import apply_patch, pin
+from .pod import EMPTY, AnnotationChange, KaiChange, Passes, PodView, mapping, read_pod, spec_containers
 from .registry import Reach
 from .rules import RULES
 from .rules.allocation import kai_annotation_update
 from .rules.device_annotations import cdi_annotation, runtime_annotation
-from .values import NO_MUTATION, NO_VIOLATIONS, AddOperation, Decision, Mutation, Validation, Violation
+from .values import NO_MUTATION, NO_VIOLATIONS, Decision, Mutation, Validation, Violation
 
 #: The annotation the kubelet puts on the mirror of a static pod (see :func:`exemption`).
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
@@ -46,16 +46,7 @@ def mutate(pod: Any, config: PolicyConfig, *, only: Collection[str] | None = Non
     fill the variable. ``only`` restricts the pin to these ephemeral containers (``pods/ephemeralcontainers``
     UPDATE).
     """
-    view = read_pod(pod, config, only)
-    operations: list[AddOperation] = []
-    pinned: list[str] = []
-    for container in view.containers:
-        if not container.pins or not container.env_readable:
-            continue  # a GPU container; or nothing can be appended, which unpinned-container reports
-        missing = missing_pins(container)
-        if missing:
-            operations += pin_operations(container, missing)
-            pinned.append(container.name)
+    operations, pinned = pin(read_pod(pod, config, only).containers)
     if not operations:
         return NO_MUTATION
     return Mutation(patch=tuple(operations), pinned=tuple(pinned))

@@ -7,12 +7,12 @@ needs one to append to); an existing entry is never touched and never duplicated
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from gpu_fence.vocabulary import CONTAINER_FIELDS
 
-from .pod import ContainerView
+from .pod import ContainerView, missing_pins
 from .values import AddOperation
 
 #: What a container is pinned to: explicit, because an unset variable means ``all`` on legacy CUDA images.
@@ -31,13 +31,27 @@ def _pointer(*segments: str | int) -> str:
 _FIELD_POINTERS = {field: _pointer("spec", field) for field in CONTAINER_FIELDS}
 
 
-def pin_operations(container: ContainerView, missing: Sequence[str]) -> list[AddOperation]:
-    """The operations that pin the container to void under the names ``missing`` (those it has no entry for): its
-    whole ``env`` where it has none (absent or null), else one entry each."""
-    path = f"{_FIELD_POINTERS[container.field]}/{container.position}/env"
-    if container.body.get("env") is None:
-        return [{"op": "add", "path": path, "value": [{"name": name, "value": PIN_VALUE} for name in missing]}]
-    return [{"op": "add", "path": path + "/-", "value": {"name": name, "value": PIN_VALUE}} for name in missing]
+def pin(containers: Iterable[ContainerView]) -> tuple[list[AddOperation], list[str]]:
+    """The operations that pin each container to void under the pin names it has no entry for, and the names of
+    the containers they pin. A container with no ``env`` (absent or null) gets the whole array; one whose ``env`` is
+    not a list gets nothing (nothing can be appended: ``unpinned-container`` reports it), and a GPU container has no
+    pins."""
+    operations: list[AddOperation] = []
+    pinned: list[str] = []
+    for container in containers:
+        if not container.pins or not container.env_readable:
+            continue
+        missing = missing_pins(container)
+        if not missing:
+            continue
+        path = f"{_FIELD_POINTERS[container.field]}/{container.position}/env"
+        if container.body.get("env") is None:
+            operations.append({"op": "add", "path": path, "value": [{"name": n, "value": PIN_VALUE} for n in missing]})
+        else:
+            for name in missing:
+                operations.append({"op": "add", "path": path + "/-", "value": {"name": name, "value": PIN_VALUE}})
+        pinned.append(container.name)
+    return operations, pinned
 
 
 def _copy_json(value: Any) -> Any:
