@@ -17,9 +17,11 @@ from ..pod import ContainerView, PodView, in_container, missing_pins
 from ..registry import rule
 from ..values import RuleId, Violation, quote
 
-#: The switch's member, bound once: CPython 3.11 reads an enum member through its class in about 60 ns (measured),
-#: and this comparison runs for every pod admitted (BENCHMARKS.md, "Policy: read top to bottom").
+#: Enum members bound once: CPython 3.11 reads a member through its class in about 60 ns (measured), and these
+#: comparisons run for every pod admitted, the second for every value read as void (BENCHMARKS.md, "Policy: read top
+#: to bottom").
 _REJECT = Switch.REJECT
+_NONE = Visibility.NONE
 
 
 @rule(
@@ -93,7 +95,7 @@ def visible_devices_env(pod: PodView) -> list[Violation]:
             elif container.kai_fraction and name != VISIBLE_DEVICES_ENV:
                 problem = f"is KAI's fraction container and sets {name}, which the toolkit reads instead of KAI's value"
             elif (parsed := parse_visible_devices(value or "")).grants_no_gpu:
-                if parsed.visibility is Visibility.NONE:
+                if parsed.visibility is _NONE:
                     nones.append((container, name))
                 continue
             else:
