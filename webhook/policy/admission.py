@@ -171,9 +171,9 @@ def _enters_scope(pod: dict[str, Any], old_pod: Any, config: PolicyConfig) -> bo
 
 
 def _kai_changes(pod: Any, old: Mapping[str, Any], new: Mapping[str, Any], config: PolicyConfig) -> list[KaiChange]:
-    """Each annotation KAI's binder reads at bind time that the update
-    touches, on a pod under a configured KAI scheduler (``schedulerName`` is immutable; on any other pod the
-    annotations mean nothing to KAI)."""
+    """What the update does (adds, removes, changes) to each annotation KAI's binder reads at bind time, on a pod
+    under a configured KAI scheduler (``schedulerName`` is immutable; on any other pod the annotations mean nothing
+    to KAI)."""
     scheduler = mapping(pod.get("spec")).get("schedulerName") if isinstance(pod, dict) else None
     if not isinstance(scheduler, str) or scheduler not in config.kai_scheduler_set:
         return []

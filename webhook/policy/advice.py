@@ -19,6 +19,8 @@ _WARN = Switch.WARN
 
 
 def advice(pod: PodView) -> list[Violation]:
+    """The pod's warnings, in this order: ``gpu-env-from``, ``visible-devices-none``, ``host-ipc`` where their switch
+    is at ``warn``, then the NVIDIA runtime class."""
     # Loops over lists that are nearly always empty, not generators: this runs for every pod admitted.
     warnings: list[Violation] = []
     config = pod.config
