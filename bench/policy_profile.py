@@ -9,6 +9,7 @@ over the pod, the first pays for it). Run: ``python -m bench.policy_profile [--c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import timeit
 from collections.abc import Callable, Sequence
@@ -27,40 +28,42 @@ def breakdown(containers: int, number: int) -> list[tuple[str, float]]:
     """(step, µs) for the steps of a ``/validate`` review of the pinned pod, in the order the server runs them."""
     from gpu_fence.webhook import policy
     from gpu_fence.webhook.config import load_config
+    from gpu_fence.webhook.policy.pod import Passes, read_pod
     from gpu_fence.webhook.review import Endpoint, parse, review
 
     config = load_config(None)
     body = reviews.validate_body(containers)
     document = orjson.loads(body)
     pod = document["request"]["object"]
-    view = policy._read_pod(pod, config, None)
+    view = read_pod(pod, config, None)
     outcome = review(document, Endpoint.VALIDATE, config, policy)
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("orjson.loads (body)", lambda: orjson.loads(body)),
         ("review.parse (envelope)", lambda: parse(document)),
-        ("policy._read_pod", lambda: policy._read_pod(pod, config, None)),
+        ("policy.pod.read_pod", lambda: read_pod(pod, config, None)),
     ]
     timed = [(label, best_microseconds(function, number)) for label, function in steps]
     # Each rule as validate runs it: some rules share a pass over the pod (the capabilities added, the hostPath
     # volumes, the device annotations, the MIG and IMEX variables, the values read as none), which the first of
     # them makes and the others read. So each is timed with the pod's shared state as the rules before it leave
     # it, restored before every call; the restore's own cost is measured and taken off.
-    memo = view.memo
-    for rule, check in policy.RULE_CHECKS:
-        state = dict(memo)
+    passes = view.passes
+    names = [field.name for field in dataclasses.fields(Passes)]
+    for rule in policy.RULES:
+        state = {name: getattr(passes, name) for name in names}
 
         def restore(state: dict[str, Any] = state) -> None:
-            memo.clear()
-            memo.update(state)
+            for name, value in state.items():
+                setattr(passes, name, value)
 
-        def run(check: Callable[[Any], Any] = check, restore: Callable[[], None] = restore) -> Any:
+        def run(check: Callable[[Any], Any] = rule.check, restore: Callable[[], None] = restore) -> Any:
             restore()
             return check(view)
 
         cost = best_microseconds(run, number) - best_microseconds(restore, number)
         timed.append((f"rule {rule.id}", max(cost, 0.05)))
         restore()
-        check(view)
+        rule.check(view)
     tail: list[tuple[str, Callable[[], Any]]] = [
         ("policy.validate (all of the above but parse)", lambda: policy.validate(pod, config)),
         ("review.review (/validate, parsed body)", lambda: review(document, Endpoint.VALIDATE, config, policy)),

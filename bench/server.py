@@ -16,9 +16,9 @@ only and never in the product:
   forks (its ``pre_fork`` hook; workers still turn their collector on), to measure what the freeze does to the
   tail: the server as it was before ``serve`` adopted it.
 
-The hooks wrap internals of ``webhook.serving`` (``create_app`` as imported by ``_serve``, and
-``_gunicorn_application`` with the options ``_serve`` builds); ``tests/bench`` starts this server so that a
-change there shows up at once.
+The hooks wrap ``create_app`` as ``webhook.serving`` imports it, and ``webhook.serving.gunicorn_application``, which
+``serve`` calls with the gunicorn settings it builds; ``tests/bench`` starts this server so that a change there shows
+up at once.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def install(worker_class: str, *, gc_freeze: bool = True, cert_file: str = "", k
         return with_noop(create_app(*args, **kwargs))
 
     app_module.create_app = create_app_with_noop  # type: ignore[assignment]
-    gunicorn_application = serving._gunicorn_application
+    gunicorn_application = serving.gunicorn_application
 
     def gunicorn_with_worker_class(app: Any, options: dict[str, Any]) -> Any:
         options = dict(options)
@@ -83,7 +83,7 @@ def install(worker_class: str, *, gc_freeze: bool = True, cert_file: str = "", k
             options["pre_fork"] = lambda server, worker: None
         return gunicorn_application(app, options)
 
-    serving._gunicorn_application = gunicorn_with_worker_class
+    serving.gunicorn_application = gunicorn_with_worker_class
 
 
 def main(argv: Sequence[str] | None = None) -> int:

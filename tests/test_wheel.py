@@ -33,7 +33,8 @@ def test_the_wheel_holds_both_deployables_and_the_proto(wheel: Path) -> None:
         names = set(archive.namelist())
     for module in (
         "gpu_fence/vocabulary.py",
-        "gpu_fence/webhook/policy.py",
+        "gpu_fence/webhook/policy/__init__.py",
+        "gpu_fence/webhook/policy/rules/privileges.py",
         "gpu_fence/auditor/audit.py",
         "gpu_fence/auditor/chargeback/compute.py",
         "gpu_fence/auditor/podresources/v1/api_pb2_grpc.py",

@@ -22,6 +22,7 @@ from prometheus_client import disable_created_metrics
 from werkzeug.exceptions import HTTPException
 
 from .metrics import CONTENT_TYPE, WebhookMetrics
+from .reasons import BadRequestReason
 from .review import Policy
 from .wsgi import MAX_BODY_BYTES, ROUTES, ClientAuth, ReviewEndpoints, ReviewLog, error_body, internal_error
 
@@ -32,7 +33,12 @@ __all__ = ["MAX_BODY_BYTES", "create_app"]
 
 log = logging.getLogger("gpu_fence.webhook")
 
-_HTTP_REASONS = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large", 415: "wrong-content-type"}
+_HTTP_REASONS = {
+    404: BadRequestReason.NOT_FOUND,
+    405: BadRequestReason.METHOD_NOT_ALLOWED,
+    413: BadRequestReason.BODY_TOO_LARGE,
+    415: BadRequestReason.WRONG_CONTENT_TYPE,
+}
 
 
 def create_app(
@@ -55,8 +61,7 @@ def create_app(
     if policy is None:
         from . import policy as policy_module  # noqa: PLC0415 - the default; tests inject stand-ins
 
-        policy = policy_module  # type: ignore[assignment]
-    assert policy is not None
+        policy = policy_module
     # No ``_created`` series beside each counter and histogram: undocumented, and Prometheus does not need them.
     # Process-wide and read at scrape time, so gunicorn workers forked from this process inherit it.
     disable_created_metrics()
@@ -64,14 +69,15 @@ def create_app(
     app = Flask("gpu_fence_webhook")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions["gpu_fence_metrics"] = metrics
-    app.wsgi_app = ReviewEndpoints(
+    endpoints = ReviewEndpoints(
         app.wsgi_app,
         config,
         policy,
-        metrics,  # type: ignore[method-assign]
+        metrics,
         review_log if review_log is not None else ReviewLog(log),
         client_auth=client_auth,
     )
+    app.wsgi_app = endpoints  # type: ignore[method-assign]  # Flask's documented way to put middleware in front
 
     # The review paths are routed in Flask too, for POST only, so that Flask answers every other method on them
     # (405 naming the method, OPTIONS with Allow); a POST is answered by ReviewEndpoints and never gets here.
@@ -95,7 +101,7 @@ def create_app(
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException) -> Response:
         code = error.code or 400
-        reason = _HTTP_REASONS.get(code, f"http-{code}")
+        reason = _HTTP_REASONS.get(code, BadRequestReason.HTTP_ERROR)
         message = {
             404: f"no endpoint at {request.path}; use POST /mutate, /validate or /validate/warn",
             405: f"{request.method} is not allowed on {request.path}",
@@ -117,7 +123,7 @@ def _answered_in_front_of_flask() -> Response:
     raise RuntimeError("review endpoints are answered by webhook.wsgi.ReviewEndpoints, in front of Flask")
 
 
-def _json(status: int, document: dict) -> Response:
+def _json(status: int, document: dict[str, str]) -> Response:
     return _json_bytes(status, orjson.dumps(document))
 
 

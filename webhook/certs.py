@@ -35,12 +35,16 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpu_fence.command_line import positive
 from gpu_fence.exit_status import ExitStatus
 from gpu_fence.kubeconfig import ORDER as KUBECONFIG_ORDER
 from gpu_fence.kubeconfig import KubeConfigError, load_configuration
+
+#: A Kubernetes object as the API's JSON decodes (the client is asked for raw responses: no model classes).
+KubeObject = dict[str, Any]
 
 _positive_int = positive(int, "whole number of days", least="at least 1")
 
@@ -216,7 +220,7 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def _public_bytes(public_key: Any) -> bytes:
+def _public_bytes(public_key: PublicKeyTypes) -> bytes:
     return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
@@ -274,17 +278,17 @@ class Cluster:
     core: Any
     admission: Any
 
-    def read_secret(self, namespace: str, name: str) -> dict | None:
+    def read_secret(self, namespace: str, name: str) -> KubeObject | None:
         return self._call(
             f"read Secret {namespace}/{name}", self.core.read_namespaced_secret, name, namespace, missing_ok=True
         )
 
-    def create_secret(self, namespace: str, body: dict) -> None:
+    def create_secret(self, namespace: str, body: KubeObject) -> None:
         self._call(
             f"create Secret {namespace}/{body['metadata']['name']}", self.core.create_namespaced_secret, namespace, body
         )
 
-    def replace_secret(self, namespace: str, body: dict) -> None:
+    def replace_secret(self, namespace: str, body: KubeObject) -> None:
         self._call(
             f"replace Secret {namespace}/{body['metadata']['name']}",
             self.core.replace_namespaced_secret,
@@ -293,11 +297,11 @@ class Cluster:
             body,
         )
 
-    def read_webhooks(self, kind: str, name: str) -> dict | None:
+    def read_webhooks(self, kind: str, name: str) -> KubeObject | None:
         method = getattr(self.admission, f"read_{kind}_webhook_configuration")
         return self._call(f"read {kind} webhook configuration {name}", method, name, missing_ok=True)
 
-    def patch_webhooks(self, kind: str, name: str, operations: list[dict]) -> None:
+    def patch_webhooks(self, kind: str, name: str, operations: list[KubeObject]) -> None:
         method = getattr(self.admission, f"patch_{kind}_webhook_configuration")
         self._call(
             f"patch {kind} webhook configuration {name}",
@@ -308,7 +312,7 @@ class Cluster:
         )
 
     @staticmethod
-    def _call(what: str, method: Any, *args: Any, missing_ok: bool = False, **kwargs: Any) -> dict | None:
+    def _call(what: str, method: Any, *args: Any, missing_ok: bool = False, **kwargs: Any) -> KubeObject | None:
         from kubernetes.client.exceptions import ApiException  # noqa: PLC0415 - keeps serve free of the client
         from urllib3.exceptions import HTTPError  # noqa: PLC0415
 
@@ -404,7 +408,7 @@ def reconcile(
     return actions
 
 
-def _resolve_webhooks(cluster: Cluster, refs: Sequence[WebhookRef]) -> list[tuple[str, str, dict]]:
+def _resolve_webhooks(cluster: Cluster, refs: Sequence[WebhookRef]) -> list[tuple[str, str, KubeObject]]:
     found = []
     for ref in refs:
         kinds = [ref.kind] if ref.kind else ["mutating", "validating"]
@@ -416,7 +420,7 @@ def _resolve_webhooks(cluster: Cluster, refs: Sequence[WebhookRef]) -> list[tupl
     return found
 
 
-def _decode(secret: dict | None) -> dict[str, bytes]:
+def _decode(secret: KubeObject | None) -> dict[str, bytes]:
     if not secret:
         return {}
     raw = secret.get("data") or {}
@@ -429,7 +433,9 @@ def _decode(secret: dict | None) -> dict[str, bytes]:
     return decoded
 
 
-def _write_secret(cluster: Cluster, namespace: str, name: str, current: dict | None, data: dict[str, bytes]) -> dict:
+def _write_secret(
+    cluster: Cluster, namespace: str, name: str, current: KubeObject | None, data: dict[str, bytes]
+) -> KubeObject:
     encoded = {key: base64.b64encode(value).decode("ascii") for key, value in sorted(data.items())}
     metadata: dict[str, Any] = {
         "name": name,

@@ -46,18 +46,7 @@ from .discovery import (
     pod_for_site,
 )
 from .openreports import render_openreports
-from .policy import (
-    BOUND_GPU_POD,
-    CDI_ANNOTATION,
-    HOST_DEVICE_PATH,
-    HOST_IPC,
-    HOST_PATH,
-    HOST_PID,
-    HOST_PROCESS,
-    RUNTIME_ANNOTATION,
-    VOLUME_TYPE,
-    Decision,
-)
+from .policy import Decision, RuleId
 from .reports import (
     FORMATS,
     Finding,
@@ -89,15 +78,18 @@ CLUSTER_SOURCE = "cluster"
 CLUSTER_PAGE_SIZE = 500
 #: Where pod-level violations point, so that a report lands on the annotation, the volume list or the field rather
 #: than on the start of the object: relative to the pod template (annotations) or to the pod spec.
-_TEMPLATE_FIELDS = {CDI_ANNOTATION: ("metadata", "annotations"), RUNTIME_ANNOTATION: ("metadata", "annotations")}
-_SPEC_FIELDS = {
-    HOST_DEVICE_PATH: ("volumes",),
-    HOST_PATH: ("volumes",),
-    HOST_PID: ("hostPID",),
-    HOST_IPC: ("hostIPC",),
-    VOLUME_TYPE: ("volumes",),
-    BOUND_GPU_POD: ("nodeName",),
-    HOST_PROCESS: ("securityContext",),
+_TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
+    RuleId.CDI_ANNOTATION: ("metadata", "annotations"),
+    RuleId.RUNTIME_ANNOTATION: ("metadata", "annotations"),
+}
+_SPEC_FIELDS: dict[str, tuple[str, ...]] = {
+    RuleId.HOST_DEVICE_PATH: ("volumes",),
+    RuleId.HOST_PATH: ("volumes",),
+    RuleId.HOST_PID: ("hostPID",),
+    RuleId.HOST_IPC: ("hostIPC",),
+    RuleId.VOLUME_TYPE: ("volumes",),
+    RuleId.BOUND_GPU_POD: ("nodeName",),
+    RuleId.HOST_PROCESS: ("securityContext",),
 }
 
 EPILOG = """\
@@ -619,6 +611,8 @@ def list_cluster_pods(namespace: str | None, kubeconfig: str | None) -> list[dic
         kwargs: dict[str, Any] = {"limit": CLUSTER_PAGE_SIZE, "_preload_content": False, "_request_timeout": (10, 60)}
         if token:
             kwargs["_continue"] = token
+        # With _preload_content=False the client returns the raw urllib3 response, not the V1PodList it declares.
+        response: Any
         try:
             if namespace:
                 response = api.list_namespaced_pod(namespace, **kwargs)

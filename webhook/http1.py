@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
+from .reasons import BadRequestReason
+
 _REQUEST_LINE = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+) (/\S*) (HTTP/\d\.\d)")
 _FIELD = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
 #: methods whose requests carry a body: the reviews' POST, and the two others a client may send one with
@@ -43,10 +45,10 @@ class Head:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a head cannot be answered: the status, a reason token (a metric label) and a sentence for people."""
+    """Why a head cannot be answered: the status, a reason (a metric label) and a sentence for people."""
 
     status: int
-    reason: str
+    reason: BadRequestReason
     message: str
 
 
@@ -57,26 +59,34 @@ def parse_head(data: bytes) -> Head | Refusal:
         lines.pop()
     matched = _REQUEST_LINE.fullmatch(lines[0]) if lines else None
     if matched is None:
-        return Refusal(400, "bad-request-line", "the request line is not METHOD /path HTTP/1.1")
+        return Refusal(400, BadRequestReason.BAD_REQUEST_LINE, "the request line is not METHOD /path HTTP/1.1")
     method, target, version = matched.groups()
     if version not in ("HTTP/1.1", "HTTP/1.0"):
-        return Refusal(400, "unsupported-http-version", f"{version} is not served; use HTTP/1.1")
+        return Refusal(400, BadRequestReason.UNSUPPORTED_HTTP_VERSION, f"{version} is not served; use HTTP/1.1")
     fields = []
     for line in lines[1:]:
         field = _FIELD.fullmatch(line)
         if field is None:
             return Refusal(
-                400, "bad-header", "a header line is folded, not a name: value pair, or holds a control byte"
+                400,
+                BadRequestReason.BAD_HEADER,
+                "a header line is folded, not a name: value pair, or holds a control byte",
             )
         fields.append((field.group(1).lower(), field.group(2)))
     named = {name: [value for found, value in fields if found == name] for name, _ in fields}
     if "transfer-encoding" in named:
-        return Refusal(411, "length-required", "bodies must come with Content-Length; Transfer-Encoding is not served")
+        return Refusal(
+            411,
+            BadRequestReason.LENGTH_REQUIRED,
+            "bodies must come with Content-Length; Transfer-Encoding is not served",
+        )
     lengths = set(named.get("content-length", ()))
     if len(lengths) > 1 or any(not value.isascii() or not value.isdigit() for value in lengths):
-        return Refusal(400, "bad-content-length", "Content-Length must be one number")
+        return Refusal(400, BadRequestReason.BAD_CONTENT_LENGTH, "Content-Length must be one number")
     if not lengths and method in _BODY_METHODS:
-        return Refusal(411, "length-required", f"a {method} must say its body's length in Content-Length")
+        return Refusal(
+            411, BadRequestReason.LENGTH_REQUIRED, f"a {method} must say its body's length in Content-Length"
+        )
     tokens = {token.strip().lower() for value in named.get("connection", ()) for token in value.split(",")}
     path, _, query = target.partition("?")
     return Head(

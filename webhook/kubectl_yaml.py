@@ -39,7 +39,7 @@ import re
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -177,13 +177,19 @@ class DocumentTooLarge(Exception):
     """Raised by the reader inside the parser when one document passes the size limit."""
 
 
+class Readable(Protocol):
+    """What :func:`load_all` reads from: a binary stream's ``read`` (a file, stdin, a stream whose head was read)."""
+
+    def read(self, size: int, /) -> bytes: ...
+
+
 class _Reader:
     """The stream the parser reads, counting what it hands over so that one document cannot grow without bound.
 
     The parser reads ahead in chunks, so the count since a document began can include the tail of the one before:
     the limit is approximate by one chunk, never exceeded by more."""
 
-    def __init__(self, stream: IO[bytes], limit: int) -> None:
+    def __init__(self, stream: Readable, limit: int) -> None:
         self._stream = stream
         self._limit = limit
         self.consumed = 0
@@ -197,7 +203,7 @@ class _Reader:
         return chunk
 
 
-def load_all(stream: IO[bytes], *, max_document_bytes: int) -> Iterator[Loaded]:
+def load_all(stream: Readable, *, max_document_bytes: int) -> Iterator[Loaded]:
     """Each non-empty document of a YAML (or JSON) stream, read as kubectl reads it, one at a time.
 
     Raises :class:`YamlError` for YAML that does not parse and for documents kubectl would refuse; a document that
@@ -208,7 +214,7 @@ def load_all(stream: IO[bytes], *, max_document_bytes: int) -> Iterator[Loaded]:
     try:
         while True:
             try:
-                event = loader.get_event()
+                event = loader.get_event()  # type: ignore[no-untyped-call]  # unannotated in types-PyYAML
                 if event is None or isinstance(event, yaml.StreamEndEvent):
                     return
                 if not isinstance(event, yaml.DocumentStartEvent):
@@ -225,8 +231,8 @@ def load_all(stream: IO[bytes], *, max_document_bytes: int) -> Iterator[Loaded]:
             except yaml.MarkedYAMLError as error:
                 mark = error.problem_mark or error.context_mark
                 problem = error.problem or error.context or str(error).splitlines()[0]
-                line = None if mark is None else mark.line + 1
-                raise YamlError(line, f"YAML does not parse: {problem}", syntax=True) from None
+                at = None if mark is None else mark.line + 1
+                raise YamlError(at, f"YAML does not parse: {problem}", syntax=True) from None
             except yaml.reader.ReaderError as error:
                 raise YamlError(None, f"not UTF-8 text (byte {error.position})") from None
             if data is not None:
@@ -337,14 +343,14 @@ class _Document:
         return self._place(raw, line, scalar=True)
 
     def _note_literal(self, top: _Mapping | _Sequence, text_line: int) -> None:
-        if type(top) is _Mapping:
+        if isinstance(top, _Mapping):
             if isinstance(top.key, str):
                 self.lines.add_literal(top.data, top.key, text_line)
-        elif top.merge_into is None:  # type: ignore[union-attr]
+        elif top.merge_into is None:
             self.lines.add_literal(top.data, len(top.data), text_line)
 
     def _alias(self, event: yaml.AliasEvent, line: int) -> tuple[Any, int] | None:
-        name = event.anchor
+        name = event.anchor or ""  # an alias always names its anchor
         if name in self._open:
             raise _refused(line, f"anchor '{name}' value contains itself")
         anchor = self._anchors.get(name)
@@ -394,7 +400,7 @@ class _Document:
         if not self._stack:
             return (_json_value(value, line) if scalar else value), line
         top = self._stack[-1]
-        if type(top) is _Mapping:
+        if isinstance(top, _Mapping):
             if top.key is _EXPECT_KEY:
                 if not scalar:
                     raise _refused(line, "a mapping or sequence is used as a mapping key")
@@ -409,10 +415,10 @@ class _Document:
                 top.lines[top.key] = top.key_line
                 top.key = _EXPECT_KEY
             return None
-        if top.merge_into is not None and (not isinstance(value, dict) or scalar):  # type: ignore[union-attr]
+        if top.merge_into is not None and (not isinstance(value, dict) or scalar):
             raise _refused(line, "map merge requires map or sequence of maps as the value")
         top.data.append(_json_value(value, line) if scalar else value)
-        top.lines.append(line)  # type: ignore[arg-type]
+        top.lines.append(line)
         return None
 
     def _lines_of(self, mapping: dict[str, Any]) -> dict[str, int]:

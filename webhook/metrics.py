@@ -26,6 +26,7 @@ from prometheus_client import (
 from gpu_fence.verdicts import ReviewVerdict
 
 from .policy import RULES
+from .reasons import BadRequestReason, DropReason
 from .review import Endpoint
 
 #: Seconds. Starts at 0.25 ms so a 1 ms review is distinguishable from a 0.3 ms one; ends past the API
@@ -49,14 +50,6 @@ DURATION_BUCKETS = (
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-#: Why the worker drops a connection without an answer (``worker.py`` counts these).
-DROPPED_CONNECTION_REASONS = (
-    "request-deadline",
-    "response-deadline",
-    "tls-handshake-failed",
-    "idle-evicted",
-    "client-limit",
-)
 _NO_RULE = ("none",)
 _EVERY_RULE = tuple(rule.id for rule in RULES)
 _UNJUDGED = ((ReviewVerdict.ALLOWED, _NO_RULE), (ReviewVerdict.EXEMPT, _NO_RULE), (ReviewVerdict.ERROR, _NO_RULE))
@@ -125,7 +118,7 @@ class WebhookMetrics:
             for verdict, rules in _KNOWN_REVIEWS[endpoint]:
                 for rule in rules:
                     self.reviews.labels(endpoint.value, verdict.value, rule)
-        for reason in DROPPED_CONNECTION_REASONS:
+        for reason in DropReason:
             self.connections_dropped.labels(reason)
 
         # Children (one labelled series each) looked up once and kept: ``labels()`` validates and locks on every
@@ -134,7 +127,7 @@ class WebhookMetrics:
         # race to fill a key get the same children from ``labels()``.
         self._review_children: dict[tuple[str, str, tuple[str, ...]], tuple[Any, ...]] = {}
         self._duration_children: dict[str, Any] = {}
-        self._bad_request_children: dict[str, Any] = {}
+        self._bad_request_children: dict[BadRequestReason, Any] = {}
 
     def count_review(self, endpoint: str, verdict: str, rules: Iterable[str], seconds: float) -> None:
         rules = rules if isinstance(rules, tuple) else tuple(rules)
@@ -152,13 +145,13 @@ class WebhookMetrics:
         if verdict == ReviewVerdict.ERROR:
             self.internal_errors.labels(endpoint).inc()
 
-    def count_bad_request(self, reason: str) -> None:
+    def count_bad_request(self, reason: BadRequestReason) -> None:
         counter = self._bad_request_children.get(reason)
-        if counter is None:  # reasons are the fixed tokens of BadReview and the HTTP errors
+        if counter is None:
             counter = self._bad_request_children[reason] = self.bad_requests.labels(reason)
         counter.inc()
 
-    def count_dropped_connection(self, reason: str) -> None:
+    def count_dropped_connection(self, reason: DropReason) -> None:
         self.connections_dropped.labels(reason).inc()  # rare by nature: no cached children
 
     def exposition(self) -> bytes:

@@ -55,7 +55,7 @@ class RuleInfo(Protocol):
 def reports(report: Report, rules: Iterable[RuleInfo], *, now_ns: int) -> list[dict[str, Any]]:
     """One ``Report`` object per namespace of ``report`` (sorted by namespace); ``now_ns`` is the results' time,
     in Unix nanoseconds."""
-    rule_ids = [rule.id for rule in rules]
+    rule_ids = [str(rule.id) for rule in rules]  # plain strings: YAML's safe dumper writes no str subclass
     seconds, nanos = divmod(now_ns, 1_000_000_000)
     timestamp = {"seconds": seconds, "nanos": nanos}
     by_namespace = sorted(report.results, key=lambda result: result.namespace)
@@ -88,7 +88,7 @@ def _results(result: PodSpecResult, rule_ids: Sequence[str], timestamp: Mapping[
     warned: dict[str, list[str]] = {}
     for warning in result.warnings:
         warned.setdefault(warning.rule, []).append(warning.message)
-    extra = [rule for rule in (*broken, *warned) if rule not in rule_ids]
+    extra = [str(rule) for rule in (*broken, *warned) if rule not in rule_ids]
     entries = []
     for rule in [*rule_ids, *dict.fromkeys(extra)]:
         if result.verdict is Verdict.EXEMPT:

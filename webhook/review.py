@@ -28,6 +28,8 @@ import orjson
 from gpu_fence.verdicts import ReviewVerdict
 from gpu_fence.warning_text import MAX_WARNING_CHARS, split_warning, truncate_warning
 
+from .reasons import BadRequestReason
+
 if TYPE_CHECKING:
     from .config import PolicyConfig
 
@@ -216,10 +218,10 @@ class Endpoint(Enum):
 class BadReview(ValueError):
     """The body is not a usable AdmissionReview; answered with a 4xx, never evaluated.
 
-    ``reason`` is a short, bounded token for the ``gpu_fence_webhook_bad_requests_total`` metric.
+    ``reason`` is the label of the ``gpu_fence_webhook_bad_requests_total`` metric and the answer's ``error``.
     """
 
-    def __init__(self, reason: str, message: str, status: int = 400) -> None:
+    def __init__(self, reason: BadRequestReason, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -259,24 +261,24 @@ class Outcome:
 def parse(body: object) -> Request:
     """Check the envelope and pull out the request. Raises :class:`BadReview` naming what to fix."""
     if not isinstance(body, dict):
-        raise BadReview("not-an-object", "body must be a JSON object (an AdmissionReview)")
+        raise BadReview(BadRequestReason.NOT_AN_OBJECT, "body must be a JSON object (an AdmissionReview)")
     if body.get("kind") != KIND:
-        raise BadReview("wrong-kind", f"kind must be {KIND!r}, got {_short(body.get('kind'))}")
+        raise BadReview(BadRequestReason.WRONG_KIND, f"kind must be {KIND!r}, got {_short(body.get('kind'))}")
     if body.get("apiVersion") != API_VERSION:
         raise BadReview(
-            "wrong-api-version",
+            BadRequestReason.WRONG_API_VERSION,
             f"apiVersion must be {API_VERSION!r} (register the webhook with admissionReviewVersions: [v1]), "
             f"got {_short(body.get('apiVersion'))}",
         )
     request = body.get("request")
     if not isinstance(request, dict):
-        raise BadReview("missing-request", "request is missing or not an object")
+        raise BadReview(BadRequestReason.MISSING_REQUEST, "request is missing or not an object")
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
-        raise BadReview("missing-uid", "request.uid is missing or not a non-empty string")
+        raise BadReview(BadRequestReason.MISSING_UID, "request.uid is missing or not a non-empty string")
     operation = request.get("operation")
     if not isinstance(operation, str) or not operation:
-        raise BadReview("missing-operation", "request.operation is missing or not a string")
+        raise BadReview(BadRequestReason.MISSING_OPERATION, "request.operation is missing or not a string")
     kind = request.get("kind")
     is_core_pod = (
         isinstance(kind, dict)
@@ -284,27 +286,25 @@ def parse(body: object) -> Request:
         and kind.get("group", "") == ""
         and kind.get("version") == "v1"
     )
-    sub_resource = request.get("subResource") or ""
-    namespace = request.get("namespace") or ""
+    sub_resource = _string_field(request, "subResource")
+    namespace = _string_field(request, "namespace")
     obj = request.get("object")
     old_obj = request.get("oldObject")
-    for label, value in (("subResource", sub_resource), ("namespace", namespace)):
-        if not isinstance(value, str):
-            raise BadReview("malformed-request", f"request.{label} must be a string")
     if obj is not None and not isinstance(obj, dict):
-        raise BadReview("malformed-request", "request.object must be an object or null")
+        raise BadReview(BadRequestReason.MALFORMED_REQUEST, "request.object must be an object or null")
     if old_obj is not None and not isinstance(old_obj, dict):
-        raise BadReview("malformed-request", "request.oldObject must be an object or null")
+        raise BadReview(BadRequestReason.MALFORMED_REQUEST, "request.oldObject must be an object or null")
     if is_core_pod and operation in ("CREATE", "UPDATE") and obj is None:
-        raise BadReview("malformed-request", f"request.object is required for a Pod {operation}")
+        raise BadReview(BadRequestReason.MALFORMED_REQUEST, f"request.object is required for a Pod {operation}")
     if is_core_pod and obj is not None and not isinstance(obj.get("spec", {}), dict):
-        raise BadReview("malformed-request", "request.object.spec must be an object")
+        raise BadReview(BadRequestReason.MALFORMED_REQUEST, "request.object.spec must be an object")
     metadata = obj.get("metadata") if obj else None
     metadata = metadata if isinstance(metadata, dict) else {}
     if not namespace:
         # Current API servers default the object's namespace from the URL before admission; older ones sent
         # an empty one. request.namespace is authoritative; the object is a fallback only.
-        namespace = metadata.get("namespace") if isinstance(metadata.get("namespace"), str) else ""
+        fallback = metadata.get("namespace")
+        namespace = fallback if isinstance(fallback, str) else ""
     name = request.get("name") or metadata.get("name") or ""
     if not name and isinstance(metadata.get("generateName"), str):
         name = metadata["generateName"] + "*"
@@ -319,6 +319,14 @@ def parse(body: object) -> Request:
         obj=obj,
         old_obj=old_obj,
     )
+
+
+def _string_field(request: dict[str, Any], key: str) -> str:
+    """``request[key]`` where the API sends a string or nothing (then ``""``)."""
+    value = request.get(key) or ""
+    if not isinstance(value, str):
+        raise BadReview(BadRequestReason.MALFORMED_REQUEST, f"request.{key} must be a string")
+    return value
 
 
 def review(body: object, endpoint: Endpoint, config: PolicyConfig, policy: Policy) -> Outcome:

@@ -86,9 +86,15 @@ class _TimedSSLSocket(ssl.SSLSocket):
 class _ServerContext(ssl.SSLContext):
     """A server context whose sockets time out (see :class:`_TimedSSLSocket`), the handshake included."""
 
-    def wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> ssl.SSLSocket:  # type: ignore[override]
+    sslsocket_class: type[_TimedSSLSocket]
+
+    def wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
         sock.settimeout(self.sslsocket_class.io_timeout)  # the handshake reads before any setblocking call
         return super().wrap_socket(sock, *args, **kwargs)
+
+
+#: What identifies the certificate files as loaded: (inode, mtime in ns, size) of each.
+_Signature = tuple[tuple[int, int, int], ...]
 
 
 class ServeError(Exception):
@@ -124,8 +130,8 @@ class CertificateStore:
         self._socket_class = type("TimedSSLSocket", (_TimedSSLSocket,), {"io_timeout": io_timeout})
         self._lock = threading.Lock()
         self._context: ssl.SSLContext | None = None
-        self._signature: tuple | None = None
-        self._rejected: tuple | None = None
+        self._signature: _Signature | None = None
+        self._rejected: _Signature | None = None
         self._next_check = 0.0
         self.not_after: float | None = None
 
@@ -180,7 +186,7 @@ class CertificateStore:
         )
         return True
 
-    def _stat(self) -> tuple:
+    def _stat(self) -> _Signature:
         files = [self.cert_file, self.key_file, *([self.client_ca_file] if self.client_ca_file else [])]
         try:
             found = [os.stat(name) for name in files]
@@ -227,7 +233,7 @@ class CertificateStore:
 # -- logs ----------------------------------------------------------------------------------------------------------
 
 
-def logging_config(level: str) -> dict:
+def logging_config(level: str) -> dict[str, Any]:
     """The shared JSON-lines configuration, plus gunicorn's own loggers: its messages as JSON lines too (event
     ``log``), and no access log."""
     return logs.logging_config(
@@ -245,7 +251,7 @@ def logging_config(level: str) -> dict:
 def fork_hooks() -> dict[str, Callable[[Any, Any], None]]:
     """gunicorn's ``pre_fork`` and ``post_fork`` settings: freeze the master's objects, collect again in workers.
 
-    ``_serve`` disables the collector before importing the app, so that no collection frees objects between
+    ``run`` disables the collector before importing the app, so that no collection frees objects between
     start-up and fork (the freed slots would be reused by the workers, copying the pages they sit on).
     """
 
@@ -266,7 +272,7 @@ def fork_hooks() -> dict[str, Callable[[Any, Any], None]]:
     return {"pre_fork": pre_fork, "post_fork": post_fork}
 
 
-def _logger_class() -> type:
+def logger_class() -> type:
     """gunicorn's logger without its access log, which ``serve`` never writes (the review events carry more).
 
     Configured through ``logconfig_dict``, gunicorn builds the access-log fields of every request (headers,
@@ -275,7 +281,7 @@ def _logger_class() -> type:
     """
     from gunicorn.glogging import Logger  # noqa: PLC0415 - the CLI imports this module for --help too
 
-    class NoAccessLog(Logger):
+    class NoAccessLog(Logger):  # type: ignore[misc]  # gunicorn ships no type information
         def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
             return None
 
@@ -290,10 +296,15 @@ def _stderr_fd() -> int | None:
         return None
 
 
-def _gunicorn_application(app: Any, options: dict[str, Any]) -> Any:
+#: What builds gunicorn's application from the Flask app and serve's gunicorn settings.
+ApplicationFactory = Callable[[Any, dict[str, Any]], Any]
+
+
+def gunicorn_application(app: Any, options: dict[str, Any]) -> Any:
+    """gunicorn's embedded application: ``app`` under ``options`` (the settings this gunicorn knows)."""
     from gunicorn.app.base import BaseApplication  # noqa: PLC0415 - the CLI imports this module for --help too
 
-    class Server(BaseApplication):
+    class Server(BaseApplication):  # type: ignore[misc]  # gunicorn ships no type information
         def load_config(self) -> None:
             for key, value in options.items():
                 if key in self.cfg.settings:  # older gunicorn lacks some settings (control_socket_disable)
@@ -387,7 +398,9 @@ def check_bindable(host: str, port: int) -> None:
             raise ServeError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
-def run(args: argparse.Namespace) -> ExitStatus:
+def run(args: argparse.Namespace, *, application: ApplicationFactory | None = None) -> ExitStatus:
+    """Serve until gunicorn stops. ``application`` builds gunicorn's application (by default
+    :func:`gunicorn_application`, looked up when called): a test or a benchmark may stand in for gunicorn."""
     if not 0 < args.port < 65536:
         raise ServeError(f"--port {args.port}: must be 1-65535")
     if args.workers < 1 or args.threads < 1:
@@ -406,22 +419,24 @@ def run(args: argparse.Namespace) -> ExitStatus:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         # likewise read at import: no undocumented ``_created`` series, in the master and every worker
         os.environ["PROMETHEUS_DISABLE_CREATED_SERIES"] = "True"
-        return _serve(args, config, workdir)
+        return _serve(args, config, workdir, application or gunicorn_application)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _serve(args: argparse.Namespace, config: Any, workdir: str) -> ExitStatus:
+def _serve(args: argparse.Namespace, config: Any, workdir: str, application: ApplicationFactory) -> ExitStatus:
     collecting = gc.isenabled()
     gc.disable()  # until each worker starts: see fork_hooks
     try:
-        return _serve_without_gc(args, config, workdir)
+        return _serve_without_gc(args, config, workdir, application)
     finally:
         if collecting:
             gc.enable()
 
 
-def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> ExitStatus:
+def _serve_without_gc(
+    args: argparse.Namespace, config: Any, workdir: str, application: ApplicationFactory
+) -> ExitStatus:
     from prometheus_client import multiprocess, values  # noqa: PLC0415 - after PROMETHEUS_MULTIPROC_DIR is set
 
     # prometheus_client picks its value storage when first imported; should anything have imported it before the
@@ -475,7 +490,7 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> Ex
         "worker_tmp_dir": workdir,
         "control_socket_disable": True,
         "accesslog": None,
-        "logger_class": _logger_class(),
+        "logger_class": logger_class(),
         "errorlog": "-",
         "logconfig_dict": logging_config(args.log_level),
         "child_exit": child_exit,
@@ -484,7 +499,7 @@ def _serve_without_gc(args: argparse.Namespace, config: Any, workdir: str) -> Ex
         "proc_name": "gpu-fence-webhook",
     }
     try:
-        _gunicorn_application(app, options).run()
+        application(app, options).run()
     except SystemExit as exit_:
         # gunicorn exits 0 on a clean shutdown (SIGTERM) and non-zero when it could not start (port in use)
         return ExitStatus.ERROR if exit_.code else ExitStatus.SUCCESS

@@ -98,9 +98,11 @@ KNOWN_IMAGES: tuple[KnownImage, ...] = (
     *(KnownImage(repository, Infrastructure.GPU_OPERATOR, "a GPU Operator operand") for repository in _OPERANDS),
 )
 
-_BY_REPOSITORY: dict[str, tuple[KnownImage, ...]] = {}
-for _known in KNOWN_IMAGES:
-    _BY_REPOSITORY[_known.repository] = (*_BY_REPOSITORY.get(_known.repository, ()), _known)
+#: The known images of each repository (one repository can have several uses, told apart by container name).
+_BY_REPOSITORY: dict[str, tuple[KnownImage, ...]] = {
+    repository: tuple(known for known in KNOWN_IMAGES if known.repository == repository)
+    for repository in dict.fromkeys(known.repository for known in KNOWN_IMAGES)
+}
 
 
 def image_repository(image: str) -> str:
@@ -158,7 +160,7 @@ def way_out(
     containers: list[Mapping[str, Any]],
     namespace: str,
 ) -> WayOut | None:
-    """The way out for one violation, or ``""``: ``container`` is the violating container (None for a pod-level
+    """The way out for one violation: ``container`` is the violating container (None for a pod-level
     rule, which takes the first node agent or operand among ``containers``); ``guards_node`` says whether the rule
     guards the node (any such violation gets at least the generic exemption). None when there is nothing to add
     to the rule's own fix."""

@@ -46,12 +46,13 @@ from collections import Counter, deque
 from collections.abc import Callable, Generator
 from concurrent import futures
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 from gunicorn.workers import base
 
 from .http1 import Head, Refusal, parse_head, response_head
 from .metrics import WebhookMetrics
+from .reasons import BadRequestReason, DropReason
 from .wsgi import CLIENT_CN, CLIENT_VERIFIED, CLIENT_VERIFY, MAX_BODY_BYTES, MAX_DISCARD_BYTES, error_body
 
 #: The webhooks' ``timeoutSeconds`` (every entry of manifests/base/webhook-configurations.yaml; a manifest test
@@ -173,16 +174,16 @@ class _Connection:
         self.steps: Generator[Any, Any, None] | None = None
 
 
-class AdmissionWorker(base.Worker):
+class AdmissionWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no type information
     """gunicorn worker: an event loop for the connections, a thread pool for the application (see module doc)."""
 
     limits: Limits = Limits()
     #: the TLS context for a new connection (``serve``: the certificate store's, reloaded when the files change)
     tls_context: Callable[[], ssl.SSLContext] | None = None
     #: counts a connection closed without an answer, by reason (``serve`` sets the metric's counter)
-    count_dropped: Callable[[str], None] = staticmethod(lambda reason: None)
+    count_dropped: Callable[[DropReason], None] = staticmethod(lambda reason: None)
     #: counts a request the worker answers itself (431, 411, 413 ...), by reason
-    count_refused: Callable[[str], None] = staticmethod(lambda reason: None)
+    count_refused: Callable[[BadRequestReason], None] = staticmethod(lambda reason: None)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -284,7 +285,7 @@ class AdmissionWorker(base.Worker):
             if self._per_client[conn.address] >= self.limits.max_connections_per_client and not self._evict(
                 conn.address
             ):
-                self.count_dropped("client-limit")
+                self.count_dropped(DropReason.CLIENT_LIMIT)
                 raw.close()
                 continue
             self._open.add(conn)
@@ -308,7 +309,7 @@ class AdmissionWorker(base.Worker):
         victim = next((conn for conn in self._idle if address is None or conn.address == address), None)
         if victim is None:
             return False
-        self.count_dropped("idle-evicted")
+        self.count_dropped(DropReason.IDLE_EVICTED)
         self._close(victim)
         return True
 
@@ -323,7 +324,7 @@ class AdmissionWorker(base.Worker):
             return
         except (OSError, ValueError) as error:  # reset, broken pipe, a TLS alert, a client certificate refused
             if conn.state is _State.HANDSHAKE:
-                self.count_dropped("tls-handshake-failed")
+                self.count_dropped(DropReason.TLS_HANDSHAKE_FAILED)
                 self.log.debug("TLS handshake with %s failed: %s", conn.peer, error)
             self._close(conn)
             return
@@ -402,7 +403,7 @@ class AdmissionWorker(base.Worker):
         limits = self.limits
         while (end := conn.buffer.find(b"\r\n\r\n")) < 0:
             if len(conn.buffer) >= limits.max_head_bytes:
-                return Refusal(431, "head-too-large", f"request head over {limits.max_head_bytes} bytes")
+                return Refusal(431, BadRequestReason.HEAD_TOO_LARGE, f"request head over {limits.max_head_bytes} bytes")
             data = yield from self._recv(conn, limits.max_head_bytes - len(conn.buffer))
             if not data:
                 return None
@@ -412,13 +413,13 @@ class AdmissionWorker(base.Worker):
                 self._set_deadline(conn, time.monotonic() + limits.request_seconds)
             self._take(conn, data)
         if end + 4 > limits.max_head_bytes:
-            return Refusal(431, "head-too-large", f"request head over {limits.max_head_bytes} bytes")
+            return Refusal(431, BadRequestReason.HEAD_TOO_LARGE, f"request head over {limits.max_head_bytes} bytes")
         head = parse_head(bytes(conn.buffer[:end]))
         if isinstance(head, Refusal):
             return head
         if head.content_length > limits.max_body_bytes:
             too_large = f"body of {head.content_length} bytes is over the {limits.max_body_bytes}-byte limit"
-            return Refusal(413, "body-too-large", too_large)
+            return Refusal(413, BadRequestReason.BODY_TOO_LARGE, too_large)
         wanted = end + 4 + head.content_length
         if head.expects_continue and len(conn.buffer) < wanted:
             with contextlib.suppress(ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
@@ -440,11 +441,13 @@ class AdmissionWorker(base.Worker):
     def _recv(self, conn: _Connection, size: int) -> Generator[int, None, bytes]:
         while True:
             try:
-                return conn.sock.recv(size)
+                data: bytes = conn.sock.recv(size)
             except (ssl.SSLWantReadError, BlockingIOError):
                 yield selectors.EVENT_READ
             except ssl.SSLWantWriteError:
                 yield selectors.EVENT_WRITE
+            else:
+                return data
 
     def _send(self, conn: _Connection, data: bytes) -> Generator[int, None, None]:
         conn.state = _State.WRITING
@@ -526,7 +529,9 @@ class AdmissionWorker(base.Worker):
         started: list[Any] = []
         chunks: list[bytes] = []
 
-        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable:
+        def start_response(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Callable[[bytes], None]:
             if exc_info and started:
                 raise exc_info[1].with_traceback(exc_info[2])
             started[:] = [status, headers]
@@ -610,9 +615,9 @@ class AdmissionWorker(base.Worker):
             if deadline_id != conn.deadline_id or conn.state in (_State.WORKING, _State.CLOSED):
                 continue  # a newer deadline replaced it, a thread has the request, or it is closed
             if conn.state in (_State.HANDSHAKE, _State.READING, _State.WAITING):
-                self.count_dropped("request-deadline")
+                self.count_dropped(DropReason.REQUEST_DEADLINE)
             elif conn.state is _State.WRITING:
-                self.count_dropped("response-deadline")
+                self.count_dropped(DropReason.RESPONSE_DEADLINE)
             self._close(conn)
 
     def _close(self, conn: _Connection) -> None:
@@ -692,5 +697,7 @@ def _client_certificate_environ(sock: Any) -> dict[str, str]:
     certificate = sock.getpeercert()
     if not certificate:
         return {CLIENT_VERIFY: "NONE"}
-    names = [value for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName"]
+    # a subject is relative distinguished names of (key, value) pairs (ssl.SSLSocket.getpeercert)
+    subject = cast(tuple[tuple[tuple[str, str], ...], ...], certificate.get("subject", ()))
+    names = [value for rdn in subject for key, value in rdn if key == "commonName"]
     return {CLIENT_VERIFY: CLIENT_VERIFIED, CLIENT_CN: names[-1] if names else ""}

@@ -35,6 +35,7 @@ import orjson
 from gpu_fence import logs
 
 from .metrics import WebhookMetrics
+from .reasons import BadRequestReason
 from .review import BadReview, Endpoint, Outcome, Policy, review
 
 if TYPE_CHECKING:
@@ -75,12 +76,14 @@ class ClientAuth:
         """Why this request may not be reviewed, or None when it may."""
         if environ.get(CLIENT_VERIFY) != CLIENT_VERIFIED:
             return BadReview(
-                "client-certificate-required",
+                BadRequestReason.CLIENT_CERTIFICATE_REQUIRED,
                 "reviews are answered only for a client certificate from the client CA (the API server's)",
                 403,
             )
         if self.names and environ.get(CLIENT_CN) not in self.names:
-            return BadReview("client-not-allowed", "the client certificate's CN is not one of --client-cn", 403)
+            return BadReview(
+                BadRequestReason.CLIENT_NOT_ALLOWED, "the client certificate's CN is not one of --client-cn", 403
+            )
         return None
 
 
@@ -136,22 +139,30 @@ class _TooLarge(BadReview):
     Flask's 413 page had, which is how such a body was answered before this layer existed."""
 
     def __init__(self) -> None:
-        super().__init__("body-too-large", f"body larger than {MAX_BODY_BYTES} bytes", 413)
+        super().__init__(BadRequestReason.BODY_TOO_LARGE, f"body larger than {MAX_BODY_BYTES} bytes", 413)
 
 
 def _read_json_body(environ: dict[str, Any]) -> object:
     mimetype = mimetype_of(environ.get("CONTENT_TYPE", ""))
     if mimetype != "application/json":
-        raise BadReview("wrong-content-type", f"Content-Type must be application/json, got {mimetype or 'none'!r}", 415)
+        raise BadReview(
+            BadRequestReason.WRONG_CONTENT_TYPE,
+            f"Content-Type must be application/json, got {mimetype or 'none'!r}",
+            415,
+        )
     stream = environ["wsgi.input"]
     length = content_length(environ)
     if length is not None and length > MAX_BODY_BYTES:
         _discard(stream, length)
-        raise BadReview("body-too-large", f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit", 413)
+        raise BadReview(
+            BadRequestReason.BODY_TOO_LARGE, f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit", 413
+        )
     if length is not None:
         data = stream.read(length) if length else b""
         if len(data) < length:  # the client ended its side early: what came may even parse, but is not the review
-            raise BadReview("truncated-body", f"body ended after {len(data)} of its {length} bytes (Content-Length)")
+            raise BadReview(
+                BadRequestReason.TRUNCATED_BODY, f"body ended after {len(data)} of its {length} bytes (Content-Length)"
+            )
     elif "wsgi.input_terminated" in environ:  # chunked: the server ends the stream, this layer bounds it
         data = stream.read(MAX_BODY_BYTES + 1)
         if len(data) > MAX_BODY_BYTES:
@@ -159,11 +170,11 @@ def _read_json_body(environ: dict[str, Any]) -> object:
     else:  # no length and a server that would not end the stream: reading could block for ever
         data = b""
     if not data:
-        raise BadReview("empty-body", "body is empty; send an AdmissionReview as JSON")
+        raise BadReview(BadRequestReason.EMPTY_BODY, "body is empty; send an AdmissionReview as JSON")
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as error:
-        raise BadReview("invalid-json", f"body is not valid JSON: {error}") from None
+        raise BadReview(BadRequestReason.INVALID_JSON, f"body is not valid JSON: {error}") from None
 
 
 def mimetype_of(content_type: str) -> str:

@@ -27,8 +27,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import reviews
+from gpu_fence.webhook.reasons import DropReason
 from gpu_fence.webhook.worker import WEBHOOK_TIMEOUT_SECONDS
 from gpu_fence.webhook.wsgi import MAX_BODY_BYTES
+from tests.fakes.polling import wait_for
 from tests.fakes.slow_clients import MALFORMED, Attack, exchange, post_head
 from tests.fakes.webhook_server import HOSTNAME, Server, send, serving
 
@@ -106,13 +108,6 @@ def reviews_as_the_api_server_sends_them(
     return problems
 
 
-def wait_for(condition: Callable[[], bool], seconds: float, message: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, message
-        time.sleep(0.05)  # polling the condition, bounded by the deadline
-
-
 def attack(server: Server, kind: str, count: int, interval: float = 2.0) -> Attack:
     return Attack("127.0.0.1", server.port, HOSTNAME, server.context, kind, count, interval=interval)
 
@@ -135,7 +130,7 @@ def attack(server: Server, kind: str, count: int, interval: float = 2.0) -> Atta
 def test_reviews_are_answered_while_clients_hold_connections_mid_request(server, kind, count, review):
     interval = 1.0 if kind == "trickle-body" else 2.0
     with attack(server, kind, count, interval) as held:
-        wait_for(lambda: held.opened >= count, 30, f"the attack opened only {held.opened} connections")
+        wait_for(lambda: held.opened >= count, f"the attack to open {count} connections", timeout=30)
         problems = reviews_as_the_api_server_sends_them(server, review)
     assert problems == []
     # the server, not the attacker, ended the held connections: at their deadline or at once (chunked: 411)
@@ -148,18 +143,20 @@ def test_reviews_are_answered_while_a_client_holds_idle_kept_alive_connections(s
     first, and past its per-address bound a client's own), so the API server's new connections get in."""
     before = dropped(server)
     with attack(server, "idle", count) as idle:
-        wait_for(lambda: idle.opened >= count, 60, f"the attack opened only {idle.opened} connections")
-        wait_for(lambda: idle.idle >= 100, 30, f"only {idle.idle} connections were answered and left idle")
+        wait_for(lambda: idle.opened >= count, f"the attack to open {count} connections", timeout=60)
+        wait_for(lambda: idle.idle >= 100, "100 of its connections to be answered and left idle", timeout=30)
         problems = reviews_as_the_api_server_sends_them(server)
     assert problems == []
     after = dropped(server)
-    reclaimed = sum(after.get(reason, 0) - before.get(reason, 0) for reason in ("idle-evicted", "client-limit"))
+    reclaimed = sum(
+        after.get(reason, 0) - before.get(reason, 0) for reason in (DropReason.IDLE_EVICTED, DropReason.CLIENT_LIMIT)
+    )
     assert reclaimed >= count - 128, f"the server reclaimed {reclaimed} of the attacker's {count} connections"
 
 
 def test_reviews_are_answered_while_a_client_churns_connections(server):
     with attack(server, "churn", 64) as churn:
-        wait_for(lambda: churn.opened >= 640, 60, f"the attack opened only {churn.opened} connections")
+        wait_for(lambda: churn.opened >= 640, "the attack to open 640 connections", timeout=60)
         problems = reviews_as_the_api_server_sends_them(server)
     assert problems == []
 
@@ -170,7 +167,7 @@ def test_an_idle_connection_of_the_api_server_outlives_a_client_that_fills_its_o
     try:
         assert send(kept, "GET", "/healthz").status == 200
         with attack(server, "idle", 512) as idle:
-            wait_for(lambda: idle.opened >= 512, 60, f"the attack opened only {idle.opened} connections")
+            wait_for(lambda: idle.opened >= 512, "the attack to open 512 connections", timeout=60)
         reply = send(kept, "POST", "/validate", json.dumps(fixture("pod-create-replicaset-gpu-mix")).encode())
         assert reply.status == 200 and reply.document["response"]["allowed"] is False
     finally:

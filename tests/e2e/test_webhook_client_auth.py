@@ -15,7 +15,6 @@ import re
 import ssl
 import subprocess
 import textwrap
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +23,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_fence.webhook.reasons import BadRequestReason, DropReason
 from tests.fakes.client_certs import ClientIdentity, client_ca, client_identity
+from tests.fakes.polling import in_a_row, wait_for
 from tests.fakes.webhook_server import Reply, Server, send, serving
 
 pytestmark = pytest.mark.e2e
@@ -87,30 +88,36 @@ def test_the_api_servers_certificate_gets_reviews_answered(setup):
 
 
 def test_a_client_without_a_certificate_gets_health_and_metrics_but_no_review(setup):
-    before = counter(setup, "gpu_fence_webhook_bad_requests_total", "client-certificate-required")
+    before = counter(setup, "gpu_fence_webhook_bad_requests_total", BadRequestReason.CLIENT_CERTIFICATE_REQUIRED)
     for path in ("/mutate", "/validate", "/validate/warn"):
         reply = call(setup, None, "POST", path, review())
-        assert reply.status == 403 and reply.document["error"] == "client-certificate-required", path
+        assert reply.status == 403 and reply.document["error"] == BadRequestReason.CLIENT_CERTIFICATE_REQUIRED, path
         assert "response" not in reply.document  # no AdmissionReview: nothing to forge a denial count with
     assert call(setup, None, "GET", "/healthz").status == 200
     assert call(setup, None, "GET", "/readyz").status == 200
-    assert counter(setup, "gpu_fence_webhook_bad_requests_total", "client-certificate-required") == before + 3
+    assert (
+        counter(setup, "gpu_fence_webhook_bad_requests_total", BadRequestReason.CLIENT_CERTIFICATE_REQUIRED)
+        == before + 3
+    )
 
 
 def test_a_certificate_from_the_client_ca_with_another_cn_is_refused(setup):
     reply = call(setup, setup.other_cn, "POST", "/validate", review())
-    assert reply.status == 403 and reply.document["error"] == "client-not-allowed"
+    assert reply.status == 403 and reply.document["error"] == BadRequestReason.CLIENT_NOT_ALLOWED
 
 
 def test_a_certificate_from_another_ca_fails_the_handshake_for_every_path(setup):
-    before = counter(setup, "gpu_fence_webhook_connections_dropped_total", "tls-handshake-failed")
+    before = counter(setup, "gpu_fence_webhook_connections_dropped_total", DropReason.TLS_HANDSHAKE_FAILED)
     for method, path in (("POST", "/validate"), ("GET", "/healthz")):
         with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
             call(setup, setup.other_ca, method, path, review() if method == "POST" else None)
-    deadline = time.monotonic() + 10
-    while counter(setup, "gpu_fence_webhook_connections_dropped_total", "tls-handshake-failed") < before + 2:
-        assert time.monotonic() < deadline, "failed handshakes were not counted"
-        time.sleep(0.05)  # polling the metric, bounded by the deadline
+    wait_for(
+        lambda: (
+            counter(setup, "gpu_fence_webhook_connections_dropped_total", DropReason.TLS_HANDSHAKE_FAILED) >= before + 2
+        ),
+        "the failed handshakes to be counted",
+        timeout=10,
+    )
 
 
 def test_a_new_client_ca_is_taken_up_without_a_restart(setup):
@@ -120,16 +127,15 @@ def test_a_new_client_ca_is_taken_up_without_a_restart(setup):
     staged.write_bytes(renewed.cert_pem)
     os.replace(staged, setup.ca_file)
     new_identity = client_identity(renewed, API_SERVER_CN, setup.clients / "renewed")
-    deadline = time.monotonic() + 20
-    in_a_row = 0
-    while in_a_row < 6:  # every worker checks at most once a second: until fresh connections all see the new CA
+
+    def accepted() -> bool:
         try:
-            ok = call(setup, new_identity, "POST", "/validate", review()).status == 200
+            return call(setup, new_identity, "POST", "/validate", review()).status == 200
         except (ssl.SSLError, ConnectionError, http.client.HTTPException):
-            ok = False
-        in_a_row = in_a_row + 1 if ok else 0
-        assert time.monotonic() < deadline, "the new client CA was never used by every worker"
-        time.sleep(0.05)
+            return False
+
+    # every worker checks at most once a second: until fresh connections all see the new CA
+    wait_for(in_a_row(accepted, 6), "every worker to take up the new client CA", timeout=20)
     with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
         call(setup, setup.api_server, "POST", "/validate", review())  # signed by the CA that was replaced
 
@@ -159,4 +165,4 @@ def test_the_install_guides_certificates_get_reviews_answered(tmp_path):
         finally:
             conn.close()
         assert reply.status == 200 and reply.document["response"]["allowed"] is False
-        assert server.post("/validate", review()).document["error"] == "client-certificate-required"
+        assert server.post("/validate", review()).document["error"] == BadRequestReason.CLIENT_CERTIFICATE_REQUIRED

@@ -17,9 +17,8 @@ import os
 import shutil
 import ssl
 import threading
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,8 +28,10 @@ import pytest
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_fence.webhook.reasons import BadRequestReason
 from tests.fakes import pods
 from tests.fakes.pods import as_kai_leaves_it, kai_fraction_pod, kai_reference
+from tests.fakes.polling import in_a_row, wait_for
 from tests.fakes.processes import run_captured
 from tests.fakes.webhook_server import BIN, NAMESPACE, Reply, Server, free_port, run_certs, send, serving
 
@@ -588,26 +589,38 @@ def _bad_cases() -> list[tuple[str, bytes, str | None, int, str]]:
     del no_uid["request"]["uid"]
     wrong_kind = fixture("pod-create-kubectl") | {"kind": "Pod"}
     return [
-        ("/validate", b"this is not json", "application/json", 400, "invalid-json"),
-        ("/validate", json.dumps(fixture("pod-create-kubectl")).encode(), "text/plain", 415, "wrong-content-type"),
-        ("/validate", json.dumps(fixture("pod-create-kubectl")).encode(), None, 415, "wrong-content-type"),
+        ("/validate", b"this is not json", "application/json", 400, BadRequestReason.INVALID_JSON),
+        (
+            "/validate",
+            json.dumps(fixture("pod-create-kubectl")).encode(),
+            "text/plain",
+            415,
+            BadRequestReason.WRONG_CONTENT_TYPE,
+        ),
+        (
+            "/validate",
+            json.dumps(fixture("pod-create-kubectl")).encode(),
+            None,
+            415,
+            BadRequestReason.WRONG_CONTENT_TYPE,
+        ),
         (
             "/validate",
             (FIXTURES / "pod-create-v1beta1.json").read_bytes(),
             "application/json",
             400,
-            "wrong-api-version",
+            BadRequestReason.WRONG_API_VERSION,
         ),
-        ("/mutate", json.dumps(wrong_kind).encode(), "application/json", 400, "wrong-kind"),
+        ("/mutate", json.dumps(wrong_kind).encode(), "application/json", 400, BadRequestReason.WRONG_KIND),
         (
             "/mutate",
             b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}',
             "application/json",
             400,
-            "missing-request",
+            BadRequestReason.MISSING_REQUEST,
         ),
-        ("/validate/warn", json.dumps(no_uid).encode(), "application/json", 400, "missing-uid"),
-        ("/validate", b"", "application/json", 400, "empty-body"),
+        ("/validate/warn", json.dumps(no_uid).encode(), "application/json", 400, BadRequestReason.MISSING_UID),
+        ("/validate", b"", "application/json", 400, BadRequestReason.EMPTY_BODY),
     ]
 
 
@@ -623,13 +636,13 @@ def test_bad_input_is_a_clear_json_4xx(server, case):
 def test_body_over_3_mib_is_413(server):
     body = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","pad":"' + b"x" * (3 * 1024 * 1024) + b'"}'
     reply = server.post("/validate", body)
-    assert reply.status == 413 and reply.document["error"] == "body-too-large"
+    assert reply.status == 413 and reply.document["error"] == BadRequestReason.BODY_TOO_LARGE
 
 
 def test_unknown_paths_and_methods_are_json(server):
-    assert server.get("/admit").status == 404 and server.get("/admit").document["error"] == "not-found"
+    assert server.get("/admit").status == 404 and server.get("/admit").document["error"] == BadRequestReason.NOT_FOUND
     reply = server.get("/validate")
-    assert reply.status == 405 and reply.document["error"] == "method-not-allowed"
+    assert reply.status == 405 and reply.document["error"] == BadRequestReason.METHOD_NOT_ALLOWED
 
 
 def test_tls_1_2_and_1_3_are_served_with_keep_alive(server):
@@ -668,7 +681,7 @@ def test_metrics_merge_all_workers(server):
         == 12
     )
     assert reviews(after, "mutate", "patched") - reviews(before, "mutate", "patched") == 12
-    key = ("gpu_fence_webhook_bad_requests_total", (("reason", "invalid-json"),))
+    key = ("gpu_fence_webhook_bad_requests_total", (("reason", BadRequestReason.INVALID_JSON),))
     assert after[key] - before.get(key, 0) == 1
     count = ("gpu_fence_webhook_review_duration_seconds_count", (("endpoint", "validate"),))
     assert after[count] - before.get(count, 0) == 12
@@ -680,18 +693,20 @@ def test_metrics_merge_all_workers(server):
 def test_logs_are_json_lines_and_the_kubernetes_client_is_never_imported(server):
     review = fixture("pod-create-dryrun")
     server.post("/validate", review)
-    deadline = time.monotonic() + 10
-    while True:
+
+    def logged() -> list[str]:
         lines = server.stderr_lines()
         events = [json.loads(line) for line in lines if not line.startswith("import time:")]
-        if any(event.get("uid") == review["request"]["uid"] for event in events):
-            break
-        assert time.monotonic() < deadline, "review event not logged"
-        time.sleep(0.05)
+        return lines if any(event.get("uid") == review["request"]["uid"] for event in events) else []
+
+    lines = wait_for(logged, "the review event to be logged", timeout=10)
+    events = [json.loads(line) for line in lines if not line.startswith("import time:")]
     [event] = [event for event in events if event.get("uid") == review["request"]["uid"]]
     assert event["event"] == "review" and event["verdict"] == "denied" and event["dry_run"] is True
     assert event["rules"] == ["unpinned-container"] and event["namespace"] == "default"
     assert list(event)[:5] == ["time", "level", "logger", "event", "message"] and event["level"] == "info"
+    # no access log: the review lines say more
+    assert not [other for other in events if other["logger"] == "gunicorn.access"]
     # gc.freeze() before each fork (serve's pre_fork hook): every worker starts with the master's objects frozen
     # and its own collector on
     started = [event for event in events if event["event"] == "worker-started"]
@@ -769,37 +784,37 @@ def test_certificate_renewal_during_traffic_drops_nothing_and_serves_the_new_cer
                 conn = server.connect(both)
         conn.close()
 
+    def answered_at_least(count: int) -> Callable[[], bool]:
+        def check() -> bool:
+            assert not failures, failures
+            return answered[0] >= count
+
+        return check
+
     threads = [threading.Thread(target=traffic) for _ in range(2)]
     for thread in threads:
         thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while answered[0] < 20:
-            assert time.monotonic() < deadline and not failures, failures
-            time.sleep(0.01)
+        wait_for(answered_at_least(20), "20 reviews answered", timeout=10, interval=0.01)
         # replace the pair the way `certs` and a Secret volume do: atomic renames, key first
         for name in ("tls.key", "tls.crt"):
             staging = server.tls_dir / f".{name}.new"
             shutil.copyfile(renewed / name, staging)
             os.replace(staging, server.tls_dir / name)
+
         # every worker checks the files at most once a second: wait until fresh connections, whichever worker
         # takes them, all get the new certificate
-        deadline = time.monotonic() + 20
-        in_a_row = 0
-        while in_a_row < 8:
+        def renewed_served() -> bool:
             fresh = server.connect(both)
             try:
                 send(fresh, "GET", "/healthz")
-                in_a_row = in_a_row + 1 if fresh.peer_serial() == new_serial else 0
+                return fresh.peer_serial() == new_serial
             finally:
                 fresh.close()
-            assert time.monotonic() < deadline, "the renewed certificate was never served by every worker"
-            time.sleep(0.05)
-        served_after = answered[0]
-        deadline = time.monotonic() + 10
-        while answered[0] < served_after + 20:
-            assert time.monotonic() < deadline, "traffic stalled after the renewal"
-            time.sleep(0.01)
+
+        # a connection that fails is a failure of the renewal, not a "not yet": nothing is retried
+        wait_for(in_a_row(renewed_served, 8), "every worker to serve the renewed certificate", timeout=20, not_yet=())
+        wait_for(answered_at_least(answered[0] + 20), "20 more reviews answered after the renewal", timeout=10)
     finally:
         stop.set()
         for thread in threads:

@@ -50,3 +50,16 @@ def wait_for(
             detail = f" (last: {last_error!r})" if last_error is not None else ""
             raise TimedOut(f"timed out after {timeout:g} s waiting for {what}{detail}")
         time.sleep(interval)
+
+
+def in_a_row(check: Callable[[], bool], times: int) -> Callable[[], bool]:
+    """A check for :func:`wait_for` that holds once ``check`` has held ``times`` polls in a row: for a change that
+    reaches each worker of a server at its own pace, where one answer proves nothing about the next."""
+    streak = 0
+
+    def held() -> bool:
+        nonlocal streak
+        streak = streak + 1 if check() else 0
+        return streak >= times
+
+    return held

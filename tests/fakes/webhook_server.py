@@ -17,7 +17,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from cryptography import x509
 
+from tests.fakes.polling import wait_for
 from tests.fakes.processes import stop
 
 SERVICE, NAMESPACE = "gpu-fence-webhook", "gpu-fence"
@@ -170,13 +170,11 @@ def serving(
 
 
 def wait_ready(server: Server, deadline_s: float = STARTUP_DEADLINE_S) -> None:
-    deadline = time.monotonic() + deadline_s
-    while True:
-        assert server.process.poll() is None, "serve exited:\n" + "\n".join(server.stderr_lines()[-20:])
-        try:
-            if server.get("/readyz").status == 200:
-                return
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, "serve not ready:\n" + "\n".join(server.stderr_lines()[-20:])
-        time.sleep(0.05)  # polling interval of the readiness loop, not a wait for an event
+    def ready() -> bool:
+        assert server.process.poll() is None, "serve exited"
+        return server.get("/readyz").status == 200
+
+    try:
+        wait_for(ready, "serve to answer /readyz with 200", timeout=deadline_s)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; its last lines:\n" + "\n".join(server.stderr_lines()[-20:])) from None

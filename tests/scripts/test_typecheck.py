@@ -48,7 +48,7 @@ def recorded(tmp_path: Path) -> Path:
 def test_errors_in_the_baseline_pass(recorded: Path) -> None:
     result = typecheck(recorded)
     assert result.returncode == 0, result.stderr
-    assert "1 errors, all in the baseline; none in core/" in result.stdout
+    assert "1 errors, all in the baseline; none in the 1 strict paths of scripts/typecheck-clean.txt" in result.stdout
 
 
 def test_a_new_error_fails_and_is_named(recorded: Path) -> None:

@@ -12,7 +12,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from gpu_fence.webhook.certs import (
 )
 from gpu_fence.webhook.serving import CertificateStore, ServeError
 from tests.fakes.kubeapi_webhooks import FakeKubeApi, FakeKubeApiServer
+from tests.fakes.polling import wait_for
 
 NAMES = service_dns_names("gpu-fence-webhook", "gpu-fence")
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -386,11 +386,10 @@ def _served_in_thread(action) -> list[BaseException | None]:
     return result
 
 
-def _wait_for(result: list, seconds: float = 20.0) -> BaseException | None:
-    deadline = time.monotonic() + seconds
-    while not result and time.monotonic() < deadline:
-        time.sleep(0.01)  # polling a thread's result with a deadline, not waiting for a fixed time
-    assert result, "the server side is still blocked on a silent client"
+def _outcome(result: list[BaseException | None]) -> BaseException | None:
+    """What the thread of :func:`_served_in_thread` ended with, once it has: a server side still blocked on a silent
+    client past the deadline fails the test."""
+    wait_for(lambda: result, "the server side's call to return", timeout=20, interval=0.01)
     return result[0]
 
 
@@ -410,7 +409,7 @@ def test_a_silent_client_cannot_hold_a_server_thread(tmp_path):
     server_side.setblocking(True)  # what gthread does before wrapping
     tls = store.context().wrap_socket(server_side, server_side=True, do_handshake_on_connect=False)
     tls.setblocking(True)
-    assert isinstance(_wait_for(_served_in_thread(tls.do_handshake)), TimeoutError)
+    assert isinstance(_outcome(_served_in_thread(tls.do_handshake)), TimeoutError)
     tls.close()
     client_side.close()
 
@@ -420,11 +419,11 @@ def test_a_silent_client_cannot_hold_a_server_thread(tmp_path):
     tls = store.context().wrap_socket(server_side, server_side=True, do_handshake_on_connect=False)
     handshake = _served_in_thread(tls.do_handshake)
     client = client_context.wrap_socket(client_side, server_hostname=NAMES[2])
-    assert _wait_for(handshake) is None
+    assert _outcome(handshake) is None
     tls.setblocking(False)  # back to the poller between requests
     client.send(b"P")
     tls.setblocking(True)  # picked up by a thread for the next request
     assert tls.recv(1) == b"P"
-    assert isinstance(_wait_for(_served_in_thread(lambda: tls.recv(1))), TimeoutError)
+    assert isinstance(_outcome(_served_in_thread(lambda: tls.recv(1))), TimeoutError)
     tls.close()
     client.close()

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_fence.webhook.http1 import Head, Refusal, parse_head, response_head
+from gpu_fence.webhook.reasons import BadRequestReason
 
 
 def test_an_api_server_review_head_is_read_whole():
@@ -45,23 +46,23 @@ def test_the_path_is_percent_decoded_and_a_get_needs_no_length():
 @pytest.mark.parametrize(
     ("data", "status", "reason"),
     [
-        (b"GARBAGE", 400, "bad-request-line"),
-        (b"GET http://host/ HTTP/1.1", 400, "bad-request-line"),
-        (b"GET  / HTTP/1.1", 400, "bad-request-line"),
-        (b"GET / HTTP/2.0", 400, "unsupported-http-version"),
-        (b"GET / HTTP/1.1\r\n folded: x", 400, "bad-header"),
-        (b"GET / HTTP/1.1\r\nBad Name: x", 400, "bad-header"),
-        (b"GET / HTTP/1.1\r\nName : x", 400, "bad-header"),
-        (b"GET / HTTP/1.1\r\nX: a\x00b", 400, "bad-header"),
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked", 411, "length-required"),
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 2", 411, "length-required"),
-        (b"POST / HTTP/1.1", 411, "length-required"),
-        (b"PUT / HTTP/1.1", 411, "length-required"),
-        (b"POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3", 400, "bad-content-length"),
-        (b"POST / HTTP/1.1\r\nContent-Length: -2", 400, "bad-content-length"),
-        (b"POST / HTTP/1.1\r\nContent-Length: +2", 400, "bad-content-length"),
-        (b"POST / HTTP/1.1\r\nContent-Length: 2, 2", 400, "bad-content-length"),
-        (b"POST / HTTP/1.1\r\nContent-Length: \xd9\xa2", 400, "bad-content-length"),
+        (b"GARBAGE", 400, BadRequestReason.BAD_REQUEST_LINE),
+        (b"GET http://host/ HTTP/1.1", 400, BadRequestReason.BAD_REQUEST_LINE),
+        (b"GET  / HTTP/1.1", 400, BadRequestReason.BAD_REQUEST_LINE),
+        (b"GET / HTTP/2.0", 400, BadRequestReason.UNSUPPORTED_HTTP_VERSION),
+        (b"GET / HTTP/1.1\r\n folded: x", 400, BadRequestReason.BAD_HEADER),
+        (b"GET / HTTP/1.1\r\nBad Name: x", 400, BadRequestReason.BAD_HEADER),
+        (b"GET / HTTP/1.1\r\nName : x", 400, BadRequestReason.BAD_HEADER),
+        (b"GET / HTTP/1.1\r\nX: a\x00b", 400, BadRequestReason.BAD_HEADER),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked", 411, BadRequestReason.LENGTH_REQUIRED),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 2", 411, BadRequestReason.LENGTH_REQUIRED),
+        (b"POST / HTTP/1.1", 411, BadRequestReason.LENGTH_REQUIRED),
+        (b"PUT / HTTP/1.1", 411, BadRequestReason.LENGTH_REQUIRED),
+        (b"POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3", 400, BadRequestReason.BAD_CONTENT_LENGTH),
+        (b"POST / HTTP/1.1\r\nContent-Length: -2", 400, BadRequestReason.BAD_CONTENT_LENGTH),
+        (b"POST / HTTP/1.1\r\nContent-Length: +2", 400, BadRequestReason.BAD_CONTENT_LENGTH),
+        (b"POST / HTTP/1.1\r\nContent-Length: 2, 2", 400, BadRequestReason.BAD_CONTENT_LENGTH),
+        (b"POST / HTTP/1.1\r\nContent-Length: \xd9\xa2", 400, BadRequestReason.BAD_CONTENT_LENGTH),
     ],
 )
 def test_ambiguous_or_malformed_heads_are_refused(data, status, reason):

@@ -71,7 +71,9 @@ def test_device_list_mount_only_skips_paths_that_cleaning_could_not_flag(paths):
     its raw text can never be flagged: testing the raw text first gives the same violations as cleaning all."""
     mounts = [{"name": f"v{i}", "mountPath": path} for i, path in enumerate(paths)]
     document = pod(gpu_container("c", volumeMounts=mounts), volumes=[{"name": "v0", "emptyDir": {}}])
-    flagged = [v.detail for v in policy.validate(document, CONFIG).violations if v.rule == policy.DEVICE_LIST_MOUNT]
+    flagged = [
+        v.detail for v in policy.validate(document, CONFIG).violations if v.rule == policy.RuleId.DEVICE_LIST_MOUNT
+    ]
     expected = [path for path in paths if always_cleaned(path)]
     assert len(flagged) == len(expected)
     for detail, path in zip(flagged, expected, strict=True):

@@ -24,6 +24,7 @@ from gpu_fence.warning_text import CONTINUATION, MAX_WARNING_CHARS
 from gpu_fence.webhook import policy as real_policy
 from gpu_fence.webhook import review as review_module
 from gpu_fence.webhook.config import PolicyConfig
+from gpu_fence.webhook.reasons import BadRequestReason
 from gpu_fence.webhook.review import (
     AdmissionRequest,
     AdmissionResponse,
@@ -503,22 +504,34 @@ def _broken(change) -> dict:
 @pytest.mark.parametrize(
     ("body", "reason", "needle"),
     [
-        ([1, 2], "not-an-object", "JSON object"),
-        ("AdmissionReview", "not-an-object", "JSON object"),
-        (_broken(lambda b: b.update(kind="Pod")), "wrong-kind", "kind must be 'AdmissionReview'"),
-        (_broken(lambda b: b.pop("apiVersion")), "wrong-api-version", "admissionReviewVersions"),
-        (load("pod-create-v1beta1"), "wrong-api-version", "admission.k8s.io/v1beta1"),
-        (_broken(lambda b: b.pop("request")), "missing-request", "request"),
-        (_broken(lambda b: b.update(request=[])), "missing-request", "request"),
-        (_broken(lambda b: b["request"].pop("uid")), "missing-uid", "request.uid"),
-        (_broken(lambda b: b["request"].update(uid="")), "missing-uid", "request.uid"),
-        (_broken(lambda b: b["request"].update(uid=7)), "missing-uid", "request.uid"),
-        (_broken(lambda b: b["request"].pop("operation")), "missing-operation", "request.operation"),
-        (_broken(lambda b: b["request"].update(object=None)), "malformed-request", "request.object is required"),
-        (_broken(lambda b: b["request"].update(object="pod")), "malformed-request", "request.object must be"),
-        (_broken(lambda b: b["request"].update(oldObject=[])), "malformed-request", "request.oldObject"),
-        (_broken(lambda b: b["request"]["object"].update(spec=[])), "malformed-request", "spec must be an object"),
-        (_broken(lambda b: b["request"].update(namespace=3)), "malformed-request", "request.namespace"),
+        ([1, 2], BadRequestReason.NOT_AN_OBJECT, "JSON object"),
+        ("AdmissionReview", BadRequestReason.NOT_AN_OBJECT, "JSON object"),
+        (_broken(lambda b: b.update(kind="Pod")), BadRequestReason.WRONG_KIND, "kind must be 'AdmissionReview'"),
+        (_broken(lambda b: b.pop("apiVersion")), BadRequestReason.WRONG_API_VERSION, "admissionReviewVersions"),
+        (load("pod-create-v1beta1"), BadRequestReason.WRONG_API_VERSION, "admission.k8s.io/v1beta1"),
+        (_broken(lambda b: b.pop("request")), BadRequestReason.MISSING_REQUEST, "request"),
+        (_broken(lambda b: b.update(request=[])), BadRequestReason.MISSING_REQUEST, "request"),
+        (_broken(lambda b: b["request"].pop("uid")), BadRequestReason.MISSING_UID, "request.uid"),
+        (_broken(lambda b: b["request"].update(uid="")), BadRequestReason.MISSING_UID, "request.uid"),
+        (_broken(lambda b: b["request"].update(uid=7)), BadRequestReason.MISSING_UID, "request.uid"),
+        (_broken(lambda b: b["request"].pop("operation")), BadRequestReason.MISSING_OPERATION, "request.operation"),
+        (
+            _broken(lambda b: b["request"].update(object=None)),
+            BadRequestReason.MALFORMED_REQUEST,
+            "request.object is required",
+        ),
+        (
+            _broken(lambda b: b["request"].update(object="pod")),
+            BadRequestReason.MALFORMED_REQUEST,
+            "request.object must be",
+        ),
+        (_broken(lambda b: b["request"].update(oldObject=[])), BadRequestReason.MALFORMED_REQUEST, "request.oldObject"),
+        (
+            _broken(lambda b: b["request"]["object"].update(spec=[])),
+            BadRequestReason.MALFORMED_REQUEST,
+            "spec must be an object",
+        ),
+        (_broken(lambda b: b["request"].update(namespace=3)), BadRequestReason.MALFORMED_REQUEST, "request.namespace"),
     ],
 )
 def test_bad_envelopes_raise_a_clear_bad_review(body, reason, needle):

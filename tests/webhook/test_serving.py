@@ -1,11 +1,10 @@
 """serve's gunicorn set-up, in process: the fork hooks that keep start-up objects out of the workers' collections,
-the collector's state around ``_serve``, and the direct review log line.
+the collector's state around gunicorn's run, the direct review log line, and the settings serve hands gunicorn.
 
 The server itself runs in ``tests/e2e/test_webhook_tls.py``, which also sees the hooks take effect (every worker
-logs ``worker-started`` with the master's objects frozen). What it cannot see is checked here, and these are private
-contracts on purpose: the collector's state while gunicorn runs in the master (only a stand-in for gunicorn, put in
-place of ``serving._gunicorn_application``, can observe it) and the access-log work gunicorn's logger skips
-(``serving._logger_class``, visible only in a profile)."""
+logs ``worker-started`` with the master's objects frozen) and that no access log is written. What it cannot see
+from outside is checked here through ``run``'s ``application`` argument, which stands in for gunicorn: the
+collector's state while gunicorn runs in the master, and what serve hands gunicorn."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ import os
 import socket
 import ssl
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -24,10 +24,10 @@ from prometheus_client import values
 
 from gpu_fence.webhook import cli, serving
 from gpu_fence.webhook.certs import new_ca, new_serving_cert, service_dns_names
-from gpu_fence.webhook.config import PolicyConfig
 from gpu_fence.webhook.worker import Limits
 from gpu_fence.webhook.wsgi import ReviewEndpoints
 from tests.fakes.processes import run_captured
+from tests.fakes.webhook_server import free_port
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def collector():
 
 def test_pre_fork_freezes_and_post_fork_collects_again(collector, caplog):
     hooks = serving.fork_hooks()
-    gc.disable()  # as _serve leaves the master
+    gc.disable()  # as run leaves the master
     gc.unfreeze()
     hooks["pre_fork"](None, None)
     frozen = gc.get_freeze_count()
@@ -67,7 +67,7 @@ def _serve_args(tmp_path: Path, *, good: bool = True) -> argparse.Namespace:
         cert_file=str(tmp_path / "tls.crt"),
         key_file=str(tmp_path / "tls.key"),
         bind="127.0.0.1",
-        port=8443,
+        port=free_port(),
         workers=1,
         threads=4,
         log_level="INFO",
@@ -75,62 +75,71 @@ def _serve_args(tmp_path: Path, *, good: bool = True) -> argparse.Namespace:
         client_cn=[],
         idle_timeout=None,
         max_connection_age=None,
+        config=None,
+        namespace=None,
     )
 
 
 @pytest.fixture
-def multiprocess_metrics(tmp_path, monkeypatch):
-    """``_serve`` switches prometheus_client to per-process files: give it a directory, undo it afterwards."""
-    directory = tmp_path / "metrics"
-    directory.mkdir()
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+def multiprocess_metrics(monkeypatch):
+    """``run`` switches prometheus_client to per-process files in a directory of its own: undo it afterwards."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    monkeypatch.setenv("PROMETHEUS_DISABLE_CREATED_SERIES", "")
     monkeypatch.setattr(values, "ValueClass", values.ValueClass)
 
 
-def test_serve_runs_gunicorn_with_the_collector_off_and_the_fork_hooks(
-    tmp_path, monkeypatch, collector, multiprocess_metrics
-):
-    seen = {}
+class StandInGunicorn:
+    """What ``run`` hands gunicorn, and the collector's state when gunicorn would run."""
 
-    class Stub:
-        def run(self) -> None:
-            seen["collecting"] = gc.isenabled()
+    def __init__(self) -> None:
+        self.app: object = None
+        self.options: dict = {}
+        self.collecting: bool | None = None
 
-    def gunicorn(app, options):
-        seen["app"], seen["options"] = app, options
-        return Stub()
+    def __call__(self, app: object, options: dict) -> StandInGunicorn:
+        self.app, self.options = app, options
+        return self
 
-    monkeypatch.setattr(serving, "_gunicorn_application", gunicorn)
+    def run(self) -> None:
+        self.collecting = gc.isenabled()
+
+
+def test_serve_runs_gunicorn_with_the_collector_off_and_the_fork_hooks(tmp_path, collector, multiprocess_metrics):
+    gunicorn = StandInGunicorn()
     gc.enable()
-    assert serving._serve(_serve_args(tmp_path), PolicyConfig(), str(tmp_path)) == 0
-    assert seen["collecting"] is False  # off from before the app was imported until each worker starts
+    assert serving.run(_serve_args(tmp_path), application=gunicorn) == 0
+    assert gunicorn.collecting is False  # off from before the app was imported until each worker starts
     assert gc.isenabled()  # and on again once serve returns
-    assert {"pre_fork", "post_fork"} <= set(seen["options"])
-    review_log = seen["app"].wsgi_app.review_log
-    assert isinstance(seen["app"].wsgi_app, ReviewEndpoints) and review_log.fd is not None
+    assert {"pre_fork", "post_fork"} <= set(gunicorn.options)
+    review_log = gunicorn.app.wsgi_app.review_log
+    assert isinstance(gunicorn.app.wsgi_app, ReviewEndpoints) and review_log.fd is not None
 
 
 def test_a_serve_that_cannot_start_leaves_the_collector_on(tmp_path, collector, multiprocess_metrics):
     gc.enable()
     with pytest.raises(serving.ServeError, match="not a"):
-        serving._serve(_serve_args(tmp_path, good=False), PolicyConfig(), str(tmp_path))
+        serving.run(_serve_args(tmp_path, good=False), application=StandInGunicorn())
     assert gc.isenabled()
 
 
-def test_no_access_log_fields_are_built_for_any_request(monkeypatch):
-    """gunicorn builds every request's access-log fields when its logger is configured by a dict, as serve's is,
-    and then drops them; serve's logger class builds none."""
+def test_serves_logger_writes_no_access_log_where_gunicorns_would(tmp_path, collector, multiprocess_metrics, capsys):
+    """gunicorn writes a request's access line whenever an access log is configured (and builds its fields when its
+    logger is configured by a dict, as serve's is, to drop them); the logger class serve hands it writes none."""
     from gunicorn.config import Config
     from gunicorn.glogging import Logger
 
-    for logger_class, expected in ((Logger, 1), (serving._logger_class(), 0)):
-        logger = logger_class(Config())
-        monkeypatch.setattr(logger, "_access_log_enabled", True, raising=False)  # as with serve's logconfig_dict
-        built = []
-        monkeypatch.setattr(logger, "atoms", lambda *args, built=built: built.append(args) or {})
-        monkeypatch.setattr(logger, "access_log", logging.getLogger("gpu_fence.test.access"))
-        logger.access(None, None, {}, None)
-        assert len(built) == expected
+    gunicorn = StandInGunicorn()
+    assert serving.run(_serve_args(tmp_path), application=gunicorn) == 0
+    config = Config()
+    config.set("accesslog", "-")
+    response = types.SimpleNamespace(status="200 OK", sent=15, headers=[])
+    environ = {"REQUEST_METHOD": "GET", "RAW_URI": "/healthz", "SERVER_PROTOCOL": "HTTP/1.1"}
+    for logger_class, lines in ((Logger, 1), (gunicorn.options["logger_class"], 0)):
+        capsys.readouterr()
+        logger_class(config).access(response, types.SimpleNamespace(headers=[]), environ, dt.timedelta(0))
+        written = capsys.readouterr().out
+        assert len(written.splitlines()) == lines, written
+        assert lines == 0 or '"GET /healthz HTTP/1.1" 200' in written
 
 
 def test_the_client_ca_is_asked_for_verified_and_reloaded_like_the_serving_pair(tmp_path, caplog):
@@ -184,30 +193,19 @@ def test_connection_times_are_checked_and_their_help_states_the_workers_defaults
     assert f"(default: {default:g}" in " ".join(capsys.readouterr().out.split())
 
 
-def test_the_connection_times_given_reach_the_worker(tmp_path, monkeypatch, collector, multiprocess_metrics):
-    seen = {}
-
-    class Stub:
-        def run(self) -> None:
-            pass
-
-    def gunicorn(app, options):
-        seen["options"] = options
-        return Stub()
-
-    monkeypatch.setattr(serving, "_gunicorn_application", gunicorn)
+def test_the_connection_times_given_reach_the_worker(tmp_path, collector, multiprocess_metrics):
+    gunicorn = StandInGunicorn()
     args = _serve_args(tmp_path)
     args.idle_timeout, args.max_connection_age = 95.0, 30.0
-    assert serving._serve(args, PolicyConfig(), str(tmp_path)) == 0
-    limits = seen["options"]["worker_class"].limits
+    assert serving.run(args, application=gunicorn) == 0
+    limits = gunicorn.options["worker_class"].limits
     assert (limits.idle_seconds, limits.connection_seconds) == (95.0, 30.0)
-    assert seen["options"]["workers"] == 1
+    assert gunicorn.options["workers"] == 1
 
 
 def test_client_cn_without_a_client_ca_is_a_usage_error(tmp_path):
     args = _serve_args(tmp_path)
     args.client_cn = ["kube-apiserver"]
-    args.config, args.namespace = None, None
     with pytest.raises(serving.ServeError, match="--client-cn needs --client-ca-file"):
         serving.run(args)
 

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_fence.webhook.reasons import BadRequestReason, DropReason
 from gpu_fence.webhook.worker import WEBHOOK_TIMEOUT_SECONDS, Limits
 from gpu_fence.webhook.wsgi import MAX_BODY_BYTES
+from tests.fakes.polling import wait_for
 from tests.fakes.webhook_server import HOSTNAME, Server, serving
 
 pytestmark = pytest.mark.e2e
@@ -122,17 +124,29 @@ def test_expect_100_continue_is_answered_before_the_body_is_sent(server):
 @pytest.mark.parametrize(
     ("request_bytes", "status", "reason"),
     [
-        (post("/validate", b"{}", "X-Padding: " + "a" * Limits().max_head_bytes), 431, "head-too-large"),
+        (post("/validate", b"{}", "X-Padding: " + "a" * Limits().max_head_bytes), 431, BadRequestReason.HEAD_TOO_LARGE),
         # the API server always sends Content-Length (Go's client does, for a body of known length): a chunked
         # body is never read, so no stalled chunk can hold the worker
-        (post("/validate", b"2\r\n{}\r\n0\r\n\r\n", "Transfer-Encoding: chunked"), 411, "length-required"),
-        (b"POST /validate HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\n\r\n{}", 411, "length-required"),
-        (post("/validate", b"{}", "Content-Length: 2", "Content-Length: 3"), 400, "bad-content-length"),
-        (b"POST /validate HTTP/1.1\r\nHost: h\r\n X-Folded: a\r\nContent-Length: 2\r\n\r\n{}", 400, "bad-header"),
-        (b"GET /healthz HTTP/2.0\r\nHost: h\r\n\r\n", 400, "unsupported-http-version"),
-        (post("/validate", b"", f"Content-Length: {MAX_BODY_BYTES + 1}"), 413, "body-too-large"),
+        (
+            post("/validate", b"2\r\n{}\r\n0\r\n\r\n", "Transfer-Encoding: chunked"),
+            411,
+            BadRequestReason.LENGTH_REQUIRED,
+        ),
+        (
+            b"POST /validate HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\n\r\n{}",
+            411,
+            BadRequestReason.LENGTH_REQUIRED,
+        ),
+        (post("/validate", b"{}", "Content-Length: 2", "Content-Length: 3"), 400, BadRequestReason.BAD_CONTENT_LENGTH),
+        (
+            b"POST /validate HTTP/1.1\r\nHost: h\r\n X-Folded: a\r\nContent-Length: 2\r\n\r\n{}",
+            400,
+            BadRequestReason.BAD_HEADER,
+        ),
+        (b"GET /healthz HTTP/2.0\r\nHost: h\r\n\r\n", 400, BadRequestReason.UNSUPPORTED_HTTP_VERSION),
+        (post("/validate", b"", f"Content-Length: {MAX_BODY_BYTES + 1}"), 413, BadRequestReason.BODY_TOO_LARGE),
     ],
-    ids=["head-too-large", "chunked", "no-length", "two-lengths", "folded", "http-2", "too-large"],
+    ids=[BadRequestReason.HEAD_TOO_LARGE, "chunked", "no-length", "two-lengths", "folded", "http-2", "too-large"],
 )
 def test_framing_beyond_reading_is_answered_by_the_worker_as_json_and_counted(server, request_bytes, status, reason):
     before = metric(server, "gpu_fence_webhook_bad_requests_total", {"reason": reason})
@@ -153,40 +167,43 @@ def test_a_body_cut_short_by_the_client_is_a_400_truncated_body(server):
         sock.sendall(request[:-10])
         socket.socket.shutdown(sock, socket.SHUT_WR)  # TCP only (TLS stays up to read the answer): nothing more comes
         [(status, _, answer)] = responses(sock, 1)
-        assert status == 400 and json.loads(answer)["error"] == "truncated-body"
+        assert status == 400 and json.loads(answer)["error"] == BadRequestReason.TRUNCATED_BODY
 
 
 def test_a_client_that_stops_mid_request_is_closed_at_the_deadline_and_counted(server):
-    before = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": "request-deadline"})
+    before = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": DropReason.REQUEST_DEADLINE})
     with tls(server) as sock:
         request = post("/validate", review_body())
         sock.sendall(request[:-10])
         started = time.monotonic()
         assert closed_by_server(sock, WEBHOOK_TIMEOUT_SECONDS + 5)
         assert time.monotonic() - started < WEBHOOK_TIMEOUT_SECONDS + 5
-    after = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": "request-deadline"})
+    after = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": DropReason.REQUEST_DEADLINE})
     assert after == before + 1
 
 
 def test_a_client_that_does_not_read_its_answers_is_closed_and_counted(server):
     """Pipelined requests and no reads: the answers fill the socket buffers, the worker stops reading the next
     request, and once an answer is not taken within the response deadline the connection is closed."""
-    before = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": "response-deadline"})
+    before = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": DropReason.RESPONSE_DEADLINE})
     sock = tls(server, receive_buffer=4096)
     sock.setblocking(False)
     request = b"GET /metrics HTTP/1.1\r\nHost: h\r\n\r\n"
-    deadline = time.monotonic() + 30
-    closed = False
-    while time.monotonic() < deadline and not closed:
+
+    def closed() -> bool:
         try:
             sock.send(request)
         except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
-            time.sleep(0.01)  # the server is not reading: keep offering, as an attacker would
+            return False  # the server is not reading: keep offering, as an attacker would
         except OSError:
-            closed = True
-    sock.close()
-    assert closed, "the server kept a connection whose client reads nothing"
-    after = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": "response-deadline"})
+            return True
+        return False
+
+    try:
+        wait_for(closed, "the server to close a connection whose client reads nothing", timeout=30, interval=0.01)
+    finally:
+        sock.close()
+    after = metric(server, "gpu_fence_webhook_connections_dropped_total", {"reason": DropReason.RESPONSE_DEADLINE})
     assert after >= before + 1
 
 
@@ -198,10 +215,15 @@ def test_a_stopping_server_answers_on_kept_alive_connections_then_exits(tmp_path
             [(status, headers, _)] = responses(sock, 1)
             assert status == 200 and headers["connection"] == "keep-alive"
         stopping.process.send_signal(signal.SIGTERM)
-        time.sleep(0.3)  # let the signal reach the worker before the request below is sent
-        idle[0].sendall(post("/validate", review_body()))
-        [(status, headers, _)] = responses(idle[0], 1)
-        assert status == 200 and headers["connection"] == "close"
+
+        def answered_closing() -> bool:
+            """A review on a kept-alive connection is answered; once the worker has the signal, with close."""
+            idle[0].sendall(post("/validate", review_body()))
+            [(status, headers, _)] = responses(idle[0], 1)
+            assert status == 200
+            return headers["connection"] == "close"
+
+        wait_for(answered_closing, "the stopping worker to answer with Connection: close", timeout=10)
         assert stopping.process.wait(timeout=15) == 0
         for sock in idle:
             sock.close()

@@ -22,6 +22,7 @@ from gpu_fence.logs import JsonLinesFormatter, rfc3339_millis
 from gpu_fence.webhook import wsgi
 from gpu_fence.webhook.app import create_app
 from gpu_fence.webhook.metrics import WebhookMetrics
+from gpu_fence.webhook.reasons import BadRequestReason
 from gpu_fence.webhook.review import Endpoint, review
 from gpu_fence.webhook.wsgi import MAX_BODY_BYTES, MAX_DISCARD_BYTES, ReviewLog, content_length, mimetype_of
 from tests.fakes.stand_in_policy import StandInPolicy
@@ -130,9 +131,12 @@ def test_a_chunked_body_past_the_limit_is_413_counted_as_flask_answered_it(app, 
     with caplog.at_level(logging.INFO, logger="gpu_fence.webhook"):
         status, _, data, stream = call(app, "POST", "/validate", b"{" + b" " * MAX_BODY_BYTES + b"}", length=None)
     assert status == "413 Request Entity Too Large"
-    assert orjson.loads(data) == {"error": "body-too-large", "message": f"body larger than {MAX_BODY_BYTES} bytes"}
+    assert orjson.loads(data) == {
+        "error": BadRequestReason.BODY_TOO_LARGE,
+        "message": f"body larger than {MAX_BODY_BYTES} bytes",
+    }
     assert stream.consumed == MAX_BODY_BYTES + 1  # bounded: never more than one byte past the limit
-    assert bad_requests(metrics, "body-too-large") == 1
+    assert bad_requests(metrics, BadRequestReason.BODY_TOO_LARGE) == 1
     assert caplog.records == []
 
 
@@ -142,10 +146,10 @@ def test_an_announced_body_past_the_limit_is_read_away_then_refused(app, metrics
         status, _, data, stream = call(app, "POST", "/validate", body)
     assert status.startswith("413 ")
     document = orjson.loads(data)
-    assert document["error"] == "body-too-large" and f"body of {len(body)} bytes" in document["message"]
+    assert document["error"] == BadRequestReason.BODY_TOO_LARGE and f"body of {len(body)} bytes" in document["message"]
     assert stream.consumed == len(body)  # read away, so that the sender gets the answer instead of a reset
     [record] = caplog.records
-    assert record.levelno == logging.WARNING and record.fields["reason"] == "body-too-large"
+    assert record.levelno == logging.WARNING and record.fields["reason"] == BadRequestReason.BODY_TOO_LARGE
 
 
 def test_a_body_past_the_discard_limit_is_not_read(app):
@@ -158,10 +162,10 @@ def test_a_body_shorter_than_its_length_is_a_counted_400_even_when_what_came_par
     status, _, data, _ = call(app, "POST", "/validate", body, length=str(len(body) + 7))
     assert status == "400 Bad Request"
     assert orjson.loads(data) == {
-        "error": "truncated-body",
+        "error": BadRequestReason.TRUNCATED_BODY,
         "message": f"body ended after {len(body)} of its {len(body) + 7} bytes (Content-Length)",
     }
-    assert bad_requests(metrics, "truncated-body") == 1
+    assert bad_requests(metrics, BadRequestReason.TRUNCATED_BODY) == 1
 
 
 @pytest.mark.parametrize(("length", "terminated"), [(None, False), ("abc", True), ("-5", True), ("0", True)])
@@ -169,8 +173,8 @@ def test_no_usable_length_reads_as_an_empty_body(app, metrics, length, terminate
     """As werkzeug read it: no length from a server that does not end the stream is no body (reading could hang);
     a length that is not a number, or negative, is 0."""
     status, _, data, _ = call(app, "POST", "/validate", BODY, length=length, terminated=terminated)
-    assert status == "400 Bad Request" and orjson.loads(data)["error"] == "empty-body"
-    assert bad_requests(metrics, "empty-body") == 1
+    assert status == "400 Bad Request" and orjson.loads(data)["error"] == BadRequestReason.EMPTY_BODY
+    assert bad_requests(metrics, BadRequestReason.EMPTY_BODY) == 1
 
 
 @settings(max_examples=200, deadline=None)
@@ -266,7 +270,7 @@ def test_review_counters_count_every_call_per_label_set(app, metrics):
         == 3
     )
     assert seen[("gpu_fence_webhook_review_duration_seconds_count", (("endpoint", "validate"),))] == 3
-    assert bad_requests(metrics, "invalid-json") == 1
+    assert bad_requests(metrics, BadRequestReason.INVALID_JSON) == 1
 
 
 def test_several_rules_count_once_each(metrics):
@@ -397,12 +401,16 @@ def test_the_direct_line_time_is_rfc3339_millis_through_the_cached_second(now):
 @pytest.mark.parametrize(
     ("tls", "status", "reason"),
     [
-        ({}, "403 Forbidden", "client-certificate-required"),  # served without our worker: no certificate known
-        ({wsgi.CLIENT_VERIFY: "NONE"}, "403 Forbidden", "client-certificate-required"),
+        (
+            {},
+            "403 Forbidden",
+            BadRequestReason.CLIENT_CERTIFICATE_REQUIRED,
+        ),  # served without our worker: no certificate known
+        ({wsgi.CLIENT_VERIFY: "NONE"}, "403 Forbidden", BadRequestReason.CLIENT_CERTIFICATE_REQUIRED),
         (
             {wsgi.CLIENT_VERIFY: wsgi.CLIENT_VERIFIED, wsgi.CLIENT_CN: "system:node:a"},
             "403 Forbidden",
-            "client-not-allowed",
+            BadRequestReason.CLIENT_NOT_ALLOWED,
         ),
         ({wsgi.CLIENT_VERIFY: wsgi.CLIENT_VERIFIED, wsgi.CLIENT_CN: "kube-apiserver"}, "200 OK", None),
     ],
