@@ -410,6 +410,9 @@ def run(args: argparse.Namespace, *, application: ApplicationFactory | None = No
     from .config import load_config  # noqa: PLC0415 - the heavy imports come after argument checks
 
     config = load_config(args.config, own_namespace=args.namespace)
+    # the operator's own files are judged before the port: their mistakes are the ones to name first
+    store = CertificateStore(args.cert_file, args.key_file, client_ca_file=args.client_ca_file)
+    store.load()
     check_bindable(args.bind, args.port)
     workdir = tempfile.mkdtemp(prefix="gpu-fence-webhook-")
     try:
@@ -419,23 +422,25 @@ def run(args: argparse.Namespace, *, application: ApplicationFactory | None = No
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         # likewise read at import: no undocumented ``_created`` series, in the master and every worker
         os.environ["PROMETHEUS_DISABLE_CREATED_SERIES"] = "True"
-        return _serve(args, config, workdir, application or gunicorn_application)
+        return _serve(args, config, store, workdir, application or gunicorn_application)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _serve(args: argparse.Namespace, config: Any, workdir: str, application: ApplicationFactory) -> ExitStatus:
+def _serve(
+    args: argparse.Namespace, config: Any, store: CertificateStore, workdir: str, application: ApplicationFactory
+) -> ExitStatus:
     collecting = gc.isenabled()
     gc.disable()  # until each worker starts: see fork_hooks
     try:
-        return _serve_without_gc(args, config, workdir, application)
+        return _serve_without_gc(args, config, store, workdir, application)
     finally:
         if collecting:
             gc.enable()
 
 
 def _serve_without_gc(
-    args: argparse.Namespace, config: Any, workdir: str, application: ApplicationFactory
+    args: argparse.Namespace, config: Any, store: CertificateStore, workdir: str, application: ApplicationFactory
 ) -> ExitStatus:
     from prometheus_client import multiprocess, values  # noqa: PLC0415 - after PROMETHEUS_MULTIPROC_DIR is set
 
@@ -449,10 +454,9 @@ def _serve_without_gc(
     from .wsgi import ClientAuth, ReviewLog  # noqa: PLC0415
 
     metrics = WebhookMetrics()
-    store = CertificateStore(
-        args.cert_file, args.key_file, client_ca_file=args.client_ca_file, on_load=metrics.certificate_expiry.set
-    )
-    store.load()
+    store.on_load = metrics.certificate_expiry.set
+    if store.not_after is not None:
+        store.on_load(store.not_after)
     client_auth = ClientAuth(frozenset(args.client_cn)) if args.client_ca_file else None
     app = create_app(
         config,

@@ -721,7 +721,8 @@ def test_logs_are_json_lines_and_the_kubernetes_client_is_never_imported(server)
 
 
 def _serve_fails(tmp_path: Path, *extra: str) -> str:
-    result = run_captured([str(BIN / "gpu-fence-webhook"), "serve", "--port", str(free_port()), *extra], timeout=60)
+    command = [str(BIN / "gpu-fence-webhook"), "serve", "--bind", "127.0.0.1", "--port", str(free_port()), *extra]
+    result = run_captured(command, timeout=60)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     return result.stderr
