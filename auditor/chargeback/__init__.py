@@ -28,6 +28,7 @@ from . import raw, recorded
 from . import render as text
 from . import rules as recording_rules
 from .compute import Bill, IdlePolicy, Ledger, Method
+from .costcentres import CostCentres, load_cost_centres
 from .demo import SeriesSource, load_fleet
 from .devicemetrics import DeviceMetricBill, device_metric_bill, fetch_device_metrics
 from .errors import ChargebackError
@@ -60,6 +61,7 @@ examples:
 
 times: RFC 3339 (2026-01-31T00:00:00Z), unix seconds, now, or relative (-7d, -12h, -30m)
 prices file (YAML): currency: USD / default: 2.50 / models: {"NVIDIA H100 80GB HBM3": 4.00} / nodes: {"spot-*": 1.10}
+cost centres (YAML): namespaces: {genai: "4100"} / labels: {team: {ml: "4100"}} / platform: "9000" / default: "9999"
 http config (YAML, as in Prometheus): basic_auth, authorization (credentials_file), tls_config, http_headers
 series: with the recording rules loaded (--rules), a month's bill is a few sum_over_time queries (--series auto
   uses them when they can make this bill, and computes any evaluation they missed from the raw series)
@@ -104,6 +106,13 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
     prices = parser.add_mutually_exclusive_group()
     prices.add_argument("--price-per-gpu-hour", type=float, metavar="N", help="one price for every card")
     prices.add_argument("--prices", type=Path, metavar="FILE", help="YAML price list per model / node")
+    parser.add_argument(
+        "--cost-centres",
+        type=Path,
+        metavar="FILE",
+        help="YAML mapping namespaces (or pod label values, with --by label:KEY) to cost centres: each row names "
+        "its cost centre and every format sums the rows per cost centre",
+    )
     parser.add_argument(
         "--method",
         choices=[method.value for method in Method],
@@ -259,6 +268,7 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
     if step is not None and (end - start) // step < 1:
         raise ChargebackError(f"the range {iso(start)} .. {iso(end)} is shorter than one --step ({step:g} s)")
     by = _validate_by(args.by)
+    centres = load_cost_centres(args.cost_centres, by) if args.cost_centres is not None else CostCentres()
     if args.compare_device_metrics and args.format == "focus":
         raise ChargebackError(
             "--compare-device-metrics with --format focus: FOCUS rows are charges, and a comparison is not one; "
@@ -307,6 +317,7 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
         group_by=by,
         prices=applied_prices(prices, [(card.node, card.model) for card in bill.cards]),
         series=Series.RAW if schedule is None else Series.RECORDED,
+        cost_centres=centres,
     )
     return bill, made
 

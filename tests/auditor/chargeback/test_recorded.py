@@ -66,7 +66,9 @@ def same_numbers(left, right, where: str = "bill") -> None:
 def comparable(bill_document: dict) -> dict:
     """What the two paths must agree on: all but when, and from which series, the bill was made."""
     kept = {key: value for key, value in bill_document.items() if key != "generated_at"}
-    kept["range"] = {key: value for key, value in bill_document["range"].items() if key != "series"}
+    kept["range"] = {
+        key: value for key, value in bill_document["range"].items() if key not in ("series", "hourly_sums")
+    }
     kept["notes"] = [note for note in bill_document["notes"] if "recording rules" not in note]
     return kept
 
@@ -145,8 +147,10 @@ def test_a_label_changed_mid_range_bills_each_interval_to_the_team_of_its_instan
     # as team alpha at +10, +20, +30 min and beta at +40, +50, +60; y carries no team label: (none), 0.75.
     arguments = ["--by", TEAM, "--idle", "platform"]
     raw = document(bill(prometheus, prices_file, *window_args("relabelled"), *arguments))
+    # In cents, alpha and beta tie for the last cent of 3.00, which goes to the first listed (equal totals are
+    # listed by name).
     assert {group["group"]: group["total_cost"] for group in raw["groups"]} == pytest.approx(
-        {"alpha": 1.125, "beta": 1.125, "(none)": 0.75}
+        {"alpha": 1.13, "beta": 1.12, "(none)": 0.75}
     )
     # The rules join the label at each evaluation too: at their own instants x is alpha, then beta.
     recorded = document(bill(prometheus, prices_file, *window_args("relabelled", "recorded"), *arguments))
