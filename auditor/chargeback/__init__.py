@@ -47,6 +47,14 @@ SERIES = ("auto", "recorded", "raw")
 TARGET_POINTS = 2000
 # Finer steps only repeat the same scraped sample, and a tiny one would make billions of instants.
 MIN_STEP = 1.0
+# The default --timeout grows with the range (a month's sums read a month of samples): 30 s, 10 s more per day.
+TIMEOUT_BASE, TIMEOUT_PER_DAY, TIMEOUT_MOST = 30.0, 10.0, 900.0
+
+
+def default_timeout(seconds: float) -> float:
+    """The default --timeout for a range of ``seconds``: what a 2-core Prometheus needs for it, with room."""
+    return min(TIMEOUT_MOST, TIMEOUT_BASE + TIMEOUT_PER_DAY * max(0.0, seconds) / 86400)
+
 
 EPILOG = """\
 examples:
@@ -143,7 +151,13 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format")
     parser.add_argument("--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout")
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="per Prometheus request")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"per Prometheus request (default: {TIMEOUT_BASE:g} s, {TIMEOUT_PER_DAY:g} s more per day of the range, "
+        f"at most {TIMEOUT_MOST:g} s)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress line on stderr (shown only on a terminal)")
     parser.add_argument(
         "--rules",
@@ -217,10 +231,12 @@ def _inputs(args: argparse.Namespace, now: float) -> _Inputs:
         raise ChargebackError("give prices: --price-per-gpu-hour N, or --prices FILE (a price list per model/node)")
     start = parse_time(args.start, now, "--start")
     end = parse_time(args.end or "now", now, "--end")
-    if not math.isfinite(args.timeout) or args.timeout <= 0:
+    if args.timeout is not None and (not math.isfinite(args.timeout) or args.timeout <= 0):
         raise ChargebackError(f"--timeout {args.timeout:g}: must be a number of seconds greater than zero")
     http_config = load_http_config(args.http_config) if args.http_config else None
-    client = PrometheusClient(args.prometheus, timeout=args.timeout, http_config=http_config)
+    timeout = args.timeout if args.timeout is not None else default_timeout(end - start)
+    defaulted = "" if args.timeout is not None else f"the default --timeout for a {(end - start) / 86400:.3g}-day range"
+    client = PrometheusClient(args.prometheus, timeout=timeout, http_config=http_config, timeout_said=defaulted)
     return _Inputs(client, prices, start, end, named)
 
 
@@ -317,6 +333,7 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
         group_by=by,
         prices=applied_prices(prices, [(card.node, card.model) for card in bill.cards]),
         series=Series.RAW if schedule is None else Series.RECORDED,
+        hourly_sums=0 if schedule is None else schedule.hourly_sums,
         cost_centres=centres,
     )
     return bill, made

@@ -521,7 +521,7 @@ def _provenance_table(bill: Bill, made: Provenance) -> str:
     facts = [
         ("range", f"{in_words(bill.start, bill.end)} ({iso(bill.start)} .. {iso(bill.end)})"),
         ("resolution", f"{made.step:g} s ({_duration(made.step)})"),
-        ("split from", made.series.described),
+        ("split from", made.split_from),
         ("method", f"{bill.method.value}: {METHOD_WORDS[bill.method]}"),
         ("idle capacity", f"{bill.idle_policy.value}: {IDLE_WORDS[bill.idle_policy]}"),
         ("grouped by", made.group_by),

@@ -34,4 +34,12 @@ class Provenance:
     group_by: str  # namespace | label:KEY
     prices: tuple[AppliedPrice, ...] = ()
     series: Series = Series.RAW
+    hourly_sums: int = 0  # of a recorded bill: the hours it summed from the rules' hourly sums
     cost_centres: CostCentres = field(default_factory=CostCentres)  # each row's cost centre (--cost-centres)
+
+    @property
+    def split_from(self) -> str:
+        """What the split was computed from, in words."""
+        if self.hourly_sums:
+            return f"{self.series.described} ({self.hourly_sums} whole hours from their hourly sums)"
+        return self.series.described

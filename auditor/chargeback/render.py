@@ -154,7 +154,7 @@ def _cell(key: str, value: Any) -> str:
 def provenance_lines(bill: Bill, made: Provenance) -> list[str]:
     """The facts every format states, as ``label: value`` pairs in one order."""
     lines = [
-        f"range: {iso(bill.start)} .. {iso(bill.end)}, step {made.step:g} s, split from {made.series.described}",
+        f"range: {iso(bill.start)} .. {iso(bill.end)}, step {made.step:g} s, split from {made.split_from}",
         f"method: {bill.method.value}, idle: {bill.idle_policy.value}, grouped by {made.group_by}",
         f"currency: {bill.currency}",
         f"source: {made.source}",
@@ -391,6 +391,7 @@ def bill_document(bill: Bill, made: Provenance) -> dict:
             "end": iso(bill.end),
             "step_seconds": made.step,
             "series": made.series.value,
+            "hourly_sums": made.hourly_sums,
         },
         "method": bill.method.value,
         "idle_policy": bill.idle_policy.value,
