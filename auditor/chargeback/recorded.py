@@ -261,8 +261,10 @@ def plan(
 
 def _hours(ask: Callable[[str, float], list[Series]], schedule: Plan) -> tuple[float, ...]:
     """The times of the hourly sums whose hour is whole (every evaluation recorded) and inside the evaluations of
-    ``schedule``: the second level's own samples, read as they are (a range selector in an instant query)."""
-    at = schedule.last + schedule.lag
+    ``schedule``: the second level's own samples, read as they are (a range selector in an instant query). The
+    second level evaluates at its own phase: a sum's hour ends between two of the split's evaluations, anywhere in
+    the interval after the last one it covers."""
+    at = schedule.last + schedule.lag + schedule.interval - 0.001  # its hour ends with the range's last evaluation
     earliest = schedule.first - schedule.interval + r.HOUR + schedule.lag  # its hour starts with the range
     if earliest > at:
         return ()
