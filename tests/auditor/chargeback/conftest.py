@@ -1,5 +1,6 @@
 """Shared fixtures: one real Prometheus holding every hand-checked scenario (``tests.fakes.chargeback_scenarios``)
-and what the chargeback recording rules recorded over them: the split every 10 minutes, then its hourly sums."""
+and what the chargeback recording rules recorded over them: the split every 10 minutes, then its hourly sums, and
+each card's price."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpu_fence.auditor.chargeback.prices import prices_from_mapping
 from gpu_fence.auditor.chargeback.rules import rules_file
 from tests.fakes.chargeback_scenarios import PRICES_YAML, RECORDED_RANGES, RULES_INTERVAL, scenarios
 from tests.fakes.prometheus import PrometheusServer
@@ -24,7 +26,8 @@ def rule_groups(rules_yaml: str) -> list[str]:
 @pytest.fixture(scope="session")
 def prometheus(tmp_path_factory: pytest.TempPathFactory):
     with PrometheusServer(tmp_path_factory.mktemp("prometheus"), openmetrics=scenarios()) as server:
-        for level in rule_groups(rules_file(RULES_INTERVAL, pod_labels=["example.com/team"])):
+        prices = prices_from_mapping(yaml.safe_load(PRICES_YAML))  # the price group too, for the cost dashboard
+        for level in rule_groups(rules_file(RULES_INTERVAL, prices, pod_labels=["example.com/team"])):
             server.record(level, RECORDED_RANGES)
         yield server
 
