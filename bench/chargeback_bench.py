@@ -213,6 +213,7 @@ def run_bill(command: Sequence[str], server_pid: int) -> dict[str, Any]:
         "prometheus_peak_rss_mb": machine.peak_rss_bytes(server_pid) / 2**20,
         "total_gpu_cost": document["total_gpu_cost"],
         "series": document["range"].get("series", "raw"),
+        "hourly_sums": document["range"].get("hourly_sums", 0),
     }
 
 
@@ -344,6 +345,7 @@ def _median(runs: list[dict]) -> dict[str, Any]:
         **summary,
         "repeats": len(runs),
         "series": runs[0]["series"],
+        "hourly_sums": runs[0]["hourly_sums"],
         "all_seconds": [run["seconds"] for run in runs],
     }
 
@@ -460,6 +462,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="backfill only what a recorded bill reads (no raw series; per-container series only for overreach)",
     )
     parser.add_argument("--block-hours", type=int, default=2, help="hours per TSDB block (default: 2)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep each configuration's Prometheus data (say where) for profiling"
+    )
     parser.add_argument("--paths", default=",".join(PATHS), help=f"bills to run (default: {','.join(PATHS)})")
     parser.add_argument("--repeats", type=int, default=3, help="bills per path and configuration (default: 3)")
     parser.add_argument("--baseline", metavar="COMMAND", help="another gpu-fence-auditor to bill the raw series with")
@@ -503,6 +508,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for config, paths, how in configs:
             print(f"chargeback_bench: {config.label} ...", file=sys.stderr, flush=True)
+            if args.keep:  # for profiling the bills afterwards: the Prometheus data stays, and where it is is said
+                work = Path(tempfile.mkdtemp(prefix="gpu-fence-chargeback-", dir=args.workdir))
+                print(f"chargeback_bench: keeping {work}", file=sys.stderr, flush=True)
+                results.append(run_config(config, paths, args.repeats, work, args.baseline, args.before, how))
+                continue
             with tempfile.TemporaryDirectory(prefix="gpu-fence-chargeback-", dir=args.workdir) as directory:
                 work = Path(directory)
                 results.append(run_config(config, paths, args.repeats, work, args.baseline, args.before, how))

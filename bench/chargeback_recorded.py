@@ -321,6 +321,7 @@ def hourly(recorded: Series, evaluations: Grid, phase: float = 0.0) -> Series:
         return -(-(index - a0) // per_hour)
 
     functions = {metric: function for metric, (function, _name) in r.HOURLY.items()}
+    nodes: dict[Key, dict[int, float]] = {}
     wanted = {r.BOOKED: Charge.OVERREACH.value, r.MEMORY: Charge.OVERREACH.value}
     for (metric, labels), runs in recorded.runs.items():
         if metric not in functions or (metric in wanted and dict(labels).get("charge") != wanted[metric]):
@@ -345,6 +346,14 @@ def hourly(recorded: Series, evaluations: Grid, phase: float = 0.0) -> Series:
         stretches = sorted([*inside, *((hour, hour, value) for hour, value in hours.items())])
         for first, last, value in stretches:
             out.runs[(name, labels)].append(Run(t0 + first * r.HOUR, t0 + last * r.HOUR, value))
+        if metric in r.PER_NODE:  # the same hours summed per node, for long ranges' timelines
+            node_key = (r.PER_NODE[metric], tuple((k, v) for k, v in labels if k not in ("gpu_uuid", "card_uuid")))
+            per_node = nodes.setdefault(node_key, defaultdict(float))
+            for first, last, value in stretches:
+                for hour in range(first, last + 1):
+                    per_node[hour] += value
+    for key, values in nodes.items():
+        out.runs[key] = [Run(t0 + hour * r.HOUR, t0 + hour * r.HOUR, value) for hour, value in sorted(values.items())]
     if whole:
         out.runs[(r.HOURLY_EVALUATIONS, ())] = [
             Run(t0 + whole.start * r.HOUR, t0 + (whole.stop - 1) * r.HOUR, float(per_hour))

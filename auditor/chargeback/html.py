@@ -208,7 +208,7 @@ def _glossary(bill: Bill, shown: Statement, by: str) -> str:
 
 def _simple_table(table_id: str, caption: str, columns: Columns, records: list[dict], text: Sequence[str]) -> str:
     """A table whose first column heads each row; ``text`` columns are words (left), the rest figures (right):
-    money with cents, ``cards`` as a count, ``hours`` to two places."""
+    money with cents, ``cards`` as a count, ``hours`` to two places, ``gib_hours`` to one."""
     head = "".join(
         f'<th scope="col" class="{"text" if key in text else "num"}">{html.escape(title)}</th>'
         for key, title in columns
@@ -224,6 +224,8 @@ def _simple_table(table_id: str, caption: str, columns: Columns, records: list[d
                 shown, css = f"{value:g}", "num"
             elif key == "hours":
                 shown, css = f"{value:,.2f}", "num"
+            elif key == "gib_hours":
+                shown, css = f"{value:,.1f}", "num"
             else:
                 shown, css = _money(value), "num"
             tag = 'th scope="row"' if index == 0 else "td"
@@ -443,7 +445,7 @@ def _overreach_table(bill: Bill, shown: Statement) -> str:
             "node": line.item.node,
             "gpu": line.item.gpu_uuid,
             "group": line.item.owner.group,
-            "gib_hours": f"{line.gib_hours:,.1f}",
+            "gib_hours": line.gib_hours,
             "cost": line.cost,
         }
         for line in shown.overreach
@@ -452,8 +454,7 @@ def _overreach_table(bill: Bill, shown: Statement) -> str:
         f"Containers that held memory on a GPU or MIG slice they were not allocated, {bill.currency}; each cost is "
         "in its group's 'used without allocation' column"
     )
-    table = _simple_table("overreach", caption, columns, records, text=[key for key, _ in columns[:6]])
-    return table.replace('class="text" data-key="gib_hours"', 'class="num" data-key="gib_hours"')
+    return _simple_table("overreach", caption, columns, records, text=[key for key, _ in columns[:6]])
 
 
 def _device_metrics_section(bill: Bill) -> str:

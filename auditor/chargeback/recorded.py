@@ -16,7 +16,7 @@ from the raw series at that instant, so a gap costs time, never correctness.
 Where the rules' second level recorded hourly sums (``rules.hourly_rules``), a bill sums those for the whole hours
 of its range and the interval's series only for what is left (the range's edges, an hour the second level did not
 record): the same samples, summed in two steps, so the same bill, reading twelve times fewer samples at 5 minutes.
-Each stretch is one term of each sum (:class:`Part`), evaluated at its own end with ``offset``.
+Each stretch is a query of each sum (:class:`Part`), evaluated at its own end, and the parts are added up here.
 """
 
 from __future__ import annotations
@@ -53,15 +53,15 @@ from .times import iso
 
 # At most this many timeline points: consecutive evaluations are merged into one point beyond it.
 TIMELINE_POINTS = 720
-SUMS = 13  # the instant queries of book(), before the timeline's one or two range queries
+SUMS = 13  # the instant queries of book() over one part of its range, before the timeline's range queries
+RENAMED_CHECKS = 2  # of those, the two that read the auditor's series over the whole range
 # Queries in flight at once: Prometheus evaluates each on one core (Thanos and Mimir spread them over queriers),
 # so a bill's dozen sums and its timeline take the longest one's time, not their total, where cores are free.
 PARALLEL = 4
-# At most this many stretches of whole hours are summed from the hourly series: each adds a term to every sum (and
+# At most this many stretches of whole hours are summed from the hourly series: each adds a query to every sum (and
 # splits the interval's series around it), so a range the second level recorded with many gaps sums the longest
 # stretches from it and the rest from the interval's series.
 MAX_HOURLY_RUNS = 4
-PART = "gpu_fence_part"  # a label that keeps the terms of one sum apart until it adds them up
 
 
 class NotRecorded(ChargebackError):
@@ -118,7 +118,7 @@ class Plan:
         """How many queries :func:`book` makes for this plan."""
         if not self.recorded:
             return 0
-        return SUMS + len(self.timeline_sets())
+        return RENAMED_CHECKS + (SUMS - RENAMED_CHECKS) * len(self.parts) + len(self.timeline_sets())
 
     @property
     def hourly_sums(self) -> int:
@@ -166,8 +166,8 @@ class Plan:
 
     @property
     def at(self) -> float:
-        """When a bill's sums are evaluated: the latest end of its parts (each part reaches back from there with
-        ``offset``, never forward: negative offsets need a feature flag before Prometheus 2.33)."""
+        """When a bill's checks over its whole range are evaluated: the latest end of its parts (a sum's parts are
+        each evaluated at their own end)."""
         return max(part.end for part in self.parts)
 
     def timeline_sets(self) -> list[tuple[Part, list[float], int]]:
@@ -293,8 +293,7 @@ def _check_rolled_up(ask: Callable[[str, float], list[Series]], by: str, schedul
     key = by.removeprefix("label:")
     label = label_name(key)
     start, end = schedule.start, schedule.last
-    carried = over(schedule, r.GROUP_BOOKED, f'{label}!=""', "last_over_time")
-    if ask(f"group({carried})", schedule.at):
+    if any(ask(f"group({term})", at) for term, at in over(schedule, r.GROUP_BOOKED, f'{label}!=""', "last_over_time")):
         return
     window = _window(end - start + 1)
     if ask(f'group(last_over_time(gpu_fence_pod_labels{{{label}!=""}}{window}))', end):
@@ -308,11 +307,12 @@ def _check_rolled_up(ask: Callable[[str, float], list[Series]], by: str, schedul
     )
 
 
-def over(schedule: Plan, metric: str, matchers: str, function: str) -> str:
+def over(schedule: Plan, metric: str, matchers: str, function: str) -> list[tuple[str, float]]:
     """``function`` (``sum_over_time``, ``count_over_time``, ``last_over_time``) of ``metric{matchers}`` over every
-    evaluation of ``schedule``, evaluated at ``schedule.at``: one term per :class:`Part`, the hourly sums' term
-    reading the second level's series (whose hours are already summed: counts are summed there, not counted), and
-    the terms kept apart by a label until the caller aggregates them."""
+    evaluation of ``schedule``: one (expression, time to evaluate it at) per :class:`Part`, the hourly sums' reading
+    the second level's series (whose hours are already summed: counts are summed there, not counted). Each is its
+    own query, evaluated at its part's end: Prometheus looks a query's series up in every block its whole time range
+    touches, so a short part asked for apart costs little, where one term of a longer query would cost a month's."""
     terms = []
     for part in schedule.parts:
         name, function_here = metric, function
@@ -320,11 +320,8 @@ def over(schedule: Plan, metric: str, matchers: str, function: str) -> str:
             name = r.HOURLY[metric][1]
             function_here = "sum_over_time" if function == "count_over_time" else function
         selector = f"{name}{{{matchers}}}" if matchers else name
-        shift = _ms(schedule.at - part.end)
-        terms.append(f"{function_here}({selector}{part.window}{f' offset {shift}ms' if shift else ''})")
-    if len(terms) == 1:
-        return terms[0]
-    return " or ".join(f'label_replace({term}, "{PART}", "{index}", "", "")' for index, term in enumerate(terms))
+        terms.append((f"{function_here}({selector}{part.window})", part.end))
+    return terms
 
 
 Answer = Callable[[], list[Series]]
@@ -343,13 +340,29 @@ class _Queries:
         self.window = _window(self.at - schedule.start)  # every evaluation, for what reads the auditor's series
 
     def sum(self, metric: str, matchers: str, by: str, function: str = "sum_over_time") -> Answer:
-        return self.send(f"sum by ({by}) ({over(self.schedule, metric, matchers, function)})")
+        """``sum by (by)`` of ``function`` over the schedule's evaluations: a query per part, added up here, part by
+        part in a fixed order."""
+        answers = [
+            self.send(f"sum by ({by}) ({term})", at) for term, at in over(self.schedule, metric, matchers, function)
+        ]
+
+        def added() -> list[Series]:
+            totals: dict[tuple[tuple[str, str], ...], float] = {}
+            labels: dict[tuple[tuple[str, str], ...], Mapping[str, str]] = {}
+            for answer in answers:
+                for item in answer():
+                    key = tuple(sorted(item.labels.items()))
+                    totals[key] = totals.get(key, 0.0) + _value(item)
+                    labels.setdefault(key, item.labels)
+            return [Series(labels[key], ((self.at, total),)) for key, total in totals.items()]
+
+        return added
 
     def ask(self, query: str) -> list[Series]:
         return self.send(query)()
 
-    def send(self, query: str) -> Answer:
-        return self._sent(self.pool.submit(self.source.query, query, self.at))
+    def send(self, query: str, at: float | None = None) -> Answer:
+        return self._sent(self.pool.submit(self.source.query, query, self.at if at is None else at))
 
     def send_range(self, query: str, start: float, end: float, step: float) -> Answer:
         return self._sent(self.pool.submit(self.source.query_range, query, start, end, step))
@@ -426,7 +439,7 @@ def _book(q: _Queries, schedule: Plan, ledger: Ledger, by: str, notes: RawNotes)
     unattributed_gib = q.sum(r.UNATTRIBUTED_MEMORY, "", DEVICE)
     unattributed = q.sum(r.UNATTRIBUTED, method, DEVICE)
     active = q.sum(r.GROUP_ACTIVE, "", groups)
-    issues = q.send(f"group by (issue, node, gpu_uuid) ({over(schedule, r.ISSUE, '', 'last_over_time')})")
+    issues = q.sum(r.ISSUE, "", "issue, node, gpu_uuid", "last_over_time")
 
     usage_memory: dict[tuple, float] = defaultdict(float)
     for item in usage():
@@ -569,7 +582,8 @@ class _Layers:
 
         def layer(term: int, metric: str, matchers: str, by: str, name: str | None) -> str:
             cards = self.classes[term][1]
-            metric = r.HOURLY[metric][1] if part.hourly else metric
+            if part.hourly:  # the sums per node, unless this price is a choice of cards on a node of several
+                metric = r.HOURLY[metric][1] if "card_uuid" in cards else r.PER_NODE[metric]
             summed = f"sum by ({by}) (sum_over_time({metric}{{{matchers}{', ' + cards if cards else ''}}}{window}))"
             named = (
                 f'label_replace({summed}, "layer", "$1", "{by}", "(.*)")'

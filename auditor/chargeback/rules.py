@@ -70,6 +70,14 @@ HOURLY = {
 }
 # Per container, a bill reads only the overreach rows (the rest it reads from the rollups per namespace).
 HOURLY_MATCHERS = {BOOKED: f'charge="{Charge.OVERREACH.value}"', MEMORY: f'charge="{Charge.OVERREACH.value}"'}
+# For a long range's timeline, the hours summed per node: a query's cost grows with the series it reads at each of
+# its points, and a node's devices make one series here (the timeline selects cards by node, or by card where one
+# node's cards have different prices: then it reads the per-device sums).
+PER_NODE = {
+    GROUP_BOOKED: "node_namespace:gpu_fence_chargeback_booked:card_ratio_sum1h",
+    UNATTRIBUTED: "node:gpu_fence_chargeback_unattributed:card_ratio_sum1h",
+    IDLE: "node:gpu_fence_chargeback_idle:card_ratio_sum1h",
+}
 # The pod labels the gpu_namespace rollups carry by default (the auditor's --pod-label KEY; label_<KEY> here).
 DEFAULT_POD_LABELS = ("team",)
 
@@ -341,6 +349,9 @@ def hourly_rules(interval: float = DEFAULT_INTERVAL) -> dict | None:
         matchers = HOURLY_MATCHERS.get(source, "")
         selector = f"{source}{{{matchers}}}" if matchers else source
         rules.append({"record": name, "expr": f"{function}({selector}{window}) and on () ({complete})"})
+    for source, name in PER_NODE.items():
+        summed = f"sum without (gpu_uuid, card_uuid) (sum_over_time({source}{window}))"
+        rules.append({"record": name, "expr": f"{summed} and on () ({complete})"})
     return {"name": HOURLY_GROUP, "interval": "1h", "rules": rules}
 
 

@@ -168,8 +168,9 @@ def apportion(amounts: Sequence[float], total: int) -> list[int]:
     return floors
 
 
-def _money(units: int, places: int = 2) -> Decimal:
-    return Decimal(units).scaleb(-places)
+def _money(count: int, places: int = 2) -> Decimal:
+    """``count`` units of ``10 ** -places`` as a decimal amount with those places (``12345`` → ``123.45``)."""
+    return Decimal(count).scaleb(-places)
 
 
 def _spread(amounts: Sequence[float | None], places: int = 2) -> list[Decimal | None]:

@@ -173,7 +173,11 @@ def test_the_hourly_sums_the_bench_writes_are_what_the_second_level_records(reco
     hour_phase = float(hours["values"][0][0]) % 3600
     written = hourly(record(fleet, 300.0, phase=phase), evaluations, hour_phase)
     assert written.grid is not None
-    for metric in (rules.HOURLY_EVALUATIONS, *(name for _function, name in rules.HOURLY.values())):
+    for metric in (
+        rules.HOURLY_EVALUATIONS,
+        *(name for _function, name in rules.HOURLY.values()),
+        *rules.PER_NODE.values(),
+    ):
         by_rules = samples(server, metric, written.grid)
         ours: dict[tuple, float] = {}
         for (name, labels), runs in written.runs.items():
