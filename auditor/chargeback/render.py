@@ -188,9 +188,11 @@ def _aligned(columns: Columns, records: list[dict[str, Any]], rules_before: tupl
     table = [[title for _, title in columns]]
     table += [[_cell(key, record.get(key)) for key, _ in columns] for record in records]
     widths = [max(len(line[index]) for line in table) for index in range(len(columns))]
+    # Words left, figures right: a column is words when a record holds a string in it (a name, a model).
+    words = [index == 0 or any(isinstance(r.get(key), str) for r in records) for index, (key, _) in enumerate(columns)]
 
     def line(cells: list[str]) -> str:
-        padded = (c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        padded = (c.ljust(w) if left else c.rjust(w) for c, w, left in zip(cells, widths, words, strict=True))
         return "  ".join(padded).rstrip()
 
     rule = line(["-" * w for w in widths])
