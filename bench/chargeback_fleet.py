@@ -68,9 +68,11 @@ class Grid:
 
 @dataclass
 class Series:
-    """Series as runs of a constant value, and where each comes from (its node, its pod)."""
+    """Series as runs of a constant value, and where each comes from (its node, its pod); sampled on ``grid`` when
+    they have their own (the hourly sums), else on the fleet's."""
 
     runs: dict[Key, list[Run]] = field(default_factory=lambda: defaultdict(list))
+    grid: Grid | None = None
 
     def add(self, metric: str, labels: dict[str, str], run: Run) -> Key:
         key = (metric, tuple(labels.items()))
@@ -147,14 +149,14 @@ class Fleet:
             for card in cards:
                 self.by_card[card].append(key)
 
-    def blocks(self, *others: Series) -> Iterator[tuple[int, str]]:
-        """(block start, OpenMetrics of the fleet's samples and ``others``' in that block) for every 2-hour block."""
+    def blocks(self, *others: Series, raw: bool = True, size: int = BLOCK) -> Iterator[tuple[int, str]]:
+        """(block start, OpenMetrics of the fleet's samples and ``others``' in that block) for every block of
+        ``size`` seconds; ``raw`` false leaves the fleet's own series out."""
         grid = self.grid
-        first = int(grid.origin) // BLOCK * BLOCK
-        for block in range(first, int(self.end) + 1, BLOCK):
-            texts = [
-                text for text in (s.block_text(grid, block, block + BLOCK) for s in (self.series, *others)) if text
-            ]
+        first = int(grid.origin) // size * size
+        every = (self.series, *others) if raw else others
+        for block in range(first, int(self.end) + 1, size):
+            texts = [text for text in (s.block_text(s.grid or grid, block, block + size) for s in every) if text]
             if texts:
                 yield block, "".join(text.removesuffix("# EOF\n") for text in texts) + "# EOF\n"
 

@@ -17,9 +17,10 @@ recorded as runs of a constant value.
 from __future__ import annotations
 
 import itertools
+import math
 import multiprocessing
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from bench.chargeback_fleet import LOOKBACK, Fleet, Grid, Key, Run, Series
@@ -61,20 +62,28 @@ class Recorder:
 
 
 def record(
-    fleet: Fleet, interval: float, phase: float = 0.0, pod_labels: Iterable[str] = ("team",), workers: int = 1
+    fleet: Fleet,
+    interval: float,
+    phase: float | None = None,
+    *,
+    pod_labels: Iterable[str] = ("team",),
+    workers: int = 1,
+    keep: Callable[[Key], bool] | None = None,
 ) -> Series:
     """Every series the rules record over ``fleet`` when they evaluate every ``interval`` seconds at ``phase``
-    (seconds past each multiple of the interval), from the fleet's first sample to its end; ``workers`` processes
-    share the cards (each card's series are its own, so their results never overlap)."""
+    (seconds past each multiple of the interval; by default the phase of the fleet's own samples, the instants the
+    recorded series are then written at), from the fleet's first sample to its end; ``workers`` processes share the
+    cards (each card's series are its own, so their results never overlap). ``keep``: only the series it keeps
+    (a month's every per-container series would not fit this machine's memory)."""
     names = [f"label_{key}" for key in pod_labels]
-    evaluations = Grid(fleet.grid.origin + (phase - fleet.grid.origin) % interval, interval, fleet.end)
+    evaluations = evaluation_grid(fleet, interval, phase)
     cards = list(fleet.by_card)
     if workers > 1:
         context = multiprocessing.get_context("fork")  # the workers read the parent's fleet, never copy it
-        with context.Pool(workers, initializer=_share, initargs=(fleet, evaluations, names)) as pool:
+        with context.Pool(workers, initializer=_share, initargs=(fleet, evaluations, names, keep)) as pool:
             parts = pool.map(_record_cards, [cards[index::workers] for index in range(workers)])
     else:
-        _share(fleet, evaluations, names)
+        _share(fleet, evaluations, names, keep)
         parts = [_record_cards(cards)]
     series = Series()
     for runs in parts:
@@ -83,18 +92,30 @@ def record(
     return series
 
 
+def evaluation_grid(fleet: Fleet, interval: float, phase: float | None = None) -> Grid:
+    """When the rules evaluate over ``fleet``: every ``interval`` at ``phase`` past its multiples (by default in
+    step with the fleet's samples), from the fleet's first sample to its end."""
+    phase = fleet.grid.origin % interval if phase is None else phase
+    return Grid(fleet.grid.origin + (phase - fleet.grid.origin) % interval, interval, fleet.end)
+
+
 _SHARED: dict[str, object] = {}
 
 
-def _share(fleet: Fleet, evaluations: Grid, names: list[str]) -> None:
-    _SHARED.update(fleet=fleet, evaluations=evaluations, names=names)
+def _share(fleet: Fleet, evaluations: Grid, names: list[str], keep: Callable[[Key], bool] | None) -> None:
+    _SHARED.update(fleet=fleet, evaluations=evaluations, names=names, keep=keep)
 
 
 def _record_cards(cards: list[str]) -> dict[Key, list[Run]]:
     fleet, evaluations, names = _SHARED["fleet"], _SHARED["evaluations"], _SHARED["names"]
     recorder = Recorder(evaluations.step)  # type: ignore[attr-defined]
+    keep = _SHARED["keep"]
     for card in cards:
         _record_card(fleet, fleet.by_card[card], evaluations, recorder, names)  # type: ignore[arg-type, attr-defined]
+        if keep is not None:  # card by card: what is dropped never piles up
+            for key in [key for key in recorder.series.runs if not keep(key)]:  # type: ignore[operator]
+                del recorder.series.runs[key]
+                recorder._open.pop(key, None)
     return dict(recorder.series.runs)
 
 
@@ -273,3 +294,77 @@ def _record_method_free(interval: Interval, split: IntervalSplit, put, rollup, w
     ):
         for node, gpu in found:
             put(r.ISSUE, {"node": node, "gpu_uuid": gpu, "issue": issue}, 1)
+
+
+def hourly(recorded: Series, evaluations: Grid, phase: float = 0.0) -> Series:
+    """What the rules' second level (``rules.hourly_rules``) records over ``recorded``, the split's series evaluated
+    on ``evaluations``, when the hourly group evaluates at ``phase`` seconds past each hour: for every hour whose
+    evaluations are all there, each series the second level reads summed (counted, or its greatest value) over the
+    evaluations in ``(T - interval - 1h, T - interval]``. Each run of the split's series is one value over
+    consecutive evaluations, so the hours inside it get that value times an hour's evaluations, and only the hours at
+    its edges are summed from parts. ``tests/bench/test_bench_chargeback.py`` checks these against what promtool's
+    backfill of the real rules records, series for series."""
+    interval = evaluations.step
+    per_hour = r.hourly_evaluations(interval)
+    if not per_hour:
+        return Series()
+    lag = interval
+    # The hourly sums' times T0 + h × 1h; the last evaluation of hour h has index a0 + h × per_hour.
+    first_time = evaluations.origin + lag + r.HOUR
+    t0 = first_time + (phase - first_time) % r.HOUR
+    a0 = math.floor(round((t0 - lag - evaluations.origin) / interval, 6))
+    last_index = round((evaluations.last(evaluations.end) - evaluations.origin) / interval)
+    whole = range(math.ceil(max(0, -a0 + per_hour - 1) / per_hour), (last_index - a0) // per_hour + 1)
+    out = Series(grid=Grid(t0, r.HOUR, t0 + r.HOUR * (whole.stop - 1) if whole else t0))
+
+    def block(index: int) -> int:  # the hour an evaluation index is summed in
+        return -(-(index - a0) // per_hour)
+
+    functions = {metric: function for metric, (function, _name) in r.HOURLY.items()}
+    nodes: dict[Key, dict[int, float]] = {}
+    wanted = {r.BOOKED: Charge.OVERREACH.value, r.MEMORY: Charge.OVERREACH.value}
+    for (metric, labels), runs in recorded.runs.items():
+        if metric not in functions or (metric in wanted and dict(labels).get("charge") != wanted[metric]):
+            continue
+        function, name = functions[metric], r.HOURLY[metric][1]
+        hours: dict[int, float] = defaultdict(float)  # hour → its value, for the hours at runs' edges
+        inside: list[tuple[int, int, float]] = []  # (first hour, last hour, value) of the hours inside runs
+        for run in runs:
+            span = evaluations.samples(run)
+            if span is None:
+                continue
+            p, q = (round((moment - evaluations.origin) / interval) for moment in span)
+            hp, hq = block(p), block(q)
+            for hour, count in ((hp, min(q, a0 + hp * per_hour) - p + 1), (hq, q - (a0 + (hq - 1) * per_hour))):
+                if hour in whole and count > 0:
+                    hours[hour] = _combine(function, hours.get(hour), run.value, count)
+                if hp == hq:
+                    break
+            inner = range(max(hp + 1, whole.start), min(hq - 1, whole.stop - 1) + 1)
+            if inner:
+                inside.append((inner.start, inner[-1], _combine(function, None, run.value, per_hour)))
+        stretches = sorted([*inside, *((hour, hour, value) for hour, value in hours.items())])
+        for first, last, value in stretches:
+            out.runs[(name, labels)].append(Run(t0 + first * r.HOUR, t0 + last * r.HOUR, value))
+        if metric in r.PER_NODE:  # the same hours summed per node, for long ranges' timelines
+            node_key = (r.PER_NODE[metric], tuple((k, v) for k, v in labels if k not in ("gpu_uuid", "card_uuid")))
+            per_node = nodes.setdefault(node_key, defaultdict(float))
+            for first, last, value in stretches:
+                for hour in range(first, last + 1):
+                    per_node[hour] += value
+    for key, values in nodes.items():
+        out.runs[key] = [Run(t0 + hour * r.HOUR, t0 + hour * r.HOUR, value) for hour, value in sorted(values.items())]
+    if whole:
+        out.runs[(r.HOURLY_EVALUATIONS, ())] = [
+            Run(t0 + whole.start * r.HOUR, t0 + (whole.stop - 1) * r.HOUR, float(per_hour))
+        ]
+    return out
+
+
+def _combine(function: str, so_far: float | None, value: float, count: int) -> float:
+    """An hour's value of a series after ``count`` more evaluations of ``value``."""
+    if function == "count_over_time":
+        return (so_far or 0.0) + count
+    if function == "max_over_time":
+        return value if so_far is None else max(so_far, value)
+    return (so_far or 0.0) + value * count

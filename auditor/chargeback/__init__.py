@@ -28,6 +28,7 @@ from . import raw, recorded
 from . import render as text
 from . import rules as recording_rules
 from .compute import Bill, IdlePolicy, Ledger, Method
+from .costcentres import CostCentres, load_cost_centres
 from .demo import SeriesSource, load_fleet
 from .devicemetrics import DeviceMetricBill, device_metric_bill, fetch_device_metrics
 from .errors import ChargebackError
@@ -46,6 +47,14 @@ SERIES = ("auto", "recorded", "raw")
 TARGET_POINTS = 2000
 # Finer steps only repeat the same scraped sample, and a tiny one would make billions of instants.
 MIN_STEP = 1.0
+# The default --timeout grows with the range (a month's sums read a month of samples): 30 s, 10 s more per day.
+TIMEOUT_BASE, TIMEOUT_PER_DAY, TIMEOUT_MOST = 30.0, 10.0, 900.0
+
+
+def default_timeout(seconds: float) -> float:
+    """The default --timeout for a range of ``seconds``: what a 2-core Prometheus needs for it, with room."""
+    return min(TIMEOUT_MOST, TIMEOUT_BASE + TIMEOUT_PER_DAY * max(0.0, seconds) / 86400)
+
 
 EPILOG = """\
 examples:
@@ -60,6 +69,7 @@ examples:
 
 times: RFC 3339 (2026-01-31T00:00:00Z), unix seconds, now, or relative (-7d, -12h, -30m)
 prices file (YAML): currency: USD / default: 2.50 / models: {"NVIDIA H100 80GB HBM3": 4.00} / nodes: {"spot-*": 1.10}
+cost centres (YAML): namespaces: {genai: "4100"} / labels: {team: {ml: "4100"}} / platform: "9000" / default: "9999"
 http config (YAML, as in Prometheus): basic_auth, authorization (credentials_file), tls_config, http_headers
 series: with the recording rules loaded (--rules), a month's bill is a few sum_over_time queries (--series auto
   uses them when they can make this bill, and computes any evaluation they missed from the raw series)
@@ -105,6 +115,13 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
     prices.add_argument("--price-per-gpu-hour", type=float, metavar="N", help="one price for every card")
     prices.add_argument("--prices", type=Path, metavar="FILE", help="YAML price list per model / node")
     parser.add_argument(
+        "--cost-centres",
+        type=Path,
+        metavar="FILE",
+        help="YAML mapping namespaces (or pod label values, with --by label:KEY) to cost centres: each row names "
+        "its cost centre and every format sums the rows per cost centre",
+    )
+    parser.add_argument(
         "--method",
         choices=[method.value for method in Method],
         default=Method.HOLDER.value,
@@ -134,7 +151,13 @@ def add_arguments(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format")
     parser.add_argument("--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout")
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="per Prometheus request")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"per Prometheus request (default: {TIMEOUT_BASE:g} s, {TIMEOUT_PER_DAY:g} s more per day of the range, "
+        f"at most {TIMEOUT_MOST:g} s)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress line on stderr (shown only on a terminal)")
     parser.add_argument(
         "--rules",
@@ -208,10 +231,12 @@ def _inputs(args: argparse.Namespace, now: float) -> _Inputs:
         raise ChargebackError("give prices: --price-per-gpu-hour N, or --prices FILE (a price list per model/node)")
     start = parse_time(args.start, now, "--start")
     end = parse_time(args.end or "now", now, "--end")
-    if not math.isfinite(args.timeout) or args.timeout <= 0:
+    if args.timeout is not None and (not math.isfinite(args.timeout) or args.timeout <= 0):
         raise ChargebackError(f"--timeout {args.timeout:g}: must be a number of seconds greater than zero")
     http_config = load_http_config(args.http_config) if args.http_config else None
-    client = PrometheusClient(args.prometheus, timeout=args.timeout, http_config=http_config)
+    timeout = args.timeout if args.timeout is not None else default_timeout(end - start)
+    defaulted = "" if args.timeout is not None else f"the default --timeout for a {(end - start) / 86400:.3g}-day range"
+    client = PrometheusClient(args.prometheus, timeout=timeout, http_config=http_config, timeout_said=defaulted)
     return _Inputs(client, prices, start, end, named)
 
 
@@ -259,6 +284,7 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
     if step is not None and (end - start) // step < 1:
         raise ChargebackError(f"the range {iso(start)} .. {iso(end)} is shorter than one --step ({step:g} s)")
     by = _validate_by(args.by)
+    centres = load_cost_centres(args.cost_centres, by) if args.cost_centres is not None else CostCentres()
     if args.compare_device_metrics and args.format == "focus":
         raise ChargebackError(
             "--compare-device-metrics with --format focus: FOCUS rows are charges, and a comparison is not one; "
@@ -307,6 +333,8 @@ def make_bill(args: argparse.Namespace, now: float, progress: Progress | None = 
         group_by=by,
         prices=applied_prices(prices, [(card.node, card.model) for card in bill.cards]),
         series=Series.RAW if schedule is None else Series.RECORDED,
+        hourly_sums=0 if schedule is None else schedule.hourly_sums,
+        cost_centres=centres,
     )
     return bill, made
 

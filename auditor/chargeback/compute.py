@@ -11,9 +11,11 @@ the command; this module only does arithmetic, in the order ``docs/chargeback.md
    memory on it pays ``ids it holds / replicas offered`` of the unit (``reserved``; the replicas the device
    plugin offers come from ``gpu_fence_gpu_offered_replicas``, and when that is missing the holders are taken to
    hold every replica). The rest of the unit is split by bytes among everything holding memory on it:
-   containers with an allocation (their group's usage), containers without one (overreach, kept apart) and
+   containers with an allocation (their group's usage), containers without one (overreach, a column of theirs) and
    processes outside any container (the unattributed row). With no memory on it, the rest is idle: capacity
    nobody holds. Method ``usage``: holders pay only through memory, so a held unit with no memory is idle.
+   Overreach is paid by the group of the container that used the capacity without an allocation: a column of its
+   own, inside that group's total, so that every unit of cost sits in a row.
 4. Idle, ``platform``: all of it goes to the platform row. ``proportional``: each card's idle over the whole range
    is spread over the parties booked on that card in the range, in proportion to what they were booked on it; a
    card nobody was booked on has nobody to spread to, so its idle goes to the platform row.
@@ -58,7 +60,7 @@ class Charge(Enum):
     USAGE = "usage"  # a byte share of a unit, with an allocation on it
     RESERVED = "reserved"  # a held unit with none of the holder's memory on it (method holder)
     IDLE_SHARE = "idle-share"  # a card's idle, spread over the groups booked on it (--idle proportional)
-    OVERREACH = "overreach"  # a byte share (and its idle share) without an allocation: apart from every total
+    OVERREACH = "overreach"  # a byte share (and its idle share) without an allocation: in the user's group total
     UNATTRIBUTED = "unattributed"  # memory of processes outside any container, with its idle share
     PLATFORM = "platform"  # idle nobody is charged for
 
@@ -179,7 +181,7 @@ class GroupCost:
     usage: float = 0.0  # memory share of the cost of the GPUs it used, with an allocation
     reserved: float = 0.0  # units it held with none of its memory on them (method holder): "reserved, unused"
     idle: float = 0.0  # its share of idle capacity (proportional policy only)
-    overreach: float = 0.0  # memory share where it had NO allocation: not part of total, billed or written off apart
+    overreach: float = 0.0  # memory share where it had NO allocation: part of its total, shown as a column of its own
     request: float = 0.0  # what a request-based tool charges: allocated GPUs × hours × price
     requested_gpu_hours: float = 0.0
     memory_gib_hours: float = 0.0
@@ -190,8 +192,9 @@ class GroupCost:
 
     @property
     def total(self) -> float:
-        """What this group is billed (overreach stays apart)."""
-        return self.usage + self.reserved + self.idle
+        """What this group is billed: what it used, held and its idle share, and what it used without an
+        allocation (overreach), so that every unit of cost is in some row."""
+        return self.usage + self.reserved + self.idle + self.overreach
 
     @property
     def difference(self) -> float:
@@ -263,8 +266,7 @@ class Bill:
     @property
     def accounted(self) -> float:
         """Sum of every place cost landed; equals ``total_gpu_cost`` up to rounding."""
-        groups = sum(group.total + group.overreach for group in self.groups)
-        return groups + self.unattributed + self.platform
+        return sum(group.total for group in self.groups) + self.unattributed + self.platform
 
 
 PriceLookup = Callable[[str, str], "float | None"]
@@ -666,7 +668,8 @@ def _idle_entries(
         parties = booked[(node, card)]
         total = sum(parties.values())
         for (device, party), weight in parties.items():
-            # The idle share keeps the party's kind where that kind is billed apart (overreach, unattributed).
+            # The idle share keeps the party's kind where that kind has a column or row of its own (overreach,
+            # unattributed).
             apart = party.charge in (_OVERREACH, Charge.UNATTRIBUTED.value)
             share = party if apart else _idle_party(party)
             entries.append(((node, device, card), share, (cost * weight / total, 0.0, hours * weight / total)))

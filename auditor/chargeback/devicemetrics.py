@@ -59,7 +59,7 @@ class DeviceMetricBill:
     """Both device-metric bills per group, beside this bill's totals; ``real_cost`` is what the cards cost."""
 
     groups: tuple[DeviceMetricGroup, ...]
-    gpu_fence_rest: float  # this bill's cost outside any group's total: unattributed, platform, overreach
+    gpu_fence_rest: float  # this bill's cost outside any group's total: unattributed and platform
     real_cost: float
     notes: tuple[str, ...] = ()
 

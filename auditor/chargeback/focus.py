@@ -3,9 +3,14 @@
 One row per ledger line (:class:`~.compute.Line`): a charge on one GPU or MIG device for one group, over the
 whole range. The column IDs are those of FOCUS 1.0 as ratified (FOCUS_Spec tag ``v1.0``, commit ``f7f58a0``,
 ``specification/columns/*.md``), in the spec's order; gpu-fence's own columns carry the ``x_`` prefix the spec
-reserves for them. The rows add up (``BilledCost``) to the GPU cost of the range: the platform's idle, the
-unattributed memory and the overreach have sub-accounts of their own (``(platform)``, ``(unattributed)``,
-``(overreach)``), so a finance tool summing a team's sub-account gets that team's total and nothing else.
+reserves for them. The rows add up (``BilledCost``) to the GPU cost of the range, to the cent: each row of the bill
+(:mod:`~.statement`) is a sub-account, a group's including what it used without an allocation, the platform's idle
+and the unattributed memory in their own (``(platform)``, ``(unattributed)``), and its cents are apportioned over
+its lines to a millionth in ``BilledCost`` and ``EffectiveCost``, so a finance tool summing a sub-account gets
+that row's total (``ListCost`` and ``ContractedCost`` stay the unit price × the quantity, as FOCUS requires of them:
+they differ from ``BilledCost`` by less than a cent per row). FOCUS 1.0 has no
+cost-centre column; with ``--cost-centres`` the cost centre is a tag (``gpu-fence/cost-centre``) and the column
+``x_CostCentre``.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import csv
 import io
 import json
 import re
+from decimal import Decimal
 
-from .compute import OVERREACH, PLATFORM, UNATTRIBUTED, Bill, Charge, Line
+from .compute import PLATFORM, UNATTRIBUTED, Bill, Charge, Line
 from .errors import ChargebackError
 from .provenance import Provenance
+from .statement import line_costs, statement
 from .times import iso, iso_seconds
 
 COLUMNS = (
@@ -66,6 +73,7 @@ COLUMNS = (
     "Tags",
 )
 EXTRA = (
+    "x_CostCentre",
     "x_GpuMemoryGiBHours",
     "x_Method",
     "x_IdlePolicy",
@@ -82,19 +90,21 @@ _DESCRIPTION = {
     Charge.USAGE: "GPU memory share",
     Charge.RESERVED: "held without memory in use (reserved, unused)",
     Charge.IDLE_SHARE: "share of the card's idle capacity",
-    Charge.OVERREACH: "GPU memory without an allocation (overreach)",
+    Charge.OVERREACH: "GPU memory without an allocation (overreach), charged to its user",
     Charge.UNATTRIBUTED: "GPU memory of processes outside any container",
     Charge.PLATFORM: "idle capacity nobody held or used",
 }
-_SUB_ACCOUNT = {Charge.OVERREACH: OVERREACH, Charge.UNATTRIBUTED: UNATTRIBUTED, Charge.PLATFORM: PLATFORM}
+_SUB_ACCOUNT = {Charge.UNATTRIBUTED: UNATTRIBUTED, Charge.PLATFORM: PLATFORM}
 
 
-def _decimal(value: float) -> str:
-    return f"{value + 0.0:.6f}"
+def _decimal(value: float | Decimal) -> str:
+    return f"{value + 0:.6f}"
 
 
-def _tags(line: Line, group_by: str) -> str:
+def _tags(line: Line, group_by: str, centre: str | None) -> str:
     tags = {f"{TAG}charge": line.charge.value, f"{TAG}node": line.node, f"{TAG}card": line.card_uuid}
+    if centre:
+        tags[f"{TAG}cost-centre"] = centre
     if line.namespace:
         tags[f"{TAG}namespace"] = line.namespace
     if line.group:
@@ -115,17 +125,20 @@ def focus_rows(bill: Bill, made: Provenance) -> list[dict[str, str]]:
         )
     price = {(card.node, card.uuid): card.price_per_hour for card in bill.cards}
     start, end = iso_seconds(bill.start), iso_seconds(bill.end)
+    shown = statement(bill, made.cost_centres)
+    centre_of = {row.name: row.values["cost_centre"] for row in shown.rows}
+    lines = [line for line in bill.lines if _charged(line)]
+    costs = line_costs(bill, shown, keep=_charged)
     rows = []
-    for line in bill.lines:
-        if line.card_hours <= 0 and line.gib_hours <= 0:
-            continue
+    for line, cost in zip(lines, costs, strict=True):
         unit_price = price[(line.node, line.card_uuid)]
         account = _SUB_ACCOUNT.get(line.charge, line.group)
+        centre = centre_of.get(account)
         is_slice = line.device_uuid != line.card_uuid
         row = dict.fromkeys(COLUMNS, "")
         row.update(
             {
-                "BilledCost": _decimal(line.cost),
+                "BilledCost": _decimal(cost),
                 "BillingAccountId": NAME,
                 "BillingAccountName": "GPU chargeback",
                 "BillingCurrency": bill.currency,
@@ -140,7 +153,7 @@ def focus_rows(bill: Bill, made: Provenance) -> list[dict[str, str]]:
                 "ConsumedUnit": "GPU-Hours",
                 "ContractedCost": _decimal(line.cost),
                 "ContractedUnitPrice": _decimal(unit_price),
-                "EffectiveCost": _decimal(line.cost),
+                "EffectiveCost": _decimal(cost),
                 "InvoiceIssuerName": NAME,
                 "ListCost": _decimal(line.cost),
                 "ListUnitPrice": _decimal(unit_price),
@@ -158,7 +171,8 @@ def focus_rows(bill: Bill, made: Provenance) -> list[dict[str, str]]:
                 "SkuPriceId": f"{line.model} at {unit_price:g} {bill.currency}/GPU-hour",
                 "SubAccountId": account,
                 "SubAccountName": account,
-                "Tags": _tags(line, made.group_by),
+                "Tags": _tags(line, made.group_by, centre if isinstance(centre, str) else None),
+                "x_CostCentre": centre if isinstance(centre, str) else "",
                 "x_GpuMemoryGiBHours": _decimal(line.gib_hours),
                 "x_Method": bill.method.value,
                 "x_IdlePolicy": bill.idle_policy.value,
@@ -170,6 +184,11 @@ def focus_rows(bill: Bill, made: Provenance) -> list[dict[str, str]]:
         )
         rows.append(row)
     return rows
+
+
+def _charged(line: Line) -> bool:
+    """A line FOCUS writes: one that pays for some card-hours or memory (not an empty booking)."""
+    return line.card_hours > 0 or line.gib_hours > 0
 
 
 def render_focus(bill: Bill, made: Provenance) -> str:

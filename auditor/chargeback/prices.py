@@ -20,11 +20,12 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from .errors import ChargebackError
-from .files import read_yaml
+from .files import named_entries, read_yaml
 
 _KEYS = ("currency", "default", "models", "nodes")
 # NVML names a MIG device "<card model> MIG 3g.40gb"; the card's own name is what a price list holds.
@@ -59,17 +60,17 @@ class Prices:
         """The price of a whole card of ``model`` on ``node`` and the entry it came from; None when none matches."""
         for pattern, price in self.nodes:
             if pattern == node:
-                return PriceMatch(price, f"nodes.{pattern!r}")
+                return PriceMatch(price, PriceRule(PriceKey.NODE, pattern))
         for pattern, price in self.nodes:
             if fnmatch.fnmatchcase(node, pattern):
-                return PriceMatch(price, f"nodes.{pattern!r}")
+                return PriceMatch(price, PriceRule(PriceKey.NODE, pattern))
         of_card = card_model(model)
         for name, price in self.models:
             if name in (model, of_card):
-                return PriceMatch(price, f"models.{name!r}")
+                return PriceMatch(price, PriceRule(PriceKey.MODEL, name))
         if self.default is None:
             return None
-        return PriceMatch(self.default, "--price-per-gpu-hour" if self.flat_price else "default")
+        return PriceMatch(self.default, PriceRule(PriceKey.FLAT if self.flat_price else PriceKey.DEFAULT))
 
     def per_hour(self, node: str, model: str) -> float | None:
         """Hourly price of a whole card of ``model`` on ``node``; None when nothing in the list matches."""
@@ -77,17 +78,50 @@ class Prices:
         return None if found is None else found.price
 
 
+class PriceKey(Enum):
+    """Which part of the price list a price came from."""
+
+    NODE = "nodes"  # an exact node name or an fnmatch pattern
+    MODEL = "models"
+    DEFAULT = "default"
+    FLAT = "--price-per-gpu-hour"
+
+
+@dataclass(frozen=True)
+class PriceRule:
+    """The entry of the price list that priced a card: its part, and the name or pattern within it."""
+
+    key: PriceKey
+    name: str = ""
+
+    @property
+    def entry(self) -> str:
+        """The entry as the price file spells it: ``nodes.'spot-*'``, ``models.'NVIDIA L4'``, ``default``."""
+        return f"{self.key.value}.{self.name!r}" if self.name else self.key.value
+
+    @property
+    def described(self) -> str:
+        """The entry in words, for readers who never saw the price file."""
+        if self.key is PriceKey.NODE:
+            return f"nodes named {self.name}" if any(char in self.name for char in "*?[") else f"node {self.name}"
+        if self.key is PriceKey.MODEL:
+            return "its model"
+        if self.key is PriceKey.DEFAULT:
+            return "the default price"
+        return "one price for every card"
+
+
 @dataclass(frozen=True)
 class PriceMatch:
     price: float
-    rule: str  # the entry that set it: nodes.'spot-*', models.'NVIDIA H100 80GB HBM3', default, --price-per-gpu-hour
+    rule: PriceRule
 
 
 @dataclass(frozen=True)
 class AppliedPrice:
     """One line of the price list as a bill applied it: which entry priced which model, and how many cards."""
 
-    rule: str
+    rule: PriceRule
     model: str
     price: float
     cards: int
@@ -95,12 +129,13 @@ class AppliedPrice:
 
 def applied_prices(prices: Prices, cards: Iterable[tuple[str, str]]) -> tuple[AppliedPrice, ...]:
     """The entries of ``prices`` that priced ``cards`` (node, model), one per (entry, model, price)."""
-    counts: Counter[tuple[str, str, float]] = Counter()
+    counts: Counter[tuple[PriceRule, str, float]] = Counter()
     for node, model in cards:
         found = prices.match(node, model)
         if found is not None:
             counts[(found.rule, model, found.price)] += 1
-    return tuple(AppliedPrice(rule, model, price, count) for (rule, model, price), count in sorted(counts.items()))
+    ordered = sorted(counts.items(), key=lambda item: (item[0][0].entry, *item[0][1:]))
+    return tuple(AppliedPrice(rule, model, price, count) for (rule, model, price), count in ordered)
 
 
 def _price(value: Any, where: str, source: str) -> float:
@@ -111,16 +146,10 @@ def _price(value: Any, where: str, source: str) -> float:
 
 
 def _table(value: Any, key: str, source: str) -> tuple[tuple[str, float], ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, Mapping):
-        raise PriceError(f"{source}: {key} must be a mapping of name to price per GPU-hour, got {type(value).__name__}")
-    entries = []
-    for name, price in value.items():
-        if not isinstance(name, str) or not name:
-            raise PriceError(f"{source}: {key} has a key {name!r} that is not a non-empty string (quote it)")
-        entries.append((name, _price(price, f"{key}.{name!r}", source)))
-    return tuple(entries)
+    def fail(message: str) -> PriceError:
+        return PriceError(f"{source}: {message}")
+
+    return named_entries(value, key, "price per GPU-hour", lambda item, where: _price(item, where, source), fail)
 
 
 def prices_from_mapping(document: Any, source: str = "prices") -> Prices:

@@ -24,6 +24,8 @@ from .httpconfig import HttpConfig
 
 # Prometheus refuses more than 11,000 points per series in one range query; stay well below.
 MAX_POINTS_PER_QUERY = 10_000
+# What stops a long query on the server's side, by server (their flags' own names and defaults).
+SERVER_TIMEOUTS = "Prometheus: --query.timeout, 2m by default; Thanos Query: --query.timeout; Mimir: -querier.timeout"
 # Longer URL-encoded queries go in a POST body (Go's HTTP server, and most proxies, take URLs of ~8 KB and more).
 MAX_GET_QUERY = 6000
 
@@ -93,12 +95,15 @@ class _RedirectHandler(urllib.request.HTTPRedirectHandler):
 class PrometheusClient:
     """Just ``query_range``, with every failure mapped to one line naming the server and what went wrong."""
 
-    def __init__(self, base_url: str, timeout: float = 30.0, http_config: HttpConfig | None = None) -> None:
+    def __init__(
+        self, base_url: str, timeout: float = 30.0, http_config: HttpConfig | None = None, timeout_said: str = ""
+    ) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise PrometheusError(f"--prometheus {base_url!r}: expected an http:// or https:// URL")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.timeout_said = timeout_said  # where the timeout came from, when not from --timeout
         self.http = http_config or HttpConfig()
         self._opener = urllib.request.build_opener(
             _RedirectHandler(self.http.follow_redirects), _HTTPSHandler(self.http.tls, self.http.server_name)
@@ -109,15 +114,21 @@ class PrometheusClient:
         return self.base_url
 
     def query(self, query: str, at: float) -> list[Series]:
-        """An instant query at ``at``: one sample per series (``/api/v1/query``)."""
+        """An instant query at ``at`` (``/api/v1/query``): one sample per series, or every sample of a range
+        selector (``metric[1h]``) as stored, with its own timestamp."""
         document = self._api("query", {"query": query, "time": _num(at)}, query)
         data = document.get("data") or {}
-        if data.get("resultType") != "vector":
-            raise PrometheusError(f"Prometheus at {self.base_url} answered {data.get('resultType')!r}, not a vector")
+        kind = data.get("resultType")
+        if kind not in ("vector", "matrix"):
+            raise PrometheusError(f"Prometheus at {self.base_url} answered {kind!r}, not a vector")
         series = []
         for item in data.get("result", []):
-            ts, value = item.get("value", (at, "NaN"))
-            series.append(Series(dict(item.get("metric", {})), ((float(ts), float(value)),)))
+            if kind == "matrix":
+                values = tuple((float(ts), float(value)) for ts, value in item.get("values", []))
+            else:
+                ts, value = item.get("value", (at, "NaN"))
+                values = ((float(ts), float(value)),)
+            series.append(Series(dict(item.get("metric", {})), values))
         return series
 
     def query_range(self, query: str, start: float, end: float, step: float) -> list[Series]:
@@ -185,9 +196,11 @@ class PrometheusClient:
         except ssl.SSLError as error:  # raised past urllib when TLS 1.3 refuses the client after the handshake
             raise PrometheusError(self._tls_error(error)) from None
         except TimeoutError:
+            said = f" ({self.timeout_said})" if self.timeout_said else ""
             raise PrometheusError(
-                f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s: a long range can need a "
-                "larger --timeout, and the server a larger --query.timeout"
+                f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s{said}: pass --timeout "
+                f"{2 * self.timeout:g}, and if the server stops the query first, raise its own limit above that "
+                f"({SERVER_TIMEOUTS})"
             ) from None
         except (OSError, http.client.HTTPException) as error:
             reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
@@ -196,6 +209,8 @@ class PrometheusClient:
     def _http_error(self, error: urllib.error.HTTPError) -> str:
         detail = _error_detail(error)
         message = f"Prometheus at {self.base_url} answered HTTP {error.code} {error.reason}"
+        if "timed out" in detail or "deadline exceeded" in detail:
+            return f"{message}: {detail}: the server stopped the query at its own limit: raise it ({SERVER_TIMEOUTS})"
         if error.code in (401, 403):
             if self.http.authenticates:
                 hint = f"check the credentials in --http-config {self.http.source}"

@@ -1,14 +1,16 @@
 """How a bill was made, carried by every format so that a reader can reproduce it or challenge it.
 
 The method, idle policy, currency and range live on the :class:`~.compute.Bill` itself (the computation decided
-them); this holds the rest: when, by which gpu-fence, from where, at what resolution, grouped how, at what prices.
+them); this holds the rest: when, by which gpu-fence, from where, at what resolution, grouped how, at what prices,
+and (with ``--cost-centres``) which cost centre each row belongs to.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
+from .costcentres import CostCentres
 from .prices import AppliedPrice
 
 
@@ -32,3 +34,12 @@ class Provenance:
     group_by: str  # namespace | label:KEY
     prices: tuple[AppliedPrice, ...] = ()
     series: Series = Series.RAW
+    hourly_sums: int = 0  # of a recorded bill: the hours it summed from the rules' hourly sums
+    cost_centres: CostCentres = field(default_factory=CostCentres)  # each row's cost centre (--cost-centres)
+
+    @property
+    def split_from(self) -> str:
+        """What the split was computed from, in words."""
+        if self.hourly_sums:
+            return f"{self.series.described} ({self.hourly_sums} whole hours from their hourly sums)"
+        return self.series.described

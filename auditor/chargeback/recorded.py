@@ -12,11 +12,17 @@ the evaluations in ``(start, end]``, reported as the range they stand for. It eq
 those very instants with ``--step`` = the rules' interval (docs/chargeback.md, "When the two paths agree"). An
 evaluation the rules did not record (Prometheus down, the rules deployed after the range began) is computed here
 from the raw series at that instant, so a gap costs time, never correctness.
+
+Where the rules' second level recorded hourly sums (``rules.hourly_rules``), a bill sums those for the whole hours
+of its range and the interval's series only for what is left (the range's edges, an hour the second level did not
+record): the same samples, summed in two steps, so the same bill, reading twelve times fewer samples at 5 minutes.
+Each stretch is a query of each sum (:class:`Part`), evaluated at its own end, and the parts are added up here.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import re
 from collections import defaultdict
@@ -47,10 +53,15 @@ from .times import iso
 
 # At most this many timeline points: consecutive evaluations are merged into one point beyond it.
 TIMELINE_POINTS = 720
-SUMS = 13  # the instant queries of book(), before the timeline's one or two range queries
+SUMS = 13  # the instant queries of book() over one part of its range, before the timeline's range queries
+RENAMED_CHECKS = 2  # of those, the two that read the auditor's series over the whole range
 # Queries in flight at once: Prometheus evaluates each on one core (Thanos and Mimir spread them over queriers),
 # so a bill's dozen sums and its timeline take the longest one's time, not their total, where cores are free.
 PARALLEL = 4
+# At most this many stretches of whole hours are summed from the hourly series: each adds a query to every sum (and
+# splits the interval's series around it), so a range the second level recorded with many gaps sums the longest
+# stretches from it and the rest from the interval's series.
+MAX_HOURLY_RUNS = 4
 
 
 class NotRecorded(ChargebackError):
@@ -58,12 +69,32 @@ class NotRecorded(ChargebackError):
 
 
 @dataclass(frozen=True)
+class Part:
+    """A stretch of a bill's evaluations, ``first`` to ``last`` (indexes), that one term of each sum reads: the
+    interval's series (``hourly`` false, ``count`` evaluations' slots) or the hourly sums (``count`` hours), whose
+    last sample is at ``end``."""
+
+    hourly: bool
+    first: int
+    last: int
+    end: float
+    count: int
+    step: float  # seconds between its samples: the rules' interval, or an hour
+
+    @property
+    def window(self) -> str:
+        return _window(self.count * self.step)
+
+
+@dataclass(frozen=True)
 class Plan:
-    """The rules' evaluations in the range: which are recorded and which must be computed from raw series."""
+    """The rules' evaluations in the range: which are recorded and which must be computed from raw series, and
+    which whole hours the second level summed."""
 
     interval: float  # seconds between evaluations
     evaluations: tuple[float, ...]  # every evaluation time in (start, end], on the rules' phase
     recorded: frozenset[int]  # indexes into evaluations that the rules recorded
+    hours: tuple[float, ...] = ()  # times of the hourly sums whose hour is whole and inside the range
 
     @property
     def first(self) -> float:
@@ -87,8 +118,80 @@ class Plan:
         """How many queries :func:`book` makes for this plan."""
         if not self.recorded:
             return 0
-        head, _merge = timeline_points(len(self.evaluations))
-        return SUMS + 1 + (head > 0)
+        return RENAMED_CHECKS + (SUMS - RENAMED_CHECKS) * len(self.parts) + len(self.timeline_sets())
+
+    @property
+    def hourly_sums(self) -> int:
+        """How many whole hours the bill sums from the hourly series."""
+        return sum(part.count for part in self.parts if part.hourly)
+
+    @property
+    def lag(self) -> float:
+        """How long before its own time an hourly sum's hour ends (``rules.hourly_rules``: one interval)."""
+        return self.interval
+
+    @functools.cached_property
+    def parts(self) -> tuple[Part, ...]:
+        """The evaluations cut into stretches: runs of whole hours from the hourly sums (the longest
+        ``MAX_HOURLY_RUNS``), the rest from the interval's series."""
+        per_hour = r.hourly_evaluations(self.interval)
+        count, step, origin = len(self.evaluations), _ms(self.interval), _ms(self.first)
+        runs: list[list[tuple[float, int, int]]] = []  # (the hourly sum's time, first and last evaluation it covers)
+        for time in self.hours:
+            last = (_ms(time - self.lag) - origin) // step
+            first = last - per_hour + 1
+            if first < 0 or last >= count:
+                continue
+            if runs and _ms(time) - _ms(runs[-1][-1][0]) == _ms(r.HOUR):
+                runs[-1].append((time, first, last))
+            else:
+                runs.append([(time, first, last)])
+        chosen = sorted(
+            sorted(runs, key=lambda run: (-len(run), run[0][1]))[:MAX_HOURLY_RUNS], key=lambda run: run[0][1]
+        )
+        parts: list[Part] = []
+        position = 0
+        for run in chosen:
+            begin, end = run[0][1], run[-1][2]
+            if begin > position:
+                parts.append(self._interval_part(position, begin - 1))
+            parts.append(Part(True, begin, end, run[-1][0], len(run), r.HOUR))
+            position = end + 1
+        if position < count:
+            parts.append(self._interval_part(position, count - 1))
+        return tuple(parts)
+
+    def _interval_part(self, first: int, last: int) -> Part:
+        return Part(False, first, last, self.evaluations[last], last - first + 1, self.interval)
+
+    @property
+    def at(self) -> float:
+        """When a bill's checks over its whole range are evaluated: the latest end of its parts (a sum's parts are
+        each evaluated at their own end)."""
+        return max(part.end for part in self.parts)
+
+    def timeline_sets(self) -> list[tuple[Part, list[float], int]]:
+        """The timeline's points, as range queries: (the part, the end of each point's last sample, how many
+        samples each point sums). At most ``TIMELINE_POINTS`` points of ``merge`` evaluations each, the first of a
+        stretch taking what is left over; where points are an hour or longer, whole hours from the hourly sums."""
+        _head, merge = timeline_points(len(self.evaluations))
+        per_hour = r.hourly_evaluations(self.interval)
+        sets = []
+        for stretch in self.parts:
+            part = stretch
+            if stretch.hourly and merge >= per_hour:
+                size = math.ceil(merge / per_hour)
+                times = [stretch.end - r.HOUR * (stretch.count - 1 - index) for index in range(stretch.count)]
+            else:  # points shorter than an hour: the interval's series, even where the hours are summed
+                size = merge
+                times = list(self.evaluations[stretch.first : stretch.last + 1])
+                part = self._interval_part(stretch.first, stretch.last)
+            head = len(times) % size
+            if head:
+                sets.append((part, times[head - 1 : head], head))
+            if times[head + size - 1 :: size]:
+                sets.append((part, times[head + size - 1 :: size], size))
+        return sets
 
 
 def _ms(seconds: float) -> int:
@@ -131,8 +234,6 @@ def plan(
             f"the chargeback recording rules at {source.name} evaluate every {interval:g} s: --step {step:g} s "
             "needs the raw series (--series raw), or leave --step out"
         )
-    if by != "namespace":
-        _check_rolled_up(ask, by, start, end, source.name)
     count = int(_ms(end - start) // _ms(interval))
     if count < 1:
         raise NotRecorded(f"the range {iso(start)} .. {iso(end)} is shorter than the rules' interval ({interval:g} s)")
@@ -150,7 +251,28 @@ def plan(
     recorded = frozenset(
         index for index in range(count) if _ms(start) + (index + 1) * _ms(interval) in present
     )  # cell k holds evaluation k
-    return Plan(interval, evaluations, recorded)
+    schedule = Plan(interval, evaluations, recorded)
+    if recorded and r.hourly_evaluations(interval):
+        schedule = Plan(interval, evaluations, recorded, _hours(ask, schedule))
+    if by != "namespace":
+        _check_rolled_up(ask, by, schedule, source.name)
+    return schedule
+
+
+def _hours(ask: Callable[[str, float], list[Series]], schedule: Plan) -> tuple[float, ...]:
+    """The times of the hourly sums whose hour is whole (every evaluation recorded) and inside the evaluations of
+    ``schedule``: the second level's own samples, read as they are (a range selector in an instant query). The
+    second level evaluates at its own phase: a sum's hour ends between two of the split's evaluations, anywhere in
+    the interval after the last one it covers."""
+    at = schedule.last + schedule.lag + schedule.interval - 0.001  # its hour ends with the range's last evaluation
+    earliest = schedule.first - schedule.interval + r.HOUR + schedule.lag  # its hour starts with the range
+    if earliest > at:
+        return ()
+    # A millisecond more than the span, so that a sum at ``earliest`` is in under Prometheus 3's left-open ranges
+    # too (one a millisecond before it covers an evaluation outside the range, and Plan.parts leaves it out).
+    found = ask(f"{r.HOURLY_EVALUATIONS}[{_ms(at - earliest) + 1}ms]", at)
+    whole = r.hourly_evaluations(schedule.interval)
+    return tuple(sorted({time for item in found for time, value in item.values if value == whole}))
 
 
 def _phase(source: InstantSource, interval: float, present: Sequence[int], progress: Progress | None) -> int | None:
@@ -167,12 +289,13 @@ def _phase(source: InstantSource, interval: float, present: Sequence[int], progr
     return _ms(max(inside)) % _ms(interval) if inside else None
 
 
-def _check_rolled_up(ask: Callable[[str, float], list[Series]], by: str, start: float, end: float, name: str) -> None:
+def _check_rolled_up(ask: Callable[[str, float], list[Series]], by: str, schedule: Plan, name: str) -> None:
     key = by.removeprefix("label:")
     label = label_name(key)
-    window = _window(end - start + 1)
-    if ask(f'group(last_over_time({r.GROUP_BOOKED}{{{label}!=""}}{window}))', end):
+    start, end = schedule.start, schedule.last
+    if any(ask(f"group({term})", at) for term, at in over(schedule, r.GROUP_BOOKED, f'{label}!=""', "last_over_time")):
         return
+    window = _window(end - start + 1)
     if ask(f'group(last_over_time(gpu_fence_pod_labels{{{label}!=""}}{window}))', end):
         raise NotRecorded(
             f"the chargeback recording rules at {name} do not carry pod label {key!r} ({label}): regenerate them "
@@ -182,6 +305,23 @@ def _check_rolled_up(ask: Callable[[str, float], list[Series]], by: str, start: 
         f"no gpu_fence_pod_labels series carries {label} (pod label {key!r}) between {iso(start)} and {iso(end)}: "
         f"run the auditor with --pod-label {key}, or check the label key"
     )
+
+
+def over(schedule: Plan, metric: str, matchers: str, function: str) -> list[tuple[str, float]]:
+    """``function`` (``sum_over_time``, ``count_over_time``, ``last_over_time``) of ``metric{matchers}`` over every
+    evaluation of ``schedule``: one (expression, time to evaluate it at) per :class:`Part`, the hourly sums' reading
+    the second level's series (whose hours are already summed: counts are summed there, not counted). Each is its
+    own query, evaluated at its part's end: Prometheus looks a query's series up in every block its whole time range
+    touches, so a short part asked for apart costs little, where one term of a longer query would cost a month's."""
+    terms = []
+    for part in schedule.parts:
+        name, function_here = metric, function
+        if part.hourly:
+            name = r.HOURLY[metric][1]
+            function_here = "sum_over_time" if function == "count_over_time" else function
+        selector = f"{name}{{{matchers}}}" if matchers else name
+        terms.append((f"{function_here}({selector}{part.window})", part.end))
+    return terms
 
 
 Answer = Callable[[], list[Series]]
@@ -195,18 +335,34 @@ class _Queries:
     whatever order Prometheus answers in."""
 
     def __init__(self, source: InstantSource, schedule: Plan, progress: Progress | None, pool: Executor) -> None:
-        self.source, self.progress, self.pool = source, progress, pool
-        self.at = schedule.last
-        self.window = _window(len(schedule.evaluations) * schedule.interval)
+        self.source, self.progress, self.pool, self.schedule = source, progress, pool, schedule
+        self.at = schedule.at
+        self.window = _window(self.at - schedule.start)  # every evaluation, for what reads the auditor's series
 
-    def sum(self, metric: str, matchers: str, by: str) -> Answer:
-        return self.send(f"sum by ({by}) (sum_over_time({metric}{{{matchers}}}{self.window}))")
+    def sum(self, metric: str, matchers: str, by: str, function: str = "sum_over_time") -> Answer:
+        """``sum by (by)`` of ``function`` over the schedule's evaluations: a query per part, added up here, part by
+        part in a fixed order."""
+        answers = [
+            self.send(f"sum by ({by}) ({term})", at) for term, at in over(self.schedule, metric, matchers, function)
+        ]
+
+        def added() -> list[Series]:
+            totals: dict[tuple[tuple[str, str], ...], float] = {}
+            labels: dict[tuple[tuple[str, str], ...], Mapping[str, str]] = {}
+            for answer in answers:
+                for item in answer():
+                    key = tuple(sorted(item.labels.items()))
+                    totals[key] = totals.get(key, 0.0) + _value(item)
+                    labels.setdefault(key, item.labels)
+            return [Series(labels[key], ((self.at, total),)) for key, total in totals.items()]
+
+        return added
 
     def ask(self, query: str) -> list[Series]:
         return self.send(query)()
 
-    def send(self, query: str) -> Answer:
-        return self._sent(self.pool.submit(self.source.query, query, self.at))
+    def send(self, query: str, at: float | None = None) -> Answer:
+        return self._sent(self.pool.submit(self.source.query, query, self.at if at is None else at))
 
     def send_range(self, query: str, start: float, end: float, step: float) -> Answer:
         return self._sent(self.pool.submit(self.source.query_range, query, start, end, step))
@@ -266,7 +422,7 @@ def _book(q: _Queries, schedule: Plan, ledger: Ledger, by: str, notes: RawNotes)
 
     method = f'method="{ledger.method.value}"'
     _refuse_renamed(q)
-    for item in q.ask(f"sum by (node, card_uuid, model) (count_over_time({r.CARD}{q.window}))"):
+    for item in q.sum(r.CARD, "", "node, card_uuid, model", "count_over_time")():
         labels = item.labels
         ledger.card(labels.get("node", ""), labels.get("card_uuid", ""), labels.get("model", ""), _value(item) * hours)
     if ledger.unpriced:
@@ -283,7 +439,7 @@ def _book(q: _Queries, schedule: Plan, ledger: Ledger, by: str, notes: RawNotes)
     unattributed_gib = q.sum(r.UNATTRIBUTED_MEMORY, "", DEVICE)
     unattributed = q.sum(r.UNATTRIBUTED, method, DEVICE)
     active = q.sum(r.GROUP_ACTIVE, "", groups)
-    issues = q.send(f"group by (issue, node, gpu_uuid) (last_over_time({r.ISSUE}{q.window}))")
+    issues = q.sum(r.ISSUE, "", "issue, node, gpu_uuid", "last_over_time")
 
     usage_memory: dict[tuple, float] = defaultdict(float)
     for item in usage():
@@ -354,16 +510,12 @@ def _issues(found: list[Series], ledger: Ledger, notes: RawNotes) -> None:
 def _timeline(
     q: _Queries, schedule: Plan, ledger: Ledger, method: str, label: str | None
 ) -> Callable[[], list[TimePoint]]:
-    """Cost per layer, at most ``TIMELINE_POINTS`` points of ``merge`` evaluations each; the first point takes what
-    is left over, so that every point ends on an evaluation and none reaches before the range. The queries are
-    sent now; the points are made when the result is called."""
-    head, merge = timeline_points(len(schedule.evaluations))
-    times = schedule.evaluations
+    """Cost per layer at the points of ``schedule.timeline_sets``, every point ending on an evaluation and none
+    reaching before the range. The queries are sent now; the points are made when the result is called."""
     prices = {card: ledger.price_of(*card) for card in ledger.cards}
-    layers = _Layers(q, schedule.interval, price_classes(prices), method, label)
-    first = layers.points(times[head - 1 : head], head) if head else list
-    rest = layers.points(times[head + merge - 1 :: merge], merge)
-    return lambda: first() + rest()
+    layers = _Layers(q, schedule.lag, price_classes(prices), method, label)
+    made = [layers.points(part, times, size) for part, times, size in schedule.timeline_sets()]
+    return lambda: [point for points in made for point in points()]
 
 
 def timeline_points(evaluations: int, most: int = TIMELINE_POINTS) -> tuple[int, int]:
@@ -415,20 +567,23 @@ class _Layers:
     at every point cost more than all of the bill's sums together, and grew with the cards and the price list."""
 
     q: _Queries
-    interval: float
+    lag: float  # how long before its own time an hourly sum's hour ends
     classes: Sequence[tuple[float, str]]  # (price per hour, matchers selecting the cards at that price)
     method: str  # the method's label matcher
     label: str | None  # the pod label grouped by, or None for namespaces
 
-    def points(self, ends: Sequence[float], merge: int) -> Callable[[], list[TimePoint]]:
-        """Every layer's cost over the ``merge`` evaluations up to each of ``ends``: asked now, made when called."""
+    def points(self, part: Part, ends: Sequence[float], size: int) -> Callable[[], list[TimePoint]]:
+        """Every layer's cost over the ``size`` samples of ``part``'s series up to each of ``ends`` (evaluations, or
+        hourly sums): asked now, made when called."""
         if not ends:
             return list
-        span = merge * self.interval
+        span = size * part.step
         window = _window(span)
 
         def layer(term: int, metric: str, matchers: str, by: str, name: str | None) -> str:
             cards = self.classes[term][1]
+            if part.hourly:  # the sums per node, unless this price is a choice of cards on a node of several
+                metric = r.HOURLY[metric][1] if "card_uuid" in cards else r.PER_NODE[metric]
             summed = f"sum by ({by}) (sum_over_time({metric}{{{matchers}{', ' + cards if cards else ''}}}{window}))"
             named = (
                 f'label_replace({summed}, "layer", "$1", "{by}", "(.*)")'
@@ -447,7 +602,8 @@ class _Layers:
         terms = [layer(term, *each) for term in range(len(self.classes)) for each in layers]
         # Every card free: nothing to ask, and no cost to chart.
         answer = self.q.send_range(" or ".join(terms), ends[0], ends[-1], span) if terms else self.q.answered([])
-        hours = self.interval / 3600.0
+        hours = self.q.schedule.interval / 3600.0  # each sample is an evaluation's card ratios, summed or not
+        shift = self.lag if part.hourly else 0.0  # an hourly sum at T stands for the hour ending at T - lag
 
         def made() -> list[TimePoint]:
             costs: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -457,7 +613,10 @@ class _Layers:
                 for ts, value in item.values:
                     if math.isfinite(value):
                         costs[_ms(ts)][name] += value * price * hours
-            return [TimePoint(end=end, costs=nonzero(costs.get(_ms(end), {})), start=end - span) for end in ends]
+            return [
+                TimePoint(end=end - shift, costs=nonzero(costs.get(_ms(end), {})), start=end - shift - span)
+                for end in ends
+            ]
 
         return made
 

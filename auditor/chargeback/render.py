@@ -1,10 +1,11 @@
 """A :class:`Bill` as text: an aligned table for people, CSV and JSON for tools, markdown for tickets and wikis.
 
-All four show the same rows: one per group, then ``(unattributed)`` (memory of processes outside any container),
-``(platform)`` (idle capacity nobody is charged for), and ``TOTAL``. Overreach is a column of its own that is
-not part of a group's total; the footer states that billed total + overreach = the GPU cost of the range. Each
-also says how it was made (:class:`~.provenance.Provenance`): the price list as applied and every card's cost.
-The JSON follows ``bill.schema.json`` beside this module.
+All four show the same rows, in cents that add up (:mod:`~.statement`): one per group, their subtotal,
+``(unattributed)`` (memory of processes outside any container), ``(platform)`` (idle capacity nobody is charged
+for), and ``TOTAL``, the GPU cost of the range. What a group used without an allocation (overreach) is a column of
+its own inside its total. With ``--cost-centres``, each row names its cost centre and a table sums the rows per
+cost centre. Each also says how it was made (:class:`~.provenance.Provenance`): the price list as applied and every
+card's cost. The JSON follows ``bill.schema.json`` beside this module.
 """
 
 from __future__ import annotations
@@ -12,29 +13,16 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass
+from decimal import Decimal
 from importlib import resources
 from typing import Any
 
-from .compute import PLATFORM, UNATTRIBUTED, Bill
+from .compute import Bill
 from .devicemetrics import DeviceMetricBill
 from .provenance import Provenance
+from .statement import COLUMNS, RowKind, Statement, statement
 from .times import iso
 
-COLUMNS = (
-    ("group", "group"),
-    ("requested_gpu_hours", "requested GPU-h"),
-    ("request_cost", "request cost"),
-    ("memory_gib_hours", "memory GiB-h"),
-    ("usage_cost", "usage cost"),
-    ("reserved_cost", "reserved, unused"),
-    ("idle_cost", "idle share"),
-    ("total_cost", "total"),
-    ("difference", "total - request"),
-    ("overreach_cost", "overreach (apart)"),
-    ("sm_active_gpu_hours", "SM-active GPU-h (not billed)"),
-)
-MONEY = {"request_cost", "usage_cost", "reserved_cost", "idle_cost", "total_cost", "difference", "overreach_cost"}
 CARD_COLUMNS = (
     ("node", "node"),
     ("gpu_uuid", "GPU"),
@@ -45,86 +33,65 @@ CARD_COLUMNS = (
     ("unused_cost", "unheld, unused"),
 )
 PRICE_COLUMNS = (
-    ("rule", "price list entry"),
     ("model", "model"),
     ("price_per_gpu_hour", "price/h"),
     ("cards", "cards"),
+    ("rule", "price list entry"),
 )
+CENTRE_COLUMNS = (("cost_centre", "cost centre"), ("rows", "rows"), ("total_cost", "total"))
 COMPARISON_COLUMNS = (
     ("group", "group"),
     ("gpu_fence_cost", "this bill"),
     ("device_hours_cost", "device-hours"),
     ("utilisation_cost", "utilisation"),
 )
-OTHER = "(unattributed, platform, overreach)"
+OTHER = "(unattributed, platform)"
 SCHEMA = "bill.schema.json"
+Columns = tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True)
-class Row:
-    kind: str  # group | unattributed | platform | total
-    values: dict[str, float | str | None]
-
-
-def rows(bill: Bill) -> list[Row]:
-    result = []
-    for group in bill.groups:
-        result.append(
-            Row(
-                "group",
-                {
-                    "group": group.group,
-                    "requested_gpu_hours": group.requested_gpu_hours,
-                    "request_cost": group.request,
-                    "memory_gib_hours": group.memory_gib_hours,
-                    "usage_cost": group.usage,
-                    "reserved_cost": group.reserved,
-                    "idle_cost": group.idle,
-                    "total_cost": group.total,
-                    "difference": group.difference,
-                    "overreach_cost": group.overreach,
-                    "sm_active_gpu_hours": group.sm_active_gpu_hours,
-                },
-            )
-        )
-    empty = dict.fromkeys(key for key, _ in COLUMNS if key != "group")
-    unattributed = dict(
-        empty,
-        group=UNATTRIBUTED,
-        memory_gib_hours=bill.unattributed_gib_hours,
-        usage_cost=bill.unattributed,
-        total_cost=bill.unattributed,
+def shown_columns(shown: Statement) -> Columns:
+    """The bill's columns with data: a column that is empty in every row (SM activity nowhere sampled, cost
+    centres not given) is left out of the tables people read; CSV and JSON keep every column."""
+    return tuple(
+        (key, title)
+        for key, title in COLUMNS
+        if key == "group" or any(row.values.get(key) is not None for row in shown.rows)
     )
-    platform = dict(empty, group=PLATFORM, idle_cost=bill.platform, total_cost=bill.platform)
-    result.append(Row("unattributed", unattributed))
-    result.append(Row("platform", platform))
-    totals: dict[str, float | str | None] = {"group": "TOTAL"}
-    for key, _ in COLUMNS[1:]:
-        known = [float(row.values[key]) for row in result if row.values[key] is not None]
-        totals[key] = sum(known) if known or key != "sm_active_gpu_hours" else None  # unknown everywhere: unknown
-    result.append(Row("total", totals))
-    return result
 
 
-def card_rows(bill: Bill) -> list[dict[str, float | str]]:
+def card_rows(shown: Statement) -> list[dict[str, Any]]:
     return [
         {
-            "node": card.node,
-            "gpu_uuid": card.uuid,
-            "model": card.model,
-            "price_per_gpu_hour": card.price_per_hour,
-            "hours": card.hours,
-            "cost": card.cost,
-            "unused_cost": card.unused,
+            "node": line.card.node,
+            "gpu_uuid": line.card.uuid,
+            "model": line.card.model,
+            "price_per_gpu_hour": line.card.price_per_hour,
+            "hours": line.card.hours,
+            "cost": line.cost,
+            "unused_cost": line.unused,
         }
-        for card in bill.cards
+        for line in shown.cards
     ]
 
 
-def price_rows(made: Provenance) -> list[dict[str, float | str]]:
+def price_rows(made: Provenance) -> list[dict[str, Any]]:
     return [
-        {"rule": item.rule, "model": item.model, "price_per_gpu_hour": item.price, "cards": item.cards}
+        {
+            "rule": item.rule.entry,
+            "priced_by": item.rule.described,
+            "model": item.model,
+            "price_per_gpu_hour": item.price,
+            "cards": item.cards,
+        }
         for item in made.prices
+    ]
+
+
+def centre_rows(shown: Statement) -> list[dict[str, Any]]:
+    return [
+        {"cost_centre": centre.centre, "rows": ", ".join(centre.rows), "total_cost": centre.total}
+        for centre in shown.centres
     ]
 
 
@@ -174,115 +141,139 @@ def comparison_lines(bill: Bill) -> list[str]:
     ]
 
 
-def _cell(key: str, value: float | str | None) -> str:
+def _cell(key: str, value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, str):
         return value
     if key == "cards":
         return f"{value:d}" if isinstance(value, int) else f"{value:g}"
-    return f"{value + 0.0:,.2f}"  # + 0.0 turns -0.0 into 0.0, so a zero difference never prints as "-0.00"
+    return f"{value + 0:,.2f}"  # + 0 turns -0.0 into 0.0, so a zero difference never prints as "-0.00"
 
 
 def provenance_lines(bill: Bill, made: Provenance) -> list[str]:
     """The facts every format states, as ``label: value`` pairs in one order."""
-    return [
-        f"range: {iso(bill.start)} .. {iso(bill.end)}, step {made.step:g} s, split from {made.series.described}",
+    lines = [
+        f"range: {iso(bill.start)} .. {iso(bill.end)}, step {made.step:g} s, split from {made.split_from}",
         f"method: {bill.method.value}, idle: {bill.idle_policy.value}, grouped by {made.group_by}",
         f"currency: {bill.currency}",
         f"source: {made.source}",
         f"generated: {iso(made.generated_at)} by gpu-fence {made.version}",
     ]
+    if made.cost_centres.given:
+        lines.append(f"cost centres: {made.cost_centres.file}")
+    return lines
 
 
 def _header(bill: Bill, made: Provenance) -> str:
     return f"GPU chargeback {iso(bill.start)} .. {iso(bill.end)}, by {made.group_by}"
 
 
-def _footer(bill: Bill) -> list[str]:
-    billed = sum(group.total for group in bill.groups) + bill.unattributed + bill.platform
-    overreach = sum(group.overreach for group in bill.groups)
+def _footer(bill: Bill, shown: Statement) -> list[str]:
+    total = shown.row(RowKind.TOTAL).values["total_cost"]
+    subtotal, unattributed, platform = (shown.row(kind).values["total_cost"] for kind in _SPECIAL)
     lines = [
-        f"GPU cost of the range: {bill.total_gpu_cost:,.2f} {bill.currency} over {bill.gpu_hours:,.1f} card-hours "
-        f"= billed {billed:,.2f} + overreach {overreach:,.2f}",
+        f"GPU cost of the range: {_cell('', total)} {bill.currency} over {bill.gpu_hours:,.1f} card-hours "
+        f"= groups {_cell('', subtotal)} + unattributed {_cell('', unattributed)} + platform {_cell('', platform)}",
     ]
     lines += [f"note: {note}" for note in bill.notes]
     return lines
 
 
-Columns = tuple[tuple[str, str], ...]
+_SPECIAL = (RowKind.SUBTOTAL, RowKind.UNATTRIBUTED, RowKind.PLATFORM)
 
 
-def _aligned(columns: Columns, records: list[dict[str, Any]], total_last: bool = False) -> list[str]:
+def _aligned(columns: Columns, records: list[dict[str, Any]], rules_before: tuple[int, ...] = ()) -> list[str]:
+    """A plain-text table; a rule line before each record whose index is in ``rules_before``."""
     table = [[title for _, title in columns]]
     table += [[_cell(key, record.get(key)) for key, _ in columns] for record in records]
     widths = [max(len(line[index]) for line in table) for index in range(len(columns))]
+    # Words left, figures right: a column is words when a record holds a string in it (a name, a model).
+    words = [index == 0 or any(isinstance(r.get(key), str) for r in records) for index, (key, _) in enumerate(columns)]
 
     def line(cells: list[str]) -> str:
-        padded = (c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        padded = (c.ljust(w) if left else c.rjust(w) for c, w, left in zip(cells, widths, words, strict=True))
         return "  ".join(padded).rstrip()
 
     rule = line(["-" * w for w in widths])
-    body = [line(cells) for cells in table[1:]]
-    if total_last:
-        body = [*body[:-1], rule, body[-1]]
+    body = []
+    for index, cells in enumerate(table[1:]):
+        if index in rules_before:
+            body.append(rule)
+        body.append(line(cells))
     return [line(table[0]), rule, *body]
 
 
+def _rules_before(shown: Statement) -> tuple[int, ...]:
+    """Rule lines above the groups' subtotal and above the TOTAL."""
+    kinds = [row.kind for row in shown.rows]
+    return (kinds.index(RowKind.SUBTOTAL), kinds.index(RowKind.TOTAL))
+
+
+def _overreach_lines(bill: Bill, shown: Statement) -> list[str]:
+    if not shown.overreach:
+        return []
+    out = ["Used without an allocation (overreach; in its group's total, column 'used without allocation'):"]
+    for line in shown.overreach:
+        item = line.item
+        out.append(
+            f"  {item.owner.namespace}/{item.owner.pod}/{item.owner.container} on {item.node} {item.gpu_uuid}: "
+            f"{line.gib_hours:,.1f} GiB-h, {_cell('cost', line.cost)} {bill.currency} to {item.owner.group}"
+        )
+    return [*out, ""]
+
+
 def render_table(bill: Bill, made: Provenance) -> str:
+    shown = statement(bill, made.cost_centres)
     out = [_header(bill, made), *provenance_lines(bill, made), ""]
-    out += _aligned(COLUMNS, [row.values for row in rows(bill)], total_last=True)
+    out += _aligned(shown_columns(shown), [row.values for row in shown.rows], _rules_before(shown))
     out.append("")
-    if bill.overreach:
-        out.append("Overreach (GPU memory without an allocation; not in any group's total):")
-        for item in bill.overreach:
-            out.append(
-                f"  {item.owner.namespace}/{item.owner.pod}/{item.owner.container} on {item.node} {item.gpu_uuid}: "
-                f"{item.gib_hours:,.1f} GiB-h, {item.cost:,.2f}"
-            )
-        out.append("")
+    if shown.centres:
+        out += ["Per cost centre:", *_aligned(CENTRE_COLUMNS, centre_rows(shown)), ""]
+    out += _overreach_lines(bill, shown)
     if bill.comparison is not None:
         out.append("Device metrics (dcgm-exporter's per-pod series) against this bill, not billed:")
-        out += _aligned(COMPARISON_COLUMNS, comparison_rows(bill), total_last=True)
+        compared = comparison_rows(bill)
+        out += _aligned(COMPARISON_COLUMNS, compared, (len(compared) - 1,))
         out += [*comparison_lines(bill), ""]
     out += ["Prices as applied (per card-hour):", *_aligned(PRICE_COLUMNS, price_rows(made)), ""]
-    out += ["Cards:", *_aligned(CARD_COLUMNS, card_rows(bill)), ""]
-    out += _footer(bill)
+    out += ["Cards:", *_aligned(CARD_COLUMNS, card_rows(shown)), ""]
+    out += _footer(bill, shown)
     return "\n".join(out) + "\n"
 
 
-def _markdown_table(columns: Columns, records: list[dict[str, Any]]) -> list[str]:
+def _markdown_table(columns: Columns, records: list[dict[str, Any]], bold: tuple[int, ...] = ()) -> list[str]:
     out = ["| " + " | ".join(title for _, title in columns) + " |"]
     out.append("|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|")
-    for record in records:
-        cells = [_cell(key, record.get(key)).replace("|", "\\|") for key, _ in columns]
-        out.append("| " + " | ".join(cells) + " |")
+    for index, record in enumerate(records):
+        cells = [_cell(key, record.get(key)) for key, _ in columns]
+        if index in bold:
+            cells = [f"**{cell}**" for cell in cells]
+        out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return out
 
 
 def render_markdown(bill: Bill, made: Provenance) -> str:
+    shown = statement(bill, made.cost_centres)
     out = [f"## {_header(bill, made)}", ""]
     out += [f"- {line}" for line in provenance_lines(bill, made)]
     out.append("")
-    out.append("| " + " | ".join(title for _, title in COLUMNS) + " |")
-    out.append("|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|")
-    for row in rows(bill):
-        cells = [_cell(key, row.values.get(key)) for key, _ in COLUMNS]
-        if row.kind == "total":
-            cells = [f"**{cell}**" for cell in cells]
-        out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    out.append("")
-    if bill.overreach:
+    totals = tuple(index for index, row in enumerate(shown.rows) if row.kind in (RowKind.SUBTOTAL, RowKind.TOTAL))
+    out += [*_markdown_table(shown_columns(shown), [row.values for row in shown.rows], totals), ""]
+    if shown.centres:
+        out += ["### Per cost centre", "", *_markdown_table(CENTRE_COLUMNS, centre_rows(shown)), ""]
+    if shown.overreach:
         out += [
-            "### Overreach (not in any group's total)",
+            "### Used without an allocation (overreach; in its group's total)",
             "",
-            "| namespace | pod | container | node | GPU | GiB-h | cost |",
-            "|---|---|---|---|---|---:|---:|",
+            "| namespace | pod | container | group | node | GPU | GiB-h | cost |",
+            "|---|---|---|---|---|---|---:|---:|",
         ]
-        for item in bill.overreach:
+        for line in shown.overreach:
+            item = line.item
             out.append(
-                f"| {item.owner.namespace} | {item.owner.pod} | {item.owner.container} | {item.node} | "
-                f"{item.gpu_uuid} | {item.gib_hours:,.1f} | {item.cost:,.2f} |"
+                f"| {item.owner.namespace} | {item.owner.pod} | {item.owner.container} | {item.owner.group} | "
+                f"{item.node} | {item.gpu_uuid} | {line.gib_hours:,.1f} | {_cell('cost', line.cost)} |"
             )
         out.append("")
     if bill.comparison is not None:
@@ -290,13 +281,14 @@ def render_markdown(bill: Bill, made: Provenance) -> str:
         out += [*_markdown_table(COMPARISON_COLUMNS, comparison_rows(bill)), ""]
         out += [*(f"{line}  " for line in comparison_lines(bill)), ""]
     out += ["### Prices as applied (per card-hour)", "", *_markdown_table(PRICE_COLUMNS, price_rows(made)), ""]
-    out += ["### Cards", "", *_markdown_table(CARD_COLUMNS, card_rows(bill)), ""]
-    out += [f"{line}  " for line in _footer(bill)]
+    out += ["### Cards", "", *_markdown_table(CARD_COLUMNS, card_rows(shown)), ""]
+    out += [f"{line}  " for line in _footer(bill, shown)]
     return "\n".join(out) + "\n"
 
 
-# CSV is one table: bill rows, then a row per price list entry (kind "price") and per card (kind "card"), with
-# the columns of all three; how the bill was made repeats on every row so that any row can stand alone.
+# CSV is one table: bill rows, then a row per cost centre (kind "cost-centre", with --cost-centres), per price list
+# entry (kind "price") and per card (kind "card"), with the columns of all of them; how the bill was made repeats on
+# every row so that any row can stand alone.
 CSV_EXTRA = (
     "node",
     "gpu_uuid",
@@ -328,6 +320,7 @@ CSV_COMPARISON = ("gpu_fence_cost", "device_hours_cost", "utilisation_cost", "re
 
 
 def render_csv(bill: Bill, made: Provenance) -> str:
+    shown = statement(bill, made.cost_centres)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     body = [*(key for key, _ in COLUMNS), *CSV_EXTRA, *(CSV_COMPARISON if bill.comparison is not None else ())]
@@ -350,11 +343,13 @@ def render_csv(bill: Bill, made: Provenance) -> str:
         cells = ("" if record.get(key) is None else _csv_number(record[key]) for key in body)
         writer.writerow([kind, *cells, *made_values])
 
-    for row in rows(bill):
-        write(row.kind, row.values)
+    for row in shown.rows:
+        write(row.kind.value, {**row.values, **row.exact})
+    for centre in centre_rows(shown):
+        write("cost-centre", {**centre, "group": centre["rows"]})
     for price in price_rows(made):
         write("price", {**price, "price_rule": price["rule"]})
-    for card in card_rows(bill):
+    for card in card_rows(shown):
         write("card", {**card, "card_hours": card["hours"], "card_cost": card["cost"]})
     if bill.comparison is not None:
         *groups, total = comparison_rows(bill)
@@ -365,16 +360,30 @@ def render_csv(bill: Bill, made: Provenance) -> str:
 
 
 def _csv_number(value: Any) -> str:
+    if isinstance(value, Decimal):
+        return str(value + 0)
     return f"{value:.6f}" if isinstance(value, float) else str(value)
 
 
-def bill_document(bill: Bill, made: Provenance) -> dict:
-    def number(value: float) -> float:
+def _number(value: Any) -> Any:
+    """A figure as JSON holds it: cents as the shortest decimal that reads back as them, other floats to 6 places."""
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, float):
         return round(value, 6)
+    return value
 
-    def numbers(record: dict[str, Any]) -> dict[str, Any]:
-        return {key: (number(value) if isinstance(value, float) else value) for key, value in record.items()}
 
+def _numbers(record: dict[str, Any]) -> dict[str, Any]:
+    return {key: _number(value) for key, value in record.items()}
+
+
+def bill_document(bill: Bill, made: Provenance) -> dict:
+    shown = statement(bill, made.cost_centres)
+    subtotal, unattributed, platform, total = (
+        {**shown.row(kind).values, **shown.row(kind).exact}
+        for kind in (RowKind.SUBTOTAL, RowKind.UNATTRIBUTED, RowKind.PLATFORM, RowKind.TOTAL)
+    )
     return {
         "generated_at": iso(made.generated_at),
         "gpu_fence_version": made.version,
@@ -384,42 +393,59 @@ def bill_document(bill: Bill, made: Provenance) -> dict:
             "end": iso(bill.end),
             "step_seconds": made.step,
             "series": made.series.value,
+            "hourly_sums": made.hourly_sums,
         },
         "method": bill.method.value,
         "idle_policy": bill.idle_policy.value,
         "group_by": made.group_by,
         "currency": bill.currency,
-        "prices": [numbers(price) for price in price_rows(made)],
-        "total_gpu_cost": number(bill.total_gpu_cost),
-        "card_hours": number(bill.gpu_hours),
-        "groups": [numbers(row.values) for row in rows(bill) if row.kind == "group"],
-        "unattributed": {"cost": number(bill.unattributed), "memory_gib_hours": number(bill.unattributed_gib_hours)},
-        "platform": {"cost": number(bill.platform)},
+        "prices": [_numbers({key: price[key] for key in PRICE_KEYS}) for price in price_rows(made)],
+        "total_gpu_cost": _number(shown.total),
+        "card_hours": _number(bill.gpu_hours),
+        "groups": [_numbers({**row.values, **row.exact}) for row in shown.groups],
+        "groups_subtotal": _numbers(
+            {key: value for key, value in subtotal.items() if key not in ("group", "cost_centre")}
+        ),
+        "unattributed": {
+            "cost": _number(unattributed["total_cost"]),
+            "memory_gib_hours": _number(unattributed["memory_gib_hours"]),
+            "cost_centre": unattributed["cost_centre"],
+        },
+        "platform": {"cost": _number(platform["total_cost"]), "cost_centre": platform["cost_centre"]},
+        "total": _numbers({key: total[key] for key in TOTAL_KEYS}),
+        "cost_centres": [
+            {"cost_centre": centre.centre, "rows": list(centre.rows), "total_cost": _number(centre.total)}
+            for centre in shown.centres
+        ],
         "overreach": [
             {
-                "namespace": item.owner.namespace,
-                "pod": item.owner.pod,
-                "container": item.owner.container,
-                "group": item.owner.group,
-                "node": item.node,
-                "gpu_uuid": item.gpu_uuid,
-                "memory_gib_hours": number(item.gib_hours),
-                "cost": number(item.cost),
+                "namespace": line.item.owner.namespace,
+                "pod": line.item.owner.pod,
+                "container": line.item.owner.container,
+                "group": line.item.owner.group,
+                "node": line.item.node,
+                "gpu_uuid": line.item.gpu_uuid,
+                "memory_gib_hours": _number(line.item.gib_hours),
+                "cost": _number(line.cost),
             }
-            for item in bill.overreach
+            for line in shown.overreach
         ],
-        "cards": [numbers(card) for card in card_rows(bill)],
+        "cards": [_numbers(card) for card in card_rows(shown)],
         "timeline": [
             {
                 "start": iso(point.start),
                 "end": iso(point.end),
-                "costs": {name: number(cost) for name, cost in sorted(point.costs.items())},
+                "costs": {name: _number(cost) for name, cost in sorted(point.costs.items())},
             }
             for point in bill.timeline
         ],
         "notes": list(bill.notes),
         **({"device_metrics": _comparison_document(bill, bill.comparison)} if bill.comparison is not None else {}),
     }
+
+
+PRICE_KEYS = ("rule", "model", "price_per_gpu_hour", "cards")
+TOTAL_KEYS = ("memory_gib_hours", "usage_cost", "reserved_cost", "idle_cost", "overreach_cost", "total_cost")
 
 
 def _comparison_document(bill: Bill, found: DeviceMetricBill) -> dict[str, Any]:

@@ -7,11 +7,14 @@ priced by. Values are *card ratios*: the fraction of one physical card's cost ov
 (a 3g slice of a 7-slice card, wholly used, is 3/7). A month's bill is then ``sum_over_time`` over these series
 (``recorded.py``), priced per card by the price list; the idle policies work on those sums, so they need no rule.
 
-Every rule reads only the auditor's raw series, never another rule's output: each expression stands alone, so it
-gives the same answer whether Prometheus, Thanos Ruler or Mimir's ruler evaluates it, in any group order, and when
-``promtool tsdb create-blocks-from rules`` backfills it (which cannot chain rules). The price is that shared parts
-(the units, the memory in use, the reservations) are spelled out again in each rule; :class:`_Parts` writes each
-part once. The rules file in ``manifests/overlays/prometheus/`` is ``rules_file()``'s output; a test keeps it so.
+Every rule of the split reads only the auditor's raw series, never another rule's output: each expression stands
+alone, so it gives the same answer whether Prometheus, Thanos Ruler or Mimir's ruler evaluates it, in any group
+order, and when ``promtool tsdb create-blocks-from rules`` backfills it (which evaluates one level of rules at a
+time). The price is that shared parts (the units, the memory in use, the reservations) are spelled out again in
+each rule; :class:`_Parts` writes each part once. A second group, ``hourly_rules``, sums an hour of the split's
+series at a time, so that a month's bill reads twelve times fewer samples: it reads the split's output, waits an
+interval before it does, and records an hour only when the hour is whole. The rules file in
+``manifests/overlays/prometheus/`` is ``rules_file()``'s output; a test keeps it so.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
@@ -27,6 +31,7 @@ from .compute import ROUNDING, Charge, Method
 from .prices import Prices
 
 GROUP = "gpu-fence-chargeback-split"
+HOURLY_GROUP = "gpu-fence-chargeback-hourly"
 PRICE_GROUP = "gpu-fence-chargeback-prices"
 DEFAULT_INTERVAL = 300.0  # seconds: the resolution a month's bill is made at (docs/chargeback.md, "Which path")
 
@@ -46,6 +51,34 @@ ISSUE = "gpu:gpu_fence_chargeback_issue:info"
 PRICE = "card:gpu_fence_chargeback_price:per_hour"
 # Not billed: the SM activity ratios of each namespace's containers (each capped at 1), summed per evaluation.
 GROUP_ACTIVE = "namespace:gpu_fence_chargeback_sm_active:ratio"
+
+# The second level: every hour, the sums of the hour's evaluations of the series a bill reads (``hourly_rules``).
+HOUR = 3600.0
+HOURLY_EVALUATIONS = "gpu_fence:chargeback_hourly_evaluations:count"
+# A series the first level records, the function that sums an hour of it, and the name of the hourly sum.
+HOURLY = {
+    CARD: ("count_over_time", "card:gpu_fence_chargeback_card:count1h"),
+    GROUP_BOOKED: ("sum_over_time", "gpu_namespace:gpu_fence_chargeback_booked:card_ratio_sum1h"),
+    GROUP_MEMORY: ("sum_over_time", "gpu_namespace:gpu_fence_chargeback_memory:bytes_sum1h"),
+    GROUP_REQUESTED: ("sum_over_time", "gpu_namespace:gpu_fence_chargeback_requested:card_ratio_sum1h"),
+    BOOKED: ("sum_over_time", "gpu_container:gpu_fence_chargeback_booked:card_ratio_sum1h"),
+    MEMORY: ("sum_over_time", "gpu_container:gpu_fence_chargeback_memory:bytes_sum1h"),
+    UNATTRIBUTED: ("sum_over_time", "gpu:gpu_fence_chargeback_unattributed:card_ratio_sum1h"),
+    UNATTRIBUTED_MEMORY: ("sum_over_time", "gpu:gpu_fence_chargeback_unattributed_memory:bytes_sum1h"),
+    IDLE: ("sum_over_time", "gpu:gpu_fence_chargeback_idle:card_ratio_sum1h"),
+    ISSUE: ("max_over_time", "gpu:gpu_fence_chargeback_issue:info_max1h"),
+    GROUP_ACTIVE: ("sum_over_time", "namespace:gpu_fence_chargeback_sm_active:ratio_sum1h"),
+}
+# Per container, a bill reads only the overreach rows (the rest it reads from the rollups per namespace).
+HOURLY_MATCHERS = {BOOKED: f'charge="{Charge.OVERREACH.value}"', MEMORY: f'charge="{Charge.OVERREACH.value}"'}
+# For a long range's timeline, the hours summed per node: a query's cost grows with the series it reads at each of
+# its points, and a node's devices make one series here (the timeline selects cards by node, or by card where one
+# node's cards have different prices: then it reads the per-device sums).
+PER_NODE = {
+    GROUP_BOOKED: "node_namespace:gpu_fence_chargeback_booked:card_ratio_sum1h",
+    UNATTRIBUTED: "node:gpu_fence_chargeback_unattributed:card_ratio_sum1h",
+    IDLE: "node:gpu_fence_chargeback_idle:card_ratio_sum1h",
+}
 # The pod labels the gpu_namespace rollups carry by default (the auditor's --pod-label KEY; label_<KEY> here).
 DEFAULT_POD_LABELS = ("team",)
 
@@ -219,7 +252,7 @@ def _by(names: Sequence[str], *labels: str) -> str:
 DEVICE = ("node", "gpu_uuid", "card_uuid")
 
 
-def _booked(expression: str, names: Sequence[str], labels: dict[str, str]) -> list[dict]:
+def _booked(expression: str, names: Sequence[str], labels: dict[str, str]) -> list[dict[str, Any]]:
     """One share of the split, per container and summed per device and namespace (the rollup a bill reads)."""
     per_container = _labelled(expression, names)
     rollup = f"sum by ({_by(names, *DEVICE, 'namespace', 'charge')}) ({per_container})"
@@ -229,7 +262,7 @@ def _booked(expression: str, names: Sequence[str], labels: dict[str, str]) -> li
     ]
 
 
-def split_rules(method: Method, names: Sequence[str]) -> list[dict]:
+def split_rules(method: Method, names: Sequence[str]) -> list[dict[str, Any]]:
     """The rules that depend on the method: who pays which share of each unit, and what is left idle."""
     labels = {"method": method.value}
     rules = _booked(P.by_bytes(P.charged_memory, method), names, labels)
@@ -243,7 +276,7 @@ def split_rules(method: Method, names: Sequence[str]) -> list[dict]:
     return rules
 
 
-def issue_rules() -> list[dict]:
+def issue_rules() -> list[dict[str, Any]]:
     holders_on_units = f"({P.idle_holders} and on (node, gpu_uuid) {P.units})"
     sliced_cards = f"({P.whole} and on (node, card_uuid) {P.slice_units})"
     exprs = {
@@ -264,7 +297,9 @@ def issue_rules() -> list[dict]:
     return [{"record": ISSUE, "expr": expr, "labels": {"issue": issue}} for issue, expr in exprs.items()]
 
 
-def recording_rules(interval: float = DEFAULT_INTERVAL, pod_labels: Sequence[str] = DEFAULT_POD_LABELS) -> dict:
+def recording_rules(
+    interval: float = DEFAULT_INTERVAL, pod_labels: Sequence[str] = DEFAULT_POD_LABELS
+) -> dict[str, Any]:
     """The rule group (a mapping, as a rules file holds it) evaluating the split every ``interval`` seconds; the
     rollups per device and namespace also carry the pod labels ``pod_labels`` (keys as the auditor's --pod-label)."""
     names = [label_name(key) for key in pod_labels]
@@ -287,6 +322,40 @@ def recording_rules(interval: float = DEFAULT_INTERVAL, pod_labels: Sequence[str
         *issue_rules(),
     ]
     return {"name": GROUP, "interval": duration(interval), "rules": rules}
+
+
+def hourly_evaluations(interval: float) -> int:
+    """How many evaluations of the split group an hour holds; 0 when its interval does not divide an hour (no
+    hourly group then: a bill sums the interval's series, as without it)."""
+    count = round(HOUR / interval)
+    return count if count >= 2 and abs(count * interval - HOUR) < 1e-6 else 0
+
+
+def hourly_rules(interval: float = DEFAULT_INTERVAL) -> dict[str, Any] | None:
+    """The second level: every hour, each series a bill reads summed over the split group's evaluations of one
+    hour, so that a month's bill reads 12 times fewer samples (at 5 minutes) and the same sums.
+
+    These rules read the split group's output, the one place a chargeback rule reads another's. So that an hour is
+    summed only once all of it is recorded, each reads the hour that ended one ``interval`` before its own
+    evaluation (``offset``: the split group's evaluation at the hour's end has been written by then) and records
+    only when that hour holds every evaluation (``HOURLY_EVALUATIONS``); a bill sums the interval's series where
+    an hour is missing. An hourly sample at T stands for the evaluations in ``(T - interval - 1h, T - interval]``.
+    Ranges are a millisecond short of the hour, as everywhere here, so that one evaluation is never in two hours.
+    """
+    count = hourly_evaluations(interval)
+    if not count:
+        return None
+    window = f"[{round(HOUR * 1000) - 1}ms] offset {duration(interval)}"
+    complete = f"count_over_time({INTERVAL}{window}) == {count}"
+    rules: list[dict] = [{"record": HOURLY_EVALUATIONS, "expr": complete}]
+    for source, (function, name) in HOURLY.items():
+        matchers = HOURLY_MATCHERS.get(source, "")
+        selector = f"{source}{{{matchers}}}" if matchers else source
+        rules.append({"record": name, "expr": f"{function}({selector}{window}) and on () ({complete})"})
+    for source, name in PER_NODE.items():
+        summed = f"sum without (gpu_uuid, card_uuid) (sum_over_time({source}{window}))"
+        rules.append({"record": name, "expr": f"{summed} and on () ({complete})"})
+    return {"name": HOURLY_GROUP, "interval": "1h", "rules": rules}
 
 
 # Prices as series, for dashboards: the price list's lookup (prices.Prices.match) in PromQL.
@@ -385,7 +454,7 @@ def _whole_cards(matchers: str) -> str:
     return _relabel(selector, "card_uuid", "gpu_uuid")
 
 
-def price_rules(prices: Prices, interval: float = DEFAULT_INTERVAL) -> dict:
+def price_rules(prices: Prices, interval: float = DEFAULT_INTERVAL) -> dict[str, Any]:
     """A rule group recording every card's price per hour from a price list, for dashboards. The bill does not
     read it: it prices the card-hours it sums with the price list it is given, so a new price list re-prices any
     past month without re-recording anything."""
@@ -399,8 +468,12 @@ def price_rules(prices: Prices, interval: float = DEFAULT_INTERVAL) -> dict:
 def rules_file(
     interval: float = DEFAULT_INTERVAL, prices: Prices | None = None, pod_labels: Sequence[str] = DEFAULT_POD_LABELS
 ) -> str:
-    """A Prometheus rules file: the split's group, and with ``prices`` the price group."""
+    """A Prometheus rules file: the split's group, its hourly sums (when the interval divides an hour), and with
+    ``prices`` the price group."""
     groups = [recording_rules(interval, pod_labels)]
+    hourly = hourly_rules(interval)
+    if hourly is not None:
+        groups.append(hourly)
     if prices is not None:
         groups.append(price_rules(prices, interval))
     body = yaml.safe_dump({"groups": groups}, sort_keys=False, width=118)

@@ -69,3 +69,33 @@ def iso(timestamp: float) -> str:
 def iso_seconds(timestamp: float) -> str:
     """RFC 3339 to the second, as FOCUS writes its charge periods (``YYYY-MM-DDTHH:mm:ssZ``)."""
     return datetime.fromtimestamp(int(timestamp), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def _day(moment: datetime, *, month: bool = True, year: bool = True) -> str:
+    parts = [str(moment.day)]
+    if month:
+        parts.append(MONTHS[moment.month - 1])
+    if year:
+        parts.append(str(moment.year))
+    return " ".join(parts)
+
+
+def in_words(start: float, end: float) -> str:
+    """A range as a reader says it, in UTC: whole days as the days they cover (``5 Jan 2026``, ``1–31 Jan 2026``,
+    ``30 Dec 2025 – 2 Jan 2026``), anything else to the minute (``5 Jan 2026, 06:00–18:30``,
+    ``5 Jan 2026 06:00 – 7 Jan 2026 18:30``), followed by ``UTC``."""
+    first = datetime.fromtimestamp(start, UTC)
+    after = datetime.fromtimestamp(end, UTC)
+    if start % 86400 == 0 and end % 86400 == 0 and end > start:
+        last = datetime.fromtimestamp(end - 86400, UTC)  # the range covers whole days up to the one before end
+        if first.date() == last.date():
+            return f"{_day(first)}, UTC"
+        if (first.year, first.month) == (last.year, last.month):
+            return f"{first.day}–{_day(last)}, UTC"
+        return f"{_day(first, year=first.year != last.year)} – {_day(last)}, UTC"
+    if first.date() == after.date():
+        return f"{_day(first)}, {first:%H:%M}–{after:%H:%M} UTC"
+    return f"{_day(first)} {first:%H:%M} – {_day(after)} {after:%H:%M} UTC"

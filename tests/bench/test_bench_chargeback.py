@@ -13,7 +13,7 @@ import pytest
 
 from bench import chargeback_bench
 from bench.chargeback_fleet import BLOCK, Grid, Rates, build
-from bench.chargeback_recorded import record
+from bench.chargeback_recorded import evaluation_grid, hourly, record
 from gpu_fence.auditor.chargeback import rules
 from tests.fakes.prometheus import PrometheusServer, binary
 
@@ -80,7 +80,8 @@ def recorded_by_promtool(tmp_path_factory: pytest.TempPathFactory):
             timeout=120,
         )
     with PrometheusServer(workdir) as server:
-        server.record(rules.rules_file(300), [(int(fleet.grid.origin), int(end))])
+        for level in chargeback_bench.rule_levels(300):  # the split, then its hourly sums
+            server.record(level, [(int(fleet.grid.origin), int(end))])
         yield fleet, server
 
 
@@ -161,3 +162,37 @@ def test_before_bills_each_path_beside_with_another_installation(tmp_path: Path)
     [result] = json.loads(output.read_text())["results"]
     assert set(result["bills"]) == {"recorded", "before-recorded"}
     assert result["bills"]["before-recorded"]["series"] == "recorded" and result["same_total"] is True
+
+
+def test_the_hourly_sums_the_bench_writes_are_what_the_second_level_records(recorded_by_promtool):
+    fleet, server = recorded_by_promtool
+    [stamp] = server.query(f"timestamp({rules.INTERVAL})", at=fleet.end)
+    phase = float(stamp["value"][1]) % 300
+    evaluations = evaluation_grid(fleet, 300.0, phase)
+    [hours] = server.query(f"{rules.HOURLY_EVALUATIONS}[12h]", at=fleet.end + 3600)  # its samples as stored
+    hour_phase = float(hours["values"][0][0]) % 3600
+    written = hourly(record(fleet, 300.0, phase=phase), evaluations, hour_phase)
+    assert written.grid is not None
+    for metric in (
+        rules.HOURLY_EVALUATIONS,
+        *(name for _function, name in rules.HOURLY.values()),
+        *rules.PER_NODE.values(),
+    ):
+        by_rules = samples(server, metric, written.grid)
+        ours: dict[tuple, float] = {}
+        for (name, labels), runs in written.runs.items():
+            if name != metric:
+                continue
+            for run in runs:
+                span = written.grid.samples(run)
+                moment = span[0] if span else math.inf
+                while span and moment <= span[1] + 1e-6:
+                    ours[(tuple(sorted(labels)), round(moment * 1000))] = run.value
+                    moment += 3600.0
+        if metric == rules.HOURLY[rules.GROUP_ACTIVE][1]:
+            assert by_rules == ours == {}, metric  # the fleet has no SM activity
+            continue
+        assert by_rules, f"the second level recorded no {metric}: the fleet does not exercise it"
+        assert by_rules.keys() == ours.keys(), metric
+        for key, value in by_rules.items():
+            assert ours[key] == pytest.approx(value, rel=1e-9, abs=1e-6), (metric, key)

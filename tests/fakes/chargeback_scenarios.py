@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from jsonschema import Draft202012Validator, FormatChecker
 
 from gpu_fence.auditor import chargeback
+from gpu_fence.auditor.chargeback.compute import Bill
 from gpu_fence.auditor.chargeback.provenance import Provenance
 from gpu_fence.auditor.chargeback.render import bill_schema
 
@@ -451,6 +452,15 @@ def run_chargeback(*argv: str) -> Result:
     if code == 0 and args.format == "json":
         validate_bill(json.loads(args.output.read_text(encoding="utf-8") if args.output else stdout.getvalue()))
     return Result(code, stdout.getvalue(), stderr.getvalue())
+
+
+def bill_and_provenance(*argv: str) -> tuple[Bill, Provenance]:
+    """The bill ``gpu-fence-auditor chargeback ARGV`` would write, before it is rendered (``chargeback.render``
+    writes it in any format)."""
+    parser = argparse.ArgumentParser(prog="gpu-fence-auditor")
+    chargeback.add_arguments(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["chargeback", *argv])
+    return chargeback.make_bill(args, float(int(time.time())))
 
 
 def validate_bill(document: dict) -> dict:

@@ -114,12 +114,14 @@ def test_idle_replicas_of_a_shared_gpu_pay_their_share(prometheus, prices_file):
     # 2/4 × 3.00 × 1 h = 1.50 reserved. lab/active holds 1 and uses 4 GiB for the first half hour: there it
     # pays the rest of the card (3.00 × 0.5 h − the 0.75 queue reserved) = 0.75; in the second half it holds its
     # replica idle: 1/4 × 3.00 × 0.5 h = 0.375 reserved. The replica nobody holds is idle then: 0.375.
+    # In cents (the largest remainder method): lab's 112.5 and the platform's 37.5 tie for the 300th cent, which
+    # goes to the row listed first, lab: 1.13 (0.75 + 0.38) and 0.37.
     assert by["queue"]["reserved_cost"] == pytest.approx(1.50)
     assert by["queue"]["total_cost"] == pytest.approx(1.50)
     assert by["lab"]["usage_cost"] == pytest.approx(0.75)
-    assert by["lab"]["reserved_cost"] == pytest.approx(0.375)
-    assert by["lab"]["total_cost"] == pytest.approx(1.125)
-    assert document["platform"]["cost"] == pytest.approx(0.375)
+    assert by["lab"]["reserved_cost"] == pytest.approx(0.38)
+    assert by["lab"]["total_cost"] == pytest.approx(1.13)
+    assert document["platform"]["cost"] == pytest.approx(0.37)
     assert document["total_gpu_cost"] == pytest.approx(3.00)
     # Requests bill each replica as a whole card-hour: queue 2 × 3.00 = 6.00, lab 3.00.
     assert by["queue"]["request_cost"] == pytest.approx(6.00)
@@ -127,9 +129,11 @@ def test_idle_replicas_of_a_shared_gpu_pay_their_share(prometheus, prices_file):
     assert document["notes"] == []
 
     spread = bill(prometheus, prices_file, "replicas", "--idle", "proportional")
-    # The unheld replica's 0.375 is spread over the card's parties by what they were booked: 1.50 : 1.125.
-    assert groups(spread)["queue"]["idle_cost"] == pytest.approx(0.375 * 1.50 / 2.625, abs=1e-6)
-    assert groups(spread)["lab"]["idle_cost"] == pytest.approx(0.375 * 1.125 / 2.625, abs=1e-6)
+    # The unheld replica's 0.375 is spread over the card's parties by what they were booked: 1.50 : 1.125, so
+    # 0.2143 and 0.1607, and the rows' cents: queue 1.7143 → 1.71 (0.21 idle), lab 1.2857 → 1.29 (0.16 idle).
+    assert groups(spread)["queue"]["idle_cost"] == pytest.approx(0.21)
+    assert groups(spread)["lab"]["idle_cost"] == pytest.approx(0.16)
+    assert groups(spread)["queue"]["total_cost"] + groups(spread)["lab"]["total_cost"] == pytest.approx(3.00)
     assert spread["platform"]["cost"] == pytest.approx(0.0)
 
 
@@ -198,13 +202,14 @@ def test_sm_activity_is_shown_per_group_beside_the_bill_and_never_billed(prometh
     assert ml_line.split()[-1] == "0.55"
     rows = {row["group"]: row for row in csv.DictReader(io.StringIO(run_chargeback(*common, "--format", "csv").stdout))}
     assert float(rows["ml"]["sm_active_gpu_hours"]) == pytest.approx(0.55)
-    assert float(rows["TOTAL"]["sm_active_gpu_hours"]) == pytest.approx(0.55)
-    assert rows["(platform)"]["sm_active_gpu_hours"] == ""
-    assert "| ml | 2.00 | 6.00 | 8.00 | 2.00 | 0.00 | 0.00 | 2.00 | -4.00 | 0.00 | 0.55 |" in (
+    assert float(rows["all groups"]["sm_active_gpu_hours"]) == pytest.approx(0.55)
+    assert rows["(platform)"]["sm_active_gpu_hours"] == rows["TOTAL"]["sm_active_gpu_hours"] == ""
+    # held 2 GPU-h (two replicas), 8 GiB-h, 2.00 used, total 2.00 = 1.00 per GPU-h held, 6.00 by request, -4.00
+    assert "| ml | 2.00 | 8.00 | 2.00 | 0.00 | 0.00 | 0.00 | 2.00 | 1.00 | 6.00 | -4.00 | 0.55 |" in (
         run_chargeback(*common, "--format", "markdown").stdout
     )
     page = run_chargeback(*common, "--format", "html").stdout
-    assert '<td data-key="sm_active_gpu_hours">0.55</td>' in page
+    assert '<td class="num" data-key="sm_active_gpu_hours">0.55</td>' in page
 
 
 def test_group_by_sanitised_pod_label(prometheus, prices_file):
@@ -255,11 +260,13 @@ def test_overreach_unattributed_and_unused_card(prometheus, prices_file, method)
         # GPU-o: Tesla T4 has no model price → default 2.50/h; 8 GiB in use: legit 3, miner 1, host 4.
         # GPU-idle: node cheap-7 matches "cheap-*" → 1.00/h, never used → platform under both policies.
         assert document["total_gpu_cost"] == pytest.approx(2.50 + 1.00)
-        assert by["batch"]["usage_cost"] == pytest.approx(2.50 * 3 / 8)  # 0.9375
-        assert by["batch"]["total_cost"] == pytest.approx(0.9375)
-        # The miner's memory share is priced (2.50 × 1/8 = 0.3125) but stays out of every group's total.
-        assert by["sneaky"]["overreach_cost"] == pytest.approx(0.3125)
-        assert by["sneaky"]["total_cost"] == pytest.approx(0.0)
+        # 2.50 × 3/8 = 0.9375; in cents 0.94 (its .75 of a cent is the largest remainder)
+        assert by["batch"]["usage_cost"] == pytest.approx(0.94)
+        assert by["batch"]["total_cost"] == pytest.approx(0.94)
+        # The miner's memory share is priced (2.50 × 1/8 = 0.3125) and charged to its namespace, which used the
+        # capacity without an allocation: in its total, in a column of its own.
+        assert by["sneaky"]["overreach_cost"] == pytest.approx(0.31)
+        assert by["sneaky"]["total_cost"] == pytest.approx(0.31)
         assert by["sneaky"]["request_cost"] == pytest.approx(0.0)
         assert document["overreach"] == [
             {
@@ -270,7 +277,7 @@ def test_overreach_unattributed_and_unused_card(prometheus, prices_file, method)
                 "node": "over",
                 "gpu_uuid": "GPU-o",
                 "memory_gib_hours": pytest.approx(1.0),
-                "cost": pytest.approx(0.3125),
+                "cost": pytest.approx(0.31),
             }
         ]
         assert document["unattributed"]["cost"] == pytest.approx(2.50 * 4 / 8)  # 1.25
@@ -286,12 +293,12 @@ def test_table_csv_and_markdown_show_the_same_bill(prometheus, prices_file):
     assert "GPU cost of the range: 3.50 EUR" in table.stdout
     rows = list(csv.DictReader(io.StringIO(run_chargeback(*common, "--format", "csv").stdout)))
     by = {row["group"]: row for row in rows}
-    assert float(by["batch"]["usage_cost"]) == pytest.approx(0.9375)
-    assert float(by["(unattributed)"]["total_cost"]) == pytest.approx(1.25)
-    assert float(by["TOTAL"]["total_cost"]) == pytest.approx(3.50 - 0.3125)  # billed, overreach apart
-    assert float(by["TOTAL"]["overreach_cost"]) == pytest.approx(0.3125)
+    assert by["batch"]["usage_cost"] == "0.94"
+    assert by["(unattributed)"]["total_cost"] == "1.25"
+    assert by["TOTAL"]["total_cost"] == "3.50"  # every row, overreach in its user's
+    assert by["TOTAL"]["overreach_cost"] == by["sneaky"]["total_cost"] == "0.31"
     markdown = run_chargeback(*common, "--format", "markdown").stdout
-    assert "| batch |" in markdown and "| sneaky | miner | main | over | GPU-o |" in markdown
+    assert "| batch |" in markdown and "| sneaky | miner | main | sneaky | over | GPU-o |" in markdown
 
 
 def test_flat_price_and_relative_times_and_output_file(prometheus, tmp_path):

@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,14 @@ def test_the_demo_bill_is_the_method_applied_to_the_fleet():
     [overreach] = document["overreach"]
     assert (overreach["namespace"], overreach["pod"]) == ("research", "scratch")
     assert overreach["memory_gib_hours"] == pytest.approx(4 * 4)
-    # 04-06 it shares the L4 with batch's 8 GiB and the host's 1 GiB: 4/13 of 2 h × 0.80; 06-08 batch held it idle.
-    assert overreach["cost"] == pytest.approx(0.80 * 2 * 4 / 13, abs=1e-6)
+    # 04-06 it shares the L4 with batch's 8 GiB and the host's 1 GiB: 4/13 of 2 h × 0.80 = 0.4923; 06-08 batch held
+    # it idle. research pays it: the namespace that used the capacity without an allocation.
+    assert overreach["cost"] == pytest.approx(0.49)
+    assert by["research"]["overreach_cost"] == by["research"]["total_cost"] == pytest.approx(0.49)
+    # Every row, overreach in its user's: the rows add up to the day's 546.00, the headline.
+    assert document["total"]["total_cost"] == document["total_gpu_cost"] == pytest.approx(546.00)
+    rows = [*(group["total_cost"] for group in document["groups"]), document["unattributed"]["cost"]]
+    assert sum(Decimal(str(cost)) for cost in [*rows, document["platform"]["cost"]]) == Decimal("546.00")
 
 
 def test_the_demo_follows_the_options():
@@ -87,7 +94,8 @@ def test_every_format(output_format: str, tmp_path: Path):
         assert validate_focus(result.stdout, tmp_path).strip().endswith("Validation succeeded.")
     elif output_format == "csv":
         rows = list(csv.DictReader(io.StringIO(result.stdout)))
-        assert {row["kind"] for row in rows} == {"group", "unattributed", "platform", "total", "price", "card"}
+        kinds = {"group", "subtotal", "unattributed", "platform", "total", "price", "card"}
+        assert {row["kind"] for row in rows} == kinds
         assert {row["source"] for row in rows} == {"the bundled demo fleet (chargeback --demo)"}
     elif output_format == "html":
         assert result.stdout.startswith("<!DOCTYPE html>") and 'id="provenance"' in result.stdout

@@ -133,7 +133,7 @@ def test_every_text_format_shows_the_comparison_beside_the_bill(prometheus, pric
     assert {row["group"] for row in rows if row["kind"] == "device-metrics"} == {
         "ml",
         "research",
-        "(unattributed, platform, overreach)",
+        "(unattributed, platform)",
     }
     # without the option nothing changes: no comparison anywhere
     plain = run_chargeback(*common[:-1], "--format", "json").stdout

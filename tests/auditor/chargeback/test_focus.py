@@ -7,6 +7,7 @@ import csv
 import io
 import json
 from collections import defaultdict
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -83,10 +84,11 @@ def test_columns_are_focus_1_0_column_ids_then_gpu_fence_columns(prometheus, pri
 def test_rows_add_up_to_the_bill_and_sub_accounts_to_group_totals(prometheus, prices_file):
     rows = list(csv.DictReader(io.StringIO(focus(prometheus, prices_file, "overreach"))))
     document = as_json(prometheus, prices_file, "overreach")
-    assert sum(float(row["BilledCost"]) for row in rows) == pytest.approx(document["total_gpu_cost"])
-    by_account: dict[str, float] = defaultdict(float)
+    assert sum(Decimal(row["BilledCost"]) for row in rows) == Decimal(str(document["total_gpu_cost"]))
+    by_account: dict[str, Decimal] = defaultdict(Decimal)
     for row in rows:
-        by_account[row["SubAccountId"]] += float(row["EffectiveCost"])
+        by_account[row["SubAccountId"]] += Decimal(row["EffectiveCost"])
+        assert row["EffectiveCost"] == row["BilledCost"]
         assert float(row["ListCost"]) == pytest.approx(float(row["ListUnitPrice"]) * float(row["PricingQuantity"]))
         assert (row["BillingCurrency"], row["ChargeCategory"], row["ChargeFrequency"]) == (
             "EUR",
@@ -97,12 +99,14 @@ def test_rows_add_up_to_the_bill_and_sub_accounts_to_group_totals(prometheus, pr
         assert row["ChargePeriodEnd"] == document["range"]["end"]
         assert row["x_Method"] == document["method"] and row["x_Source"] == prometheus.url
     for group in document["groups"]:
-        assert by_account.get(group["group"], 0.0) == pytest.approx(group["total_cost"])
-    # Overreach, unattributed memory and the platform's idle are sub-accounts of their own, never a team's.
-    assert by_account["(overreach)"] == pytest.approx(0.3125)
-    assert by_account["(unattributed)"] == pytest.approx(1.25)
-    assert by_account["(platform)"] == pytest.approx(1.00)
-    [miner] = [row for row in rows if row["SubAccountId"] == "(overreach)"]
+        assert by_account.get(group["group"], Decimal(0)) == Decimal(str(group["total_cost"]))
+    # Overreach is its user's: in the sub-account of the namespace that used the capacity without an allocation.
+    # Unattributed memory and the platform's idle are sub-accounts of their own, never a team's.
+    assert by_account["sneaky"] == Decimal("0.31") and "(overreach)" not in by_account
+    assert by_account["(unattributed)"] == Decimal("1.25")
+    assert by_account["(platform)"] == Decimal("1.00")
+    [miner] = [row for row in rows if row["SubAccountId"] == "sneaky"]
+    assert json.loads(miner["Tags"])["gpu-fence/charge"] == "overreach"
     tags = json.loads(miner["Tags"])
     assert tags["gpu-fence/namespace"] == "sneaky" and tags["gpu-fence/pod"] == "miner"
     assert (miner["ResourceId"], miner["ResourceType"], miner["SkuId"]) == ("GPU-o", "GPU", "Tesla T4")

@@ -3,18 +3,22 @@ screenshot is a real picture (decoded with zlib, no imaging library)."""
 
 from __future__ import annotations
 
+import html
+import itertools
+import json
+import math
 import re
 import shutil
 import struct
 import subprocess
 import zlib
+from decimal import Decimal
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
-from gpu_fence.auditor.chargeback.compute import IDLE, OVERREACH, UNATTRIBUTED
-from gpu_fence.auditor.chargeback.times import iso
+from gpu_fence.auditor.chargeback.times import in_words, iso
 from tests.fakes.chargeback_scenarios import PRICES_YAML, WINDOWS, run_chargeback, window_args
 
 pytestmark = pytest.mark.e2e
@@ -58,6 +62,10 @@ class Dom(HTMLParser):
         self.text: dict[str, str] | None = None
         self.legends: dict[str, str] = {}
         self.legend: str | None = None
+        self.glossary: dict[str, str] = {}  # term → meaning
+        self.term: list[str] | None = None
+        self.meaning: list[str] | None = None
+        self.terms: list[str] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attributes = {key: value or "" for key, value in attrs}
@@ -81,12 +89,22 @@ class Dom(HTMLParser):
         elif tag == "table":
             self.table = attributes.get("id", "")
             self.tables[self.table] = []
+        elif tag == "dt":
+            self.term = []
+        elif tag == "dd":
+            self.meaning = []
         elif tag == "tr" and self.table is not None:
             self.tables[self.table].append([])
         elif tag in ("td", "th") and self.table is not None:
             self.cell = []
 
     def handle_endtag(self, tag: str) -> None:
+        if tag == "dt" and self.term is not None:
+            self.terms.append("".join(self.term))
+            self.term = None
+        elif tag == "dd" and self.meaning is not None:
+            self.glossary[self.terms[-1]] = "".join(self.meaning)
+            self.meaning = None
         if tag == "text":
             self.text = None
         elif tag == "div":
@@ -100,6 +118,9 @@ class Dom(HTMLParser):
             self.cell = None
 
     def handle_data(self, data: str) -> None:
+        for collecting in (self.term, self.meaning):
+            if collecting is not None:
+                collecting.append(data)
         if self.cell is not None:
             self.cell.append(data)
         if self.text is not None:
@@ -195,38 +216,51 @@ def test_dom_has_charts_and_the_right_numbers(report: Path, tmp_path: Path):
     column = {title: index for index, title in enumerate(header)}
     # batch: 2.50 × 3/8 = 0.9375 → 0.94; requested 1 GPU-hour × 2.50 = 2.50; difference −1.56.
     assert rows["batch"][column["total"]] == "0.94"
-    assert rows["batch"][column["request cost"]] == "2.50"
-    assert rows["batch"][column["total - request"]] == "-1.56"
-    assert rows["sneaky"][column["overreach (apart)"]] == "0.31"  # 2.50 × 1/8
+    assert rows["batch"][column["by request"]] == "2.50"
+    assert rows["batch"][column["total - by request"]] == "-1.56"
+    assert rows["batch"][column["per GPU-h held"]] == "0.94"  # 0.94 for the 1 GPU-hour it held
+    # 2.50 × 1/8 = 0.3125, charged to the namespace that used the GPU without an allocation, in its total.
+    assert rows["sneaky"][column["used without allocation"]] == rows["sneaky"][column["total"]] == "0.31"
     assert rows["(unattributed)"][column["total"]] == "1.25"  # 2.50 × 4/8
     assert rows["(platform)"][column["total"]] == "1.00"  # the unused cheap-7 card
-    assert rows["TOTAL"][column["total"]] == "3.19"  # 3.50 − 0.3125 overreach, kept apart
-    assert dom.tables["overreach"][1] == ["sneaky", "miner", "main", "over", "GPU-o", "1.0", "0.31"]
+    assert rows["all groups"][column["total"]] == "1.25"  # 0.94 + 0.31
+    assert rows["TOTAL"][column["total"]] == "3.50"  # every row: the GPU cost of the range
+    assert dom.tables["overreach"][1] == ["sneaky", "miner", "main", "over", "GPU-o", "sneaky", "1.0", "0.31"]
     assert "3.50 EUR" in dom_text  # GPU cost of the range
     assert re.search(r'id="method"[^>]*>[^<]*memory', dom_text)
 
 
-def test_axes_have_units_time_labels_and_the_signs_a_legend(report: Path, tmp_path: Path):
+def test_axes_have_units_round_ticks_and_every_colour_a_legend(report: Path, tmp_path: Path):
     dom = Dom()
     dom.feed(chromium("--dump-dom", report.as_uri(), profile=tmp_path / "profile").stdout)
     texts = {text.get("id"): text["text"] for text in dom.texts["timeline"] if text.get("id")}
     assert texts["y-unit"] == "EUR per 10 min bar"  # six 10-minute intervals, one bar each
     assert texts["x-unit"].startswith("time (UTC)")
     assert dom.texts["comparison"][-1]["text"] == "cost over the whole range, EUR"
-    # The range's own start and end at the ends of the axis, and the quarter, half and three-quarter instants
-    # between them, left to right.
+    # Time ticks on round instants inside the range (every 10 minutes of this hour), labelled by the time of day.
     window = WINDOWS["overreach"]
     ticks = [text for text in dom.texts["timeline"] if text.get("class") == "time-tick"]
-    assert [text["text"] for text in ticks] == [iso(window.start + 900 * k) for k in (1, 2, 3)]
-    ends = [
-        text for text in dom.texts["timeline"] if text.get("text-anchor") in ("start", "end") and "T" in text["text"]
-    ]
-    assert [text["text"] for text in ends] == [iso(window.start), iso(window.end)]
-    positions = [float(text["x"]) for text in (ends[0], *ticks, ends[1])]
+    assert [text["data-time"] for text in ticks] == [iso(window.start + 600 * k) for k in range(1, 6)]
+    assert all(re.fullmatch(r"\d\d:\d0", text["text"]) for text in ticks)
+    positions = [float(text["x"]) for text in ticks]
     assert positions == sorted(positions) and len(set(positions)) == 5
-    signs = dom.legends["signs-legend"]
-    assert "below zero" in signs and "above zero" in signs and "does not apply" in signs
-    assert all(layer in dom.legends["timeline-legend"] for layer in ("batch", OVERREACH, UNATTRIBUTED, IDLE))
+    # Money ticks from 0 in a round step (1, 2, 2.5 or 5 times a power of ten), the top one above every bar.
+    money = [
+        float(text["text"].replace(",", "")) for text in dom.texts["timeline"] if text.get("class") == "money-tick"
+    ]
+    steps = {round(b - a, 9) for a, b in itertools.pairwise(money)}
+    assert money[0] == 0 and len(steps) == 1
+    [step] = steps
+    assert round(step / 10 ** math.floor(math.log10(step)), 9) in (1, 2, 2.5, 5)
+    # Every colour of each chart has a legend entry, in words.
+    legend = dom.legends["timeline-legend"]
+    for words in ("batch", "used without allocation", "unattributed", "idle capacity"):
+        assert words in legend
+    assert "by request" in dom.legends["comparison-legend"] and "billed here" in dom.legends["comparison-legend"]
+    # Green and red in the table are explained where the column is.
+    assert (
+        "green below zero" in dom.glossary["total - by request"] and "red above" in dom.glossary["total - by request"]
+    )
 
 
 def test_report_says_how_it_was_made(report: Path, tmp_path: Path, prometheus):
@@ -235,19 +269,21 @@ def test_report_says_how_it_was_made(report: Path, tmp_path: Path, prometheus):
     facts = dict(dom.tables["provenance"][1:])
     window = WINDOWS["overreach"]
     assert facts["source"] == prometheus.url
-    assert facts["range"] == f"{iso(window.start)} .. {iso(window.end)}"
-    assert facts["step"] == "600 s (10 min)"
+    assert facts["range"] == f"{in_words(window.start, window.end)} ({iso(window.start)} .. {iso(window.end)})"
+    assert facts["resolution"] == "600 s (10 min)"
     assert (facts["method"], facts["idle capacity"], facts["grouped by"], facts["currency"]) == (
-        "holder",
-        "platform",
+        "holder: holders pay what they hold",
+        "platform: charged to the platform row",
         "namespace",
         "EUR",
     )
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ by gpu-fence \S+", facts["generated"])
-    # The price list as applied: the T4 matched no model, so default priced GPU-o; cheap-7 matched nodes."cheap-*".
-    assert dom.tables["prices"][1:] == [
-        ["default", "Tesla T4", "2.50", "1"],
-        ["nodes.'cheap-*'", "Tesla T4", "1.00", "1"],
+    # The price list as applied, by GPU model: the T4 matched no model, so the default priced GPU-o; cheap-7
+    # matched the node pattern cheap-*.
+    assert dom.tables["prices"] == [
+        ["GPU model", "price per GPU-hour", "cards", "priced by"],
+        ["Tesla T4", "2.50", "1", "the default price"],
+        ["Tesla T4", "1.00", "1", "nodes named cheap-*"],
     ]
     cards = {row[1]: row for row in dom.tables["cards"][1:]}
     assert cards["GPU-o"] == ["over", "GPU-o", "Tesla T4", "2.50", "1.00", "2.50", "0.00"]
@@ -270,3 +306,86 @@ def test_screenshot_is_not_blank(report: Path, tmp_path: Path):
     # The overreach layer is drawn in red (#d62728): the chart was painted, not just the text.
     red = sum(1 for row in rows[::2] for x in range(0, width * bpp, bpp) if row[x : x + 3] == b"\xd6\x27\x28")
     assert red > 50
+
+
+def test_the_page_reads_as_a_statement(report: Path, tmp_path: Path):
+    """What a finance reader checks first: the headline is the TOTAL row, the cards under it add up to it, the range
+    is in words, every column has data and a line in the glossary, words sit left and figures right, and nothing is
+    named as the configuration names it."""
+    page = chromium("--dump-dom", report.as_uri(), profile=tmp_path / "profile").stdout
+    dom = Dom()
+    dom.feed(page)
+    window = WINDOWS["overreach"]
+    words = in_words(window.start, window.end)
+    assert re.search(rf"<h1>GPU bill, {re.escape(words)}</h1>", page)
+    cards = dict(re.findall(r'<div class="card[^"]*" data-key="([a-z]+)">[^<]*<b>([0-9.,]+) EUR</b>', page))
+    header, *body = dom.tables["groups"]
+    column = {title: index for index, title in enumerate(header)}
+    rows = {row[0]: row for row in body}
+    assert cards["total"] == rows["TOTAL"][column["total"]] == "3.50"
+    assert (cards["groups"], cards["unattributed"], cards["platform"]) == ("1.25", "1.25", "1.00")
+    assert sum(Decimal(cards[key]) for key in ("groups", "unattributed", "platform")) == Decimal(cards["total"])
+    # Every column shown has a figure somewhere and a glossary entry; the rows have theirs too.
+    for title, index in column.items():
+        assert title in dom.glossary, title
+        assert any(row[index] not in ("–", "0.00") for row in body), f"column {title!r} has no data"
+    assert {"all groups", "(unattributed)", "(platform)", "TOTAL"} <= dom.glossary.keys()
+    assert "SM-active GPU-h (not billed)" not in column  # nowhere sampled in this window: left out
+    # Words left, figures right, in every table.
+    figures = re.findall(r'<td class="num[^"]*" data-key="[a-z_]+">([^<]*)<', page)
+    assert figures and all(re.fullmatch(r"–|-?[0-9][0-9,]*(\.[0-9]+)?", text) for text in figures), figures
+    assert all(
+        re.search(rf'data-key="{key}"', page) and f'class="text" data-key="{key}"' in page
+        for key in ("namespace", "pod", "container", "node", "gpu")
+    )
+    assert "models.'" not in page and "nodes.'" not in page  # prices by model, in words
+
+
+def measured(report: Path, tmp_path: Path, width: int, media: str) -> dict:
+    """The page laid out ``width`` CSS pixels wide, with its print styles applied on screen when ``media`` is
+    ``print``: the widths of the page, its tables and charts, and how rows and table heads break across pages,
+    read back by a script added to a copy of the page."""
+    page = report.read_text(encoding="utf-8")
+    if media == "print":
+        page = page.replace("@media print", "@media all")
+    script = """<pre id="measured" style="white-space: pre-wrap"></pre><script>
+const found = {page: document.documentElement.scrollWidth, tables: {}, charts: [], rows: [], heads: []};
+for (const table of document.querySelectorAll("table")) found.tables[table.id] = table.getBoundingClientRect().width;
+for (const chart of document.querySelectorAll("svg")) found.charts.push(chart.getBoundingClientRect().width);
+for (const row of document.querySelectorAll("tr")) found.rows.push(getComputedStyle(row).breakInside);
+for (const head of document.querySelectorAll("thead")) found.heads.push(getComputedStyle(head).display);
+document.getElementById("measured").textContent = JSON.stringify(found);
+</script></body>"""
+    copy = tmp_path / f"measured-{width}-{media}.html"
+    copy.write_text(page.replace("</body>", script), encoding="utf-8")
+    dom = chromium(
+        "--hide-scrollbars", f"--window-size={width},1000", "--dump-dom", copy.as_uri(), profile=tmp_path / "profile"
+    ).stdout
+    found = re.search(r'<pre id="measured"[^>]*>([^<]+)</pre>', dom)
+    assert found, "the measuring script did not run"
+    return json.loads(html.unescape(found.group(1)))
+
+
+# A4 less 12 mm margins each side (the page's @page rule) is 186 mm: 703 CSS pixels at 96 per inch. Letter is
+# wider (191.9 mm), so what fits A4 fits both.
+A4_WIDTH_PX = 703
+
+
+def test_printed_every_table_and_chart_fits_the_page_and_no_row_is_cut(report: Path, tmp_path: Path):
+    printed = measured(report, tmp_path, A4_WIDTH_PX, "print")
+    assert printed["page"] <= A4_WIDTH_PX, printed
+    assert printed["tables"] and all(width <= A4_WIDTH_PX for width in printed["tables"].values()), printed
+    assert printed["charts"] and all(width <= A4_WIDTH_PX for width in printed["charts"]), printed
+    assert set(printed["rows"]) == {"avoid"}  # a row never splits across two pages
+    assert set(printed["heads"]) == {"table-header-group"}  # a table's head repeats on every page it spans
+    # On a screen, the rows break freely and the page is as wide as the window, no wider.
+    screen = measured(report, tmp_path, 1280, "screen")
+    assert screen["page"] <= 1280 and set(screen["rows"]) == {"auto"}
+
+
+def test_it_prints_to_pdf(report: Path, tmp_path: Path):
+    pdf = tmp_path / "bill.pdf"
+    chromium("--no-pdf-header-footer", f"--print-to-pdf={pdf}", report.as_uri(), profile=tmp_path / "profile")
+    data = pdf.read_bytes()
+    assert data.startswith(b"%PDF-") and b"%%EOF" in data[-1024:]
+    assert len(re.findall(rb"/Type\s*/Page\b", data)) >= 2  # the bill takes more than one page

@@ -153,7 +153,7 @@ def test_html_escapes_names_and_loads_nothing():
     assert "<script>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     # The Prometheus URL is printed as the bill's source, as text; nothing else names a URL, and nothing links one.
-    assert f'<td data-key="value">{provenance.source}</td>' in page
+    assert f'<td class="text" data-key="value">{provenance.source}</td>' in page
     text = page.replace('xmlns="http://www.w3.org/2000/svg"', "").replace(provenance.source, "")
     assert "http://" not in text
     assert "https://" not in text
@@ -204,18 +204,23 @@ def hour_bill():
 
 
 def test_html_time_axis_and_bar_titles_span_the_range():
+    import itertools
     import re
 
     from gpu_fence.auditor.chargeback.times import iso
 
     page = render_html(hour_bill(), made(step=600))
     timeline = page[page.index('<svg id="timeline"') : page.index("</svg>")]
-    axis = re.findall(r'<text x="[^"]+" y="288" text-anchor="(?:start|end)">([^<]+)</text>', timeline)
-    assert axis == [iso(1_800_000_000), iso(1_800_003_600)]  # the range's own start and end
+    # The hour from 08:00 UTC on 15 Jan 2027: round ticks every 10 minutes inside it, each at its instant.
+    ticks = re.findall(r'<text class="time-tick" x="([^"]+)"[^>]*data-time="([^"]+)">([^<]+)</text>', timeline)
+    assert [label for _x, _time, label in ticks] == ["08:10", "08:20", "08:30", "08:40", "08:50"]
+    assert [time for _x, time, _label in ticks] == [iso(1_800_000_000 + 600 * k) for k in range(1, 6)]
+    gaps = [float(b[0]) - float(a[0]) for a, b in itertools.pairwise(ticks)]
+    assert min(gaps) > 0 and max(gaps) - min(gaps) < 0.2  # evenly spaced, to the tenth of a pixel the SVG keeps
     titles = re.findall(r"<title>a: [^,]+, ([^<]+)</title>", timeline)
-    # Each bar covers the 10 minutes before its instant.
-    assert titles[0] == f"{iso(1_800_000_000)} .. {iso(1_800_000_600)}"
-    assert titles[-1] == f"{iso(1_800_003_000)} .. {iso(1_800_003_600)}"
+    # Each bar covers the 10 minutes before its instant, said in words.
+    assert titles[0] == "15 Jan 2027, 08:00–08:10 UTC"
+    assert titles[-1] == "15 Jan 2027, 08:50–09:00 UTC"
 
 
 def test_html_tables_and_charts_are_labelled_for_screen_readers():

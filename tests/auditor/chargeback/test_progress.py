@@ -4,6 +4,7 @@ has run for a while, never with ``--quiet``. The command runs as a child process
 
 from __future__ import annotations
 
+import http.server
 import io
 import os
 import pty
@@ -14,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from gpu_fence.auditor.chargeback import default_timeout
 from gpu_fence.auditor.chargeback.progress import AFTER, Progress
-from tests.fakes.chargeback_scenarios import window_args
+from tests.fakes.chargeback_scenarios import run_chargeback, window_args
+from tests.fakes.http_listener import Listener, answer_json
 from tests.fakes.processes import run_captured
 from tests.fakes.prometheus import SlowProxy
 
@@ -118,4 +121,32 @@ def test_a_prometheus_slower_than_the_timeout_is_one_line_that_names_the_knob(sl
     code, stdout, stderr = run_bill(slow, prices_file, "--timeout", str(DELAY / 4), terminal=False)
     assert code == 2 and stdout == ""
     [line] = stderr.splitlines()
-    assert f"did not answer within {DELAY / 4:g} s" in line and "--timeout" in line and "Traceback" not in stderr
+    assert f"did not answer within {DELAY / 4:g} s" in line and "Traceback" not in stderr
+    # What to raise, exactly: this --timeout doubled, and the server's own limit if it stops the query first.
+    assert f"pass --timeout {DELAY / 2:g}" in line and "Prometheus: --query.timeout, 2m by default" in line
+
+
+def test_the_default_timeout_grows_with_the_range():
+    assert default_timeout(3600) == pytest.approx(30 + 10 / 24)
+    assert default_timeout(86400) == 40.0
+    assert default_timeout(30 * 86400) == 330.0  # a month
+    assert default_timeout(400 * 86400) == 900.0  # at most
+
+
+def test_a_query_the_server_stopped_at_its_own_limit_says_which_limit(prices_file):
+    """Prometheus answers a query past its --query.timeout with HTTP 503 and "query timed out in <stage>"
+    (promql/engine.go, ErrQueryTimeout; web/api/v1 maps it to 503): the line names the server's knob."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            error = {"status": "error", "errorType": "timeout", "error": "query timed out in expression evaluation"}
+            answer_json(self, 503, error)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with Listener(Handler) as server:
+        result = run_chargeback("--prometheus", server.url, *window_args("exclusive"), "--prices", str(prices_file))
+    assert result.code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "HTTP 503" in result.stderr and "query timed out in expression evaluation" in result.stderr
+    assert "raise it (Prometheus: --query.timeout, 2m by default; Thanos Query: --query.timeout" in result.stderr

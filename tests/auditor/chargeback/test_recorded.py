@@ -16,8 +16,16 @@ from datetime import datetime
 
 import pytest
 
-from gpu_fence.auditor.chargeback.recorded import price_classes, timeline_points
-from tests.fakes.chargeback_scenarios import RULES_INTERVAL, UNRECORDED, WINDOWS, run_chargeback, window_args
+from gpu_fence.auditor.chargeback import rules
+from gpu_fence.auditor.chargeback.recorded import Plan, over, price_classes, timeline_points
+from tests.fakes.chargeback_scenarios import (
+    DCGM_WINDOWS,
+    RULES_INTERVAL,
+    UNRECORDED,
+    WINDOWS,
+    run_chargeback,
+    window_args,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -66,7 +74,9 @@ def same_numbers(left, right, where: str = "bill") -> None:
 def comparable(bill_document: dict) -> dict:
     """What the two paths must agree on: all but when, and from which series, the bill was made."""
     kept = {key: value for key, value in bill_document.items() if key != "generated_at"}
-    kept["range"] = {key: value for key, value in bill_document["range"].items() if key != "series"}
+    kept["range"] = {
+        key: value for key, value in bill_document["range"].items() if key not in ("series", "hourly_sums")
+    }
     kept["notes"] = [note for note in bill_document["notes"] if "recording rules" not in note]
     return kept
 
@@ -145,8 +155,10 @@ def test_a_label_changed_mid_range_bills_each_interval_to_the_team_of_its_instan
     # as team alpha at +10, +20, +30 min and beta at +40, +50, +60; y carries no team label: (none), 0.75.
     arguments = ["--by", TEAM, "--idle", "platform"]
     raw = document(bill(prometheus, prices_file, *window_args("relabelled"), *arguments))
+    # In cents, alpha and beta tie for the last cent of 3.00, which goes to the first listed (equal totals are
+    # listed by name).
     assert {group["group"]: group["total_cost"] for group in raw["groups"]} == pytest.approx(
-        {"alpha": 1.125, "beta": 1.125, "(none)": 0.75}
+        {"alpha": 1.13, "beta": 1.12, "(none)": 0.75}
     )
     # The rules join the label at each evaluation too: at their own instants x is alpha, then beta.
     recorded = document(bill(prometheus, prices_file, *window_args("relabelled", "recorded"), *arguments))
@@ -233,3 +245,85 @@ def test_the_timeline_sums_cards_per_price_and_selects_each_price_by_its_nodes_o
         (4.0, 'node="mixed.example", card_uuid=~"GPU\\\\-h"'),
     ]
     assert price_classes({("lab", "GPU-f"): 0.0}) == []
+
+
+def test_a_long_range_sums_its_whole_hours_from_the_hourly_series(prometheus, prices_file):
+    """Twelve scenarios back to back (35 hours, the rules' gap in "unrecorded" among them): the recorded bill sums
+    the hours the second level recorded whole from its hourly sums, the rest (the edges, the hours around the gap)
+    from the split's series and the evaluations the rules missed from the raw series, and is the raw bill at the
+    rules' instants."""
+    span = ["--start", str(WINDOWS["held-idle"].start), "--end", str(WINDOWS[DCGM_WINDOWS[-1]].end)]
+    for method, idle in (("holder", "proportional"), ("usage", "platform")):
+        options = ["--method", method, "--idle", idle]
+        recorded = document(bill(prometheus, prices_file, *span, "--series", "recorded", *options))
+        hours = recorded["range"]["hourly_sums"]
+        # 35 hours less the edges and the three the gap touches (the rules missed half an hour): most of them.
+        assert 25 <= hours <= 33, hours
+        assert any("missing" in note for note in recorded["notes"])
+        raw = document(bill(prometheus, prices_file, *covered(recorded), "--series", "raw", *options))
+        assert raw["range"]["hourly_sums"] == 0
+        same_numbers(comparable(recorded), comparable(raw))
+
+
+def hourly_plan(evaluations: int, hours: list[float], interval: float = 300.0) -> Plan:
+    """A plan of ``evaluations`` every ``interval`` from 1_800_000_000 + interval, all recorded, with hourly sums
+    at ``hours`` (each standing for the hour that ends one interval before it)."""
+    times = tuple(1_800_000_000 + interval * (index + 1) for index in range(evaluations))
+    return Plan(interval, times, frozenset(range(evaluations)), tuple(hours))
+
+
+def test_whole_hours_inside_the_range_are_summed_from_the_hourly_series_and_the_edges_from_the_split():
+    # 5-minute evaluations from 00:05 to 10:00; hourly sums at 01:05 (the hour 00:00-01:00, at 00:05 .. 01:00),
+    # 02:05, 03:05, then a gap (no sum at 04:05: an incomplete hour), then 05:05 .. 07:05; one at 11:05 is past the
+    # range. The sum stands for (T - 5 min - 1 h, T - 5 min].
+    base = 1_800_000_000
+    plan = hourly_plan(120, [base + 3600 * k + 300 for k in (1, 2, 3, 5, 6, 7, 11)])
+    parts = [(part.hourly, part.first, part.last, part.count) for part in plan.parts]
+    assert parts == [
+        (True, 0, 35, 3),  # 00:05 .. 03:00
+        (False, 36, 47, 12),  # 03:05 .. 04:00, from the split's series
+        (True, 48, 83, 3),  # 04:05 .. 07:00
+        (False, 84, 119, 36),  # 07:05 .. 10:00
+    ]
+    assert plan.hourly_sums == 6 and plan.at == plan.last
+    terms = over(plan, rules.GROUP_BOOKED, 'charge="usage"', "sum_over_time")
+    hourly = rules.HOURLY[rules.GROUP_BOOKED][1]
+    # A query per stretch, evaluated at the stretch's own end (the hourly sum's time, or its last evaluation).
+    assert terms == [
+        (f'sum_over_time({hourly}{{charge="usage"}}[10799999ms])', base + 3 * 3600 + 300),
+        (f'sum_over_time({rules.GROUP_BOOKED}{{charge="usage"}}[3599999ms])', base + 4 * 3600),
+        (f'sum_over_time({hourly}{{charge="usage"}}[10799999ms])', base + 7 * 3600 + 300),
+        (f'sum_over_time({rules.GROUP_BOOKED}{{charge="usage"}}[10799999ms])', base + 10 * 3600),
+    ]
+    # A count is summed where the hours already counted it.
+    assert over(plan, rules.CARD, "", "count_over_time")[0][0].startswith(
+        f"sum_over_time({rules.HOURLY[rules.CARD][1]}["
+    )
+    # Without hourly sums, one query over every evaluation, as a bill has always asked.
+    plain = hourly_plan(120, [])
+    assert over(plain, rules.IDLE, 'method="holder"', "sum_over_time") == [
+        (f'sum_over_time({rules.IDLE}{{method="holder"}}[35999999ms])', plain.last)
+    ]
+
+
+def test_the_longest_runs_of_hours_are_used_and_the_timeline_uses_hours_only_for_points_of_an_hour_or_more():
+    base = 1_800_000_000
+    # Eleven one-hour runs separated by gaps: the four longest (all one hour: the earliest four) are used.
+    scattered = hourly_plan(24 * 12, [base + 3600 * k + 300 for k in range(1, 24, 2)])
+    assert sum(part.hourly for part in scattered.parts) == 4
+    # A month at 5 minutes: 8,640 evaluations make 720 points of 12 evaluations: an hour each, from the hourly sums
+    # where they are (each point ending where its hour ends), from the split's series elsewhere.
+    month = hourly_plan(8640, [base + 3600 * k + 300 for k in range(2, 720)])
+    sets = month.timeline_sets()
+    assert [(part.hourly, len(ends), size) for part, ends, size in sets] == [
+        (False, 1, 12),
+        (True, 718, 1),
+        (False, 1, 12),
+    ]
+    assert sum(len(ends) for _part, ends, _size in sets) == 720
+    # the two checks over the whole range, the eleven sums per stretch (three stretches), the three range queries
+    assert month.queries == 2 + 11 * 3 + 3
+    # Three days: points of two evaluations, shorter than an hour: the split's series, the hours' stretch included.
+    days = hourly_plan(864, [base + 3600 * k + 300 for k in range(1, 73)])
+    assert all(not part.hourly and size == 2 for part, _ends, size in days.timeline_sets())
+    assert days.hourly_sums == 72 and [part.hourly for part in days.parts] == [True]
