@@ -91,16 +91,17 @@ def test_default_mode_bills_the_card_once_to_whichever_pod_the_exporter_mapped_l
 
 
 @pytest.mark.e2e
-def test_mps_clients_utilisation_adds_up_past_the_device(prometheus, prices_file):
+def test_mps_clients_pay_the_card_twice_by_device_hours_and_nothing_by_utilisation(prometheus, prices_file):
     """An H100 (4.00/h) shared by MPS between two pods, labelled "hostname" as after dcgm-exporter d5e5f51: each
-    pod pays the whole card by device-hours (8.00); their SM values (70 % + 60 %) bill 1.3 cards."""
+    pod pays the whole card by device-hours (8.00); the driver's per-process samples name the MPS server, not the
+    clients, so their SM values are 0 on a busy card and utilisation bills nothing."""
     comparison = compared(prometheus, prices_file, "dcgm-mps")
     groups = by_group(comparison)
-    assert groups["train"] == pytest.approx((4.00 * 20 / 30, 4.00, 0.70 * 4.00))
-    assert groups["infer"] == pytest.approx((4.00 * 10 / 30, 4.00, 0.60 * 4.00))
+    assert groups["train"] == pytest.approx((4.00 * 20 / 30, 4.00, 0.00))
+    assert groups["infer"] == pytest.approx((4.00 * 10 / 30, 4.00, 0.00))
     assert comparison["totals"]["real_cost"] == pytest.approx(4.00)
     assert comparison["totals"]["device_hours_cost"] == pytest.approx(8.00)
-    assert comparison["totals"]["utilisation_cost"] == pytest.approx(5.20)
+    assert comparison["totals"]["utilisation_cost"] == pytest.approx(0.00)
 
 
 @pytest.mark.e2e
