@@ -148,22 +148,31 @@ def serving(
     """``serve`` with certificates for the Service name in ``tmp/tls``, ready (``/readyz`` answered 200)."""
     tls = tmp / "tls"
     run_certs(tls)
-    port = free_port()
     stderr_path = tmp / "serve.stderr"
-    command = [
-        str(BIN / "gpu-fence-webhook"),
-        "serve",
-        *serve_options(tls, port, workers=workers, threads=threads),
-        *extra,
-    ]
-    with stderr_path.open("wb") as stderr:
-        process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "TMPDIR": str(tmp), **(env or {})}
-        )
     context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
-    started = Server(port, tls, context, process, stderr_path)
+    for attempt in range(3):  # another process may take the free port between probing and binding
+        port = free_port()
+        command = [
+            str(BIN / "gpu-fence-webhook"),
+            "serve",
+            *serve_options(tls, port, workers=workers, threads=threads),
+            *extra,
+        ]
+        with stderr_path.open("wb") as stderr:
+            process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "TMPDIR": str(tmp), **(env or {})}
+            )
+        started = Server(port, tls, context, process, stderr_path)
+        try:
+            wait_ready(started)
+        except AssertionError:
+            stop(process, grace_s=20)
+            port_taken = any(f"cannot listen on 127.0.0.1:{port}" in line for line in started.stderr_lines())
+            if port_taken and attempt < 2:
+                continue
+            raise
+        break
     try:
-        wait_ready(started)
         yield started
     finally:
         stop(process, grace_s=20)
