@@ -13,7 +13,6 @@ A private ``CollectorRegistry`` per auditor keeps tests independent and the proc
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import Counter as Tally
@@ -29,6 +28,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from gpu_fence.metric_names import label_name
 
 from .model import (
     Activity,
@@ -52,12 +53,6 @@ ACTIVITY_GAUGES = (
     ("gpu_fence_container_gpu_encoder_activity_ratio", "video encoder", "encoder"),
     ("gpu_fence_container_gpu_decoder_activity_ratio", "video decoder", "decoder"),
 )
-_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
-
-
-def label_name(key: str) -> str:
-    """``--pod-label`` key → Prometheus label name: ``app.kubernetes.io/team`` → ``label_app_kubernetes_io_team``."""
-    return "label_" + _LABEL_CHARS.sub("_", key)
 
 
 def _who(node: str, ref: ContainerRef) -> tuple[str, str, str, str]:

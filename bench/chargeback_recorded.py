@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from bench.chargeback_fleet import LOOKBACK, Fleet, Grid, Key, Run, Series
-from gpu_fence.auditor.chargeback import rules as r
-from gpu_fence.auditor.chargeback.compute import (
+from gpu_fence.chargeback import rules as r
+from gpu_fence.chargeback.compute import (
     Allocation,
     Charge,
     ContainerRef,

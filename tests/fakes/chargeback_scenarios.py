@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 from jsonschema import Draft202012Validator, FormatChecker
 
-from gpu_fence.auditor import chargeback
-from gpu_fence.auditor.chargeback.compute import Bill
-from gpu_fence.auditor.chargeback.provenance import Provenance
-from gpu_fence.auditor.chargeback.render import bill_schema
+from gpu_fence import chargeback
+from gpu_fence.chargeback.compute import Bill
+from gpu_fence.chargeback.provenance import Provenance
+from gpu_fence.chargeback.render import bill_schema
 
 GIB = 1 << 30
 HOUR = 3600

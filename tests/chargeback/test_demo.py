@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from gpu_fence.auditor.chargeback.demo import SeriesSource, load_fleet
-from gpu_fence.auditor.chargeback.errors import ChargebackError
-from gpu_fence.auditor.chargeback.times import iso
+from gpu_fence.chargeback.demo import SeriesSource, load_fleet
+from gpu_fence.chargeback.errors import ChargebackError
+from gpu_fence.chargeback.times import iso
 from tests.fakes.chargeback_scenarios import run_chargeback
 from tests.fakes.focus_validator import validate_focus
 from tests.fakes.processes import run_captured
 from tests.fakes.prometheus import PrometheusServer
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 FORMATS = ("table", "csv", "json", "markdown", "html", "focus")
 
 
@@ -145,7 +145,7 @@ def demo_prometheus(tmp_path_factory: pytest.TempPathFactory):
 def test_the_demo_source_gives_the_bill_a_real_prometheus_gives(demo_prometheus, tmp_path: Path, extra):
     fleet = load_fleet()
     prices = tmp_path / "prices.yaml"
-    prices.write_text(json.dumps(json.loads((REPO / "auditor/chargeback/demo_fleet.json").read_text())["prices"]))
+    prices.write_text(json.dumps(json.loads((REPO / "chargeback/demo_fleet.json").read_text())["prices"]))
     in_process = demo("--prices", str(prices), *extra)
     window = ("--start", iso(fleet.start), "--end", iso(fleet.end))
     result = run_chargeback(
@@ -194,7 +194,7 @@ def test_the_demo_works_from_an_installed_wheel(installed: Path, tmp_path: Path,
 def test_the_bill_is_made_with_the_cyclic_collector_paused(monkeypatch):
     import gc
 
-    from gpu_fence.auditor import chargeback
+    from gpu_fence import chargeback
 
     seen = []
     make_bill = chargeback.make_bill

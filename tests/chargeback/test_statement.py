@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_fence.auditor.chargeback.compute import (
+from gpu_fence.chargeback.compute import (
     Bill,
     CardCost,
     Charge,
@@ -22,9 +22,9 @@ from gpu_fence.auditor.chargeback.compute import (
     Method,
     OverreachRow,
 )
-from gpu_fence.auditor.chargeback.costcentres import UNASSIGNED, CostCentres
-from gpu_fence.auditor.chargeback.errors import ChargebackError
-from gpu_fence.auditor.chargeback.statement import (
+from gpu_fence.chargeback.costcentres import UNASSIGNED, CostCentres
+from gpu_fence.chargeback.errors import ChargebackError
+from gpu_fence.chargeback.statement import (
     PARTS,
     RowKind,
     apportion,

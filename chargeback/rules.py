@@ -26,7 +26,8 @@ from typing import Any
 
 import yaml
 
-from ..metrics import label_name
+from gpu_fence.metric_names import label_name
+
 from .compute import ROUNDING, Charge, Method
 from .prices import Prices
 

@@ -19,7 +19,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..metrics import label_name
+from gpu_fence.metric_names import label_name
+
 from .errors import ChargebackError
 from .prometheus import Series, Source
 from .raw import NO_LABEL, GroupOf, instant_key, pod_groups, pod_labels_query

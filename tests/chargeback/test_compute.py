@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_fence.auditor.chargeback.compute import (
+from gpu_fence.chargeback.compute import (
     IDLE,
     OVERREACH,
     UNATTRIBUTED,

@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..metrics import label_name
+from gpu_fence.metric_names import label_name
+
 from . import rules as r
 from .compute import (
     GIB,

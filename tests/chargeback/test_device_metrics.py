@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from gpu_fence.auditor.chargeback.devicemetrics import DeviceMetricBill, device_metric_bill, device_query
-from gpu_fence.auditor.chargeback.errors import ChargebackError
-from gpu_fence.auditor.chargeback.prometheus import Series
+from gpu_fence.chargeback.devicemetrics import DeviceMetricBill, device_metric_bill, device_query
+from gpu_fence.chargeback.errors import ChargebackError
+from gpu_fence.chargeback.prometheus import Series
 from tests.fakes.chargeback_scenarios import run_chargeback, window_args
 
 COMPARE = "--compare-device-metrics"

@@ -162,7 +162,7 @@ def test_prometheus_scrapes_the_auditor_and_chargeback_bills_it(auditor: str, tm
 
 # --- the Grafana dashboard, every panel against this Prometheus ----------------------------------------------------
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "manifests" / "overlays" / "prometheus"
 WEBHOOK_NAME = "gpu-fence-webhook.gpu-fence.svc"
 #: What Grafana puts in place of the dashboard's variables: every namespace and node ("All"), and a rate window that

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gpu_fence.exit_status import ExitStatus
+from gpu_fence.metric_names import label_name
 from gpu_fence.version import package_version
 
 from . import raw, recorded
@@ -397,7 +398,7 @@ def rules_document(args: argparse.Namespace) -> str:
     for key in keys:
         if not re.fullmatch(r"[A-Za-z0-9_./-]+", key):
             raise ChargebackError(f"--pod-label {key!r}: not a Kubernetes label key")
-    if len({recording_rules.label_name(key) for key in keys}) < len(keys):
+    if len({label_name(key) for key in keys}) < len(keys):
         raise ChargebackError(f"--pod-label {' '.join(keys)}: two keys become the same Prometheus label name")
     if args.prices is not None:
         prices: Prices | None = load_prices(args.prices)

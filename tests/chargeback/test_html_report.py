@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_fence.auditor.chargeback.times import in_words, iso
+from gpu_fence.chargeback.times import in_words, iso
 from tests.fakes.chargeback_scenarios import PRICES_YAML, WINDOWS, run_chargeback, window_args
 
 pytestmark = pytest.mark.e2e

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_fence.auditor.chargeback.prices import prices_from_mapping
-from gpu_fence.auditor.chargeback.rules import rules_file
+from gpu_fence.chargeback.prices import prices_from_mapping
+from gpu_fence.chargeback.rules import rules_file
 from tests.fakes.chargeback_scenarios import PRICES_YAML, RECORDED_RANGES, RULES_INTERVAL, scenarios
 from tests.fakes.prometheus import PrometheusServer
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from gpu_fence.auditor.chargeback import rules
+from gpu_fence.chargeback import rules
 from tests.fakes.chargeback_scenarios import RULES_INTERVAL, WINDOWS, run_chargeback
 
 pytestmark = pytest.mark.e2e
 
 DASHBOARD = (
-    Path(__file__).resolve().parents[3] / "manifests" / "overlays" / "prometheus" / "gpu-fence-cost-dashboard.json"
+    Path(__file__).resolve().parents[2] / "manifests" / "overlays" / "prometheus" / "gpu-fence-cost-dashboard.json"
 )
 
 

@@ -3,7 +3,7 @@ file, the chargeback recording rules are what ``gpu-fence-auditor chargeback --r
 renders with kustomize.
 
 Regenerate chargeback-rules.yaml and the PrometheusRules after editing rules.yaml or ``rules.py`` with
-``python -m tests.auditor.chargeback.test_rules``.
+``python -m tests.chargeback.test_rules``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpu_fence.auditor.chargeback.prices import prices_from_mapping
-from gpu_fence.auditor.chargeback.rules import glob_re2, rules_file
+from gpu_fence.chargeback.prices import prices_from_mapping
+from gpu_fence.chargeback.rules import glob_re2, rules_file
 from tests.fakes.processes import run_captured
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "manifests" / "overlays" / "prometheus"
 RULES = OVERLAY / "rules.yaml"
 PROMETHEUS_RULE = OVERLAY / "prometheusrule.yaml"
@@ -41,7 +41,7 @@ WRAPPED = (
 def header(rules: Path) -> str:
     return f"""\
 # Generated from {rules.name} (a plain Prometheus rules file, checked by promtool): the same groups wrapped in a
-# PrometheusRule for the Prometheus Operator. Regenerate with: python -m tests.auditor.chargeback.test_rules
+# PrometheusRule for the Prometheus Operator. Regenerate with: python -m tests.chargeback.test_rules
 """
 
 
@@ -79,7 +79,7 @@ def test_promtool_unit_tests_for_alerts_and_recording_rules(tests: Path):
 
 def test_the_chargeback_rules_are_what_the_command_writes():
     assert CHARGEBACK_RULES.read_text(encoding="utf-8") == rules_file(), (
-        "chargeback-rules.yaml drifted from rules.py: run python -m tests.auditor.chargeback.test_rules"
+        "chargeback-rules.yaml drifted from rules.py: run python -m tests.chargeback.test_rules"
     )
 
 
@@ -88,8 +88,9 @@ def unit_tests_against(rules: Path, broken: str, tests: Path, directory: Path) -
     assert broken != rules.read_text(encoding="utf-8")
     (directory / rules.name).write_text(broken, encoding="utf-8")
     text = tests.read_text(encoding="utf-8").replace(
-        f"../../../manifests/overlays/prometheus/{rules.name}", str(directory / rules.name)
+        f"../../manifests/overlays/prometheus/{rules.name}", str(directory / rules.name)
     )
+    assert str(directory / rules.name) in text, f"{tests.name} no longer names {rules.name} where this expects it"
     (directory / tests.name).write_text(text, encoding="utf-8")
     return promtool("test", "rules", str(directory / tests.name))
 
@@ -114,7 +115,7 @@ def test_promtool_unit_tests_can_fail(tmp_path: Path):
 def test_each_prometheus_rule_is_its_rules_file(rules: Path, wrapped: Path, name: str):
     assert wrapped.read_text(encoding="utf-8").startswith(header(rules))
     assert yaml.safe_load(wrapped.read_text(encoding="utf-8")) == expected_prometheus_rule(rules, name), (
-        f"{wrapped.name} drifted from {rules.name}: run python -m tests.auditor.chargeback.test_rules"
+        f"{wrapped.name} drifted from {rules.name}: run python -m tests.chargeback.test_rules"
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_fence.auditor.chargeback.costcentres import UNASSIGNED, CostCentreError, cost_centres_from_mapping
+from gpu_fence.chargeback.costcentres import UNASSIGNED, CostCentreError, cost_centres_from_mapping
 from tests.fakes.chargeback_scenarios import run_chargeback
 from tests.fakes.focus_validator import validate_focus
 

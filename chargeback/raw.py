@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ..metrics import label_name  # the name the auditor exports --pod-label KEY under
+from gpu_fence.metric_names import label_name  # the name the auditor exports --pod-label KEY under
+
 from .compute import Allocation, ContainerRef, Device, Interval, Memory, Offered, SmActivity, Unattributed
 from .progress import Progress
 from .prometheus import MAX_POINTS_PER_QUERY, PrometheusError, Series, Source

@@ -15,8 +15,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from gpu_fence.auditor import chargeback
-from gpu_fence.auditor.chargeback.statement import COLUMNS, PARTS, cents
+from gpu_fence import chargeback
+from gpu_fence.chargeback.statement import COLUMNS, PARTS, cents
 from tests.fakes.chargeback_scenarios import DCGM_WINDOWS, WINDOWS, bill_and_provenance, window_args
 
 pytestmark = pytest.mark.e2e

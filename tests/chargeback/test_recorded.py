@@ -16,8 +16,8 @@ from datetime import datetime
 
 import pytest
 
-from gpu_fence.auditor.chargeback import rules
-from gpu_fence.auditor.chargeback.recorded import Plan, over, price_classes, timeline_points
+from gpu_fence.chargeback import rules
+from gpu_fence.chargeback.recorded import Plan, over, price_classes, timeline_points
 from tests.fakes.chargeback_scenarios import (
     DCGM_WINDOWS,
     RULES_INTERVAL,

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpu_fence.auditor.chargeback.compute import ContainerRef, GroupCost, IdlePolicy, compute_bill
-from gpu_fence.auditor.chargeback.errors import ChargebackError
-from gpu_fence.auditor.chargeback.html import render_html
-from gpu_fence.auditor.chargeback.prices import Prices, prices_from_mapping
-from gpu_fence.auditor.chargeback.prometheus import Series
-from gpu_fence.auditor.chargeback.raw import RawNotes, intervals_from_series, label_name, pod_groups
-from gpu_fence.auditor.chargeback.render import render_json, render_markdown, render_table
-from gpu_fence.auditor.chargeback.times import parse_duration, parse_time
+from gpu_fence.chargeback.compute import ContainerRef, GroupCost, IdlePolicy, compute_bill
+from gpu_fence.chargeback.errors import ChargebackError
+from gpu_fence.chargeback.html import render_html
+from gpu_fence.chargeback.prices import Prices, prices_from_mapping
+from gpu_fence.chargeback.prometheus import Series
+from gpu_fence.chargeback.raw import RawNotes, intervals_from_series, label_name, pod_groups
+from gpu_fence.chargeback.render import render_json, render_markdown, render_table
+from gpu_fence.chargeback.times import parse_duration, parse_time
 from tests.fakes.chargeback_scenarios import made, validate_bill
 
 NOW = 1_800_000_000.0
@@ -187,7 +187,7 @@ def test_series_renamed_by_a_scrape_without_honor_labels_are_refused():
 
 def hour_bill():
     """One card used by namespace a for one hour, billed in six 10-minute intervals from 1_800_000_000."""
-    from gpu_fence.auditor.chargeback.compute import Device, Interval, Memory
+    from gpu_fence.chargeback.compute import Device, Interval, Memory
 
     start, step = 1_800_000_000.0, 600.0
     a = ContainerRef("a", "p", "c", "a")
@@ -207,7 +207,7 @@ def test_html_time_axis_and_bar_titles_span_the_range():
     import itertools
     import re
 
-    from gpu_fence.auditor.chargeback.times import iso
+    from gpu_fence.chargeback.times import iso
 
     page = render_html(hour_bill(), made(step=600))
     timeline = page[page.index('<svg id="timeline"') : page.index("</svg>")]
@@ -253,7 +253,7 @@ def test_memory_of_unknown_entitlement_is_billed_as_its_containers_usage_not_as_
 def test_a_bill_runs_without_the_cyclic_collector_and_leaves_it_as_it_was():
     import gc
 
-    from gpu_fence.auditor.chargeback import paused_collector
+    from gpu_fence.chargeback import paused_collector
 
     assert gc.isenabled()
     with pytest.raises(ChargebackError), paused_collector():
