@@ -52,7 +52,7 @@ from bench.chargeback_recorded import evaluation_grid, hourly, record
 from bench.results import publish, target, target_table
 from bench.stats import loglog_slope
 from gpu_fence.chargeback import rules
-from gpu_fence.chargeback.compute import Charge
+from gpu_fence.chargeback.bill import Charge
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = Path(sys.executable).with_name("gpu-fence-auditor")

@@ -5,7 +5,7 @@ at every evaluation of the month against a Prometheus, which takes hours on the 
 cost is paid a little at every evaluation in a live Prometheus, not all at once). The benchmark measures the
 bill over those series, so it writes them itself: at each evaluation instant it builds the :class:`Interval`
 Prometheus would show (each series' latest sample within the lookback), splits it with
-``compute.split_interval`` (the code of the raw path) and records what each rule of ``rules.py`` records, with
+``ledger.split_interval`` (the code of the raw path) and records what each rule of ``rules.py`` records, with
 the same names and labels. ``tests/bench/test_bench_chargeback.py`` checks, on a small fleet, that these series
 are what promtool's backfill of the real rules records, series for series and value for value.
 
@@ -25,19 +25,9 @@ from dataclasses import dataclass, field
 
 from bench.chargeback_fleet import LOOKBACK, Fleet, Grid, Key, Run, Series
 from gpu_fence.chargeback import rules as r
-from gpu_fence.chargeback.compute import (
-    Allocation,
-    Charge,
-    ContainerRef,
-    Device,
-    Interval,
-    IntervalSplit,
-    Memory,
-    Method,
-    Offered,
-    Unattributed,
-    split_interval,
-)
+from gpu_fence.chargeback.bill import Charge, Method
+from gpu_fence.chargeback.ledger import IntervalSplit, split_interval
+from gpu_fence.chargeback.samples import Allocation, ContainerRef, Device, Interval, Memory, Offered, Unattributed
 
 EDGE = 1e-6  # a sample exactly LOOKBACK old is still seen (Prometheus 2 closes the window at both ends)
 

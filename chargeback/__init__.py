@@ -3,8 +3,8 @@
 Reads from Prometheus (``prometheus``, with ``httpconfig`` for TLS and credentials) either the chargeback recording
 rules' series (``rules`` writes the rules, ``recorded`` sums what they recorded) or the auditor's raw series in
 bounded chunks (``raw``), or the bundled sample fleet (``demo``); prices cards (``prices``), splits their cost
-(``compute``, pure) and writes a table, CSV, JSON, markdown (``render``), FOCUS rows (``focus``) or a
-self-contained HTML report (``html``), each saying how it was made (``provenance``). The method is in
+(``ledger``, pure, into a ``bill``) and writes a table, CSV, JSON, markdown (``render``), FOCUS rows (``focus``) or
+a self-contained HTML report (``html``), each saying how it was made (``provenance``). The method is in
 ``docs/chargeback.md``; a long bill shows its progress on a terminal (``progress``).
 """
 
@@ -28,14 +28,16 @@ from gpu_fence.version import package_version
 from . import raw, recorded
 from . import render as text
 from . import rules as recording_rules
-from .compute import Bill, IdlePolicy, Ledger, Method
+from .bill import Bill, IdlePolicy, Method
+from .comparison import DeviceMetricBill
 from .costcentres import CostCentres, load_cost_centres
 from .demo import SeriesSource, load_fleet
-from .devicemetrics import DeviceMetricBill, device_metric_bill, fetch_device_metrics
+from .devicemetrics import device_metric_bill, fetch_device_metrics
 from .errors import ChargebackError
 from .focus import render_focus
 from .html import render_html
 from .httpconfig import load_http_config
+from .ledger import Ledger
 from .prices import Prices, applied_prices, load_prices
 from .progress import Progress
 from .prometheus import PrometheusClient, Source

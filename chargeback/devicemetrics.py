@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from gpu_fence.metric_names import label_name
 
+from .comparison import DeviceMetricBill, DeviceMetricGroup
 from .errors import ChargebackError
 from .prometheus import Series, Source
 from .raw import NO_LABEL, GroupOf, instant_key, pod_groups, pod_labels_query
@@ -45,36 +46,6 @@ _FOUR_SLICE_MODELS = ("A30",)
 def device_query(metric: str) -> str:
     """One series per device and pod: a pod's containers (and replicas, ``vgpu``) on one device count once."""
     return f"max by ({_BY}) ({metric})"
-
-
-@dataclass(frozen=True)
-class DeviceMetricGroup:
-    group: str
-    gpu_fence: float  # the group's total in this bill (0 when it has none)
-    device_hours: float
-    utilisation: float
-
-
-@dataclass(frozen=True)
-class DeviceMetricBill:
-    """Both device-metric bills per group, beside this bill's totals; ``real_cost`` is what the cards cost."""
-
-    groups: tuple[DeviceMetricGroup, ...]
-    gpu_fence_rest: float  # this bill's cost outside any group's total: unattributed and platform
-    real_cost: float
-    notes: tuple[str, ...] = ()
-
-    @property
-    def device_hours_total(self) -> float:
-        return sum(group.device_hours for group in self.groups)
-
-    @property
-    def utilisation_total(self) -> float:
-        return sum(group.utilisation for group in self.groups)
-
-    @property
-    def gpu_fence_total(self) -> float:
-        return sum(group.gpu_fence for group in self.groups) + self.gpu_fence_rest
 
 
 def _first(labels: Mapping[str, str], names: Sequence[str]) -> str:

@@ -1,6 +1,6 @@
 """``--format focus``: the bill as FinOps FOCUS 1.0 cost rows (CSV), for finance tools and OpenCost's custom costs.
 
-One row per ledger line (:class:`~.compute.Line`): a charge on one GPU or MIG device for one group, over the
+One row per ledger line (:class:`~.bill.Line`): a charge on one GPU or MIG device for one group, over the
 whole range. The column IDs are those of FOCUS 1.0 as ratified (FOCUS_Spec tag ``v1.0``, commit ``f7f58a0``,
 ``specification/columns/*.md``), in the spec's order; gpu-fence's own columns carry the ``x_`` prefix the spec
 reserves for them. The rows add up (``BilledCost``) to the GPU cost of the range, to the cent: each row of the bill
@@ -21,7 +21,7 @@ import json
 import re
 from decimal import Decimal
 
-from .compute import PLATFORM, UNATTRIBUTED, Bill, Charge, Line
+from .bill import PLATFORM, UNATTRIBUTED, Bill, Charge, Line
 from .errors import ChargebackError
 from .provenance import Provenance
 from .statement import line_costs, statement

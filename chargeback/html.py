@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from .axes import money_ticks, time_ticks
-from .compute import IDLE, OVERREACH, UNATTRIBUTED, Bill, IdlePolicy, Method, TimePoint
+from .bill import IDLE, OVERREACH, UNATTRIBUTED, Bill, IdlePolicy, Method, TimePoint
 from .provenance import Provenance
 from .render import (
     CARD_COLUMNS,

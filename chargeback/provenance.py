@@ -1,6 +1,6 @@
 """How a bill was made, carried by every format so that a reader can reproduce it or challenge it.
 
-The method, idle policy, currency and range live on the :class:`~.compute.Bill` itself (the computation decided
+The method, idle policy, currency and range live on the :class:`~.bill.Bill` itself (the computation decided
 them); this holds the rest: when, by which gpu-fence, from where, at what resolution, grouped how, at what prices,
 and (with ``--cost-centres``) which cost centre each row belongs to.
 """

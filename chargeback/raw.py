@@ -20,9 +20,9 @@ from typing import TypeVar
 
 from gpu_fence.metric_names import label_name  # the name the auditor exports --pod-label KEY under
 
-from .compute import Allocation, ContainerRef, Device, Interval, Memory, Offered, SmActivity, Unattributed
 from .progress import Progress
 from .prometheus import MAX_POINTS_PER_QUERY, PrometheusError, Series, Source
+from .samples import Allocation, ContainerRef, Device, Interval, Memory, Offered, SmActivity, Unattributed
 from .times import iso
 
 T = TypeVar("T")

@@ -4,7 +4,7 @@ The rules book every evaluation's split in *card ratios*; each sample stands for
 it, as an instant of ``raw.py`` stands for the step before it. So a bill over the evaluations ``e_1 .. e_n`` (each
 ``interval`` after the last) sums each series over ``(e_1 - interval, e_n]`` with one instant query at ``e_n``,
 multiplies by ``interval / 3600`` to get card-hours and prices them per card with the price list: the same
-:class:`~.compute.Ledger` the raw path fills interval by interval, so the idle policies, the report and every
+:class:`~.ledger.Ledger` the raw path fills interval by interval, so the idle policies, the report and every
 format are the same code.
 
 The rules evaluate at a fixed phase (Prometheus offsets each group by a hash of its name and file): the bill covers
@@ -33,20 +33,9 @@ from dataclasses import dataclass
 from gpu_fence.metric_names import label_name
 
 from . import rules as r
-from .compute import (
-    GIB,
-    IDLE,
-    OVERREACH,
-    UNATTRIBUTED,
-    UNATTRIBUTED_PARTY,
-    Charge,
-    Ledger,
-    Method,
-    Party,
-    TimePoint,
-    nonzero,
-)
+from .bill import IDLE, OVERREACH, UNATTRIBUTED, Charge, Method, TimePoint
 from .errors import ChargebackError
+from .ledger import GIB, UNATTRIBUTED_PARTY, Ledger, Party, nonzero
 from .progress import Progress
 from .prometheus import InstantSource, PrometheusError, Series
 from .raw import NO_LABEL, RENAMED, RawNotes

@@ -17,8 +17,8 @@ from decimal import Decimal
 from importlib import resources
 from typing import Any
 
-from .compute import Bill
-from .devicemetrics import DeviceMetricBill
+from .bill import Bill
+from .comparison import DeviceMetricBill
 from .provenance import Provenance
 from .statement import COLUMNS, RowKind, Statement, statement
 from .times import iso

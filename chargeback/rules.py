@@ -1,6 +1,6 @@
-"""The chargeback recording rules: the per-interval split of ``compute.py``, written in PromQL.
+"""The chargeback recording rules: the per-interval split of ``ledger.py``, written in PromQL.
 
-At every evaluation the rules book each GPU's or MIG slice's share of a card, as ``compute.split_unit`` does for one
+At every evaluation the rules book each GPU's or MIG slice's share of a card, as ``ledger.split_unit`` does for one
 interval, to the containers that hold or use it (``container:...``), to the processes outside any container and
 to idle capacity (``gpu:...``), for both methods; ``card:...`` says which cards existed and the model each is
 priced by. Values are *card ratios*: the fraction of one physical card's cost over the evaluation interval
@@ -28,7 +28,8 @@ import yaml
 
 from gpu_fence.metric_names import label_name
 
-from .compute import ROUNDING, Charge, Method
+from .bill import Charge, Method
+from .ledger import ROUNDING
 from .prices import Prices
 
 GROUP = "gpu-fence-chargeback-split"
@@ -85,7 +86,7 @@ DEFAULT_POD_LABELS = ("team",)
 
 
 class Issue:
-    """The ``issue`` label of ``ISSUE``: what ``compute`` would have written a note about, per device."""
+    """The ``issue`` label of ``ISSUE``: what ``ledger`` would have written a note about, per device."""
 
     UNKNOWN_DEVICE = "unknown-device"  # memory or allocations on a device without gpu_fence_gpu_info
     OUTSIDE_SLICES = "memory-outside-slices"  # memory on a MIG-partitioned card's own UUID
@@ -94,7 +95,7 @@ class Issue:
     SHARE_MISSING = "share-missing"  # a MIG device without gpu_fence_gpu_share_ratio
 
 
-# A series finite and above zero, as compute.py takes samples (``x > 0 < +Inf`` drops NaN, 0, negatives, +Inf).
+# A series finite and above zero, as ledger.py takes samples (``x > 0 < +Inf`` drops NaN, 0, negatives, +Inf).
 _POSITIVE = "> 0 < +Inf"
 _MIG_SUFFIX_RE2 = r"\s+MIG\s+\S+"  # prices._MIG_SUFFIX, as an RE2 fragment (a test keeps the two in step)
 
@@ -163,7 +164,7 @@ class _Parts:
         present = f"group by (node, card_uuid) ({self.units})"
         return f"(({own} or on (node, card_uuid) {of_slices}) and on (node, card_uuid) {present})"
 
-    # Who is on a unit. The auditor's series are first deduplicated with max by its own labels, as compute's
+    # Who is on a unit. The auditor's series are first deduplicated with max by its own labels, as raw.py's
     # queries do; series scraped without honor_labels (exported_namespace) are left out (chargeback refuses them).
     @property
     def memory(self) -> str:  # (node, namespace, pod, container, gpu_uuid, allocated) = bytes

@@ -1,4 +1,4 @@
-"""What every format shows of a :class:`~.compute.Bill`: its rows in cents that add up, to the cent.
+"""What every format shows of a :class:`~.bill.Bill`: its rows in cents that add up, to the cent.
 
 The bill is computed in floating point (shares of bytes and of card-hours); a reader checks it in cents. Rounding
 each amount on its own leaves rows that miss the total they sit above by a cent or two, so the cents are
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from enum import Enum
 
-from .compute import PLATFORM, UNATTRIBUTED, Bill, CardCost, Charge, Line, OverreachRow
+from .bill import PLATFORM, UNATTRIBUTED, Bill, CardCost, Charge, Line, OverreachRow
 from .costcentres import UNASSIGNED, CostCentres
 from .errors import ChargebackError
 

@@ -36,7 +36,7 @@ def test_the_wheel_holds_both_deployables_chargeback_and_the_proto(wheel: Path) 
         "gpu_fence/webhook/policy/__init__.py",
         "gpu_fence/webhook/policy/rules/privileges.py",
         "gpu_fence/auditor/audit.py",
-        "gpu_fence/chargeback/compute.py",
+        "gpu_fence/chargeback/ledger.py",
         "gpu_fence/chargeback/bill.schema.json",
         "gpu_fence/chargeback/demo_fleet.json",
         "gpu_fence/auditor/podresources/v1/api_pb2_grpc.py",
@@ -70,7 +70,7 @@ def test_the_license_is_declared_as_spdx_and_shipped(wheel: Path) -> None:
 
 
 def test_the_source_folder_names_are_not_importable() -> None:
-    for name in ("webhook", "auditor.audit", "chargeback.compute"):
+    for name in ("webhook", "auditor.audit", "chargeback.ledger"):
         with pytest.raises(ModuleNotFoundError, match="import gpu_fence"):
             importlib.import_module(name)
     assert importlib.import_module("gpu_fence.webhook.policy").__name__ == "gpu_fence.webhook.policy"

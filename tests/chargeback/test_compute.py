@@ -9,22 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_fence.chargeback.compute import (
-    IDLE,
-    OVERREACH,
-    UNATTRIBUTED,
+from gpu_fence.chargeback.bill import IDLE, OVERREACH, UNATTRIBUTED, Charge, IdlePolicy, Method
+from gpu_fence.chargeback.ledger import compute_bill
+from gpu_fence.chargeback.samples import (
     Allocation,
-    Charge,
     ContainerRef,
     Device,
-    IdlePolicy,
     Interval,
     Memory,
-    Method,
     Offered,
     SmActivity,
     Unattributed,
-    compute_bill,
 )
 
 GIB = 1 << 30

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from gpu_fence.chargeback.devicemetrics import DeviceMetricBill, device_metric_bill, device_query
+from gpu_fence.chargeback.comparison import DeviceMetricBill
+from gpu_fence.chargeback.devicemetrics import device_metric_bill, device_query
 from gpu_fence.chargeback.errors import ChargebackError
 from gpu_fence.chargeback.prometheus import Series
 from tests.fakes.chargeback_scenarios import run_chargeback, window_args

@@ -9,13 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpu_fence.chargeback.compute import ContainerRef, GroupCost, IdlePolicy, compute_bill
+from gpu_fence.chargeback.bill import GroupCost, IdlePolicy
 from gpu_fence.chargeback.errors import ChargebackError
 from gpu_fence.chargeback.html import render_html
+from gpu_fence.chargeback.ledger import compute_bill
 from gpu_fence.chargeback.prices import Prices, prices_from_mapping
 from gpu_fence.chargeback.prometheus import Series
 from gpu_fence.chargeback.raw import RawNotes, intervals_from_series, label_name, pod_groups
 from gpu_fence.chargeback.render import render_json, render_markdown, render_table
+from gpu_fence.chargeback.samples import ContainerRef
 from gpu_fence.chargeback.times import parse_duration, parse_time
 from tests.fakes.chargeback_scenarios import made, validate_bill
 
@@ -187,7 +189,7 @@ def test_series_renamed_by_a_scrape_without_honor_labels_are_refused():
 
 def hour_bill():
     """One card used by namespace a for one hour, billed in six 10-minute intervals from 1_800_000_000."""
-    from gpu_fence.chargeback.compute import Device, Interval, Memory
+    from gpu_fence.chargeback.samples import Device, Interval, Memory
 
     start, step = 1_800_000_000.0, 600.0
     a = ContainerRef("a", "p", "c", "a")

@@ -11,19 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_fence.chargeback.compute import (
-    Bill,
-    CardCost,
-    Charge,
-    ContainerRef,
-    GroupCost,
-    IdlePolicy,
-    Line,
-    Method,
-    OverreachRow,
-)
+from gpu_fence.chargeback.bill import Bill, CardCost, Charge, GroupCost, IdlePolicy, Line, Method, OverreachRow
 from gpu_fence.chargeback.costcentres import UNASSIGNED, CostCentres
 from gpu_fence.chargeback.errors import ChargebackError
+from gpu_fence.chargeback.samples import ContainerRef
 from gpu_fence.chargeback.statement import (
     PARTS,
     RowKind,

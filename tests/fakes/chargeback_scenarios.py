@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from jsonschema import Draft202012Validator, FormatChecker
 
 from gpu_fence import chargeback
-from gpu_fence.chargeback.compute import Bill
+from gpu_fence.chargeback.bill import Bill
 from gpu_fence.chargeback.provenance import Provenance
 from gpu_fence.chargeback.render import bill_schema
 
