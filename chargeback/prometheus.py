@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .errors import ChargebackError
 from .httpconfig import HttpConfig
@@ -49,6 +49,7 @@ class Source(Protocol):
     def query_range(self, query: str, start: float, end: float, step: float) -> list[Series]: ...
 
 
+@runtime_checkable
 class InstantSource(Source, Protocol):
     def query(self, query: str, at: float) -> list[Series]: ...
 

@@ -194,15 +194,15 @@ def test_the_demo_works_from_an_installed_wheel(installed: Path, tmp_path: Path,
 def test_the_bill_is_made_with_the_cyclic_collector_paused(monkeypatch):
     import gc
 
-    from gpu_fence import chargeback
+    from gpu_fence.chargeback import make
 
     seen = []
-    make_bill = chargeback.make_bill
+    make_bill = make.make_bill
 
     def watched(*arguments, **options):
         seen.append(gc.isenabled())
         return make_bill(*arguments, **options)
 
-    monkeypatch.setattr(chargeback, "make_bill", watched)
+    monkeypatch.setattr(make, "make_bill", watched)
     assert run_chargeback("--demo", "--format", "json").code == 0
     assert seen == [False] and gc.isenabled()

@@ -255,7 +255,7 @@ def test_memory_of_unknown_entitlement_is_billed_as_its_containers_usage_not_as_
 def test_a_bill_runs_without_the_cyclic_collector_and_leaves_it_as_it_was():
     import gc
 
-    from gpu_fence.chargeback import paused_collector
+    from gpu_fence.chargeback.cli import paused_collector
 
     assert gc.isenabled()
     with pytest.raises(ChargebackError), paused_collector():

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_fence.chargeback import default_timeout
 from gpu_fence.chargeback.progress import AFTER, Progress
+from gpu_fence.chargeback.settings import default_timeout
 from tests.fakes.chargeback_scenarios import run_chargeback, window_args
 from tests.fakes.http_listener import Listener, answer_json
 from tests.fakes.processes import run_captured

@@ -461,7 +461,7 @@ def bill_and_provenance(*argv: str) -> tuple[Bill, Provenance]:
     parser = argparse.ArgumentParser(prog="gpu-fence-auditor")
     chargeback.add_arguments(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["chargeback", *argv])
-    return chargeback.make_bill(args, float(int(time.time())))
+    return chargeback.make_bill(chargeback.settings_from(args, float(int(time.time()))))
 
 
 def validate_bill(document: dict) -> dict:
