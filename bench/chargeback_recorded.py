@@ -218,10 +218,10 @@ def _record_state(active: Mapping[Key, float], first: float, last: float, record
                     put(r.UNATTRIBUTED, {**where, "method": method.value}, booking.card_hours)
                     continue
                 who = {"namespace": booking.who.namespace, "pod": booking.who.pod, "container": booking.who.container}
-                if booking.party.charge == Charge.RESERVED.value:
+                if booking.party.charge is Charge.RESERVED:
                     reserved[tuple(with_labels({**where, **who}).items())] += booking.card_hours
                 else:
-                    labels = with_labels({**where, **who, "charge": booking.party.charge})
+                    labels = with_labels({**where, **who, "charge": booking.party.charge.value})
                     booked[tuple(labels.items())] += booking.card_hours
             if unit.split.idle > 0:
                 put(r.IDLE, {**where, "method": method.value}, unit.split.idle)
@@ -251,7 +251,9 @@ def _record_method_free(interval: Interval, split: IntervalSplit, put, rollup, w
                 put(r.UNATTRIBUTED_MEMORY, where, booking.bytes)
             else:
                 who = {"namespace": booking.who.namespace, "pod": booking.who.pod, "container": booking.who.container}
-                memory[tuple(with_labels({**where, **who, "charge": booking.party.charge}).items())] += booking.bytes
+                memory[tuple(with_labels({**where, **who, "charge": booking.party.charge.value}).items())] += (
+                    booking.bytes
+                )
         if unit.split.offered_missing:
             put(r.ISSUE, {"node": unit.device.node, "gpu_uuid": unit.device.uuid, "issue": r.Issue.OFFERED_MISSING}, 1)
         if unit.split.over_held:

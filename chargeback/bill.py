@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 
 from .comparison import DeviceMetricBill
 from .samples import ContainerRef
@@ -25,8 +25,9 @@ class Method(Enum):
     USAGE = "usage"  # memory alone: a held unit with no memory in use is idle
 
 
-class Charge(Enum):
-    """What a line of the ledger pays for."""
+class Charge(StrEnum):
+    """What a line of the ledger pays for. A ``StrEnum`` so that the ledger's keys (``ledger.Party``), which hold one,
+    hash at C speed on the hot path; the label values and every format read ``.value``."""
 
     USAGE = "usage"  # a byte share of a unit, with an allocation on it
     RESERVED = "reserved"  # a held unit with none of the holder's memory on it (method holder)
@@ -120,10 +121,12 @@ class TimePoint:
     start: float
 
 
-OVERREACH = "(overreach)"
-UNATTRIBUTED = "(unattributed)"
+# The rows and chart layers that are no group: named after their charge, in parentheses, so that no group name (a
+# namespace or a label value, which cannot hold them) is mistaken for one.
+OVERREACH = f"({Charge.OVERREACH.value})"
+UNATTRIBUTED = f"({Charge.UNATTRIBUTED.value})"
+PLATFORM = f"({Charge.PLATFORM.value})"
 IDLE = "(idle)"
-PLATFORM = "(platform)"
 
 
 @dataclass(frozen=True)

@@ -421,7 +421,7 @@ def _headline(bill: Bill, shown: Statement) -> str:
         '<div class="card op">=</div>',
         card("groups", "billed to groups", values[RowKind.SUBTOTAL]["total_cost"]),
         '<div class="card op">+</div>',
-        card("unattributed", "unattributed", values[RowKind.UNATTRIBUTED]["total_cost"]),
+        card(RowKind.UNATTRIBUTED.value, RowKind.UNATTRIBUTED.value, values[RowKind.UNATTRIBUTED]["total_cost"]),
         '<div class="card op">+</div>',
         card("platform", "platform idle", values[RowKind.PLATFORM]["total_cost"]),
     ]

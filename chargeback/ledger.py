@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from gpu_fence import metric_names
+
 from .bill import (
     IDLE,
     OVERREACH,
@@ -75,21 +77,20 @@ class Party(NamedTuple):
     ``pod``/``container`` are set for overreach only (each offending container is a row of its own); the
     unattributed and platform rows have neither group nor namespace."""
 
-    charge: str  # a Charge value
+    charge: Charge
     group: str = ""
     namespace: str = ""
     pod: str = ""
     container: str = ""
 
     @classmethod
-    def of(cls, charge: str, who: _Who) -> Party:
-        if charge == _OVERREACH:
+    def of(cls, charge: Charge, who: _Who) -> Party:
+        if charge is Charge.OVERREACH:
             return cls(charge, who.group, who.namespace, who.pod, who.container)
         return cls(charge, who.group, who.namespace)
 
 
-_USAGE, _RESERVED, _OVERREACH = Charge.USAGE.value, Charge.RESERVED.value, Charge.OVERREACH.value
-_UNATTRIBUTED = Party(Charge.UNATTRIBUTED.value)
+_UNATTRIBUTED = Party(Charge.UNATTRIBUTED)
 UNATTRIBUTED_PARTY = _UNATTRIBUTED
 
 
@@ -112,7 +113,10 @@ class _Owners:
         found = self._by_id.get(id(ref))
         if found is None or found[0] is not ref:
             who = _Who(ref.namespace, ref.pod, ref.container, ref.group)
-            found = self._by_id[id(ref)] = (ref, _Owner(who, Party.of(_USAGE, who), Party.of(_OVERREACH, who)))
+            found = self._by_id[id(ref)] = (
+                ref,
+                _Owner(who, Party.of(Charge.USAGE, who), Party.of(Charge.OVERREACH, who)),
+            )
         return found[1]
 
 
@@ -169,7 +173,7 @@ def split_unit(
             for who, ids in idle_holders:
                 share = amount * ids / max(replicas, held)
                 reserved += share
-                bookings.append(Booking(Party.of(_RESERVED, who), who, share, 0.0))
+                bookings.append(Booking(Party.of(Charge.RESERVED, who), who, share, 0.0))
     rest = max(0.0, amount - reserved)
     in_use = sum(user.bytes for user in users)
     if in_use <= 0:
@@ -421,9 +425,9 @@ def _add(amounts: list[float], *values: float) -> None:
 
 
 def _layer(party: Party) -> str:
-    if party.charge == _OVERREACH:
+    if party.charge is Charge.OVERREACH:
         return OVERREACH
-    if party.charge == _UNATTRIBUTED.charge:
+    if party.charge is Charge.UNATTRIBUTED:
         return UNATTRIBUTED
     return party.group
 
@@ -448,7 +452,7 @@ def _idle_entries(
             continue
         parties = booked.get((node, card))
         if idle_policy is IdlePolicy.PLATFORM or not parties or sum(parties.values()) <= 0:
-            entries.append(((node, device, card), Party(Charge.PLATFORM.value), (cost, 0.0, hours)))
+            entries.append(((node, device, card), Party(Charge.PLATFORM), (cost, 0.0, hours)))
         else:
             _add(card_idle[(node, card)], cost, hours)
     for (node, card), (cost, hours) in card_idle.items():
@@ -457,7 +461,7 @@ def _idle_entries(
         for (device, party), weight in parties.items():
             # The idle share keeps the party's kind where that kind has a column or row of its own (overreach,
             # unattributed).
-            apart = party.charge in (_OVERREACH, Charge.UNATTRIBUTED.value)
+            apart = party.charge in (Charge.OVERREACH, Charge.UNATTRIBUTED)
             share = party if apart else _idle_party(party)
             entries.append(((node, device, card), share, (cost * weight / total, 0.0, hours * weight / total)))
     return entries
@@ -476,7 +480,7 @@ def _merged_lines(entries: Iterable[Entry], model_of: Mapping[tuple[str, str], s
                 device_uuid=device,
                 card_uuid=card,
                 model=model_of[(node, card)],
-                charge=Charge(party.charge),
+                charge=party.charge,
                 group=party.group,
                 namespace=party.namespace,
                 pod=party.pod,
@@ -497,7 +501,7 @@ def _rank(amount: float) -> float:
 
 
 def _idle_party(party: Party) -> Party:
-    return Party(Charge.IDLE_SHARE.value, party.group, party.namespace)
+    return Party(Charge.IDLE_SHARE, party.group, party.namespace)
 
 
 _GROUP_FIELD = {Charge.USAGE: "usage", Charge.RESERVED: "reserved", Charge.IDLE_SHARE: "idle"}
@@ -586,7 +590,7 @@ def _notes(
     notes = [f"no price for GPU model {model!r} on node {node!r}: priced at 0" for node, model in sorted(unpriced)]
     if unknown_devices:
         notes.append(
-            f"{len(unknown_devices)} device(s) had memory or allocations but no gpu_fence_gpu_info series "
+            f"{len(unknown_devices)} device(s) had memory or allocations but no {metric_names.GPU_INFO} series "
             f"at the same instant, so they were not priced (e.g. {_sample(unknown_devices)})"
         )
     if partitioned_cards:
@@ -598,12 +602,12 @@ def _notes(
     if offered_missing:
         notes.append(
             f"{len(offered_missing)} device(s) were held with no memory in use but had no "
-            "gpu_fence_gpu_offered_replicas series, so their holders were charged as holding every replica "
+            f"{metric_names.GPU_OFFERED_REPLICAS} series, so their holders were charged as holding every replica "
             f"(exact for an unshared GPU; a shared one may be overcharged) (e.g. {_sample(offered_missing)})"
         )
     if over_held:
         notes.append(
-            f"{len(over_held)} device(s) had more allocation ids held than gpu_fence_gpu_offered_replicas offers; "
+            f"{len(over_held)} device(s) had more allocation ids held than {metric_names.GPU_OFFERED_REPLICAS} offers; "
             f"their holders were charged by the ids held (e.g. {_sample(over_held)})"
         )
     return notes

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from gpu_fence.metric_names import label_name  # the name the auditor exports --pod-label KEY under
+from gpu_fence import metric_names
 
 from .progress import Progress
 from .prometheus import MAX_POINTS_PER_QUERY, PrometheusError, Series, Source
@@ -31,26 +31,24 @@ NO_LABEL = "(none)"
 CHUNK_SAMPLES = 1_000_000
 FIRST_CHUNK = 24
 
-INFO = "max by (node, gpu_uuid, parent_uuid, model, mig_profile) (gpu_fence_gpu_info)"
-SHARE = "max by (node, gpu_uuid) (gpu_fence_gpu_share_ratio)"
-OFFERED = "max by (node, gpu_uuid) (gpu_fence_gpu_offered_replicas)"
+INFO = f"max by ({', '.join(metric_names.GPU_INFO_LABELS)}) ({metric_names.GPU_INFO})"
+SHARE = f"max by (node, gpu_uuid) ({metric_names.GPU_SHARE})"
+OFFERED = f"max by (node, gpu_uuid) ({metric_names.GPU_OFFERED_REPLICAS})"
 # A scrape without honor_labels keeps the auditor pod's own namespace/pod/container and renames the workload's to
 # exported_*: the queries keep exported_namespace so such series are refused instead of billed to the auditor.
 RENAMED = "exported_namespace"
-MEMORY = (
-    f"max by (node, namespace, pod, container, gpu_uuid, allocated, {RENAMED}) (gpu_fence_container_gpu_memory_bytes)"
-)
-ALLOCATED = f"max by (node, namespace, pod, container, gpu_uuid, {RENAMED}) (gpu_fence_container_allocated_gpus)"
-UNATTRIBUTED = "max by (node, gpu_uuid) (gpu_fence_unattributed_gpu_memory_bytes)"
+MEMORY = f"max by (node, namespace, pod, container, gpu_uuid, allocated, {RENAMED}) ({metric_names.CONTAINER_MEMORY})"
+ALLOCATED = f"max by (node, namespace, pod, container, gpu_uuid, {RENAMED}) ({metric_names.CONTAINER_ALLOCATED})"
+UNATTRIBUTED = f"max by (node, gpu_uuid) ({metric_names.UNATTRIBUTED_MEMORY})"
 # Not billed: shown beside the bill (absent on devices NVML does not sample, such as MIG).
-ACTIVITY = f"max by (node, namespace, pod, container, gpu_uuid, {RENAMED}) (gpu_fence_container_gpu_sm_activity_ratio)"
+ACTIVITY = f"max by (node, namespace, pod, container, gpu_uuid, {RENAMED}) ({metric_names.CONTAINER_SM_ACTIVITY})"
 # INFO, SHARE, MEMORY, ALLOCATED, UNATTRIBUTED, OFFERED, ACTIVITY (plus the labels with --by label:)
 QUERIES_PER_CHUNK = 7
 
 
 def pod_labels_query(name: str) -> str:
     """The query for ``--by label:KEY``, where ``name`` is the label the auditor exports KEY as."""
-    return f'max by (namespace, pod, {name}) (gpu_fence_pod_labels{{{name}!=""}})'
+    return f'max by (namespace, pod, {name}) ({metric_names.POD_LABELS}{{{name}!=""}})'
 
 
 GroupOf = Callable[[str, str, int], str]  # (namespace, pod, instant in ms) → group
@@ -73,7 +71,7 @@ class RawNotes:
         if not self.missing_share:
             return []
         return [
-            f"{len(self.missing_share)} MIG device(s) had no gpu_fence_gpu_share_ratio, so their card's share is "
+            f"{len(self.missing_share)} MIG device(s) had no {metric_names.GPU_SHARE}, so their card's share is "
             f"counted as idle (e.g. {sorted(self.missing_share)[0]})"
         ]
 
@@ -95,9 +93,9 @@ def intervals_from_series(
     """Regroup per-series samples into one :class:`Interval` per instant. Pure; what it notices goes to ``notes``."""
     notes = notes if notes is not None else RawNotes()
     for name, items in (
-        ("gpu_fence_container_gpu_memory_bytes", memory),
-        ("gpu_fence_container_allocated_gpus", allocated),
-        ("gpu_fence_container_gpu_sm_activity_ratio", activity),
+        (metric_names.CONTAINER_MEMORY, memory),
+        (metric_names.CONTAINER_ALLOCATED, allocated),
+        (metric_names.CONTAINER_SM_ACTIVITY, activity),
     ):
         renamed = next((item.labels for item in items if item.labels.get(RENAMED)), None)
         if renamed is not None:
@@ -244,7 +242,7 @@ def stream_intervals(
     A chunk starts at ``FIRST_CHUNK`` instants and is then sized from the samples per instant seen so far, so that
     one chunk holds about ``chunk_samples`` samples; the caller books each interval before the next chunk is read.
     """
-    label = None if by == "namespace" else label_name(by.removeprefix("label:"))
+    label = None if by == "namespace" else metric_names.label_name(by.removeprefix("label:"))
     queries = QUERIES_PER_CHUNK + (label is not None)
     pending = [list(run) for run in runs(instants, step)]
     size, seen_samples, seen_instants = FIRST_CHUNK, 0, 0
@@ -293,14 +291,15 @@ def stream_intervals(
 
 def no_label(by: str, start: float, end: float) -> PrometheusError:
     key = by.removeprefix("label:")
+    label = metric_names.label_name(key)
     return PrometheusError(
-        f"no gpu_fence_pod_labels series carries {label_name(key)} (pod label {key!r}) between {iso(start)} and "
+        f"no {metric_names.POD_LABELS} series carries {label} (pod label {key!r}) between {iso(start)} and "
         f"{iso(end)}: run the auditor with --pod-label {key}, or check the label key"
     )
 
 
 def no_data(source: Source, start: float, last: float) -> PrometheusError:
     return PrometheusError(
-        f"no gpu_fence_gpu_info samples at {source.name} between {iso(start)} and {iso(last)}: "
+        f"no {metric_names.GPU_INFO} samples at {source.name} between {iso(start)} and {iso(last)}: "
         "check the time range and that Prometheus scrapes the auditor"
     )

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from gpu_fence import metric_names
 from gpu_fence.metric_names import label_name
 
 from . import rules as r
@@ -41,6 +42,8 @@ from .prometheus import InstantSource, PrometheusError, Series
 from .raw import NO_LABEL, RENAMED, RawNotes
 from .times import iso
 
+# A group's own charges on a device: what it used with an allocation, and what it held without using it.
+_HELD_OR_USED = f"{Charge.USAGE.value}|{Charge.RESERVED.value}"
 # At most this many timeline points: consecutive evaluations are merged into one point beyond it.
 TIMELINE_POINTS = 720
 SUMS = 13  # the instant queries of book() over one part of its range, before the timeline's range queries
@@ -286,13 +289,13 @@ def _check_rolled_up(ask: Callable[[str, float], list[Series]], by: str, schedul
     if any(ask(f"group({term})", at) for term, at in over(schedule, r.GROUP_BOOKED, f'{label}!=""', "last_over_time")):
         return
     window = _window(end - start + 1)
-    if ask(f'group(last_over_time(gpu_fence_pod_labels{{{label}!=""}}{window}))', end):
+    if ask(f'group(last_over_time({metric_names.POD_LABELS}{{{label}!=""}}{window}))', end):
         raise NotRecorded(
             f"the chargeback recording rules at {name} do not carry pod label {key!r} ({label}): regenerate them "
             f"with gpu-fence-auditor chargeback --rules --pod-label {key}, or bill from the raw series (--series raw)"
         )
     raise PrometheusError(
-        f"no gpu_fence_pod_labels series carries {label} (pod label {key!r}) between {iso(start)} and {iso(end)}: "
+        f"no {metric_names.POD_LABELS} series carries {label} (pod label {key!r}) between {iso(start)} and {iso(end)}: "
         f"run the auditor with --pod-label {key}, or check the label key"
     )
 
@@ -420,7 +423,7 @@ def _book(q: _Queries, schedule: Plan, ledger: Ledger, by: str, notes: RawNotes)
     # Everything else at once, the longest first; booked below in this order.
     timeline = _timeline(q, schedule, ledger, method, label)
     container = f"{DEVICE}, namespace, pod, container"
-    booked = q.sum(r.GROUP_BOOKED, f'{method}, charge=~"usage|reserved"', f"{DEVICE}, charge, {groups}")
+    booked = q.sum(r.GROUP_BOOKED, f'{method}, charge=~"{_HELD_OR_USED}"', f"{DEVICE}, charge, {groups}")
     requested = q.sum(r.GROUP_REQUESTED, "", f"node, card_uuid, {groups}")
     usage = q.sum(r.GROUP_MEMORY, f'charge="{Charge.USAGE.value}"', f"{DEVICE}, {groups}")
     idle = q.sum(r.IDLE, method, DEVICE)
@@ -435,8 +438,8 @@ def _book(q: _Queries, schedule: Plan, ledger: Ledger, by: str, notes: RawNotes)
     for item in usage():
         usage_memory[_where(item), item.labels.get("namespace", ""), group(item)] += _value(item) / GIB * hours
     for item in booked():
-        charge, namespace = item.labels.get("charge", ""), item.labels.get("namespace", "")
-        gib = usage_memory.pop((_where(item), namespace, group(item)), 0.0) if charge == Charge.USAGE.value else 0.0
+        charge, namespace = Charge(item.labels.get("charge", "")), item.labels.get("namespace", "")
+        gib = usage_memory.pop((_where(item), namespace, group(item)), 0.0) if charge is Charge.USAGE else 0.0
         ledger.book(_where(item), Party(charge, group(item), namespace), _value(item) * hours, gib)
     overreach_memory: dict[tuple, float] = defaultdict(float)
     for item in overreach_gib():
@@ -466,12 +469,12 @@ def _where(item: Series) -> tuple[str, str, str]:
 def _overreach_party(item: Series, group: str) -> Party:
     labels = item.labels
     return Party(
-        Charge.OVERREACH.value, group, labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", "")
+        Charge.OVERREACH, group, labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", "")
     )
 
 
 def _refuse_renamed(q: _Queries) -> None:
-    for metric in ("gpu_fence_container_gpu_memory_bytes", "gpu_fence_container_allocated_gpus"):
+    for metric in (metric_names.CONTAINER_MEMORY, metric_names.CONTAINER_ALLOCATED):
         found = q.ask(f'group by ({RENAMED}, namespace, pod) (last_over_time({metric}{{{RENAMED}!=""}}{q.window}))')
         if found:
             labels = found[0].labels
@@ -584,7 +587,7 @@ class _Layers:
 
         by = self.label or "namespace"
         layers = [
-            (r.GROUP_BOOKED, f'{self.method}, charge=~"usage|reserved"', by, None),
+            (r.GROUP_BOOKED, f'{self.method}, charge=~"{_HELD_OR_USED}"', by, None),
             (r.GROUP_BOOKED, f'{self.method}, charge="{Charge.OVERREACH.value}"', "", OVERREACH),
             (r.UNATTRIBUTED, self.method, "", UNATTRIBUTED),
             (r.IDLE, self.method, "", IDLE),

@@ -45,7 +45,7 @@ COMPARISON_COLUMNS = (
     ("device_hours_cost", "device-hours"),
     ("utilisation_cost", "utilisation"),
 )
-OTHER = "(unattributed, platform)"
+OTHER = f"({RowKind.UNATTRIBUTED.value}, {RowKind.PLATFORM.value})"
 SCHEMA = "bill.schema.json"
 Columns = tuple[tuple[str, str], ...]
 
@@ -406,12 +406,12 @@ def bill_document(bill: Bill, made: Provenance) -> dict:
         "groups_subtotal": _numbers(
             {key: value for key, value in subtotal.items() if key not in ("group", "cost_centre")}
         ),
-        "unattributed": {
+        RowKind.UNATTRIBUTED.value: {
             "cost": _number(unattributed["total_cost"]),
             "memory_gib_hours": _number(unattributed["memory_gib_hours"]),
             "cost_centre": unattributed["cost_centre"],
         },
-        "platform": {"cost": _number(platform["total_cost"]), "cost_centre": platform["cost_centre"]},
+        RowKind.PLATFORM.value: {"cost": _number(platform["total_cost"]), "cost_centre": platform["cost_centre"]},
         "total": _numbers({key: total[key] for key in TOTAL_KEYS}),
         "cost_centres": [
             {"cost_centre": centre.centre, "rows": list(centre.rows), "total_cost": _number(centre.total)}

@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from gpu_fence import metric_names
 from gpu_fence.metric_names import label_name
 
 from .bill import Charge, Method
@@ -115,6 +116,11 @@ def string(text: str) -> str:
     return f'"{escaped}"'
 
 
+# The auditor's device series: MIG slices (a parent card named), and whole GPUs.
+_SLICES = f'{metric_names.GPU_INFO}{{parent_uuid!=""}}'
+_WHOLE = f'{metric_names.GPU_INFO}{{parent_uuid=""}}'
+
+
 @dataclass(frozen=True)
 class _Parts:
     """The shared sub-expressions of the split, each written once. Labels are noted as (node, gpu_uuid, ...)."""
@@ -122,11 +128,11 @@ class _Parts:
     # Devices. A MIG slice is a unit worth its share ratio; a whole GPU is a unit worth 1 unless slices of it are.
     @property
     def share(self) -> str:  # (node, gpu_uuid): a usable share ratio
-        return "(max by (node, gpu_uuid) (gpu_fence_gpu_share_ratio) >= 0 < +Inf)"
+        return f"(max by (node, gpu_uuid) ({metric_names.GPU_SHARE}) >= 0 < +Inf)"
 
     @property
     def slices(self) -> str:  # (node, gpu_uuid, card_uuid) = 1: every MIG device the auditor lists
-        slices = _relabel('gpu_fence_gpu_info{parent_uuid!=""}', "card_uuid", "parent_uuid")
+        slices = _relabel(_SLICES, "card_uuid", "parent_uuid")
         return f"group by (node, gpu_uuid, card_uuid) ({slices})"
 
     @property
@@ -135,7 +141,7 @@ class _Parts:
 
     @property
     def whole(self) -> str:  # (node, gpu_uuid, card_uuid = gpu_uuid) = 1: every whole GPU
-        return _relabel('group by (node, gpu_uuid) (gpu_fence_gpu_info{parent_uuid=""})', "card_uuid", "gpu_uuid")
+        return _relabel(f"group by (node, gpu_uuid) ({_WHOLE})", "card_uuid", "gpu_uuid")
 
     @property
     def units(self) -> str:  # (node, gpu_uuid, card_uuid) = the unit's share of its card
@@ -156,9 +162,9 @@ class _Parts:
 
     @property
     def cards(self) -> str:  # (node, card_uuid, model) = 1: the cards present and the model each is priced by
-        own = _relabel('group by (node, gpu_uuid, model) (gpu_fence_gpu_info{parent_uuid=""})', "card_uuid", "gpu_uuid")
+        own = _relabel(f"group by (node, gpu_uuid, model) ({_WHOLE})", "card_uuid", "gpu_uuid")
         own = f"group by (node, card_uuid, model) ({own})"
-        of_slices = _relabel('gpu_fence_gpu_info{parent_uuid!=""}', "card_uuid", "parent_uuid")
+        of_slices = _relabel(_SLICES, "card_uuid", "parent_uuid")
         of_slices = f'label_replace({of_slices}, "model", "$1", "model", {string("(.*?)" + _MIG_SUFFIX_RE2)})'
         of_slices = f"group by (node, card_uuid, model) ({of_slices})"
         present = f"group by (node, card_uuid) ({self.units})"
@@ -170,7 +176,7 @@ class _Parts:
     def memory(self) -> str:  # (node, namespace, pod, container, gpu_uuid, allocated) = bytes
         return (
             "(max by (node, namespace, pod, container, gpu_uuid, allocated) "
-            f'(gpu_fence_container_gpu_memory_bytes{{exported_namespace=""}}) {_POSITIVE})'
+            f'({metric_names.CONTAINER_MEMORY}{{exported_namespace=""}}) {_POSITIVE})'
         )
 
     @property
@@ -181,7 +187,7 @@ class _Parts:
 
     @property
     def unattributed(self) -> str:  # (node, gpu_uuid) = bytes
-        return f"(max by (node, gpu_uuid) (gpu_fence_unattributed_gpu_memory_bytes) {_POSITIVE})"
+        return f"(max by (node, gpu_uuid) ({metric_names.UNATTRIBUTED_MEMORY}) {_POSITIVE})"
 
     @property
     def in_use(self) -> str:  # (node, gpu_uuid) = every byte on the device
@@ -191,7 +197,7 @@ class _Parts:
     def allocated(self) -> str:  # (node, namespace, pod, container, gpu_uuid) = allocation ids held
         return (
             "(max by (node, namespace, pod, container, gpu_uuid) "
-            f'(gpu_fence_container_allocated_gpus{{exported_namespace=""}}) {_POSITIVE})'
+            f'({metric_names.CONTAINER_ALLOCATED}{{exported_namespace=""}}) {_POSITIVE})'
         )
 
     @property
@@ -204,7 +210,7 @@ class _Parts:
 
     @property
     def offered(self) -> str:  # (node, gpu_uuid) = replicas the device plugin offers
-        return f"(max by (node, gpu_uuid) (gpu_fence_gpu_offered_replicas) {_POSITIVE})"
+        return f"(max by (node, gpu_uuid) ({metric_names.GPU_OFFERED_REPLICAS}) {_POSITIVE})"
 
     @property
     def replicas(self) -> str:
@@ -242,8 +248,8 @@ def _labelled(expression: str, names: Sequence[str]) -> str:
     if not names:
         return expression
     labels = ", ".join(names)
-    one_each = f"topk by (namespace, pod) (1, group by (namespace, pod, {labels}) (gpu_fence_pod_labels))"
-    pods = "group by (namespace, pod) (gpu_fence_container_gpu_memory_bytes or gpu_fence_container_allocated_gpus)"
+    one_each = f"topk by (namespace, pod) (1, group by (namespace, pod, {labels}) ({metric_names.POD_LABELS}))"
+    pods = f"group by (namespace, pod) ({metric_names.CONTAINER_MEMORY} or {metric_names.CONTAINER_ALLOCATED})"
     return f"({expression} * on (namespace, pod) group_left ({labels}) ({one_each} or on (namespace, pod) {pods}))"
 
 
@@ -308,7 +314,7 @@ def recording_rules(
     memory = _labelled(f"({P.charged_memory} * on (node, gpu_uuid) group_left (card_uuid) {P.unit_ids})", names)
     requested = _labelled(f"({P.allocated} * on (node, gpu_uuid) group_left (card_uuid) {P.devices})", names)
     unattributed_memory = f"({P.unattributed} * on (node, gpu_uuid) group_left (card_uuid) {P.unit_ids})"
-    sm = "max by (node, namespace, pod, container, gpu_uuid) (gpu_fence_container_gpu_sm_activity_ratio)"
+    sm = f"max by (node, namespace, pod, container, gpu_uuid) ({metric_names.CONTAINER_SM_ACTIVITY})"
     active = _labelled(f"clamp_max({sm}, 1)", names)
     rules: list[dict] = [
         {"record": INTERVAL, "expr": f"vector({_seconds(interval)})"},
@@ -452,7 +458,7 @@ def price_expr(prices: Prices, cards: Callable[[str], str]) -> str:
 
 def _whole_cards(matchers: str) -> str:
     """Whole GPUs as cards (node, card_uuid, model), from the auditor's own series."""
-    selector = f'gpu_fence_gpu_info{{parent_uuid=""{", " + matchers if matchers else ""}}}'
+    selector = f'{metric_names.GPU_INFO}{{parent_uuid=""{", " + matchers if matchers else ""}}}'
     return _relabel(selector, "card_uuid", "gpu_uuid")
 
 

@@ -43,8 +43,8 @@ _REMAINDER_PLACES = 6
 class RowKind(Enum):
     GROUP = "group"
     SUBTOTAL = "subtotal"  # the groups summed
-    UNATTRIBUTED = "unattributed"  # memory of processes outside any container
-    PLATFORM = "platform"  # idle capacity nobody is charged for
+    UNATTRIBUTED = Charge.UNATTRIBUTED.value  # memory of processes outside any container
+    PLATFORM = Charge.PLATFORM.value  # idle capacity nobody is charged for
     TOTAL = "total"  # every row: the GPU cost of the range
 
 

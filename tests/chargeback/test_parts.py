@@ -15,10 +15,11 @@ from gpu_fence.chargeback.html import render_html
 from gpu_fence.chargeback.ledger import compute_bill
 from gpu_fence.chargeback.prices import Prices, prices_from_mapping
 from gpu_fence.chargeback.prometheus import Series
-from gpu_fence.chargeback.raw import RawNotes, intervals_from_series, label_name, pod_groups
+from gpu_fence.chargeback.raw import RawNotes, intervals_from_series, pod_groups
 from gpu_fence.chargeback.render import render_json, render_markdown, render_table
 from gpu_fence.chargeback.samples import ContainerRef
 from gpu_fence.chargeback.times import parse_duration, parse_time
+from gpu_fence.metric_names import label_name
 from tests.fakes.chargeback_scenarios import made, validate_bill
 
 NOW = 1_800_000_000.0
