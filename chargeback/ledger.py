@@ -165,11 +165,11 @@ def split_unit(
         idle_holders = [(who, ids) for who, ids in holders.items() if who not in using]
         if idle_holders:
             held = sum(holders.values())
-            known = offered is not None and offered > 0
+            known = offered if offered is not None and offered > 0 else None
             # Missing offered count: take the holders to hold every replica (exact for an unshared GPU).
-            replicas = offered if known else held
-            offered_missing = not known
-            over_held = known and held > replicas
+            replicas = held if known is None else known
+            offered_missing = known is None
+            over_held = known is not None and held > known
             for who, ids in idle_holders:
                 share = amount * ids / max(replicas, held)
                 reserved += share
@@ -232,9 +232,9 @@ def split_interval(interval: Interval, method: Method, owners: _Owners | None = 
             owner = known.of(sample.owner)
             party = owner.usage if sample.allocated else owner.overreach
             users[(sample.node, sample.gpu_uuid)].append(_User(party, owner.who, sample.bytes))
-    for sample in interval.unattributed:
-        if sample.bytes > 0:
-            users[(sample.node, sample.gpu_uuid)].append(_User(_UNATTRIBUTED, None, sample.bytes))
+    for stray in interval.unattributed:
+        if stray.bytes > 0:
+            users[(stray.node, stray.gpu_uuid)].append(_User(_UNATTRIBUTED, None, stray.bytes))
     holders: dict[tuple[str, str], dict[_Who, float]] = defaultdict(lambda: defaultdict(float))
     if method is Method.HOLDER:  # the usage method never asks who holds a unit
         for allocation in interval.allocations:
@@ -264,6 +264,16 @@ def split_interval(interval: Interval, method: Method, owners: _Owners | None = 
     return IntervalSplit(models, units, uncovered, set(users) - partitioned, partitioned, unknown)
 
 
+@dataclass(slots=True)
+class _CardSums:
+    """One card's running sums in a ledger: the model it is priced by, its price, and its hours and cost so far."""
+
+    model: str
+    price: float
+    hours: float = 0.0
+    cost: float = 0.0
+
+
 class Ledger:
     """The running sums of a bill: every booking, idle amount, request and card, interval by interval
     (:meth:`add`) or as sums some other evaluation made (:meth:`book` and friends, ``recorded.py``), until
@@ -278,7 +288,7 @@ class Ledger:
         self.idle: dict[Where, list[float]] = defaultdict(lambda: [0.0, 0.0])  # → [cost, card-hours]
         self.request: dict[str, float] = defaultdict(float)
         self.requested_hours: dict[str, float] = defaultdict(float)
-        self.cards: dict[tuple[str, str], list] = {}  # card → [model, price, hours, cost]
+        self.cards: dict[tuple[str, str], _CardSums] = {}
         self.timeline: list[TimePoint] = []
         self.unpriced: set[tuple[str, str]] = set()
         self.unknown_devices: set[tuple[str, str]] = set()
@@ -303,14 +313,14 @@ class Ledger:
             if price is None:
                 self.unpriced.add((node, model))
                 price = 0.0
-            row = self.cards[(node, card)] = [model, price, 0.0, 0.0]
-        row[2] += hours
-        row[3] += row[1] * hours
-        return row[1]
+            row = self.cards[(node, card)] = _CardSums(model, price)
+        row.hours += hours
+        row.cost += row.price * hours
+        return row.price
 
     def price_of(self, node: str, card: str) -> float:
         row = self.cards.get((node, card))
-        return 0.0 if row is None else row[1]
+        return 0.0 if row is None else row.price
 
     def book(self, where: Where, party: Party, card_hours: float, gib_hours: float = 0.0) -> float:
         """``card_hours`` of a card booked to ``party`` on a device (``where``: node, device, card), priced as
@@ -344,8 +354,8 @@ class Ledger:
             self.book_active(sample.owner.group, min(1.0, sample.ratio) * hours)
         split = split_interval(interval, self.method, self._owners)
         layer: dict[str, float] = defaultdict(float)
-        for card, model in split.cards.items():
-            self.card(card[0], card[1], model, hours)
+        for (node, card), model in split.cards.items():
+            self.card(node, card, model, hours)
         for (node, card), uncovered in split.uncovered.items():
             layer[IDLE] += self.book_idle((node, card, card), uncovered)
         for unit in split.units:
@@ -370,8 +380,8 @@ class Ledger:
         self.timeline.append(TimePoint(end=interval.end, costs=nonzero(layer), start=interval.end - interval.seconds))
 
     def bill(self, idle_policy: IdlePolicy, currency: str = "USD", notes: Sequence[str] = ()) -> Bill:
-        model_of = {card: row[0] for card, row in self.cards.items()}
-        entries = [
+        model_of = {card: row.model for card, row in self.cards.items()}
+        entries: list[Entry] = [
             ((node, device, card), party, amounts) for (node, device, card, party), amounts in self.booked.items()
         ]
         entries += _idle_entries(self.idle, self.booked, idle_policy)
@@ -380,8 +390,8 @@ class Ledger:
         for (node, _device, card), (cost, _hours) in self.idle.items():
             unused[(node, card)] += cost
         cards = tuple(
-            CardCost(node, uuid, model, price, hours, cost, unused[(node, uuid)])
-            for (node, uuid), (model, price, hours, cost) in sorted(self.cards.items())
+            CardCost(node, uuid, row.model, row.price, row.hours, row.cost, unused[(node, uuid)])
+            for (node, uuid), row in sorted(self.cards.items())
         )
         return _bill(
             (self.start or 0.0, self.end or 0.0),

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .errors import ChargebackError
 from .httpconfig import HttpConfig
@@ -57,14 +57,16 @@ class InstantSource(Source, Protocol):
 class _NamedHTTPSConnection(http.client.HTTPSConnection):
     """Verify the server's certificate against ``server_name`` instead of the URL's host (tls_config.server_name)."""
 
-    def __init__(self, *args: object, server_name: str | None = None, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, host: str, *, server_name: str | None = None, **kwargs: Any) -> None:
+        super().__init__(host, **kwargs)  # what urllib's do_open passes: timeout, context
         self._server_name = server_name
 
     def connect(self) -> None:
+        # HTTPSConnection.connect (CPython Lib/http/client.py) with the name to verify replaced: it reads the proxy
+        # tunnel's host and the TLS context from attributes of its own that typeshed does not declare.
         http.client.HTTPConnection.connect(self)
-        name = self._server_name or self._tunnel_host or self.host
-        self.sock = self._context.wrap_socket(self.sock, server_hostname=name)
+        name = self._server_name or self._tunnel_host or self.host  # type: ignore[attr-defined]
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=name)  # type: ignore[attr-defined]
 
 
 class _HTTPSHandler(urllib.request.HTTPSHandler):
@@ -156,7 +158,7 @@ class PrometheusClient:
             series.append(Series(dict(item.get("metric", {})), values))
         return series
 
-    def _api(self, endpoint: str, parameters: Mapping[str, str], query: str) -> dict:
+    def _api(self, endpoint: str, parameters: Mapping[str, str], query: str) -> dict[str, Any]:
         """One call of ``/api/v1/<endpoint>``: GET, or POST (which Prometheus, Thanos and Mimir all accept) when the
         query would make the URL longer than servers and proxies take."""
         encoded = urllib.parse.urlencode(parameters)
@@ -186,7 +188,8 @@ class PrometheusClient:
             request.add_unredirected_header(name, value)
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
-                return response.read()
+                body: bytes = response.read()
+                return body
         except urllib.error.HTTPError as error:
             raise PrometheusError(self._http_error(error)) from None
         except urllib.error.URLError as error:

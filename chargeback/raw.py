@@ -198,6 +198,19 @@ def _at(
     return result
 
 
+def _by_namespace(namespace: str, pod: str, key: int) -> str:
+    return namespace or NO_LABEL
+
+
+def _by_label(groups: Mapping[tuple[int, str, str], str]) -> GroupOf:
+    """The group of a pod at an instant: its label's value then (``pod_groups``), or ``NO_LABEL``."""
+
+    def group_of(namespace: str, pod: str, key: int) -> str:
+        return groups.get((key, namespace, pod), NO_LABEL)
+
+    return group_of
+
+
 def pod_groups(series: Sequence[Series], label: str) -> dict[tuple[int, str, str], str]:
     """(instant in ms, namespace, pod) → the value of ``label`` on ``gpu_fence_pod_labels`` at that instant.
 
@@ -264,15 +277,11 @@ def stream_intervals(
 
         info = ask(INFO)
         if label is None:
-
-            def group_of(namespace: str, pod: str, key: int) -> str:
-                return namespace or NO_LABEL
+            group_of: GroupOf = _by_namespace
         else:
             groups = pod_groups(ask(pod_labels_query(label)), label)
             notes.labels_seen = notes.labels_seen or bool(groups)
-
-            def group_of(namespace: str, pod: str, key: int, groups: dict = groups) -> str:
-                return groups.get((key, namespace, pod), NO_LABEL)
+            group_of = _by_label(groups)
 
         answers = {
             "share": ask(SHARE),

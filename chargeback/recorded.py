@@ -36,7 +36,7 @@ from gpu_fence.metric_names import label_name
 from . import rules as r
 from .bill import IDLE, OVERREACH, UNATTRIBUTED, Charge, Method, TimePoint
 from .errors import ChargebackError
-from .ledger import GIB, UNATTRIBUTED_PARTY, Ledger, Party, nonzero
+from .ledger import GIB, UNATTRIBUTED_PARTY, Ledger, Party, Where, nonzero
 from .progress import Progress
 from .prometheus import InstantSource, PrometheusError, Series
 from .raw import NO_LABEL, RENAMED, RawNotes
@@ -434,14 +434,14 @@ def _book(q: _Queries, schedule: Plan, ledger: Ledger, by: str, notes: RawNotes)
     active = q.sum(r.GROUP_ACTIVE, "", groups)
     issues = q.sum(r.ISSUE, "", "issue, node, gpu_uuid", "last_over_time")
 
-    usage_memory: dict[tuple, float] = defaultdict(float)
+    usage_memory: dict[tuple[Where, str, str], float] = defaultdict(float)
     for item in usage():
         usage_memory[_where(item), item.labels.get("namespace", ""), group(item)] += _value(item) / GIB * hours
     for item in booked():
         charge, namespace = Charge(item.labels.get("charge", "")), item.labels.get("namespace", "")
         gib = usage_memory.pop((_where(item), namespace, group(item)), 0.0) if charge is Charge.USAGE else 0.0
         ledger.book(_where(item), Party(charge, group(item), namespace), _value(item) * hours, gib)
-    overreach_memory: dict[tuple, float] = defaultdict(float)
+    overreach_memory: dict[tuple[Party, Where], float] = defaultdict(float)
     for item in overreach_gib():
         overreach_memory[_overreach_party(item, group(item)), _where(item)] += _value(item) / GIB * hours
     for item in overreach():

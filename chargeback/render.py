@@ -378,7 +378,7 @@ def _numbers(record: dict[str, Any]) -> dict[str, Any]:
     return {key: _number(value) for key, value in record.items()}
 
 
-def bill_document(bill: Bill, made: Provenance) -> dict:
+def bill_document(bill: Bill, made: Provenance) -> dict[str, Any]:
     shown = statement(bill, made.cost_centres)
     subtotal, unattributed, platform, total = (
         {**shown.row(kind).values, **shown.row(kind).exact}
@@ -467,6 +467,7 @@ def render_json(bill: Bill, made: Provenance) -> str:
     return json.dumps(bill_document(bill, made), indent=2) + "\n"
 
 
-def bill_schema() -> dict:
+def bill_schema() -> dict[str, Any]:
     """The JSON Schema every ``--format json`` document satisfies (shipped beside this module)."""
-    return json.loads(resources.files(__package__).joinpath(SCHEMA).read_text(encoding="utf-8"))
+    schema: dict[str, Any] = json.loads(resources.files(__package__).joinpath(SCHEMA).read_text(encoding="utf-8"))
+    return schema

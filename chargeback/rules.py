@@ -316,7 +316,7 @@ def recording_rules(
     unattributed_memory = f"({P.unattributed} * on (node, gpu_uuid) group_left (card_uuid) {P.unit_ids})"
     sm = f"max by (node, namespace, pod, container, gpu_uuid) ({metric_names.CONTAINER_SM_ACTIVITY})"
     active = _labelled(f"clamp_max({sm}, 1)", names)
-    rules: list[dict] = [
+    rules: list[dict[str, Any]] = [
         {"record": INTERVAL, "expr": f"vector({_seconds(interval)})"},
         {"record": CARD, "expr": P.cards},
         *split_rules(Method.HOLDER, names),
@@ -355,7 +355,7 @@ def hourly_rules(interval: float = DEFAULT_INTERVAL) -> dict[str, Any] | None:
         return None
     window = f"[{round(HOUR * 1000) - 1}ms] offset {duration(interval)}"
     complete = f"count_over_time({INTERVAL}{window}) == {count}"
-    rules: list[dict] = [{"record": HOURLY_EVALUATIONS, "expr": complete}]
+    rules: list[dict[str, Any]] = [{"record": HOURLY_EVALUATIONS, "expr": complete}]
     for source, (function, name) in HOURLY.items():
         matchers = HOURLY_MATCHERS.get(source, "")
         selector = f"{source}{{{matchers}}}" if matchers else source
