@@ -30,6 +30,7 @@ COPY pyproject.toml README.md LICENSE ./
 COPY gpu_fence/ gpu_fence/
 COPY webhook/ webhook/
 COPY auditor/ auditor/
+COPY chargeback/ chargeback/
 # webhook/shipped-policy.yaml is a link to this file: check's default policy is the one the manifests ship.
 COPY manifests/base/policy.yaml manifests/base/
 RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels /src

@@ -13,8 +13,9 @@ import sys
 from collections.abc import Sequence
 
 from gpu_fence import command_line
+from gpu_fence.chargeback import add_arguments as add_chargeback_arguments
 
-from . import chargeback, daemon
+from . import daemon
 
 EPILOG = """\
 examples:
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         "gpu-fence-auditor",
         "Audit GPU visibility and usage of every container on this node against its kubelet allocation.",
         EPILOG,
-        [module.add_arguments for module in (daemon, chargeback)],
+        [daemon.add_arguments, add_chargeback_arguments],
     )
 
 

@@ -13,7 +13,6 @@ A private ``CollectorRegistry`` per auditor keeps tests independent and the proc
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import Counter as Tally
@@ -29,6 +28,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from gpu_fence import metric_names as names
 
 from .model import (
     Activity,
@@ -47,17 +48,11 @@ CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: The per-container activity gauges: name, what the engine is, and the ``Activity`` field it exports.
 ACTIVITY_GAUGES = (
-    ("gpu_fence_container_gpu_sm_activity_ratio", "SM (3D/compute)", "sm"),
-    ("gpu_fence_container_gpu_memory_controller_activity_ratio", "memory controller", "memory_controller"),
-    ("gpu_fence_container_gpu_encoder_activity_ratio", "video encoder", "encoder"),
-    ("gpu_fence_container_gpu_decoder_activity_ratio", "video decoder", "decoder"),
+    (names.CONTAINER_SM_ACTIVITY, "SM (3D/compute)", "sm"),
+    (names.CONTAINER_MEMORY_CONTROLLER_ACTIVITY, "memory controller", "memory_controller"),
+    (names.CONTAINER_ENCODER_ACTIVITY, "video encoder", "encoder"),
+    (names.CONTAINER_DECODER_ACTIVITY, "video decoder", "decoder"),
 )
-_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
-
-
-def label_name(key: str) -> str:
-    """``--pod-label`` key → Prometheus label name: ``app.kubernetes.io/team`` → ``label_app_kubernetes_io_team``."""
-    return "label_" + _LABEL_CHARS.sub("_", key)
 
 
 def _who(node: str, ref: ContainerRef) -> tuple[str, str, str, str]:
@@ -104,56 +99,56 @@ class _LatestAudit(Collector):
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         latest = self.current()
-        container_labels = ["node", "namespace", "pod", "container"]
+        container_labels = list(names.CONTAINER_LABELS)
         memory = GaugeMetricFamily(
-            "gpu_fence_container_gpu_memory_bytes",
+            names.CONTAINER_MEMORY,
             "GPU memory used by the container's processes on that GPU or MIG device (NVML); allocated=false is "
             "overreach, allocated=unknown memory beside a DRA device that could not be resolved.",
             labels=[*container_labels, "gpu_uuid", "allocated"],
         )
         allocated = GaugeMetricFamily(
-            "gpu_fence_container_allocated_gpus",
+            names.CONTAINER_ALLOCATED,
             "Kubelet allocation ids the container holds on that GPU or MIG device (a replica counts 1).",
             labels=[*container_labels, "gpu_uuid"],
         )
         unknown = GaugeMetricFamily(
-            "gpu_fence_container_gpu_processes_unknown_memory",
+            names.CONTAINER_UNKNOWN_MEMORY,
             "Processes of the container on that GPU or MIG device whose memory NVML did not report (their bytes are "
             "missing from gpu_fence_container_gpu_memory_bytes, not zero).",
             labels=[*container_labels, "gpu_uuid"],
         )
         findings = GaugeMetricFamily(
-            "gpu_fence_overreach_findings",
+            names.OVERREACH_FINDINGS,
             "Findings of the latest cycle per container and kind.",
             labels=[*container_labels, "kind"],
         )
         unattributed = GaugeMetricFamily(
-            "gpu_fence_unattributed_gpu_memory_bytes",
+            names.UNATTRIBUTED_MEMORY,
             "GPU memory of processes outside any known container (absent where NVML could not list the processes).",
             labels=["node", "gpu_uuid"],
         )
         unattributed_unknown = GaugeMetricFamily(
-            "gpu_fence_unattributed_gpu_processes_unknown_memory",
+            names.UNATTRIBUTED_UNKNOWN_MEMORY,
             "Processes outside any known container on that GPU or MIG device whose memory NVML did not report (their "
             "bytes are missing from gpu_fence_unattributed_gpu_memory_bytes, not zero).",
             labels=["node", "gpu_uuid"],
         )
         unlisted = GaugeMetricFamily(
-            "gpu_fence_gpu_processes_unknown",
+            names.GPU_PROCESSES_UNKNOWN,
             "1 for a GPU or MIG device whose processes NVML could not list this cycle, with NVML's reason: its "
             "unattributed memory is unknown, and so absent.",
             labels=["node", "gpu_uuid", "reason"],
         )
         info = GaugeMetricFamily(
-            "gpu_fence_gpu_info",
+            names.GPU_INFO,
             "One series per GPU and MIG device the auditor sees.",
-            labels=["node", "gpu_uuid", "parent_uuid", "model", "mig_profile"],
+            labels=list(names.GPU_INFO_LABELS),
         )
         total = GaugeMetricFamily(
-            "gpu_fence_gpu_memory_total_bytes", "Memory of the GPU or MIG device.", labels=["node", "gpu_uuid"]
+            names.GPU_MEMORY_TOTAL, "Memory of the GPU or MIG device.", labels=["node", "gpu_uuid"]
         )
         share = GaugeMetricFamily(
-            "gpu_fence_gpu_share_ratio",
+            names.GPU_SHARE,
             "Share of the physical card this device stands for (1 for a full GPU).",
             labels=["node", "gpu_uuid"],
         )
@@ -168,34 +163,34 @@ class _LatestAudit(Collector):
             for name, engine, _ in ACTIVITY_GAUGES
         ]
         sampled = GaugeMetricFamily(
-            "gpu_fence_gpu_activity_sampled",
+            names.GPU_ACTIVITY_SAMPLED,
             "1 when NVML reported per-process utilisation for the GPU in the latest cycle and it is the processes' "
             "own; 0 when not (gpu_fence_gpu_activity_unknown says why): the activity gauges are then absent, not zero.",
             labels=["node", "gpu_uuid"],
         )
         activity_unknown = GaugeMetricFamily(
-            "gpu_fence_gpu_activity_unknown",
+            names.GPU_ACTIVITY_UNKNOWN,
             "1 for a GPU or MIG device whose per-process activity is unknown in the latest cycle, with why: mig (NVML "
             "does not sample MIG), mps (MPS clients: NVML reports their work under the MPS server's pid), "
             "not-supported, error.",
             labels=["node", "gpu_uuid", "reason"],
         )
         unresolved_dra = GaugeMetricFamily(
-            "gpu_fence_container_unresolved_dra_devices",
+            names.CONTAINER_UNRESOLVED_DRA,
             "DRA devices of GPU drivers the container holds that could not be resolved to a UUID, by reason (they "
             "give no entitlement, and their memory cannot be told from overreach).",
             labels=[*container_labels, "driver", "reason"],
         )
         offered = GaugeMetricFamily(
-            "gpu_fence_gpu_offered_replicas",
+            names.GPU_OFFERED_REPLICAS,
             "Allocation ids the device plugins offer for that GPU or MIG device (GetAllocatableResources): 1 unshared, "
             "N for N time-slicing or MPS replicas.",
             labels=["node", "gpu_uuid"],
         )
         pod_labels = GaugeMetricFamily(
-            "gpu_fence_pod_labels",
+            names.POD_LABELS,
             "Pod labels chosen with --pod-label, for chargeback grouping.",
-            labels=["namespace", "pod", *(label_name(key) for key in self.pod_label_keys)],
+            labels=["namespace", "pod", *(names.label_name(key) for key in self.pod_label_keys)],
         )
         if latest is not None:
             snapshot, result = latest

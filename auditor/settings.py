@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from gpu_fence import kai
 from gpu_fence.command_line import positive
 from gpu_fence.kubeconfig import ORDER as KUBECONFIG_ORDER
+from gpu_fence.metric_names import label_name
 
 from .dra import DEFAULT_GPU_DRIVERS
 from .offered import DEFAULT_INTERVAL as DEFAULT_ALLOCATABLE_INTERVAL
@@ -278,8 +279,6 @@ def _port(text: str) -> int:
 
 def label_clash(keys: Iterable[str]) -> str | None:
     """Two ``--pod-label`` keys that export as one Prometheus label name, said in one line; None when all differ."""
-    from .metrics import label_name  # noqa: PLC0415 - prometheus_client is imported by run only
-
     seen: dict[str, str] = {}
     for key in keys:
         other = seen.setdefault(label_name(key), key)

@@ -51,8 +51,8 @@ from bench.chargeback_fleet import BLOCK, PRICES_YAML, Fleet, Key, Series, build
 from bench.chargeback_recorded import evaluation_grid, hourly, record
 from bench.results import publish, target, target_table
 from bench.stats import loglog_slope
-from gpu_fence.auditor.chargeback import rules
-from gpu_fence.auditor.chargeback.compute import Charge
+from gpu_fence.chargeback import rules
+from gpu_fence.chargeback.bill import Charge
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = Path(sys.executable).with_name("gpu-fence-auditor")

@@ -5,7 +5,7 @@ at every evaluation of the month against a Prometheus, which takes hours on the 
 cost is paid a little at every evaluation in a live Prometheus, not all at once). The benchmark measures the
 bill over those series, so it writes them itself: at each evaluation instant it builds the :class:`Interval`
 Prometheus would show (each series' latest sample within the lookback), splits it with
-``compute.split_interval`` (the code of the raw path) and records what each rule of ``rules.py`` records, with
+``ledger.split_interval`` (the code of the raw path) and records what each rule of ``rules.py`` records, with
 the same names and labels. ``tests/bench/test_bench_chargeback.py`` checks, on a small fleet, that these series
 are what promtool's backfill of the real rules records, series for series and value for value.
 
@@ -24,20 +24,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from bench.chargeback_fleet import LOOKBACK, Fleet, Grid, Key, Run, Series
-from gpu_fence.auditor.chargeback import rules as r
-from gpu_fence.auditor.chargeback.compute import (
-    Allocation,
-    Charge,
-    ContainerRef,
-    Device,
-    Interval,
-    IntervalSplit,
-    Memory,
-    Method,
-    Offered,
-    Unattributed,
-    split_interval,
-)
+from gpu_fence.chargeback import rules as r
+from gpu_fence.chargeback.bill import Charge, Method
+from gpu_fence.chargeback.ledger import IntervalSplit, split_interval
+from gpu_fence.chargeback.samples import Allocation, ContainerRef, Device, Interval, Memory, Offered, Unattributed
 
 EDGE = 1e-6  # a sample exactly LOOKBACK old is still seen (Prometheus 2 closes the window at both ends)
 
@@ -228,10 +218,10 @@ def _record_state(active: Mapping[Key, float], first: float, last: float, record
                     put(r.UNATTRIBUTED, {**where, "method": method.value}, booking.card_hours)
                     continue
                 who = {"namespace": booking.who.namespace, "pod": booking.who.pod, "container": booking.who.container}
-                if booking.party.charge == Charge.RESERVED.value:
+                if booking.party.charge is Charge.RESERVED:
                     reserved[tuple(with_labels({**where, **who}).items())] += booking.card_hours
                 else:
-                    labels = with_labels({**where, **who, "charge": booking.party.charge})
+                    labels = with_labels({**where, **who, "charge": booking.party.charge.value})
                     booked[tuple(labels.items())] += booking.card_hours
             if unit.split.idle > 0:
                 put(r.IDLE, {**where, "method": method.value}, unit.split.idle)
@@ -261,7 +251,9 @@ def _record_method_free(interval: Interval, split: IntervalSplit, put, rollup, w
                 put(r.UNATTRIBUTED_MEMORY, where, booking.bytes)
             else:
                 who = {"namespace": booking.who.namespace, "pod": booking.who.pod, "container": booking.who.container}
-                memory[tuple(with_labels({**where, **who, "charge": booking.party.charge}).items())] += booking.bytes
+                memory[tuple(with_labels({**where, **who, "charge": booking.party.charge.value}).items())] += (
+                    booking.bytes
+                )
         if unit.split.offered_missing:
             put(r.ISSUE, {"node": unit.device.node, "gpu_uuid": unit.device.uuid, "issue": r.Issue.OFFERED_MISSING}, 1)
         if unit.split.over_held:

@@ -1,8 +1,9 @@
-"""Tests import gpu-fence by the names an installed user has: ``gpu_fence`` and its ``webhook`` and ``auditor``.
+"""Tests import gpu-fence by the names an installed user has: ``gpu_fence`` and its ``webhook``, ``auditor`` and
+``chargeback``.
 
 The repository root is on ``sys.path`` (for ``tests.fakes`` and ``bench``), which would also make the source
-folders ``webhook/`` and ``auditor/`` importable as top-level packages that no installed user has; a module
-imported under two names is two modules, with two copies of every global. This finder refuses those names, so a
+folders ``webhook/``, ``auditor/`` and ``chargeback/`` importable as top-level packages that no installed user has; a
+module imported under two names is two modules, with two copies of every global. This finder refuses those names, so a
 test that imports one fails at once, naming the import to write instead.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 
-SOURCE_FOLDERS = ("webhook", "auditor")
+SOURCE_FOLDERS = ("webhook", "auditor", "chargeback")
 
 
 class _InstalledNamesOnly:

@@ -1,4 +1,4 @@
-"""docs/layout.md names every module of the three packages, and names no module that does not exist."""
+"""docs/layout.md names every module of the four packages, and names no module that does not exist."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("gpu_fence", "webhook", "auditor")
+PACKAGES = ("gpu_fence", "webhook", "auditor", "chargeback")
 GENERATED = re.compile(r"_pb2(_grpc)?\.pyi?$")
 
 

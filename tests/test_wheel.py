@@ -28,7 +28,7 @@ def test_the_only_top_level_name_is_gpu_fence(wheel: Path) -> None:
     assert declared == ["gpu_fence"]
 
 
-def test_the_wheel_holds_both_deployables_and_the_proto(wheel: Path) -> None:
+def test_the_wheel_holds_both_deployables_chargeback_and_the_proto(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     for module in (
@@ -36,7 +36,9 @@ def test_the_wheel_holds_both_deployables_and_the_proto(wheel: Path) -> None:
         "gpu_fence/webhook/policy/__init__.py",
         "gpu_fence/webhook/policy/rules/privileges.py",
         "gpu_fence/auditor/audit.py",
-        "gpu_fence/auditor/chargeback/compute.py",
+        "gpu_fence/chargeback/ledger.py",
+        "gpu_fence/chargeback/bill.schema.json",
+        "gpu_fence/chargeback/demo_fleet.json",
         "gpu_fence/auditor/podresources/v1/api_pb2_grpc.py",
         "gpu_fence/auditor/podresources/v1/api.proto",
     ):
@@ -68,7 +70,7 @@ def test_the_license_is_declared_as_spdx_and_shipped(wheel: Path) -> None:
 
 
 def test_the_source_folder_names_are_not_importable() -> None:
-    for name in ("webhook", "auditor.audit"):
+    for name in ("webhook", "auditor.audit", "chargeback.ledger"):
         with pytest.raises(ModuleNotFoundError, match="import gpu_fence"):
             importlib.import_module(name)
     assert importlib.import_module("gpu_fence.webhook.policy").__name__ == "gpu_fence.webhook.policy"

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_fence.auditor.audit import audit
-from gpu_fence.auditor.metrics import ACTIVITY_GAUGES, AuditorMetrics, label_name
+from gpu_fence.auditor.metrics import ACTIVITY_GAUGES, AuditorMetrics
 from gpu_fence.auditor.model import (
     Activity,
     ActivityUnknown,
@@ -20,6 +20,7 @@ from gpu_fence.auditor.model import (
     NvmlReason,
     SliceState,
 )
+from gpu_fence.metric_names import label_name
 
 G0, G1 = "GPU-0", "GPU-1"
 GIB = 2**30

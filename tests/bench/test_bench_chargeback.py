@@ -14,7 +14,7 @@ import pytest
 from bench import chargeback_bench
 from bench.chargeback_fleet import BLOCK, Grid, Rates, build
 from bench.chargeback_recorded import evaluation_grid, hourly, record
-from gpu_fence.auditor.chargeback import rules
+from gpu_fence.chargeback import rules
 from tests.fakes.prometheus import PrometheusServer, binary
 
 RECORDED = (

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 from jsonschema import Draft202012Validator, FormatChecker
 
-from gpu_fence.auditor import chargeback
-from gpu_fence.auditor.chargeback.compute import Bill
-from gpu_fence.auditor.chargeback.provenance import Provenance
-from gpu_fence.auditor.chargeback.render import bill_schema
+from gpu_fence import chargeback
+from gpu_fence.chargeback.bill import Bill
+from gpu_fence.chargeback.provenance import Provenance
+from gpu_fence.chargeback.render import bill_schema
 
 GIB = 1 << 30
 HOUR = 3600
@@ -461,7 +461,7 @@ def bill_and_provenance(*argv: str) -> tuple[Bill, Provenance]:
     parser = argparse.ArgumentParser(prog="gpu-fence-auditor")
     chargeback.add_arguments(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["chargeback", *argv])
-    return chargeback.make_bill(args, float(int(time.time())))
+    return chargeback.make_bill(chargeback.settings_from(args, float(int(time.time()))))
 
 
 def validate_bill(document: dict) -> dict:

@@ -1,7 +1,7 @@
 """The cost dashboard of the prometheus overlay: shipped as the ConfigMap the Grafana sidecar loads, a ``cluster``
 variable of the main dashboard's shape applied to every series a query reads, and only series the chargeback rules
 record. Every query runs against a real Prometheus, and its figures against the bill, in
-``tests/auditor/chargeback/test_cost_dashboard.py``."""
+``tests/chargeback/test_cost_dashboard.py``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Grafana dashboard of the prometheus overlay: shipped as the ConfigMap the Grafana sidecar loads, well formed,
 and built only from series that exist. Every query runs against a real Prometheus in
-``tests/auditor/chargeback/test_scrape.py``."""
+``tests/chargeback/test_scrape.py``."""
 
 from __future__ import annotations
 
