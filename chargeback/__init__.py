@@ -10,13 +10,13 @@ how it was made (``provenance``). The method is in ``docs/chargeback.md``; a lon
 terminal (``progress``).
 
 The package imports nothing of the auditor: what both read of the auditor's series is in
-``gpu_fence.metric_names``. The auditor's command line registers :func:`add_arguments`.
+``gpu_fence.metric_names``. The auditor's command line registers :func:`add_arguments`; the bill's making
+(``make``) is imported when a chargeback runs, not by the auditor's other subcommands.
 """
 
 from __future__ import annotations
 
 from .cli import add_arguments, run
-from .make import make_bill, render, rules_document
 from .settings import Settings, settings_from
 
-__all__ = ["Settings", "add_arguments", "make_bill", "render", "rules_document", "run", "settings_from"]
+__all__ = ["Settings", "add_arguments", "run", "settings_from"]

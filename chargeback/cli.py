@@ -17,7 +17,6 @@ from pathlib import Path
 
 from gpu_fence.exit_status import ExitStatus
 
-from . import make
 from . import rules as recording_rules
 from .bill import IdlePolicy, Method
 from .errors import ChargebackError
@@ -171,6 +170,10 @@ def paused_collector() -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> ExitStatus:
+    # The bill's making (Prometheus' client, the renderers) is imported only by a chargeback run: every process of
+    # gpu-fence-auditor builds this parser, and the node's auditor should not carry the bill's modules.
+    from . import make  # noqa: PLC0415
+
     progress = Progress.for_terminal(sys.stderr, quiet=args.quiet)
     try:
         settings = settings_from(args, float(int(time.time())))  # bills name times to the second

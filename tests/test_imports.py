@@ -10,9 +10,12 @@ is not a circle of theirs.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fakes.processes import run_captured
 
 REPO = Path(__file__).resolve().parents[1]
 # Source folder → import name (pyproject.toml's [tool.setuptools.package-dir], and gpu_fence/ itself).
@@ -124,3 +127,21 @@ def test_relative_and_submodule_imports_resolve(tmp_path: Path) -> None:
     source.write_text("from . import raw\nfrom .compute import Bill\nfrom gpu_fence.metric_names import x\n")
     modules = {"p.raw", "p.compute", "p", "gpu_fence.metric_names", "p.devicemetrics"}
     assert imports_of("p.devicemetrics", source, modules) == {"p.raw", "p.compute", "gpu_fence.metric_names"}
+
+
+def test_the_auditor_loads_no_part_of_the_bill_s_making() -> None:
+    """Every ``gpu-fence-auditor`` process builds the chargeback subcommand's parser; the node's daemon must not
+    carry Prometheus' client, the renderers and the rest of the bill's making for it (megabytes of RSS on every
+    node). Checked in a fresh interpreter, after the imports ``run`` itself makes before its first cycle."""
+    probe = (
+        "import sys\n"
+        "from gpu_fence.auditor import cli, daemon\n"
+        "cli.build_parser()\n"
+        "print('\\n'.join(sorted(name for name in sys.modules if name.startswith('gpu_fence.chargeback'))))\n"
+    )
+    result = run_captured([sys.executable, "-c", probe], timeout=120)
+    assert result.returncode == 0, result.stderr
+    loaded = set(result.stdout.split())
+    assert "gpu_fence.chargeback.cli" in loaded  # the probe saw the subcommand registered
+    making = {"make", "prometheus", "httpconfig", "raw", "recorded", "render", "html", "focus", "statement", "demo"}
+    assert loaded.isdisjoint(f"gpu_fence.chargeback.{name}" for name in making), sorted(loaded)

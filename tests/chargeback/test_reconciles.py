@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from gpu_fence import chargeback
+from gpu_fence.chargeback import make
 from gpu_fence.chargeback.settings import Format
 from gpu_fence.chargeback.statement import COLUMNS, PARTS, cents
 from tests.fakes.chargeback_scenarios import DCGM_WINDOWS, WINDOWS, bill_and_provenance, window_args
@@ -222,6 +222,6 @@ def test_every_format_adds_up_to_the_cost_of_the_range(prometheus, prices_file, 
             rows = {}
             for output_format, read in READERS.items():
                 where = f"{scenario} {method} {idle} {output_format}"
-                rows = read(chargeback.render(bill, made, Format(output_format)))
+                rows = read(make.render(bill, made, Format(output_format)))
                 check_rows(rows, cost_of_range, where, quantities=output_format not in ("csv", "json"))
-            check_focus(chargeback.render(bill, made, Format.FOCUS), rows, cost_of_range, f"{scenario} {method} {idle}")
+            check_focus(make.render(bill, made, Format.FOCUS), rows, cost_of_range, f"{scenario} {method} {idle}")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from jsonschema import Draft202012Validator, FormatChecker
 
 from gpu_fence import chargeback
+from gpu_fence.chargeback import make
 from gpu_fence.chargeback.bill import Bill
 from gpu_fence.chargeback.provenance import Provenance
 from gpu_fence.chargeback.render import bill_schema
@@ -456,12 +457,12 @@ def run_chargeback(*argv: str) -> Result:
 
 
 def bill_and_provenance(*argv: str) -> tuple[Bill, Provenance]:
-    """The bill ``gpu-fence-auditor chargeback ARGV`` would write, before it is rendered (``chargeback.render``
+    """The bill ``gpu-fence-auditor chargeback ARGV`` would write, before it is rendered (``make.render``
     writes it in any format)."""
     parser = argparse.ArgumentParser(prog="gpu-fence-auditor")
     chargeback.add_arguments(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["chargeback", *argv])
-    return chargeback.make_bill(chargeback.settings_from(args, float(int(time.time()))))
+    return make.make_bill(chargeback.settings_from(args, float(int(time.time()))))
 
 
 def validate_bill(document: dict) -> dict:
