@@ -120,6 +120,8 @@ class WebhookMetrics:
                     self.reviews.labels(endpoint.value, verdict.value, rule)
         for reason in DropReason:
             self.connections_dropped.labels(reason)
+        for bad in BadRequestReason:
+            self.bad_requests.labels(bad)
 
         # Children (one labelled series each) looked up once and kept: ``labels()`` validates and locks on every
         # call, which per review costs more than the increments. The keys are bounded: endpoints x verdicts x

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpu_fence.verdicts import ReviewVerdict
 from gpu_fence.webhook.metrics import WebhookMetrics
 from gpu_fence.webhook.policy import RULES
-from gpu_fence.webhook.reasons import DropReason
+from gpu_fence.webhook.reasons import BadRequestReason, DropReason
 from gpu_fence.webhook.review import Endpoint
 from tests.fakes.webhook_server import serving
 
@@ -45,6 +45,8 @@ def expected_zeros() -> set[tuple[str, frozenset[tuple[str, str]]]]:
             zeros.add(("gpu_fence_webhook_reviews_total", frozenset(labels)))
     for reason in DropReason:
         zeros.add(("gpu_fence_webhook_connections_dropped_total", frozenset({("reason", reason)})))
+    for bad in BadRequestReason:
+        zeros.add(("gpu_fence_webhook_bad_requests_total", frozenset({("reason", bad)})))
     return zeros
 
 
