@@ -39,41 +39,49 @@ CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
 def serving(scenario: NodeScenario, tmp_path: Path) -> Iterator[str]:
     """``gpu-fence-auditor run`` on the started scenario, serving /metrics; yields its ``host:port``."""
     scenario.write_nvml()
-    port = free_port()
-    log = (tmp_path / "auditor.log").open("wb")
-    process = subprocess.Popen(
-        [
-            str(CONSOLE_SCRIPT),
-            *scenario.args(
-                "run",
-                "--interval",
-                "1",
-                "--metrics-port",
-                str(port),
-                "--metrics-bind",
-                "127.0.0.1",
-                "--pod-label",
-                "team",
-                "--no-events",
-            ),
-        ],
-        env=scenario.env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    log_path = tmp_path / "auditor.log"
+    for attempt in range(3):  # another process may take the free port between probing and binding
+        port = free_port()
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [
+                    str(CONSOLE_SCRIPT),
+                    *scenario.args(
+                        "run",
+                        "--interval",
+                        "1",
+                        "--metrics-port",
+                        str(port),
+                        "--metrics-bind",
+                        "127.0.0.1",
+                        "--pod-label",
+                        "team",
+                        "--no-events",
+                    ),
+                ],
+                env=scenario.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
-    def exported() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"auditor exited: {(tmp_path / 'auditor.log').read_text()[-2000:]}")
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            return b"gpu_fence_container_gpu_memory_bytes{" in response.read()
+        def exported(process: subprocess.Popen[bytes] = process, port: int = port) -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"auditor exited: {log_path.read_text()[-2000:]}")
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                return b"gpu_fence_container_gpu_memory_bytes{" in response.read()
 
+        try:
+            wait_for(exported, 60, "the auditor to export per-container GPU memory")
+        except RuntimeError:
+            stop_process(process)
+            if f"cannot serve on 127.0.0.1:{port}" in log_path.read_text() and attempt < 2:
+                continue
+            raise
+        break
     try:
-        wait_for(exported, 60, "the auditor to export per-container GPU memory")
         yield f"127.0.0.1:{port}"
     finally:
         stop_process(process)
-        log.close()
 
 
 def bill(auditor: str, tmp_path: Path, pod: str) -> tuple[dict, int]:
