@@ -44,10 +44,11 @@ from bench import loadgen, machine, reviews
 from bench.results import publish, target, target_table
 from bench.server import NOOP_PATH
 from bench.stats import median_of_runs
+from tests.fakes.ports import free_port
 
 # the `certs` and `serve` command lines the end-to-end tests prove, so that the benchmark measures that server
 from tests.fakes.processes import stop
-from tests.fakes.webhook_server import HOSTNAME, certs_command, free_port, serve_options
+from tests.fakes.webhook_server import HOSTNAME, certs_command, serve_options
 
 WRK_SCRIPT = Path(__file__).parent / "wrk" / "post.lua"
 ENDPOINTS = ("/mutate", "/validate", NOOP_PATH)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.chargeback_scenarios import BASE, HOUR, run_chargeback, window_args
-from tests.fakes.prometheus import free_port
+from tests.fakes.ports import free_port
 
 
 def assert_one_line_error(result, *fragments: str) -> None:

@@ -29,7 +29,8 @@ import yaml
 from tests.fakes.chargeback_scenarios import run_chargeback
 from tests.fakes.node_scenario import Ctr, NodeScenario, replica_holder, uuid_of
 from tests.fakes.nvml import GIB
-from tests.fakes.prometheus import PrometheusServer, free_port, stop_process, wait_for
+from tests.fakes.ports import PortTaken, free_port, on_a_free_port
+from tests.fakes.prometheus import PrometheusServer, stop_process, wait_for
 
 pytestmark = pytest.mark.e2e
 CONSOLE_SCRIPT = Path(sys.executable).with_name("gpu-fence-auditor")
@@ -40,8 +41,8 @@ def serving(scenario: NodeScenario, tmp_path: Path) -> Iterator[str]:
     """``gpu-fence-auditor run`` on the started scenario, serving /metrics; yields its ``host:port``."""
     scenario.write_nvml()
     log_path = tmp_path / "auditor.log"
-    for attempt in range(3):  # another process may take the free port between probing and binding
-        port = free_port()
+
+    def start(port: int) -> tuple[subprocess.Popen[bytes], int]:
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [
@@ -64,7 +65,7 @@ def serving(scenario: NodeScenario, tmp_path: Path) -> Iterator[str]:
                 stderr=subprocess.STDOUT,
             )
 
-        def exported(process: subprocess.Popen[bytes] = process, port: int = port) -> bool:
+        def exported() -> bool:
             if process.poll() is not None:
                 raise RuntimeError(f"auditor exited: {log_path.read_text()[-2000:]}")
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
@@ -74,10 +75,12 @@ def serving(scenario: NodeScenario, tmp_path: Path) -> Iterator[str]:
             wait_for(exported, 60, "the auditor to export per-container GPU memory")
         except RuntimeError:
             stop_process(process)
-            if f"cannot serve on 127.0.0.1:{port}" in log_path.read_text() and attempt < 2:
-                continue
+            if f"cannot serve on 127.0.0.1:{port}" in log_path.read_text():
+                raise PortTaken(port) from None
             raise
-        break
+        return process, port
+
+    process, port = on_a_free_port(start)
     try:
         yield f"127.0.0.1:{port}"
     finally:

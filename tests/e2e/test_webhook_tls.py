@@ -32,8 +32,9 @@ from gpu_fence.webhook.reasons import BadRequestReason
 from tests.fakes import pods
 from tests.fakes.pods import as_kai_leaves_it, kai_fraction_pod, kai_reference
 from tests.fakes.polling import in_a_row, wait_for
+from tests.fakes.ports import free_port
 from tests.fakes.processes import run_captured
-from tests.fakes.webhook_server import BIN, NAMESPACE, Reply, Server, free_port, run_certs, send, serving
+from tests.fakes.webhook_server import BIN, NAMESPACE, Reply, Server, run_certs, send, serving
 
 pytestmark = pytest.mark.e2e
 

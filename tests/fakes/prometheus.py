@@ -29,7 +29,6 @@ import base64
 import http.server
 import json
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -44,15 +43,10 @@ import yaml
 
 from tests.fakes import polling
 from tests.fakes.http_listener import Listener, forward
+from tests.fakes.ports import PortTaken, on_a_free_port
 from tests.fakes.processes import run_captured
 
 JOB = "gpu-fence-auditor"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def binary(name: str) -> str:
@@ -164,8 +158,9 @@ class PrometheusServer:
             web.write_text(yaml.safe_dump(self.web_config), encoding="utf-8")
             extra.append(f"--web.config.file={web}")
         log_path = self.workdir / "prometheus.log"
-        for _attempt in range(3):  # another process may take the free port between probing and binding
-            self.port = free_port()
+
+        def start(port: int) -> PrometheusServer:
+            self.port = port
             with log_path.open("wb") as log:
                 self.process = subprocess.Popen(
                     [
@@ -183,13 +178,19 @@ class PrometheusServer:
                 )
             try:
                 wait_for(self._ready, timeout, f"Prometheus on {self.url} to be ready")
-                return self
             except ProcessExited:
                 self.stop()
+                # retried on another port; a configuration it refuses exits every time, and its log is raised below
+                raise PortTaken(port) from None
             except TimeoutError:
                 self.stop()
                 raise RuntimeError(f"Prometheus never became ready:\n{log_path.read_text()[-2000:]}") from None
-        raise RuntimeError(f"Prometheus did not start:\n{log_path.read_text()[-2000:]}")
+            return self
+
+        try:
+            return on_a_free_port(start)
+        except PortTaken:
+            raise RuntimeError(f"Prometheus did not start:\n{log_path.read_text()[-2000:]}") from None
 
     def _ready(self) -> bool:
         if self.process is not None and self.process.poll() is not None:

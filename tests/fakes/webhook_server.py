@@ -25,18 +25,13 @@ from pathlib import Path
 from cryptography import x509
 
 from tests.fakes.polling import wait_for
+from tests.fakes.ports import PortTaken, on_a_free_port
 from tests.fakes.processes import stop
 
 SERVICE, NAMESPACE = "gpu-fence-webhook", "gpu-fence"
 HOSTNAME = f"{SERVICE}.{NAMESPACE}.svc"
 BIN = Path(sys.executable).parent
 STARTUP_DEADLINE_S = 30.0  # generous: a loaded CI machine; never asserted as a speed
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Connection(http.client.HTTPSConnection):
@@ -150,8 +145,8 @@ def serving(
     run_certs(tls)
     stderr_path = tmp / "serve.stderr"
     context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
-    for attempt in range(3):  # another process may take the free port between probing and binding
-        port = free_port()
+
+    def start(port: int) -> Server:
         command = [
             str(BIN / "gpu-fence-webhook"),
             "serve",
@@ -167,15 +162,16 @@ def serving(
             wait_ready(started)
         except AssertionError:
             stop(process, grace_s=20)
-            port_taken = any(f"cannot listen on 127.0.0.1:{port}" in line for line in started.stderr_lines())
-            if port_taken and attempt < 2:
-                continue
+            if any(f"cannot listen on 127.0.0.1:{port}" in line for line in started.stderr_lines()):
+                raise PortTaken(port) from None
             raise
-        break
+        return started
+
+    started = on_a_free_port(start)
     try:
         yield started
     finally:
-        stop(process, grace_s=20)
+        stop(started.process, grace_s=20)
 
 
 def wait_ready(server: Server, deadline_s: float = STARTUP_DEADLINE_S) -> None:

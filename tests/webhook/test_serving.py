@@ -26,8 +26,8 @@ from gpu_fence.webhook import cli, serving
 from gpu_fence.webhook.certs import new_ca, new_serving_cert, service_dns_names
 from gpu_fence.webhook.worker import Limits
 from gpu_fence.webhook.wsgi import ReviewEndpoints
+from tests.fakes.ports import free_port
 from tests.fakes.processes import run_captured
-from tests.fakes.webhook_server import free_port
 
 
 @pytest.fixture
