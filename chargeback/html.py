@@ -30,7 +30,7 @@ from .render import (
     price_rows,
     shown_columns,
 )
-from .statement import MONEY, PARTS, SUBTOTAL, RowKind, Statement, Value, statement
+from .statement import MONEY, PARTS, SUBTOTAL, RowKind, Statement, statement
 from .times import in_words, iso
 
 MAX_BARS = 96
@@ -355,20 +355,13 @@ def _timeline_svg(bill: Bill, step: float) -> str:
     return "\n".join(parts) + "\n" + legend
 
 
-def _amount(value: Value) -> Decimal:
-    """A group row's money: always an amount (a group's request-based cost is known, zero when it held nothing)."""
-    if not isinstance(value, Decimal):
-        raise TypeError(f"a group's cost is an amount, not {value!r}")
-    return value
-
-
 def _comparison_svg(bill: Bill, shown: Statement) -> str:
     rows = [row for row in shown.groups if row.values["total_cost"] or row.values["request_cost"]][:15]
     if not rows:
         return "<p>No group used or requested a GPU in this range.</p>"
     row_h, left, width = 34, 200, 960
     height = row_h * len(rows) + 40
-    peak = float(max(max(_amount(row.values["total_cost"]), _amount(row.values["request_cost"])) for row in rows))
+    peak = float(max(max(row.amount("total_cost"), row.amount("request_cost")) for row in rows))
     peak = peak or 1.0
     scale = (width - left - 120) / peak
     parts = [
@@ -381,8 +374,8 @@ def _comparison_svg(bill: Bill, shown: Statement) -> str:
         name = html.escape(row.name)
         parts.append(f'<text x="{left - 8}" y="{y + 15}" text-anchor="end">{name}</text>')
         bars = (
-            (0, _amount(row.values["request_cost"]), REQUEST_COLOUR, "request"),
-            (13, _amount(row.values["total_cost"]), BILLED_COLOUR, "billed"),
+            (0, row.amount("request_cost"), REQUEST_COLOUR, "request"),
+            (13, row.amount("total_cost"), BILLED_COLOUR, "billed"),
         )
         for offset, value, colour, kind in bars:
             length = float(value) * scale

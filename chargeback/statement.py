@@ -94,6 +94,13 @@ class Row:
     def name(self) -> str:
         return str(self.values["group"])
 
+    def amount(self, key: str) -> Decimal:
+        """A money column this row always has (a group's costs, any row's total); a missing one is a bug here."""
+        value = self.values[key]
+        if not isinstance(value, Decimal):
+            raise TypeError(f"{self.kind.value} row: {key} is an amount, not {value!r}")
+        return value
+
 
 @dataclass(frozen=True)
 class OverreachLine:
@@ -301,8 +308,7 @@ def statement(bill: Bill, centres: CostCentres | None = None) -> Statement:
     *groups, unattributed, platform = rows
     ordered = (*groups, subtotal, unattributed, platform, grand)
     overreach_cents = {
-        group.group: int(row.values["overreach_cost"].scaleb(2))  # type: ignore[union-attr]
-        for group, row in zip(bill.groups, groups, strict=True)
+        group.group: int(row.amount("overreach_cost").scaleb(2)) for group, row in zip(bill.groups, groups, strict=True)
     }
     return Statement(
         rows=ordered,
