@@ -144,6 +144,12 @@ class CertificateStore:
         if self.on_load is not None:
             self.on_load(self.not_after)
 
+    def report_to(self, on_load: Callable[[float], None]) -> None:
+        """Call ``on_load`` with the loaded certificate's notAfter now and on every reload from here on."""
+        self.on_load = on_load
+        if self.not_after is not None:
+            on_load(self.not_after)
+
     def is_loaded(self) -> bool:
         return self._context is not None
 
@@ -454,9 +460,7 @@ def _serve_without_gc(
     from .wsgi import ClientAuth, ReviewLog  # noqa: PLC0415
 
     metrics = WebhookMetrics()
-    store.on_load = metrics.certificate_expiry.set
-    if store.not_after is not None:
-        store.on_load(store.not_after)
+    store.report_to(metrics.certificate_expiry.set)
     client_auth = ClientAuth(frozenset(args.client_cn)) if args.client_ca_file else None
     app = create_app(
         config,

@@ -320,6 +320,22 @@ def served_serial(store: CertificateStore, ca: KeyPair) -> int:
     return x509.load_der_x509_certificate(certificate).serial_number
 
 
+def test_a_store_loaded_before_its_reader_reports_the_loaded_certificate_then_each_reload(tmp_path):
+    """``serve`` loads the pair before it probes the port, and the metrics that read its expiry come later."""
+    ca = new_ca(common_name="ca", now=dt.datetime.now(dt.UTC), days=30)
+    first = new_serving_cert(ca, NAMES, now=dt.datetime.now(dt.UTC), days=10)
+    second = new_serving_cert(ca, NAMES, now=dt.datetime.now(dt.UTC), days=20)
+    _write_pair(tmp_path, first)
+    store = CertificateStore(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), check_interval=0.0)
+    store.load()
+    loaded: list[float] = []
+    store.report_to(loaded.append)
+    assert loaded == [first.cert.not_valid_after_utc.timestamp()]
+    _write_pair(tmp_path, second)
+    assert store.reload_if_changed() is True
+    assert loaded == [first.cert.not_valid_after_utc.timestamp(), second.cert.not_valid_after_utc.timestamp()]
+
+
 def test_certificate_store_reloads_a_new_pair_and_keeps_the_old_one_on_a_half_written_pair(tmp_path, caplog):
     ca = new_ca(common_name="ca", now=dt.datetime.now(dt.UTC), days=30)
     first = new_serving_cert(ca, NAMES, now=dt.datetime.now(dt.UTC), days=10)
